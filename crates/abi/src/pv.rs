@@ -1,0 +1,28 @@
+//! KVM paravirtual interface numbers (Linux `arch/x86/include/uapi/asm/kvm_para.h`,
+//! `Documentation/virt/kvm/x86/msr.rst`), used by both the monitor (to expose
+//! features) and the guest (to use them).
+
+/// CPUID leaf whose EAX lists the KVM PV features.
+pub const CPUID_KVM_FEATURES: u32 = 0x4000_0001;
+/// CPUID leaf with the "KVMKVMKVM" signature.
+pub const CPUID_KVM_SIGNATURE: u32 = 0x4000_0000;
+
+/// kvmclock through the new MSRs.
+pub const FEATURE_CLOCKSOURCE2: u32 = 1 << 3;
+/// Asynchronous page faults.
+pub const FEATURE_ASYNC_PF: u32 = 1 << 4;
+/// Steal-time accounting.
+pub const FEATURE_STEAL_TIME: u32 = 1 << 5;
+/// Paravirtual end-of-interrupt.
+pub const FEATURE_PV_EOI: u32 = 1 << 6;
+/// "Page ready" delivered as an interrupt rather than a #PF.
+pub const FEATURE_ASYNC_PF_INT: u32 = 1 << 14;
+
+/// `MSR_KVM_SYSTEM_TIME_NEW`: kvmclock area gpa | enable.
+pub const MSR_KVM_SYSTEM_TIME_NEW: u32 = 0x4b56_4d01;
+/// `MSR_KVM_ASYNC_PF_EN`: 64-byte aligned area gpa | flags.
+pub const MSR_KVM_ASYNC_PF_EN: u32 = 0x4b56_4d02;
+/// `MSR_KVM_ASYNC_PF_INT`: vector for "page ready".
+pub const MSR_KVM_ASYNC_PF_INT: u32 = 0x4b56_4d06;
+/// `MSR_KVM_ASYNC_PF_ACK`: write 1 after consuming a "page ready" token.
+pub const MSR_KVM_ASYNC_PF_ACK: u32 = 0x4b56_4d07;

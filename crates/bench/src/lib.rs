@@ -1,0 +1,26 @@
+//! Hover's benchmark scenarios. Each one states what it measures, takes its
+//! knobs from the command line, prints a table and writes JSON, in the manner
+//! of KVM's selftests (`dirty_log_perf_test`, `demand_paging_test`).
+#![deny(missing_docs)]
+
+pub mod boot;
+pub mod stats;
+
+/// Why a scenario could not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// A VM failed to build or run.
+    #[error(transparent)]
+    Vm(#[from] hover_vmm::Error),
+    /// The guest ran but did not do what the scenario needs.
+    #[error("{0}")]
+    Guest(String),
+    /// Writing results failed.
+    #[error("cannot write results to {path}: {source}")]
+    Write {
+        /// The file.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}

@@ -1,0 +1,80 @@
+//! Hover's built-in guest.
+//!
+//! A user-mode runtime: on this platform every CPL0 instruction is emulated by
+//! KVM, so everything except the privileged nub (`nub.S`) runs at CPL3, where
+//! it is native. Boot sequence per vCPU:
+//! 1. `_start` (nub, CPL0): record the TSC, load the IDT address, `iretq` to
+//!    [`rust_start`] at CPL3 on this CPU's stack.
+//! 2. [`rust_start`]: claim the per-CPU area (GS base), vCPU 0 checks the
+//!    boot-info page and fills the IDT; each CPU builds and loads its own
+//!    GDT/TSS, enables its x2APIC, then runs the workload.
+#![no_std]
+#![no_main]
+
+mod apic;
+mod clock;
+mod console;
+mod control;
+mod exception;
+mod mem;
+mod nub;
+mod percpu;
+mod tables;
+mod workloads;
+
+use core::panic::PanicInfo;
+
+use hover_abi::boot::BootInfo;
+use hover_abi::exit_code;
+use hover_abi::layout::MAX_VCPUS;
+
+/// First Rust code on every vCPU (CPL3), entered from `_start` in nub.S.
+pub extern "C" fn rust_start(boot_info: u64, cpu: u64, tsc_hi: u64, tsc_lo: u64) -> ! {
+    let cpu = cpu as usize;
+    if cpu >= MAX_VCPUS {
+        // No per-CPU slot to run on: stop here rather than corrupt another's.
+        nub::triple_fault();
+    }
+    // SAFETY: called once on this CPU, cpu < MAX_VCPUS.
+    let pc = unsafe { percpu::init(cpu) };
+    // SAFETY: the monitor passes the boot-info page's address, which is
+    // identity-mapped; its contents are checked before use below.
+    let boot: &'static BootInfo = unsafe { &*(boot_info as *const BootInfo) };
+    if cpu == 0 {
+        tables::init_idt();
+    } else {
+        tables::wait_for_idt();
+    }
+    tables::load_cpu_tables(pc);
+    if !boot.is_valid() {
+        if cpu == 0 {
+            println!("guest: boot-info page has bad magic or version");
+            control::exit(exit_code::BAD_BOOT_INFO);
+        }
+        workloads::idle();
+    }
+    clock::init(boot.tsc_khz);
+    apic::enable();
+    let Some(cmdline) = boot.cmdline() else {
+        if cpu == 0 {
+            println!("guest: command line is not UTF-8");
+            control::exit(exit_code::BAD_CMDLINE);
+        }
+        workloads::idle();
+    };
+    workloads::run(workloads::Context {
+        cpu,
+        boot,
+        cmdline,
+        boot_tsc: (tsc_hi << 32) | (tsc_lo & 0xffff_ffff),
+    })
+}
+
+#[panic_handler]
+fn panic(info: &PanicInfo) -> ! {
+    match percpu::cpu_index() {
+        Some(cpu) => println!("guest: panic on vCPU {}: {}", cpu, info),
+        None => println!("guest: panic before per-CPU setup: {}", info),
+    }
+    control::exit(exit_code::PANIC)
+}

@@ -1,0 +1,135 @@
+/* The privileged nub: the only guest code that runs at CPL0.
+ *
+ * On this platform every CPL0 instruction is emulated by KVM (~1 us each), so
+ * each path here is a handful of integer instructions; everything else runs in
+ * the CPL3 runtime. Named operands (in curly braces) are filled in by nub.rs.
+ *
+ * Entry state (set by the monitor, docs/ABI.md): 64-bit mode, CPL0, IF=0,
+ * identity paging with the U bit, RDI = boot-info gpa, RSI = vCPU index,
+ * RSP = this vCPU's boot stack, placeholder GDT/TSS, empty IDT.
+ */
+    .section .text.boot, "ax"
+    .code64
+    .global _start
+_start:
+    rdtsc                           /* boot TSC: rdx = high, eax = low */
+    mov %eax, %ecx                  /* rust_start(boot_info, cpu, tsc_hi, tsc_lo) */
+    lidt idt_ptr(%rip)              /* gates are filled by vCPU 0 at CPL3 */
+    lea 1(%rsi), %rax
+    imul ${main_stack_size}, %rax
+    lea {main_stacks}(%rip), %r8
+    add %r8, %rax
+    sub $8, %rax                    /* as if called: rsp % 16 == 8 at entry */
+    pushq ${user_ds}
+    push %rax
+    pushq $0x202
+    pushq ${user_cs}
+    lea {rust_start}(%rip), %rax
+    push %rax
+    iretq
+
+    .text
+/* Nub calls: `int3` from CPL3 (vector 3, DPL3 gate), rax = operation,
+ * rdi/rsi = arguments, result in rax. rcx and rdx are clobbered. */
+    .global hover_nub_call
+hover_nub_call:
+    cmp ${nub_ops}, %rax
+    jae 9f
+    jmp *nub_table(,%rax,8)
+9:  mov $-1, %rax
+    iretq
+
+nub_load_tables:                    /* rdi = &gdtr, rsi = TSS selector */
+    lgdt (%rdi)
+    ltr %si
+    iretq
+
+nub_rdmsr:                          /* rdi = msr -> rax */
+    mov %edi, %ecx
+    rdmsr
+    shl $32, %rdx
+    or %rdx, %rax
+    iretq
+
+nub_wrmsr:                          /* rdi = msr, rsi = value */
+    mov %edi, %ecx
+    mov %esi, %eax
+    mov %rsi, %rdx
+    shr $32, %rdx
+    wrmsr
+    iretq
+
+nub_halt:                           /* wait for the next interrupt, then return */
+    sti
+    hlt
+    iretq
+
+nub_triple_fault:                   /* no IDT + an exception = shutdown */
+    lidt null_idt_ptr(%rip)
+    ud2
+
+/* Unexpected exceptions: record the frame in the per-CPU area (%gs) and
+ * redirect the return to exception_entry at CPL3 on the exception stack,
+ * where the runtime prints it and exits. A fault while doing so, or before
+ * the per-CPU area exists, triple-faults: the monitor then dumps registers. */
+exc_common:                         /* stack: vector, error, rip, cs, rflags, rsp, ss */
+    cmpq $0, %gs:{off_self}
+    je nub_triple_fault
+    cmpq $0, %gs:{off_in_exception}
+    jne nub_triple_fault
+    movq $1, %gs:{off_in_exception}
+    push %rax
+    mov 8(%rsp), %rax
+    mov %rax, %gs:{off_crash}
+    mov 16(%rsp), %rax
+    mov %rax, %gs:{off_crash}+8
+    mov 24(%rsp), %rax
+    mov %rax, %gs:{off_crash}+16
+    mov 32(%rsp), %rax
+    mov %rax, %gs:{off_crash}+24
+    mov 48(%rsp), %rax
+    mov %rax, %gs:{off_crash}+32
+    mov %cr2, %rax
+    mov %rax, %gs:{off_crash}+40
+    lea {exception_entry}(%rip), %rax
+    mov %rax, 24(%rsp)              /* rip */
+    movq ${user_cs}, 32(%rsp)
+    movq $0x202, 40(%rsp)
+    mov %gs:{off_exception_stack}, %rax
+    mov %rax, 48(%rsp)              /* rsp */
+    movq ${user_ds}, 56(%rsp)
+    pop %rax
+    add $16, %rsp
+    iretq
+
+/* Spurious interrupts need no EOI. */
+    .global hover_spurious
+hover_spurious:
+    iretq
+
+    .align 16
+    .global hover_exception_stubs
+hover_exception_stubs:
+    .irp v, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31
+    .align 16
+    .if (\v == 8) || (\v == 10) || (\v == 11) || (\v == 12) || (\v == 13) || (\v == 14) || (\v == 17) || (\v == 21) || (\v == 29) || (\v == 30)
+    pushq $\v
+    .else
+    pushq $0
+    pushq $\v
+    .endif
+    jmp exc_common
+    .endr
+
+    .section .rodata
+    .align 8
+nub_table:
+    .quad nub_load_tables, nub_rdmsr, nub_wrmsr, nub_halt, nub_triple_fault
+    .align 16
+idt_ptr:
+    .word 256 * 16 - 1
+    .quad {idt}
+    .align 16
+null_idt_ptr:
+    .word 0
+    .quad 0

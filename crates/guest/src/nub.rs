@@ -1,0 +1,90 @@
+//! CPL3 side of the privileged nub (`nub.S`): the calls the runtime makes into
+//! CPL0 and the symbols the IDT points at.
+//!
+//! A nub call is `int3` with the operation in RAX: `int n` raises #UD on this
+//! platform and `syscall` grants no privilege, but `int3` is delivered through
+//! any gate, so vector 3 is the nub's entry (a DPL3 interrupt gate).
+
+use core::arch::{asm, global_asm};
+use core::mem::offset_of;
+
+use hover_abi::layout::{USER_CS, USER_DS};
+
+use crate::percpu::{PerCpu, MAIN_STACKS, MAIN_STACK_SIZE};
+use crate::tables::IDT;
+
+/// Nub operations, indices into `nub_table` in `nub.S`.
+#[repr(u64)]
+#[derive(Clone, Copy)]
+enum Op {
+    LoadTables = 0,
+    Rdmsr = 1,
+    Wrmsr = 2,
+    Halt = 3,
+    TripleFault = 4,
+}
+const NUB_OPS: u64 = 5;
+
+global_asm!(
+    include_str!("nub.S"),
+    main_stack_size = const MAIN_STACK_SIZE,
+    main_stacks = sym MAIN_STACKS,
+    user_ds = const USER_DS,
+    user_cs = const USER_CS,
+    rust_start = sym crate::rust_start,
+    nub_ops = const NUB_OPS,
+    off_self = const offset_of!(PerCpu, self_ptr),
+    off_in_exception = const offset_of!(PerCpu, in_exception),
+    off_crash = const offset_of!(PerCpu, crash),
+    off_exception_stack = const offset_of!(PerCpu, exception_stack_top),
+    exception_entry = sym crate::exception::exception_entry,
+    idt = sym IDT,
+    options(att_syntax)
+);
+
+extern "C" {
+    /// Entry of nub calls (IDT vector 3).
+    pub fn hover_nub_call();
+    /// Handler for the spurious-interrupt vector.
+    pub fn hover_spurious();
+    /// 32 exception stubs, 16 bytes apart, for vectors 0-31.
+    pub fn hover_exception_stubs();
+}
+
+#[inline(always)]
+fn call(op: Op, a: u64, b: u64) -> u64 {
+    let ret: u64;
+    // SAFETY: int3 enters the nub through the vector-3 gate; the nub clobbers
+    // only rax (result), rcx and rdx, and returns to the next instruction.
+    unsafe {
+        asm!("int3", inlateout("rax") op as u64 => ret, in("rdi") a, in("rsi") b,
+             out("rcx") _, out("rdx") _);
+    }
+    ret
+}
+
+/// Load this CPU's GDT (from the 10-byte descriptor at `gdtr`) and task register.
+pub fn load_tables(gdtr: u64, tss_selector: u16) {
+    call(Op::LoadTables, gdtr, tss_selector as u64);
+}
+
+/// Read a model-specific register.
+pub fn rdmsr(msr: u32) -> u64 {
+    call(Op::Rdmsr, msr as u64, 0)
+}
+
+/// Write a model-specific register.
+pub fn wrmsr(msr: u32, value: u64) {
+    call(Op::Wrmsr, msr as u64, value);
+}
+
+/// Halt until the next interrupt has been handled.
+pub fn halt() {
+    call(Op::Halt, 0, 0);
+}
+
+/// Load an empty IDT and raise an exception: the CPU shuts down (triple fault).
+pub fn triple_fault() -> ! {
+    call(Op::TripleFault, 0, 0);
+    unreachable!("a triple fault does not return")
+}

@@ -1,0 +1,98 @@
+//! Descriptor tables: the shared IDT and each CPU's GDT and TSS.
+//!
+//! The monitor enters every vCPU with placeholder tables; vCPU 0 fills the IDT
+//! (whose address `_start` already loaded), then each CPU builds its own GDT
+//! and TSS here at CPL3 and asks the nub to load them.
+
+use core::cell::UnsafeCell;
+use core::sync::atomic::{AtomicBool, Ordering};
+
+use hover_abi::control::CONTROL_PORT;
+use hover_abi::layout::{tss_descriptor, FLAT_GDT, GDT_ENTRIES, KERNEL_CS, TSS_SEL};
+
+use crate::nub;
+use crate::percpu::{PerCpu, TaskState, IO_BITMAP_PORTS};
+
+/// Vector the nub call uses (`int3`).
+pub const NUB_VECTOR: usize = 3;
+/// Spurious-interrupt vector (programmed into the x2APIC SVR).
+pub const SPURIOUS_VECTOR: usize = 0xff;
+
+/// One 16-byte IDT gate.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Gate([u64; 2]);
+
+impl Gate {
+    const ABSENT: Gate = Gate([0, 0]);
+
+    /// An interrupt gate (IF cleared on entry) to `handler` at CPL0,
+    /// callable with `int` from privilege level `dpl`.
+    fn interrupt(handler: u64, dpl: u64) -> Gate {
+        let lo = (handler & 0xffff)
+            | ((KERNEL_CS as u64) << 16)
+            | ((0x8e | (dpl << 5)) << 40)
+            | (((handler >> 16) & 0xffff) << 48);
+        Gate([lo, handler >> 32])
+    }
+}
+
+/// The IDT, shared by all CPUs.
+#[repr(C, align(16))]
+pub struct Idt(UnsafeCell<[Gate; 256]>);
+// SAFETY: written only by vCPU 0 before IDT_READY is published, then read-only.
+unsafe impl Sync for Idt {}
+
+/// The IDT; `idt_ptr` in nub.S points here.
+pub static IDT: Idt = Idt(UnsafeCell::new([Gate::ABSENT; 256]));
+static IDT_READY: AtomicBool = AtomicBool::new(false);
+
+/// Fill the IDT (vCPU 0 only, once).
+pub fn init_idt() {
+    // SAFETY: only vCPU 0 calls this, before publishing IDT_READY; no other CPU
+    // takes an interrupt or exception before then.
+    let idt = unsafe { &mut *IDT.0.get() };
+    let stubs = nub::hover_exception_stubs as *const () as u64;
+    for (v, gate) in idt.iter_mut().enumerate().take(32) {
+        *gate = Gate::interrupt(stubs + 16 * v as u64, 0);
+    }
+    idt[NUB_VECTOR] = Gate::interrupt(nub::hover_nub_call as *const () as u64, 3);
+    idt[SPURIOUS_VECTOR] = Gate::interrupt(nub::hover_spurious as *const () as u64, 0);
+    IDT_READY.store(true, Ordering::Release);
+}
+
+/// Wait until vCPU 0 has filled the IDT.
+pub fn wait_for_idt() {
+    while !IDT_READY.load(Ordering::Acquire) {
+        core::hint::spin_loop();
+    }
+}
+
+/// Ports CPL3 code may use: the serial console and the control port.
+const ALLOWED_PORTS: [(u16, u16); 2] = [(0x3f8, 8), (CONTROL_PORT, 4)];
+
+/// Build this CPU's GDT and TSS and load them through the nub.
+pub fn load_cpu_tables(pc: &mut PerCpu) {
+    let tss_base = &raw const pc.tss as u64;
+    let tss_limit = (core::mem::size_of::<TaskState>() - 1) as u32;
+    pc.tss.iomap_base = core::mem::offset_of!(TaskState, io_bitmap) as u16;
+    for (first, count) in ALLOWED_PORTS {
+        for port in first..first + count {
+            let port = port as usize;
+            assert!(
+                port < IO_BITMAP_PORTS,
+                "port {port:#x} outside the I/O bitmap"
+            );
+            pc.tss.io_bitmap[port / 8] &= !(1 << (port % 8));
+        }
+    }
+    let mut gdt = [0u64; GDT_ENTRIES];
+    gdt[..FLAT_GDT.len()].copy_from_slice(&FLAT_GDT);
+    let [lo, hi] = tss_descriptor(tss_base, tss_limit);
+    gdt[(TSS_SEL >> 3) as usize] = lo;
+    gdt[(TSS_SEL >> 3) as usize + 1] = hi;
+    pc.gdt = gdt;
+    pc.gdtr.limit = (GDT_ENTRIES * 8 - 1) as u16;
+    pc.gdtr.base = &raw const pc.gdt as u64;
+    nub::load_tables(&raw const pc.gdtr as u64, TSS_SEL);
+}

@@ -1,0 +1,171 @@
+//! `hover`: the command line of the Hover VMM.
+//!
+//! Exit status: the guest's exit code when it powers off (the built-in guest
+//! uses 0 for success and 16 and above for its own failures); 2 for bad input
+//! (flags, configuration, guest image); 3 when the guest crashes; 1 for any
+//! other failure of the host.
+
+mod output;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use hover_vmm::config::{
+    parse_console, parse_size, ConsoleTarget, GuestImage, MemoryBackend, VmConfig,
+};
+use hover_vmm::{Error, Vm};
+
+/// Exit status for bad input.
+const EXIT_BAD_INPUT: u8 = 2;
+/// Exit status when the guest crashed.
+const EXIT_GUEST_CRASH: u8 = 3;
+/// Exit status for a host-side failure.
+const EXIT_HOST_FAILURE: u8 = 1;
+
+#[derive(Parser)]
+#[command(
+    name = "hover",
+    version,
+    about = "A KVM virtual machine monitor that keeps guests fast when their host is short of memory, busy, or moving them."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Boot a VM and run it until the guest powers off.
+    Run(RunArgs),
+    /// Run a benchmark scenario and print its table.
+    Bench(BenchArgs),
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum BackendArg {
+    /// Private anonymous memory.
+    Anon,
+    /// A memfd (shareable with another process).
+    Memfd,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Number of vCPUs (1-32, and no more than KVM allows).
+    #[arg(long, default_value_t = hover_vmm::config::DEFAULT_VCPUS)]
+    vcpus: u32,
+    /// Guest memory, e.g. 256M or 1G (binary units; a multiple of 4 KiB).
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    memory: u64,
+    /// How guest memory is backed.
+    #[arg(long, value_enum, default_value = "anon")]
+    memory_backend: BackendArg,
+    /// The guest: `builtin` or the path of an x86_64 ELF executable.
+    #[arg(long, default_value = "builtin")]
+    guest: String,
+    /// Guest command line, e.g. "workload=hello".
+    #[arg(long, default_value = hover_vmm::config::DEFAULT_CMDLINE)]
+    cmdline: String,
+    /// Where the guest console goes: stdout, stderr, off or file:PATH
+    /// [default: stdout, or stderr with --json].
+    #[arg(long, value_parser = parse_console)]
+    console: Option<ConsoleTarget>,
+    /// Print the outcome (exit code, reports, timings, memory) as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    #[command(subcommand)]
+    scenario: Scenario,
+}
+
+#[derive(Subcommand)]
+enum Scenario {
+    /// Boot the built-in guest repeatedly: time to first instruction, first
+    /// console byte and exit; the monitor's own resident memory.
+    Boot {
+        /// Number of boots.
+        #[arg(long, default_value_t = 20)]
+        runs: u32,
+        /// vCPUs per VM.
+        #[arg(long, default_value_t = 2)]
+        vcpus: u32,
+        /// Directory for the JSON results.
+        #[arg(long, default_value = "bench-results")]
+        out: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(args) => run(args),
+        Command::Bench(args) => bench(args),
+    }
+}
+
+fn run(args: RunArgs) -> ExitCode {
+    let console = args.console.unwrap_or(if args.json {
+        ConsoleTarget::Stderr
+    } else {
+        ConsoleTarget::Stdout
+    });
+    let config = VmConfig {
+        vcpus: args.vcpus,
+        memory: args.memory,
+        memory_backend: match args.memory_backend {
+            BackendArg::Anon => MemoryBackend::Anonymous,
+            BackendArg::Memfd => MemoryBackend::Memfd,
+        },
+        guest: if args.guest == "builtin" {
+            GuestImage::Builtin
+        } else {
+            GuestImage::Path(args.guest.into())
+        },
+        cmdline: args.cmdline,
+        console,
+    };
+    match Vm::new(&config).and_then(Vm::run) {
+        Ok(outcome) => {
+            if args.json {
+                output::print_json(&outcome);
+            } else {
+                output::print_summary(&outcome);
+            }
+            // Process exit statuses are 8 bits; the full code is in the summary.
+            ExitCode::from(u8::try_from(outcome.exit_code).unwrap_or(u8::MAX))
+        }
+        Err(e) => fail(&e),
+    }
+}
+
+fn fail(e: &Error) -> ExitCode {
+    eprintln!("hover: error: {e}");
+    ExitCode::from(match e {
+        e if e.is_bad_input() => EXIT_BAD_INPUT,
+        Error::GuestCrash(_) => EXIT_GUEST_CRASH,
+        _ => EXIT_HOST_FAILURE,
+    })
+}
+
+fn bench(args: BenchArgs) -> ExitCode {
+    match args.scenario {
+        Scenario::Boot { runs, vcpus, out } => match hover_bench::boot::run(runs, vcpus, &out) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(hover_bench::BenchError::Vm(e)) => fail(&e),
+            Err(e) => {
+                eprintln!("hover: error: {e}");
+                ExitCode::from(EXIT_HOST_FAILURE)
+            }
+        },
+    }
+}

@@ -1,0 +1,50 @@
+//! How `hover run` prints an outcome: a short human summary, or JSON.
+
+use hover_vmm::RunOutcome;
+
+fn ms(us: u64) -> String {
+    format!("{:.2} ms", us as f64 / 1000.0)
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
+}
+
+/// Print the outcome for a person.
+pub fn print_summary(o: &RunOutcome) {
+    let t = &o.timings;
+    println!(
+        "hover: guest exited with code {} (from vCPU {})",
+        o.exit_code, o.exit_vcpu
+    );
+    if !o.reports.is_empty() {
+        println!("reports:");
+        for r in &o.reports {
+            println!("  vcpu {:<3} {} = {}", r.vcpu, r.key, r.value);
+        }
+    }
+    let opt = |v: Option<u64>| v.map(ms).unwrap_or_else(|| "n/a".into());
+    println!(
+        "boot: setup {}, first instruction {}, first console byte {}, exit {}",
+        ms(t.setup_us),
+        opt(t.first_instruction_us),
+        opt(t.first_console_byte_us),
+        ms(t.exit_us)
+    );
+    let m = &o.memory;
+    println!(
+        "memory: guest {} configured, {} resident; process {} resident; VMM overhead {}",
+        mib(m.guest_memory),
+        mib(m.guest_resident),
+        mib(m.process_resident),
+        mib(m.vmm_overhead)
+    );
+}
+
+/// Print the outcome as one JSON document.
+pub fn print_json(o: &RunOutcome) {
+    match serde_json::to_string_pretty(o) {
+        Ok(s) => println!("{s}"),
+        Err(e) => eprintln!("hover: cannot encode the outcome as JSON: {e}"),
+    }
+}

@@ -1,0 +1,114 @@
+//! The state every vCPU starts in: 64-bit long mode at CPL0 with paging on,
+//! the guest's entry point in RIP, the boot-info page in RDI and the vCPU
+//! index in RSI (docs/ABI.md, "Entry state").
+
+use hover_abi::layout::{BOOT_GDT_GPA, BOOT_INFO_GPA, KERNEL_CS, KERNEL_DS, PML4_GPA, TSS_SEL};
+use kvm_bindings::{kvm_fpu, kvm_regs, kvm_segment, kvm_sregs};
+
+use super::tables::{boot_stack_top, boot_tss, BOOT_TSS_LIMIT};
+
+const CR0_PE: u64 = 1;
+const CR0_MP: u64 = 1 << 1;
+const CR0_ET: u64 = 1 << 4;
+const CR0_NE: u64 = 1 << 5;
+const CR0_WP: u64 = 1 << 16;
+const CR0_PG: u64 = 1 << 31;
+const CR4_PAE: u64 = 1 << 5;
+const CR4_OSFXSR: u64 = 1 << 9;
+const CR4_OSXMMEXCPT: u64 = 1 << 10;
+const CR4_FSGSBASE: u64 = 1 << 16;
+const EFER_SCE: u64 = 1;
+const EFER_LME: u64 = 1 << 8;
+const EFER_LMA: u64 = 1 << 10;
+
+/// CR0: protected mode, paging, and x87/SSE usable (MP set, EM clear).
+pub const ENTRY_CR0: u64 = CR0_PE | CR0_MP | CR0_ET | CR0_NE | CR0_WP | CR0_PG;
+/// CR4: PAE paging; SSE enabled (Rust's prebuilt `core` uses it); FSGSBASE so
+/// the CPL3 runtime can point GS at its per-CPU area.
+pub const ENTRY_CR4: u64 = CR4_PAE | CR4_OSFXSR | CR4_OSXMMEXCPT | CR4_FSGSBASE;
+/// EFER: long mode active.
+pub const ENTRY_EFER: u64 = EFER_SCE | EFER_LME | EFER_LMA;
+
+fn flat_segment(selector: u16, code: bool) -> kvm_segment {
+    kvm_segment {
+        base: 0,
+        limit: 0xffff_ffff,
+        selector,
+        type_: if code { 0xb } else { 0x3 },
+        present: 1,
+        dpl: 0,
+        db: u8::from(!code),
+        s: 1,
+        l: u8::from(code),
+        g: 1,
+        avl: 0,
+        unusable: 0,
+        padding: 0,
+    }
+}
+
+/// Special registers for vCPU `index`, starting from what KVM reported.
+pub fn sregs(mut s: kvm_sregs, index: u32) -> kvm_sregs {
+    s.cs = flat_segment(KERNEL_CS, true);
+    s.ds = flat_segment(KERNEL_DS, false);
+    s.es = s.ds;
+    s.fs = s.ds;
+    s.gs = s.ds;
+    s.ss = s.ds;
+    s.tr = kvm_segment {
+        base: boot_tss(index),
+        limit: BOOT_TSS_LIMIT,
+        selector: TSS_SEL,
+        type_: 0xb, // busy 64-bit TSS
+        present: 1,
+        ..Default::default()
+    };
+    s.gdt.base = BOOT_GDT_GPA;
+    s.gdt.limit = (hover_abi::layout::GDT_ENTRIES * 8 - 1) as u16;
+    s.idt.base = 0;
+    s.idt.limit = 0;
+    s.cr0 = ENTRY_CR0;
+    s.cr3 = PML4_GPA;
+    s.cr4 = ENTRY_CR4;
+    s.efer = ENTRY_EFER;
+    s
+}
+
+/// General registers for vCPU `index` entering at `entry`.
+pub fn regs(entry: u64, index: u32) -> kvm_regs {
+    kvm_regs {
+        rip: entry,
+        rsp: boot_stack_top(index),
+        rdi: BOOT_INFO_GPA,
+        rsi: index as u64,
+        rflags: 0x2,
+        ..Default::default()
+    }
+}
+
+/// x87/SSE state as after FNINIT, with all SSE exceptions masked.
+pub fn fpu() -> kvm_fpu {
+    kvm_fpu {
+        fcw: 0x37f,
+        mxcsr: 0x1f80,
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_state_is_long_mode_cpl0() {
+        let s = sregs(kvm_sregs::default(), 1);
+        assert_eq!(s.cs.l, 1);
+        assert_eq!(s.cs.dpl, 0);
+        assert_eq!(s.cr3, PML4_GPA);
+        assert_ne!(s.cr4 & CR4_OSFXSR, 0);
+        assert_eq!(s.tr.base, boot_tss(1));
+        let r = regs(0x10_0000, 1);
+        assert_eq!((r.rip, r.rdi, r.rsi), (0x10_0000, BOOT_INFO_GPA, 1));
+        assert_eq!(r.rsp % 16, 0);
+    }
+}

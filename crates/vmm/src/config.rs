@@ -1,0 +1,318 @@
+//! `VmConfig`: what to build, checked before anything touches KVM.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use hover_abi::boot::CMDLINE_MAX;
+use hover_abi::layout::{MAX_MAPPED_GIB, MAX_VCPUS, MMIO_HOLE_END, MMIO_HOLE_START, PAGE_SIZE};
+use hover_abi::workload::{self, WorkloadError};
+
+/// Default number of vCPUs.
+pub const DEFAULT_VCPUS: u32 = 2;
+/// Default guest memory: 256 MiB.
+pub const DEFAULT_MEMORY: u64 = 256 << 20;
+/// Default command line.
+pub const DEFAULT_CMDLINE: &str = "workload=hello";
+/// Largest guest memory: what the boot page tables map, less the MMIO hole.
+pub const MAX_MEMORY: u64 = (MAX_MAPPED_GIB << 30) - (MMIO_HOLE_END - MMIO_HOLE_START);
+
+/// Which guest to boot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GuestImage {
+    /// The guest embedded in this binary (crates/guest).
+    Builtin,
+    /// A 64-bit x86 ELF executable on disk.
+    Path(PathBuf),
+}
+
+/// How guest RAM is backed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MemoryBackend {
+    /// Private anonymous memory (the default).
+    #[default]
+    Anonymous,
+    /// A memfd, so that another process can map the same RAM.
+    Memfd,
+}
+
+/// A byte buffer shared with the caller, for capturing the console.
+pub type SharedBuffer = Arc<Mutex<Vec<u8>>>;
+
+/// Where the guest's serial console goes.
+#[derive(Clone, Default)]
+pub enum ConsoleTarget {
+    /// Standard output (the default).
+    #[default]
+    Stdout,
+    /// Standard error.
+    Stderr,
+    /// Discarded.
+    Off,
+    /// A file, created or truncated.
+    File(PathBuf),
+    /// An in-memory buffer (for tests and benchmarks).
+    Buffer(SharedBuffer),
+}
+
+impl fmt::Debug for ConsoleTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConsoleTarget::Stdout => f.write_str("stdout"),
+            ConsoleTarget::Stderr => f.write_str("stderr"),
+            ConsoleTarget::Off => f.write_str("off"),
+            ConsoleTarget::File(p) => write!(f, "file:{}", p.display()),
+            ConsoleTarget::Buffer(_) => f.write_str("buffer"),
+        }
+    }
+}
+
+/// Everything needed to build a VM.
+#[derive(Clone, Debug)]
+pub struct VmConfig {
+    /// Number of vCPUs, 1 to [`MAX_VCPUS`] (and no more than KVM allows).
+    pub vcpus: u32,
+    /// Guest RAM in bytes, a multiple of 4 KiB.
+    pub memory: u64,
+    /// How RAM is backed.
+    pub memory_backend: MemoryBackend,
+    /// The guest image.
+    pub guest: GuestImage,
+    /// The guest command line, e.g. `workload=hello`.
+    pub cmdline: String,
+    /// Where the serial console goes.
+    pub console: ConsoleTarget,
+}
+
+impl Default for VmConfig {
+    fn default() -> Self {
+        VmConfig {
+            vcpus: DEFAULT_VCPUS,
+            memory: DEFAULT_MEMORY,
+            memory_backend: MemoryBackend::Anonymous,
+            guest: GuestImage::Builtin,
+            cmdline: DEFAULT_CMDLINE.to_string(),
+            console: ConsoleTarget::Stdout,
+        }
+    }
+}
+
+/// A configuration value out of range. Each message names the value and what is accepted.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    /// vCPU count outside 1..=MAX.
+    #[error("--vcpus {given} is out of range: a VM needs 1 to {max} vCPUs")]
+    Vcpus {
+        /// What was asked for.
+        given: u32,
+        /// The largest accepted value.
+        max: u32,
+    },
+    /// More vCPUs than this host's KVM allows.
+    #[error("--vcpus {given} is more than this host's KVM allows (at most {max} here)")]
+    VcpusOverKvm {
+        /// What was asked for.
+        given: u32,
+        /// KVM's recommended maximum.
+        max: u32,
+    },
+    /// Memory not a multiple of the page size.
+    #[error("--memory {given} bytes is not a multiple of 4 KiB (try {suggest} bytes)")]
+    MemoryUnaligned {
+        /// What was asked for.
+        given: u64,
+        /// The size rounded up to a page.
+        suggest: u64,
+    },
+    /// Memory too large for the boot page tables.
+    #[error("--memory {} MiB is too large: at most {} MiB is supported", .given >> 20, MAX_MEMORY >> 20)]
+    MemoryTooLarge {
+        /// What was asked for.
+        given: u64,
+    },
+    /// A size string that does not parse.
+    #[error(
+        "'{0}' is not a size: use a number with an optional K, M, G or T suffix (e.g. 256M, 1G)"
+    )]
+    BadSize(String),
+    /// A console target that does not parse.
+    #[error("unknown console '{0}': use stdout, stderr, off or file:PATH")]
+    BadConsole(String),
+    /// Command line longer than the boot-info page holds.
+    #[error("the command line is {len} bytes long; at most {max} fit in the boot-info page")]
+    CmdlineTooLong {
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Command line refused by the built-in guest's workload table.
+    #[error("{0}")]
+    Cmdline(String),
+}
+
+impl VmConfig {
+    /// Check every value that can be checked without KVM.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let max = MAX_VCPUS as u32;
+        if self.vcpus == 0 || self.vcpus > max {
+            return Err(ConfigError::Vcpus {
+                given: self.vcpus,
+                max,
+            });
+        }
+        if self.memory % PAGE_SIZE != 0 {
+            let suggest = self.memory.div_ceil(PAGE_SIZE) * PAGE_SIZE;
+            return Err(ConfigError::MemoryUnaligned {
+                given: self.memory,
+                suggest,
+            });
+        }
+        if self.memory > MAX_MEMORY {
+            return Err(ConfigError::MemoryTooLarge { given: self.memory });
+        }
+        if self.cmdline.len() > CMDLINE_MAX {
+            return Err(ConfigError::CmdlineTooLong {
+                len: self.cmdline.len(),
+                max: CMDLINE_MAX,
+            });
+        }
+        if self.guest == GuestImage::Builtin {
+            check_builtin_cmdline(&self.cmdline)?;
+        }
+        Ok(())
+    }
+}
+
+/// Check a command line against the built-in guest's workload table.
+pub fn check_builtin_cmdline(cmdline: &str) -> Result<(), ConfigError> {
+    workload::resolve(cmdline)
+        .map(|_| ())
+        .map_err(|e| ConfigError::Cmdline(describe(e)))
+}
+
+fn describe(e: WorkloadError<'_>) -> String {
+    let names: Vec<&str> = workload::WORKLOADS.iter().map(|w| w.name).collect();
+    match e {
+        WorkloadError::Syntax(s) => {
+            format!("bad guest command line: {s:?}; expected key=value tokens")
+        }
+        WorkloadError::UnknownWorkload(w) => {
+            format!(
+                "unknown workload '{w}': the built-in guest has {}",
+                names.join(", ")
+            )
+        }
+        WorkloadError::UnknownParam { workload: w, key } => {
+            let spec = workload::find(w).expect("resolve returned a known workload");
+            let mut keys: Vec<&str> = workload::GLOBAL_PARAMS.iter().map(|p| p.name).collect();
+            keys.extend(spec.params.iter().map(|p| p.name));
+            format!(
+                "workload {w} takes no parameter '{key}': it accepts {}",
+                keys.join(", ")
+            )
+        }
+    }
+}
+
+/// Parse a size such as `256M`, `1G`, `4096` or `512MiB` (binary units).
+pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
+    let bad = || ConfigError::BadSize(s.to_string());
+    let t = s.trim();
+    let lower = t.to_ascii_lowercase();
+    let stripped = lower
+        .strip_suffix("ib")
+        .or_else(|| lower.strip_suffix('b'))
+        .unwrap_or(&lower);
+    let (digits, shift) = match stripped.chars().last() {
+        Some('k') => (&stripped[..stripped.len() - 1], 10),
+        Some('m') => (&stripped[..stripped.len() - 1], 20),
+        Some('g') => (&stripped[..stripped.len() - 1], 30),
+        Some('t') => (&stripped[..stripped.len() - 1], 40),
+        _ => (stripped, 0),
+    };
+    let n: u64 = digits.trim().parse().map_err(|_| bad())?;
+    n.checked_mul(1u64 << shift).ok_or_else(bad)
+}
+
+/// Parse a console target: `stdout`, `stderr`, `off`, or `file:PATH`.
+pub fn parse_console(s: &str) -> Result<ConsoleTarget, ConfigError> {
+    match s {
+        "stdout" => Ok(ConsoleTarget::Stdout),
+        "stderr" => Ok(ConsoleTarget::Stderr),
+        "off" => Ok(ConsoleTarget::Off),
+        _ => match s.strip_prefix("file:") {
+            Some(path) if !path.is_empty() => Ok(ConsoleTarget::File(PathBuf::from(path))),
+            _ => Err(ConfigError::BadConsole(s.to_string())),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_config_is_valid() {
+        VmConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("256M"), Ok(256 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64k"), Ok(64 << 10));
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("-1M").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+
+    #[test]
+    fn consoles_parse() {
+        assert!(matches!(parse_console("off"), Ok(ConsoleTarget::Off)));
+        assert!(matches!(
+            parse_console("file:/tmp/x"),
+            Ok(ConsoleTarget::File(_))
+        ));
+        assert!(parse_console("stdot").is_err());
+        assert!(parse_console("file:").is_err());
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        let c = |f: fn(&mut VmConfig)| {
+            let mut c = VmConfig::default();
+            f(&mut c);
+            c.validate()
+        };
+        assert_eq!(
+            c(|c| c.vcpus = 0),
+            Err(ConfigError::Vcpus { given: 0, max: 32 })
+        );
+        assert_eq!(
+            c(|c| c.vcpus = 33),
+            Err(ConfigError::Vcpus { given: 33, max: 32 })
+        );
+        assert!(matches!(
+            c(|c| c.memory = 1000),
+            Err(ConfigError::MemoryUnaligned { suggest: 4096, .. })
+        ));
+        assert!(matches!(
+            c(|c| c.memory = 1 << 40),
+            Err(ConfigError::MemoryTooLarge { .. })
+        ));
+        let err = c(|c| c.cmdline = "workload=nope".into()).unwrap_err();
+        assert!(err.to_string().contains("unknown workload 'nope'"), "{err}");
+        assert!(err.to_string().contains("hello"), "{err}");
+        let err = c(|c| c.cmdline = "workload=hello x=1".into()).unwrap_err();
+        assert!(err.to_string().contains("takes no parameter 'x'"), "{err}");
+        // An external guest's command line is its own business.
+        c(|c| {
+            c.guest = GuestImage::Path("/some/guest".into());
+            c.cmdline = "anything goes".into();
+        })
+        .unwrap();
+    }
+}

@@ -1,0 +1,317 @@
+//! The control port device (docs/ABI.md): the guest writes the address of a
+//! `ControlRequest`; this device carries it out and writes a status back.
+//!
+//! Everything the guest hands over is untrusted: addresses are checked against
+//! RAM, counts against limits, records against the ABI; a bad request gets an
+//! error status and changes nothing.
+
+use std::sync::Mutex;
+
+use hover_abi::control::{
+    op, status, ControlRequest, Report, MAX_LOG_LEN, MAX_REPORTS_PER_REQUEST,
+};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use crate::report::{ReportEntry, ReportValue};
+
+const REQUEST_SIZE: usize = std::mem::size_of::<ControlRequest>();
+const REPORT_SIZE: usize = std::mem::size_of::<Report>();
+/// Offset of `ControlRequest::status`.
+const STATUS_OFFSET: u64 = 4;
+
+/// What the vCPU should do next.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ControlAction {
+    /// Resume the guest.
+    Continue,
+    /// Power off with this exit code.
+    Exit(u32),
+}
+
+/// The control device.
+pub struct ControlDevice {
+    memory: GuestMemoryMmap,
+    reports: Mutex<Vec<ReportEntry>>,
+}
+
+fn decode_request(b: &[u8; REQUEST_SIZE]) -> ControlRequest {
+    let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
+    let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+    ControlRequest {
+        op: u32_at(0),
+        status: u32_at(4),
+        arg0: u64_at(8),
+        arg1: u64_at(16),
+    }
+}
+
+fn decode_report(b: &[u8]) -> Report {
+    let mut key = [0u8; 32];
+    key.copy_from_slice(&b[..32]);
+    Report {
+        key,
+        kind: u32::from_le_bytes(b[32..36].try_into().expect("4 bytes")),
+        reserved: u32::from_le_bytes(b[36..40].try_into().expect("4 bytes")),
+        value: u64::from_le_bytes(b[40..48].try_into().expect("8 bytes")),
+    }
+}
+
+impl ControlDevice {
+    /// A device reading requests from `memory`.
+    pub fn new(memory: GuestMemoryMmap) -> Self {
+        ControlDevice {
+            memory,
+            reports: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// All reports so far, in arrival order.
+    pub fn reports(&self) -> Vec<ReportEntry> {
+        self.reports
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Carry out the request at `gpa` for vCPU `vcpu`.
+    pub fn handle(&self, vcpu: usize, gpa: u64) -> ControlAction {
+        let mut raw = [0u8; REQUEST_SIZE];
+        if self.memory.read_slice(&mut raw, GuestAddress(gpa)).is_err() {
+            tracing::warn!(
+                vcpu,
+                "control request at {gpa:#x} lies outside guest RAM; ignored"
+            );
+            return ControlAction::Continue;
+        }
+        let req = decode_request(&raw);
+        let (st, action) = match req.op {
+            op::EXIT => match u32::try_from(req.arg0) {
+                Ok(code) => (status::OK, ControlAction::Exit(code)),
+                Err(_) => (status::BAD_RANGE, ControlAction::Continue),
+            },
+            op::REPORT => (
+                self.report(vcpu, req.arg0, req.arg1),
+                ControlAction::Continue,
+            ),
+            op::LOG => (self.log(vcpu, req.arg0, req.arg1), ControlAction::Continue),
+            other => {
+                tracing::warn!(vcpu, "control request with unknown op {other}");
+                (status::BAD_OP, ControlAction::Continue)
+            }
+        };
+        if st != status::OK {
+            tracing::debug!(vcpu, op = req.op, status = st, "control request refused");
+        }
+        // The request was readable, so its status field is writable.
+        let _ = self.memory.write_obj(st, GuestAddress(gpa + STATUS_OFFSET));
+        action
+    }
+
+    fn report(&self, vcpu: usize, gpa: u64, count: u64) -> u32 {
+        if count > MAX_REPORTS_PER_REQUEST {
+            return status::BAD_RANGE;
+        }
+        let mut raw = vec![0u8; count as usize * REPORT_SIZE];
+        if self.memory.read_slice(&mut raw, GuestAddress(gpa)).is_err() {
+            return status::BAD_RANGE;
+        }
+        let mut batch = Vec::with_capacity(count as usize);
+        for chunk in raw.chunks_exact(REPORT_SIZE) {
+            let r = decode_report(chunk);
+            let (Ok(key), Some(value)) = (r.key_str(), ReportValue::from_record(&r)) else {
+                return status::BAD_RECORD;
+            };
+            batch.push(ReportEntry {
+                vcpu,
+                key: key.to_string(),
+                value,
+            });
+        }
+        self.reports
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(batch);
+        status::OK
+    }
+
+    fn log(&self, vcpu: usize, gpa: u64, len: u64) -> u32 {
+        if len > MAX_LOG_LEN {
+            return status::BAD_RANGE;
+        }
+        let mut raw = vec![0u8; len as usize];
+        if self.memory.read_slice(&mut raw, GuestAddress(gpa)).is_err() {
+            return status::BAD_RANGE;
+        }
+        match std::str::from_utf8(&raw) {
+            Ok(msg) => {
+                tracing::info!(target: "guest", vcpu, "{msg}");
+                status::OK
+            }
+            Err(_) => status::BAD_RECORD,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setup() -> ControlDevice {
+        ControlDevice::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap())
+    }
+
+    fn put_request(d: &ControlDevice, gpa: u64, r: ControlRequest) {
+        let mut b = Vec::new();
+        b.extend(r.op.to_le_bytes());
+        b.extend(r.status.to_le_bytes());
+        b.extend(r.arg0.to_le_bytes());
+        b.extend(r.arg1.to_le_bytes());
+        d.memory.write_slice(&b, GuestAddress(gpa)).unwrap();
+    }
+
+    fn put_report(d: &ControlDevice, gpa: u64, r: Report) {
+        let mut b = r.key.to_vec();
+        b.extend(r.kind.to_le_bytes());
+        b.extend(r.reserved.to_le_bytes());
+        b.extend(r.value.to_le_bytes());
+        d.memory.write_slice(&b, GuestAddress(gpa)).unwrap();
+    }
+
+    fn status_at(d: &ControlDevice, gpa: u64) -> u32 {
+        d.memory.read_obj(GuestAddress(gpa + 4)).unwrap()
+    }
+
+    #[test]
+    fn exit_and_reports() {
+        let d = setup();
+        put_report(&d, 0x2000, Report::u64("vcpus_seen", 2));
+        put_report(&d, 0x2030, Report::i64("delta", -5));
+        put_request(
+            &d,
+            0x1000,
+            ControlRequest {
+                op: op::REPORT,
+                status: 0,
+                arg0: 0x2000,
+                arg1: 2,
+            },
+        );
+        assert_eq!(d.handle(1, 0x1000), ControlAction::Continue);
+        assert_eq!(status_at(&d, 0x1000), status::OK);
+        let r = d.reports();
+        assert_eq!(r.len(), 2);
+        assert_eq!(
+            (r[0].vcpu, r[0].key.as_str(), r[0].value),
+            (1, "vcpus_seen", ReportValue::U64(2))
+        );
+        assert_eq!(r[1].value, ReportValue::I64(-5));
+        put_request(
+            &d,
+            0x1000,
+            ControlRequest {
+                op: op::EXIT,
+                status: 0,
+                arg0: 7,
+                arg1: 0,
+            },
+        );
+        assert_eq!(d.handle(0, 0x1000), ControlAction::Exit(7));
+    }
+
+    #[test]
+    fn bad_requests_change_nothing() {
+        let d = setup();
+        // Outside RAM: ignored.
+        assert_eq!(d.handle(0, 0x10_0000 - 8), ControlAction::Continue);
+        // Unknown op.
+        put_request(
+            &d,
+            0x1000,
+            ControlRequest {
+                op: 99,
+                status: 0,
+                arg0: 0,
+                arg1: 0,
+            },
+        );
+        d.handle(0, 0x1000);
+        assert_eq!(status_at(&d, 0x1000), status::BAD_OP);
+        // Too many records, records outside RAM, a bad key: all refused whole.
+        for (arg0, arg1, want) in [
+            (0x2000, MAX_REPORTS_PER_REQUEST + 1, status::BAD_RANGE),
+            (0xf_fff0, 1, status::BAD_RANGE),
+        ] {
+            put_request(
+                &d,
+                0x1000,
+                ControlRequest {
+                    op: op::REPORT,
+                    status: 0,
+                    arg0,
+                    arg1,
+                },
+            );
+            d.handle(0, 0x1000);
+            assert_eq!(status_at(&d, 0x1000), want);
+        }
+        put_report(&d, 0x2000, Report::u64("good", 1));
+        put_report(&d, 0x2030, Report::u64("Bad Key", 1));
+        put_request(
+            &d,
+            0x1000,
+            ControlRequest {
+                op: op::REPORT,
+                status: 0,
+                arg0: 0x2000,
+                arg1: 2,
+            },
+        );
+        d.handle(0, 0x1000);
+        assert_eq!(status_at(&d, 0x1000), status::BAD_RECORD);
+        assert!(
+            d.reports().is_empty(),
+            "a batch with one bad record is refused whole"
+        );
+        // Exit code wider than 32 bits.
+        put_request(
+            &d,
+            0x1000,
+            ControlRequest {
+                op: op::EXIT,
+                status: 0,
+                arg0: 1 << 40,
+                arg1: 0,
+            },
+        );
+        assert_eq!(d.handle(0, 0x1000), ControlAction::Continue);
+        assert_eq!(status_at(&d, 0x1000), status::BAD_RANGE);
+        // Log: too long, and not UTF-8.
+        put_request(
+            &d,
+            0x1000,
+            ControlRequest {
+                op: op::LOG,
+                status: 0,
+                arg0: 0x3000,
+                arg1: MAX_LOG_LEN + 1,
+            },
+        );
+        d.handle(0, 0x1000);
+        assert_eq!(status_at(&d, 0x1000), status::BAD_RANGE);
+        d.memory
+            .write_slice(&[0xff, 0xfe], GuestAddress(0x3000))
+            .unwrap();
+        put_request(
+            &d,
+            0x1000,
+            ControlRequest {
+                op: op::LOG,
+                status: 0,
+                arg0: 0x3000,
+                arg1: 2,
+            },
+        );
+        d.handle(0, 0x1000);
+        assert_eq!(status_at(&d, 0x1000), status::BAD_RECORD);
+    }
+}

@@ -1,0 +1,68 @@
+//! Devices on the I/O port bus: the serial console and the control port.
+
+pub mod control;
+pub mod serial;
+
+use hover_abi::control::CONTROL_PORT;
+
+use control::{ControlAction, ControlDevice};
+use serial::SerialConsole;
+
+/// First I/O port of COM1.
+pub const COM1_BASE: u16 = 0x3f8;
+/// Number of COM1 registers.
+pub const COM1_LEN: u16 = 8;
+
+/// The VM's devices, shared by all vCPU threads.
+pub struct Devices {
+    /// COM1.
+    pub serial: SerialConsole,
+    /// The control port.
+    pub control: ControlDevice,
+}
+
+/// What a vCPU should do after a port access.
+#[derive(Debug, PartialEq, Eq)]
+pub enum PortAction {
+    /// Resume the guest.
+    Continue,
+    /// The guest asked to power off with this code.
+    Exit(u32),
+}
+
+impl Devices {
+    /// Handle `out` to `port` from vCPU `vcpu`.
+    pub fn port_write(&self, vcpu: usize, port: u16, data: &[u8]) -> PortAction {
+        if (COM1_BASE..COM1_BASE + COM1_LEN).contains(&port) {
+            if let Some(&byte) = data.first() {
+                self.serial.write((port - COM1_BASE) as u8, byte);
+            }
+        } else if port == CONTROL_PORT && data.len() == 4 {
+            let gpa = u32::from_le_bytes([data[0], data[1], data[2], data[3]]);
+            if let ControlAction::Exit(code) = self.control.handle(vcpu, gpa as u64) {
+                return PortAction::Exit(code);
+            }
+        } else {
+            tracing::debug!(
+                vcpu,
+                port,
+                len = data.len(),
+                "write to an unclaimed I/O port ignored"
+            );
+        }
+        PortAction::Continue
+    }
+
+    /// Handle `in` from `port`; unclaimed ports read as all ones, like a bus with nothing on it.
+    pub fn port_read(&self, port: u16, data: &mut [u8]) {
+        if (COM1_BASE..COM1_BASE + COM1_LEN).contains(&port) {
+            if let Some(b) = data.first_mut() {
+                *b = self.serial.read((port - COM1_BASE) as u8);
+            }
+        } else if port == CONTROL_PORT && data.len() == 4 {
+            data.copy_from_slice(&hover_abi::control::CONTROL_ABI_REVISION.to_le_bytes());
+        } else {
+            data.fill(0xff);
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! COM1, a 16550 UART (vm-superio), wired to the console target. Its interrupt
+//! line is an irqfd on GSI 4 of the in-kernel IOAPIC.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use vm_superio::{Serial, Trigger};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::config::{ConsoleTarget, SharedBuffer};
+
+/// Raises the UART's interrupt by writing its irqfd.
+pub struct IrqTrigger(pub EventFd);
+
+impl Trigger for IrqTrigger {
+    type E = io::Error;
+    fn trigger(&self) -> io::Result<()> {
+        self.0.write(1)
+    }
+}
+
+/// Where console bytes go, and when the first one arrived.
+pub struct ConsoleSink {
+    out: Option<Box<dyn Write + Send>>,
+    first_byte: Option<Instant>,
+    bytes: u64,
+    failed: bool,
+}
+
+struct BufferWriter(SharedBuffer);
+
+impl Write for BufferWriter {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        self.0
+            .lock()
+            .map_err(|_| io::Error::other("console buffer poisoned"))?
+            .extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl ConsoleSink {
+    /// Open `target` (creating a file if asked).
+    pub fn open(target: &ConsoleTarget) -> io::Result<Self> {
+        let out: Option<Box<dyn Write + Send>> = match target {
+            ConsoleTarget::Stdout => Some(Box::new(io::stdout())),
+            ConsoleTarget::Stderr => Some(Box::new(io::stderr())),
+            ConsoleTarget::Off => None,
+            ConsoleTarget::File(p) => Some(Box::new(File::create(p)?)),
+            ConsoleTarget::Buffer(b) => Some(Box::new(BufferWriter(b.clone()))),
+        };
+        Ok(ConsoleSink {
+            out,
+            first_byte: None,
+            bytes: 0,
+            failed: false,
+        })
+    }
+}
+
+impl Write for ConsoleSink {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.first_byte.is_none() && !buf.is_empty() {
+            self.first_byte = Some(Instant::now());
+        }
+        self.bytes += buf.len() as u64;
+        if let Some(out) = self.out.as_mut().filter(|_| !self.failed) {
+            // A console that stops accepting output (a closed pipe, a full
+            // disk) must not stop the guest: report once and drop the rest.
+            let r = out.write_all(buf).and_then(|_| {
+                if buf.contains(&b'\n') {
+                    out.flush()
+                } else {
+                    Ok(())
+                }
+            });
+            if let Err(e) = r {
+                tracing::warn!("guest console output failed, dropping the rest: {e}");
+                self.failed = true;
+            }
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        match self.out.as_mut() {
+            Some(out) if !self.failed => out.flush(),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// COM1 with its console.
+pub struct SerialConsole(Mutex<Serial<IrqTrigger, vm_superio::serial::NoEvents, ConsoleSink>>);
+
+impl SerialConsole {
+    /// A UART that raises `irq` and writes to `sink`.
+    pub fn new(irq: EventFd, sink: ConsoleSink) -> Self {
+        SerialConsole(Mutex::new(Serial::new(IrqTrigger(irq), sink)))
+    }
+
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, Serial<IrqTrigger, vm_superio::serial::NoEvents, ConsoleSink>>
+    {
+        // A vCPU thread that panicked while holding the lock leaves the UART
+        // state intact (each access is one register), so keep using it.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A guest write to register `offset`.
+    pub fn write(&self, offset: u8, value: u8) {
+        if let Err(e) = self.lock().write(offset, value) {
+            tracing::warn!("serial write to register {offset} failed: {e:?}");
+        }
+    }
+
+    /// A guest read of register `offset`.
+    pub fn read(&self, offset: u8) -> u8 {
+        self.lock().read(offset)
+    }
+
+    /// When the guest wrote its first console byte.
+    pub fn first_byte_at(&self) -> Option<Instant> {
+        self.lock().writer().first_byte
+    }
+
+    /// Bytes the guest has written to the console.
+    pub fn bytes_written(&self) -> u64 {
+        self.lock().writer().bytes
+    }
+
+    /// Flush the console target.
+    pub fn flush(&self) {
+        let _ = self.lock().writer_mut().flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn bytes_reach_the_buffer_and_are_timed() {
+        let buf: SharedBuffer = Arc::new(Mutex::new(Vec::new()));
+        let sink = ConsoleSink::open(&ConsoleTarget::Buffer(buf.clone())).unwrap();
+        let s = SerialConsole::new(EventFd::new(0).unwrap(), sink);
+        assert!(s.first_byte_at().is_none());
+        for b in b"hi\n" {
+            s.write(0, *b);
+        }
+        assert_eq!(&buf.lock().unwrap()[..], b"hi\n");
+        assert!(s.first_byte_at().is_some());
+        assert_eq!(s.bytes_written(), 3);
+    }
+}

@@ -1,0 +1,106 @@
+//! Hover: a KVM virtual machine monitor built to keep guests fast when their
+//! host is short of memory, busy, or moving them. This library owns KVM, guest
+//! memory, vCPUs and devices; the `hover` binary is its command line.
+//!
+//! A VM's life: [`VmConfig`] is validated, [`Vm::new`] builds memory, the
+//! irqchip, vCPUs and devices and loads the guest, [`Vm::run`] runs the vCPU
+//! threads until the guest powers off and returns a [`RunOutcome`].
+//! docs/ARCHITECTURE.md walks the boot sequence step by step.
+#![deny(missing_docs)]
+
+pub mod arch;
+pub mod boot;
+pub mod config;
+pub mod devices;
+pub mod memory;
+pub mod report;
+pub mod vcpu;
+pub mod vm;
+
+pub use config::{ConsoleTarget, GuestImage, MemoryBackend, VmConfig};
+pub use report::{ReportEntry, ReportValue};
+pub use vcpu::{GuestCrash, RegisterDump};
+pub use vm::{BootTimings, MemoryUsage, RunOutcome, Vm};
+
+/// A KVM operation, named for error messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub enum KvmOp {
+    CreateVm,
+    CreateIrqchip,
+    SetTssAddress,
+    SetMemoryRegion,
+    GetSupportedCpuid,
+    CreateVcpu,
+    SetCpuid,
+    GetSregs,
+    SetSregs,
+    SetRegs,
+    SetFpu,
+    SetMpState,
+    GetTscKhz,
+    GetMsrs,
+    RegisterIrqfd,
+    Run,
+}
+
+impl KvmOp {
+    /// A closure turning a KVM error from this operation into an [`Error`].
+    pub fn err(self) -> impl Fn(kvm_ioctls::Error) -> Error {
+        move |source| Error::Kvm { op: self, source }
+    }
+}
+
+/// Everything that can stop a VM from being built or run.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A configuration value is out of range.
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    /// The guest image cannot be booted.
+    #[error(transparent)]
+    Image(#[from] boot::ImageError),
+    /// /dev/kvm cannot be opened.
+    #[error("cannot open /dev/kvm: {0} (is KVM available and are you allowed to use it?)")]
+    KvmUnavailable(kvm_ioctls::Error),
+    /// A KVM ioctl failed.
+    #[error("KVM operation {op:?} failed: {source}")]
+    Kvm {
+        /// Which operation.
+        op: KvmOp,
+        /// KVM's error.
+        source: kvm_ioctls::Error,
+    },
+    /// Guest RAM could not be set up.
+    #[error(transparent)]
+    Memory(#[from] memory::MemoryError),
+    /// Writing the boot area into guest memory failed.
+    #[error("cannot write the boot area into guest memory: {0}")]
+    BootArea(#[from] vm_memory::GuestMemoryError),
+    /// The console target could not be opened.
+    #[error("cannot open the console target {target}: {source}")]
+    Console {
+        /// The target, as configured.
+        target: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A host-side resource (eventfd, signal handler, thread) failed.
+    #[error("cannot {what}: {source}")]
+    Host {
+        /// What was being done.
+        what: &'static str,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The guest crashed (triple fault, unexpected exit).
+    #[error("{0}")]
+    GuestCrash(Box<GuestCrash>),
+}
+
+impl Error {
+    /// Whether the user gave bad input (configuration or guest image).
+    pub fn is_bad_input(&self) -> bool {
+        matches!(self, Error::Config(_) | Error::Image(_))
+    }
+}

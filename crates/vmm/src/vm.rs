@@ -1,0 +1,349 @@
+//! The VM: builds memory, irqchip, vCPUs and devices from a [`VmConfig`],
+//! runs the vCPU threads and reports how the guest ended.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use kvm_bindings::{kvm_msr_entry, kvm_userspace_memory_region, Msrs, KVM_MAX_CPUID_ENTRIES};
+use kvm_ioctls::{Kvm, VmFd};
+use serde::Serialize;
+use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::signal::Killable;
+
+use crate::arch::x86_64::{cpuid, tables};
+use crate::boot::{self, ImageLayout};
+use crate::config::{ConfigError, VmConfig};
+use crate::devices::control::ControlDevice;
+use crate::devices::serial::{ConsoleSink, SerialConsole};
+use crate::devices::Devices;
+use crate::memory::GuestRam;
+use crate::report::{self, ReportEntry};
+use crate::vcpu::{self, Vcpu, VcpuEvent};
+use crate::{Error, KvmOp};
+
+/// The COM1 interrupt line on the IOAPIC.
+const COM1_GSI: u32 = 4;
+/// Where KVM may put its real-mode TSS (in the MMIO hole, as Firecracker does).
+const KVM_TSS_ADDRESS: usize = 0xfffb_d000;
+const MSR_IA32_TSC: u32 = 0x10;
+/// How long to keep kicking vCPU threads before giving up on joining them.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Boot timings, in microseconds from the start of [`Vm::new`].
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct BootTimings {
+    /// Until the VM was built and its vCPUs were about to start.
+    pub setup_us: u64,
+    /// Until the guest's first instruction, from the guest's own TSC reading
+    /// (the `boot_tsc` report); `None` if the guest did not report it.
+    pub first_instruction_us: Option<u64>,
+    /// Until the first byte on the serial console.
+    pub first_console_byte_us: Option<u64>,
+    /// Until the guest powered off.
+    pub exit_us: u64,
+}
+
+/// Memory use at exit.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct MemoryUsage {
+    /// Guest RAM configured, bytes.
+    pub guest_memory: u64,
+    /// Guest RAM resident (touched by guest or monitor), bytes.
+    pub guest_resident: u64,
+    /// Resident memory of the whole process, bytes.
+    pub process_resident: u64,
+    /// Process resident memory beyond resident guest RAM: the monitor's own cost.
+    pub vmm_overhead: u64,
+}
+
+/// How a run ended, when the guest powered off.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunOutcome {
+    /// The guest's exit code.
+    pub exit_code: u32,
+    /// The vCPU that asked to power off.
+    pub exit_vcpu: usize,
+    /// Everything the guest reported, in order.
+    pub reports: Vec<ReportEntry>,
+    /// Boot timings.
+    pub timings: BootTimings,
+    /// Memory use.
+    pub memory: MemoryUsage,
+    /// Bytes the guest wrote to its console.
+    pub console_bytes: u64,
+}
+
+/// A built VM, ready to run.
+pub struct Vm {
+    _kvm: Kvm,
+    fd: VmFd,
+    ram: GuestRam,
+    vcpus: Vec<Vcpu>,
+    devices: Arc<Devices>,
+    tsc_khz: u32,
+    image: ImageLayout,
+    created_at: Instant,
+}
+
+impl Vm {
+    /// Build a VM from `config`: validate it, map RAM, create the irqchip and
+    /// vCPUs, load the guest and write the boot area. Nothing runs yet.
+    pub fn new(config: &VmConfig) -> Result<Vm, Error> {
+        let created_at = Instant::now();
+        config.validate()?;
+        let image = boot::read_image(&config.guest)?;
+        let layout = boot::inspect(&image)?;
+
+        let kvm = Kvm::new().map_err(Error::KvmUnavailable)?;
+        let kvm_max = kvm.get_max_vcpus() as u32;
+        if config.vcpus > kvm_max {
+            return Err(ConfigError::VcpusOverKvm {
+                given: config.vcpus,
+                max: kvm_max,
+            }
+            .into());
+        }
+        let fd = kvm.create_vm().map_err(KvmOp::CreateVm.err())?;
+        let ram = GuestRam::new(config.memory, config.memory_backend)?;
+        register_memory(&fd, &ram)?;
+        fd.set_tss_address(KVM_TSS_ADDRESS)
+            .map_err(KvmOp::SetTssAddress.err())?;
+        fd.create_irq_chip().map_err(KvmOp::CreateIrqchip.err())?;
+
+        boot::load(&image, &layout, &ram)?;
+        tables::write_page_tables(ram.memory(), ram.end())?;
+        tables::write_descriptor_tables(ram.memory(), config.vcpus)?;
+
+        let supported = kvm
+            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+            .map_err(KvmOp::GetSupportedCpuid.err())?;
+        let mut vcpus = Vec::with_capacity(config.vcpus as usize);
+        for i in 0..config.vcpus {
+            let vcpu = Vcpu::new(&fd, i)?;
+            vcpu.configure(&cpuid::for_vcpu(&supported, i), layout.entry)?;
+            vcpus.push(vcpu);
+        }
+        let tsc_khz = vcpus[0]
+            .fd()
+            .get_tsc_khz()
+            .map_err(KvmOp::GetTscKhz.err())?;
+        boot::write_boot_info(
+            &ram,
+            config.vcpus,
+            tsc_khz as u64,
+            cpuid::pv_features(&supported),
+            &config.cmdline,
+            &layout,
+        )?;
+
+        let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|source| Error::Host {
+            what: "create an eventfd",
+            source,
+        })?;
+        fd.register_irqfd(&irq, COM1_GSI)
+            .map_err(KvmOp::RegisterIrqfd.err())?;
+        let sink = ConsoleSink::open(&config.console).map_err(|source| Error::Console {
+            target: format!("{:?}", config.console),
+            source,
+        })?;
+        let devices = Arc::new(Devices {
+            serial: SerialConsole::new(irq, sink),
+            control: ControlDevice::new(ram.memory().clone()),
+        });
+        tracing::debug!(
+            vcpus = config.vcpus,
+            memory = config.memory,
+            entry = layout.entry,
+            "VM built"
+        );
+        Ok(Vm {
+            _kvm: kvm,
+            fd,
+            ram,
+            vcpus,
+            devices,
+            tsc_khz,
+            image: layout,
+            created_at,
+        })
+    }
+
+    /// Guest RAM.
+    pub fn ram(&self) -> &GuestRam {
+        &self.ram
+    }
+
+    /// Where the guest image was loaded.
+    pub fn image(&self) -> &ImageLayout {
+        &self.image
+    }
+
+    /// The VM's KVM handle.
+    pub fn fd(&self) -> &VmFd {
+        &self.fd
+    }
+
+    /// Run every vCPU on its own thread until the guest powers off (returns
+    /// the outcome) or crashes (returns [`Error::GuestCrash`] with a register
+    /// dump). All vCPU threads have ended when this returns.
+    pub fn run(mut self) -> Result<RunOutcome, Error> {
+        vcpu::install_kick_handler().map_err(|source| Error::Host {
+            what: "install the vCPU kick signal handler",
+            source,
+        })?;
+        let tsc_ref = self.read_guest_tsc()?;
+        let started_at = Instant::now();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = mpsc::channel();
+        let mut threads = Vec::new();
+        for vcpu in self.vcpus.drain(..) {
+            let (devices, stop, tx) = (self.devices.clone(), stop.clone(), tx.clone());
+            let handle = thread::Builder::new()
+                .name(format!("vcpu{}", vcpu.index()))
+                .spawn(move || {
+                    let _ = tx.send(vcpu.run(devices, stop));
+                })
+                .map_err(|source| Error::Host {
+                    what: "start a vCPU thread",
+                    source,
+                })?;
+            threads.push(handle);
+        }
+        drop(tx);
+        // Every thread sends exactly one event, so the first one is how the
+        // run ended (a thread that panicked closes its sender instead).
+        let first = rx.recv().ok();
+        let exited_at = Instant::now();
+        stop.store(true, Ordering::Release);
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        while threads.iter().any(|t| !t.is_finished()) && Instant::now() < deadline {
+            for t in threads.iter().filter(|t| !t.is_finished()) {
+                let _ = t.kill(vcpu::kick_signal());
+            }
+            thread::sleep(Duration::from_millis(1));
+        }
+        for t in threads {
+            if t.is_finished() {
+                let _ = t.join();
+            } else {
+                tracing::warn!(
+                    "a vCPU thread did not stop within {STOP_TIMEOUT:?}; leaving it behind"
+                );
+            }
+        }
+        self.devices.serial.flush();
+
+        match first {
+            Some(VcpuEvent::Exit { vcpu, code }) => {
+                Ok(self.outcome(code, vcpu, tsc_ref, started_at, exited_at))
+            }
+            Some(VcpuEvent::Crash(crash)) => Err(Error::GuestCrash(Box::new(crash))),
+            Some(VcpuEvent::Failed { error, .. }) => Err(KvmOp::Run.err()(error)),
+            Some(VcpuEvent::Stopped { vcpu }) => Err(Error::Host {
+                what: "run the vCPUs",
+                source: std::io::Error::other(format!(
+                    "vCPU {vcpu} stopped before the guest powered off"
+                )),
+            }),
+            None => Err(Error::Host {
+                what: "run the vCPUs",
+                source: std::io::Error::other("a vCPU thread panicked"),
+            }),
+        }
+    }
+
+    /// The guest's TSC now, paired with the host instant: lets the guest's
+    /// own `boot_tsc` report be placed on the host's clock.
+    fn read_guest_tsc(&self) -> Result<(Instant, u64), Error> {
+        let mut msrs = Msrs::from_entries(&[kvm_msr_entry {
+            index: MSR_IA32_TSC,
+            ..Default::default()
+        }])
+        .map_err(|e| Error::Host {
+            what: "build an MSR list",
+            source: std::io::Error::other(format!("{e:?}")),
+        })?;
+        let now = Instant::now();
+        self.vcpus[0]
+            .fd()
+            .get_msrs(&mut msrs)
+            .map_err(KvmOp::GetMsrs.err())?;
+        Ok((now, msrs.as_slice()[0].data))
+    }
+
+    fn outcome(
+        &self,
+        code: u32,
+        vcpu: usize,
+        tsc_ref: (Instant, u64),
+        started: Instant,
+        exited: Instant,
+    ) -> RunOutcome {
+        let us = |t: Instant| t.saturating_duration_since(self.created_at).as_micros() as u64;
+        let reports = self.devices.control.reports();
+        let first_instruction_us = report::find(&reports, "boot_tsc")
+            .and_then(|r| r.value.as_u64())
+            .and_then(|tsc| tsc.checked_sub(tsc_ref.1))
+            .map(|ticks| us(tsc_ref.0) + ticks * 1000 / self.tsc_khz.max(1) as u64);
+        let timings = BootTimings {
+            setup_us: us(started),
+            first_instruction_us,
+            first_console_byte_us: self.devices.serial.first_byte_at().map(us),
+            exit_us: us(exited),
+        };
+        RunOutcome {
+            exit_code: code,
+            exit_vcpu: vcpu,
+            reports,
+            timings,
+            memory: self.memory_usage(),
+            console_bytes: self.devices.serial.bytes_written(),
+        }
+    }
+
+    /// Memory use now.
+    pub fn memory_usage(&self) -> MemoryUsage {
+        let guest_resident = self.ram.resident_bytes().unwrap_or(0);
+        let process_resident = process_resident_bytes().unwrap_or(0);
+        MemoryUsage {
+            guest_memory: self.ram.size(),
+            guest_resident,
+            process_resident,
+            vmm_overhead: process_resident.saturating_sub(guest_resident),
+        }
+    }
+}
+
+fn register_memory(fd: &VmFd, ram: &GuestRam) -> Result<(), Error> {
+    for (slot, region) in ram.memory().iter().enumerate() {
+        let host = region
+            .get_host_address(vm_memory::MemoryRegionAddress(0))
+            .map_err(vm_memory::GuestMemoryError::from)?;
+        let r = kvm_userspace_memory_region {
+            slot: slot as u32,
+            guest_phys_addr: region.start_addr().0,
+            memory_size: region.len(),
+            userspace_addr: host as u64,
+            flags: 0,
+        };
+        // SAFETY: the region's mapping lives as long as `ram`, which the Vm
+        // owns and drops after the VM fd.
+        unsafe { fd.set_user_memory_region(r) }.map_err(KvmOp::SetMemoryRegion.err())?;
+    }
+    Ok(())
+}
+
+fn process_resident_bytes() -> std::io::Result<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm")?;
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other("unexpected /proc/self/statm format"))?;
+    // SAFETY: sysconf has no side effects.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
+    Ok(pages * page)
+}
