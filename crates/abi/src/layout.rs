@@ -71,6 +71,14 @@ pub const fn tss_descriptor(base: u64, limit: u32) -> [u64; 2] {
     [low, base >> 32]
 }
 
+// The boot area holds every table for the largest VM: checked at compile time.
+const _: () = {
+    assert!(PD_GPA + MAX_MAPPED_GIB * PAGE_SIZE <= BOOT_STACKS_GPA);
+    assert!(BOOT_STACKS_GPA + MAX_VCPUS as u64 * BOOT_STACK_SIZE <= BOOT_AREA_END);
+    assert!(BOOT_TSS_GPA + MAX_VCPUS as u64 * BOOT_TSS_STRIDE <= PML4_GPA);
+    assert!(BOOT_INFO_GPA + PAGE_SIZE <= BOOT_GDT_GPA);
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -84,12 +92,5 @@ mod tests {
         assert_eq!((lo >> 48) & 0xf, 0x6);
         assert_eq!(lo >> 56, 0x9a);
         assert_eq!(hi, 0x1234_5678);
-    }
-
-    #[test]
-    fn boot_area_holds_all_tables() {
-        assert!(PD_GPA + MAX_MAPPED_GIB * PAGE_SIZE <= BOOT_STACKS_GPA);
-        assert!(BOOT_STACKS_GPA + MAX_VCPUS as u64 * BOOT_STACK_SIZE <= BOOT_AREA_END);
-        assert!(BOOT_TSS_GPA + MAX_VCPUS as u64 * BOOT_TSS_STRIDE <= PML4_GPA);
     }
 }

@@ -42,6 +42,11 @@ pub const WORKLOADS: &[WorkloadSpec] = &[
         params: &[],
     },
     WorkloadSpec {
+        name: "exception",
+        help: "test: vCPU 0 executes ud2; the guest must print the exception and exit with code 19",
+        params: &[],
+    },
+    WorkloadSpec {
         name: "triple-fault",
         help: "test: vCPU 0 triple-faults on purpose (the VM must stop with a register dump)",
         params: &[],

@@ -214,17 +214,31 @@ pub fn inspect(img: &ImageBytes) -> Result<ImageLayout, ImageError> {
 /// Free RAM a guest needs beyond its image.
 const MIN_FREE: u64 = 1 << 20;
 
+/// Check that RAM of `memory` bytes holds the image and leaves room to run.
+pub fn check_fits(img: &ImageBytes, layout: &ImageLayout, memory: u64) -> Result<(), ImageError> {
+    let ranges = ram_ranges(memory);
+    let inside = |addr: u64, len: u64| {
+        ranges
+            .iter()
+            .any(|&(b, s)| addr >= b && addr + len <= b + s)
+    };
+    let fits =
+        layout.segments.iter().all(|&(a, _, m)| inside(a, m)) && inside(layout.end, MIN_FREE);
+    if fits {
+        Ok(())
+    } else {
+        let needed = (layout.end + MIN_FREE).div_ceil(1 << 20) << 20;
+        Err(ImageError::TooLarge {
+            name: img.name.clone(),
+            memory,
+            needed,
+        })
+    }
+}
+
 /// Copy the image into guest RAM (after [`inspect`]), zeroing its bss.
 pub fn load(img: &ImageBytes, layout: &ImageLayout, ram: &GuestRam) -> Result<(), ImageError> {
-    let fits = layout.segments.iter().all(|&(a, _, m)| ram.contains(a, m));
-    if !fits || layout.end + MIN_FREE > ram.end() || !ram.contains(layout.end, MIN_FREE) {
-        let needed = (layout.end + MIN_FREE).div_ceil(1 << 20) << 20;
-        return Err(ImageError::TooLarge {
-            name: img.name.clone(),
-            memory: ram.size(),
-            needed,
-        });
-    }
+    check_fits(img, layout, ram.size())?;
     let load_err = |reason: String| ImageError::Load {
         name: img.name.clone(),
         reason,

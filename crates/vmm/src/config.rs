@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use hover_abi::boot::CMDLINE_MAX;
+use hover_abi::cmdline::CmdlineError;
 use hover_abi::layout::{MAX_MAPPED_GIB, MAX_VCPUS, MMIO_HOLE_END, MMIO_HOLE_START, PAGE_SIZE};
 use hover_abi::workload::{self, WorkloadError};
 
@@ -161,7 +162,7 @@ impl VmConfig {
                 max,
             });
         }
-        if self.memory % PAGE_SIZE != 0 {
+        if !self.memory.is_multiple_of(PAGE_SIZE) {
             let suggest = self.memory.div_ceil(PAGE_SIZE) * PAGE_SIZE;
             return Err(ConfigError::MemoryUnaligned {
                 given: self.memory,
@@ -194,8 +195,14 @@ pub fn check_builtin_cmdline(cmdline: &str) -> Result<(), ConfigError> {
 fn describe(e: WorkloadError<'_>) -> String {
     let names: Vec<&str> = workload::WORKLOADS.iter().map(|w| w.name).collect();
     match e {
-        WorkloadError::Syntax(s) => {
-            format!("bad guest command line: {s:?}; expected key=value tokens")
+        WorkloadError::Syntax(CmdlineError::NotKeyValue(t)) => {
+            format!("bad guest command line: '{t}' is not a key=value token")
+        }
+        WorkloadError::Syntax(CmdlineError::Duplicate(k)) => {
+            format!("bad guest command line: '{k}' is given more than once")
+        }
+        WorkloadError::Syntax(CmdlineError::NotANumber { key, value }) => {
+            format!("bad guest command line: {key}={value} is not a number")
         }
         WorkloadError::UnknownWorkload(w) => {
             format!(

@@ -12,6 +12,7 @@ pub mod arch;
 pub mod boot;
 pub mod config;
 pub mod devices;
+pub mod host;
 pub mod memory;
 pub mod report;
 pub mod vcpu;

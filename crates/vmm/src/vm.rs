@@ -96,6 +96,7 @@ impl Vm {
         config.validate()?;
         let image = boot::read_image(&config.guest)?;
         let layout = boot::inspect(&image)?;
+        boot::check_fits(&image, &layout, config.memory)?;
 
         let kvm = Kvm::new().map_err(Error::KvmUnavailable)?;
         let kvm_max = kvm.get_max_vcpus() as u32;
@@ -319,9 +320,7 @@ impl Vm {
 
 fn register_memory(fd: &VmFd, ram: &GuestRam) -> Result<(), Error> {
     for (slot, region) in ram.memory().iter().enumerate() {
-        let host = region
-            .get_host_address(vm_memory::MemoryRegionAddress(0))
-            .map_err(vm_memory::GuestMemoryError::from)?;
+        let host = region.get_host_address(vm_memory::MemoryRegionAddress(0))?;
         let r = kvm_userspace_memory_region {
             slot: slot as u32,
             guest_phys_addr: region.start_addr().0,

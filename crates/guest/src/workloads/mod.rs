@@ -1,6 +1,7 @@
 //! Workloads, selected by `workload=NAME` on the command line. The table of
 //! names and parameters lives in `hover_abi::workload`, shared with the monitor.
 
+mod exception;
 mod hello;
 mod triple_fault;
 
@@ -49,6 +50,7 @@ pub fn run(ctx: Context) -> ! {
     };
     match spec.name {
         "hello" => hello::run(ctx),
+        "exception" => exception::run(ctx),
         "triple-fault" => triple_fault::run(ctx),
         other => {
             if ctx.cpu == 0 {

@@ -1,0 +1,134 @@
+//! The `hover` command line: what a user types, what comes back, which exit status.
+
+use std::process::{Command, Output};
+
+use hover_vmm::host::kvm_for_test;
+
+fn hover(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hover"))
+        .args(args)
+        .output()
+        .expect("hover runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn run_boots_the_builtin_guest_with_defaults() {
+    if !kvm_for_test("run_boots_the_builtin_guest_with_defaults") {
+        return;
+    }
+    let out = hover(&["run"]);
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{}",
+        text(&out.stderr)
+    );
+    assert!(stdout.contains("hello from vCPU 0 of 2"), "{stdout}");
+    assert!(stdout.contains("hello from vCPU 1 of 2"), "{stdout}");
+    assert!(stdout.contains("vcpus_seen = 2"), "{stdout}");
+    assert!(stdout.contains("first instruction"), "{stdout}");
+}
+
+#[test]
+fn run_json_is_machine_readable() {
+    if !kvm_for_test("run_json_is_machine_readable") {
+        return;
+    }
+    let out = hover(&["run", "--vcpus", "1", "--json"]);
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("stdout is one JSON document");
+    assert_eq!(v["exit_code"], 0);
+    assert_eq!(v["reports"][0]["key"], "vcpus_seen");
+    assert_eq!(v["reports"][0]["value"], 1);
+    assert!(v["timings"]["exit_us"].as_u64().unwrap() > 0);
+    // With --json the console moves to stderr.
+    assert!(text(&out.stderr).contains("hello from vCPU 0 of 1"));
+}
+
+#[test]
+fn console_to_a_file() {
+    if !kvm_for_test("console_to_a_file") {
+        return;
+    }
+    let path = std::env::temp_dir().join(format!("hover-console-{}.txt", std::process::id()));
+    let arg = format!("file:{}", path.display());
+    let out = hover(&["run", "--console", &arg]);
+    assert_eq!(out.status.code(), Some(0));
+    let console = std::fs::read_to_string(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert!(console.contains("hello from vCPU 1 of 2"), "{console}");
+    assert!(
+        !text(&out.stdout).contains("hello from"),
+        "console went to stdout too"
+    );
+}
+
+#[test]
+fn triple_fault_exits_3_with_a_register_dump() {
+    if !kvm_for_test("triple_fault_exits_3_with_a_register_dump") {
+        return;
+    }
+    let out = hover(&["run", "--cmdline", "workload=triple-fault"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("triple fault") && stderr.contains("rip") && stderr.contains("efer"),
+        "{stderr}"
+    );
+}
+
+/// Every bad input: exit status 2, one line naming the problem, no panic.
+/// These are refused before KVM is touched, so they need no /dev/kvm.
+#[test]
+fn bad_input_is_one_line_and_exit_2() {
+    let guest_dir = std::env::temp_dir();
+    let not_elf = guest_dir.join(format!("hover-not-elf-{}", std::process::id()));
+    std::fs::write(&not_elf, b"#!/bin/sh\necho hi\n").unwrap();
+    let not_elf = not_elf.display().to_string();
+    let cases: &[(&[&str], &str)] = &[
+        (&["run", "--vcpus", "0"], "1 to 32 vCPUs"),
+        (&["run", "--vcpus", "33"], "1 to 32 vCPUs"),
+        (&["run", "--vcpus=-1"], "--vcpus"),
+        (&["run", "--memory", "1000"], "not a multiple of 4 KiB"),
+        (&["run", "--memory", "2M"], "needs at least"),
+        (&["run", "--memory", "100T"], "too large"),
+        (&["run", "--memory", "lots"], "not a size"),
+        (
+            &["run", "--guest", "/nonexistent/guest"],
+            "cannot read guest image",
+        ),
+        (&["run", "--guest", &not_elf], "not a bootable x86_64 ELF"),
+        (
+            &["run", "--cmdline", "workload=nope"],
+            "unknown workload 'nope'",
+        ),
+        (
+            &["run", "--cmdline", "workload=hello bogus=1"],
+            "takes no parameter 'bogus'",
+        ),
+        (&["run", "--cmdline", "bogus"], "not a key=value token"),
+        (&["run", "--console", "stdot"], "unknown console"),
+        (
+            &["run", "--memory-backend", "hugepages"],
+            "--memory-backend",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = hover(args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(needle),
+            "{args:?}: expected '{needle}' in:\n{stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{args:?} panicked:\n{stderr}");
+        assert!(out.stdout.is_empty(), "{args:?} printed to stdout");
+    }
+    std::fs::remove_file(&not_elf).unwrap();
+}

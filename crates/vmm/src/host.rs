@@ -1,0 +1,33 @@
+//! What this host offers: whether KVM can be used at all.
+
+use std::path::Path;
+
+/// The KVM device.
+pub const KVM_DEVICE: &str = "/dev/kvm";
+
+/// Whether `/dev/kvm` exists and can be opened read-write.
+pub fn kvm_usable() -> Result<(), String> {
+    if !Path::new(KVM_DEVICE).exists() {
+        return Err(format!("{KVM_DEVICE} does not exist"));
+    }
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(KVM_DEVICE)
+        .map(|_| ())
+        .map_err(|e| format!("{KVM_DEVICE} cannot be opened: {e}"))
+}
+
+/// For tests that boot a VM: `true` to go ahead. Without usable KVM the test
+/// is skipped with a printed reason, unless `CI` is set, where it fails:
+/// CI must never pass by skipping.
+pub fn kvm_for_test(test: &str) -> bool {
+    match kvm_usable() {
+        Ok(()) => true,
+        Err(why) if std::env::var_os("CI").is_some() => panic!("{test}: CI is set but {why}"),
+        Err(why) => {
+            eprintln!("skipping {test}: {why}");
+            false
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! Boot the built-in guest on /dev/kvm and check what it prints and reports.
+
+use std::sync::{Arc, Mutex};
+
+use hover_abi::exit_code;
+use hover_vmm::config::SharedBuffer;
+use hover_vmm::host::kvm_for_test;
+use hover_vmm::{
+    ConsoleTarget, Error, GuestImage, MemoryBackend, ReportValue, RunOutcome, Vm, VmConfig,
+};
+
+fn boot(config: VmConfig) -> (Result<RunOutcome, Error>, String) {
+    let buf: SharedBuffer = Arc::new(Mutex::new(Vec::new()));
+    let config = VmConfig {
+        console: ConsoleTarget::Buffer(buf.clone()),
+        ..config
+    };
+    let result = Vm::new(&config).and_then(Vm::run);
+    let console = String::from_utf8_lossy(&buf.lock().unwrap()).into_owned();
+    (result, console)
+}
+
+fn hello(vcpus: u32, backend: MemoryBackend) {
+    let (result, console) = boot(VmConfig {
+        vcpus,
+        memory_backend: backend,
+        ..VmConfig::default()
+    });
+    let o = result.unwrap_or_else(|e| panic!("boot failed: {e}\nconsole:\n{console}"));
+    assert_eq!(o.exit_code, exit_code::OK, "console:\n{console}");
+    for i in 0..vcpus {
+        let line = format!("hello from vCPU {i} of {vcpus} (x2APIC id {i})");
+        assert!(
+            console.contains(&line),
+            "missing '{line}' in console:\n{console}"
+        );
+    }
+    let seen = o
+        .reports
+        .iter()
+        .find(|r| r.key == "vcpus_seen")
+        .expect("vcpus_seen reported");
+    assert_eq!(seen.value, ReportValue::U64(vcpus as u64));
+    assert_eq!(seen.vcpu, 0);
+    let t = &o.timings;
+    let first = t
+        .first_instruction_us
+        .expect("boot_tsc reported, so first instruction is known");
+    assert!(t.setup_us <= first && first <= t.exit_us, "{t:?}");
+    assert!(t.first_console_byte_us.is_some());
+    assert!(o.memory.guest_resident > 0 && o.memory.guest_resident < o.memory.guest_memory);
+    assert_eq!(o.console_bytes as usize, console.len());
+}
+
+#[test]
+fn hello_on_one_vcpu() {
+    if kvm_for_test("hello_on_one_vcpu") {
+        hello(1, MemoryBackend::Anonymous);
+    }
+}
+
+#[test]
+fn hello_on_two_vcpus() {
+    if kvm_for_test("hello_on_two_vcpus") {
+        hello(2, MemoryBackend::Anonymous);
+    }
+}
+
+#[test]
+fn hello_on_memfd_memory() {
+    if kvm_for_test("hello_on_memfd_memory") {
+        hello(2, MemoryBackend::Memfd);
+    }
+}
+
+#[test]
+fn guest_image_from_a_file() {
+    if !kvm_for_test("guest_image_from_a_file") {
+        return;
+    }
+    let path = std::env::temp_dir().join(format!("hover-test-guest-{}", std::process::id()));
+    std::fs::write(&path, hover_vmm::boot::BUILTIN_GUEST).unwrap();
+    let (result, console) = boot(VmConfig {
+        guest: GuestImage::Path(path.clone()),
+        ..VmConfig::default()
+    });
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(result.unwrap().exit_code, 0, "console:\n{console}");
+}
+
+#[test]
+fn triple_fault_stops_the_vm_with_a_register_dump() {
+    if !kvm_for_test("triple_fault_stops_the_vm_with_a_register_dump") {
+        return;
+    }
+    let (result, console) = boot(VmConfig {
+        cmdline: "workload=triple-fault".into(),
+        ..VmConfig::default()
+    });
+    assert!(
+        console.contains("triple-fault: vCPU 0"),
+        "console:\n{console}"
+    );
+    match result {
+        Err(Error::GuestCrash(crash)) => {
+            assert_eq!(crash.vcpu, 0);
+            assert!(crash.reason.contains("triple fault"), "{}", crash.reason);
+            let regs = crash
+                .registers
+                .as_ref()
+                .expect("registers are readable after a shutdown");
+            assert_eq!(regs.cr3, hover_abi::layout::PML4_GPA);
+            let text = crash.to_string();
+            for field in ["rip", "rsp", "cr0", "cr3", "cr4", "efer"] {
+                assert!(text.contains(field), "dump lacks {field}:\n{text}");
+            }
+        }
+        other => panic!("expected a guest crash, got {other:?}"),
+    }
+}
+
+#[test]
+fn guest_exception_is_printed_and_exits_with_its_code() {
+    if !kvm_for_test("guest_exception_is_printed_and_exits_with_its_code") {
+        return;
+    }
+    let (result, console) = boot(VmConfig {
+        cmdline: "workload=exception".into(),
+        ..VmConfig::default()
+    });
+    let o = result.unwrap_or_else(|e| panic!("{e}\nconsole:\n{console}"));
+    assert_eq!(o.exit_code, exit_code::EXCEPTION);
+    assert!(
+        console.contains("unhandled exception #UD invalid opcode (vector 6) on vCPU 0"),
+        "console:\n{console}"
+    );
+    assert!(
+        console.contains("rip 0x") && console.contains("error code 0x0"),
+        "console:\n{console}"
+    );
+}
