@@ -159,13 +159,26 @@ fn fail(e: &Error) -> ExitCode {
 
 fn bench(args: BenchArgs) -> ExitCode {
     match args.scenario {
-        Scenario::Boot { runs, vcpus, out } => match hover_bench::boot::run(runs, vcpus, &out) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(hover_bench::BenchError::Vm(e)) => fail(&e),
-            Err(e) => {
-                eprintln!("hover: error: {e}");
-                ExitCode::from(EXIT_HOST_FAILURE)
-            }
-        },
+        Scenario::Boot { runs, vcpus, out } => {
+            let exe = match std::env::current_exe() {
+                Ok(exe) => exe,
+                Err(e) => {
+                    eprintln!("hover: error: cannot find the hover binary to benchmark: {e}");
+                    return ExitCode::from(EXIT_HOST_FAILURE);
+                }
+            };
+            bench_result(hover_bench::boot::run(&exe, runs, vcpus, &out))
+        }
+    }
+}
+
+fn bench_result(result: Result<(), hover_bench::BenchError>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(hover_bench::BenchError::Vm(e)) => fail(&e),
+        Err(e) => {
+            eprintln!("hover: error: {e}");
+            ExitCode::from(EXIT_HOST_FAILURE)
+        }
     }
 }

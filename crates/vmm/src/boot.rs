@@ -236,28 +236,24 @@ pub fn check_fits(img: &ImageBytes, layout: &ImageLayout, memory: u64) -> Result
     }
 }
 
-/// Copy the image into guest RAM (after [`inspect`]), zeroing its bss.
+/// Copy the image into guest RAM (after [`inspect`]).
+///
+/// Only the file-backed part of each segment is written: RAM comes fresh
+/// from [`GuestRam::new`] and reads as zero, so the bss already is, and not
+/// writing it keeps its pages untouched until the guest uses them (the
+/// built-in guest's bss is mostly stacks for vCPUs a small VM does not have).
 pub fn load(img: &ImageBytes, layout: &ImageLayout, ram: &GuestRam) -> Result<(), ImageError> {
     check_fits(img, layout, ram.size())?;
-    let load_err = |reason: String| ImageError::Load {
-        name: img.name.clone(),
-        reason,
-    };
     Elf::load(
         ram.memory(),
         None,
         &mut Cursor::new(&img.bytes[..]),
         Some(GuestAddress(BOOT_AREA_END)),
     )
-    .map_err(|e| load_err(e.to_string()))?;
-    for &(addr, filesz, memsz) in &layout.segments {
-        if memsz > filesz {
-            let zeros = vec![0u8; (memsz - filesz) as usize];
-            ram.memory()
-                .write_slice(&zeros, GuestAddress(addr + filesz))
-                .map_err(|e| load_err(e.to_string()))?;
-        }
-    }
+    .map_err(|e| ImageError::Load {
+        name: img.name.clone(),
+        reason: e.to_string(),
+    })?;
     Ok(())
 }
 
