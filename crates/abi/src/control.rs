@@ -19,7 +19,15 @@ pub mod op {
     pub const REPORT: u32 = 2;
     /// Log a UTF-8 message through the monitor's log; `arg0` = gpa, `arg1` = length.
     pub const LOG: u32 = 3;
+    /// Ask the monitor to inject an MSI after a delay (a test and measurement
+    /// aid for the guest's interrupt path): `arg0` = vector (bits 0-7) |
+    /// destination vCPU (bits 8-15), `arg1` = delay in nanoseconds (at most
+    /// [`MAX_MSI_DELAY_NS`]).
+    pub const INJECT_MSI: u32 = 4;
 }
+
+/// Longest delay an INJECT_MSI request may ask for: 10 s.
+pub const MAX_MSI_DELAY_NS: u64 = 10_000_000_000;
 
 /// Status codes the monitor writes into [`ControlRequest::status`].
 pub mod status {

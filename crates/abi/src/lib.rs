@@ -12,6 +12,7 @@ pub mod cmdline;
 pub mod control;
 pub mod layout;
 pub mod pv;
+pub mod vectors;
 pub mod workload;
 
 /// Exit codes the built-in guest uses. 0 means success; every failure code is

@@ -1,20 +1,53 @@
-//! The built-in guest's workloads and the parameters each accepts.
+//! The built-in guest's workloads and the parameters each accepts, with their
+//! ranges and defaults.
 //!
 //! The monitor checks a command line against this table before it starts the
-//! VM, so that a typo is a one-line error rather than a failed guest run.
+//! VM, so that a typo or an out-of-range value is a one-line error rather
+//! than a failed guest run; the guest reads its parameters through the same
+//! table, so defaults live in one place.
 
 use crate::cmdline::{self, CmdlineError};
 
 /// Workload run when the command line names none.
 pub const DEFAULT_WORKLOAD: &str = "hello";
 
+/// What values a parameter takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamKind {
+    /// An unsigned integer in `min..=max` (decimal or 0x hex).
+    Number {
+        /// Smallest accepted value.
+        min: u64,
+        /// Largest accepted value.
+        max: u64,
+        /// Value when the parameter is absent.
+        default: u64,
+    },
+    /// A byte size in `min..=max`: a number with an optional K, M or G suffix.
+    Size {
+        /// Smallest accepted value.
+        min: u64,
+        /// Largest accepted value.
+        max: u64,
+        /// Value when the parameter is absent.
+        default: u64,
+    },
+    /// One of a fixed set of words.
+    Choice {
+        /// The accepted words; the first is the default.
+        values: &'static [&'static str],
+    },
+}
+
 /// One command-line parameter.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ParamSpec {
     /// The key.
     pub name: &'static str,
-    /// What it means, with its default.
+    /// What it means.
     pub help: &'static str,
+    /// Accepted values.
+    pub kind: ParamKind,
 }
 
 /// One workload.
@@ -28,18 +61,77 @@ pub struct WorkloadSpec {
     pub params: &'static [ParamSpec],
 }
 
+const fn num(name: &'static str, help: &'static str, min: u64, max: u64, default: u64) -> ParamSpec {
+    ParamSpec { name, help, kind: ParamKind::Number { min, max, default } }
+}
+
 /// Parameters every workload accepts.
-pub const GLOBAL_PARAMS: &[ParamSpec] = &[ParamSpec {
-    name: "workload",
-    help: "which workload to run (default hello)",
-}];
+pub const GLOBAL_PARAMS: &[ParamSpec] = &[
+    ParamSpec { name: "workload", help: "which workload to run", kind: ParamKind::Choice { values: &[] } },
+    num("hz", "scheduler tick (preemption) rate per vCPU", 1, 10_000, 100),
+    ParamSpec {
+        name: "idle",
+        help: "what an idle vCPU does: halt (HLT, exits to KVM) or poll (spins in the guest)",
+        kind: ParamKind::Choice { values: &["halt", "poll"] },
+    },
+];
 
 /// Every workload of the built-in guest.
 pub const WORKLOADS: &[WorkloadSpec] = &[
     WorkloadSpec {
         name: "hello",
-        help: "every vCPU prints a greeting; reports vcpus_seen and boot_tsc",
+        help: "a task on every vCPU prints a greeting; reports vcpus_seen and boot_tsc",
         params: &[],
+    },
+    WorkloadSpec {
+        name: "spin",
+        help: "tasks count loop iterations for a while; reports spin.task.N and spin.total",
+        params: &[
+            num("tasks", "number of spinning tasks, placed round the vCPUs", 1, 60, 4),
+            num("seconds", "how long they spin", 1, 3600, 1),
+        ],
+    },
+    WorkloadSpec {
+        name: "memtouch",
+        help: "tasks write a pattern over a buffer and verify it; reports pages, checksum, errors",
+        params: &[
+            ParamSpec {
+                name: "size",
+                help: "bytes to touch (K, M, G suffixes)",
+                kind: ParamKind::Size { min: 4096, max: 64 << 30, default: 64 << 20 },
+            },
+            num("tasks", "tasks sharing the buffer", 1, 60, 1),
+            num("seed", "pattern seed", 0, u64::MAX, 0x5eed),
+        ],
+    },
+    WorkloadSpec {
+        name: "timer",
+        help: "a task sleeps to periodic deadlines (like cyclictest); reports wake-up latency and a histogram",
+        params: &[
+            num("interval_us", "period between deadlines, microseconds", 10, 1_000_000, 1000),
+            num("seconds", "how long to run", 1, 3600, 1),
+        ],
+    },
+    WorkloadSpec {
+        name: "ctxsw",
+        help: "two tasks on vCPU 0 switch by yielding or by preemption; reports the cost per switch",
+        params: &[
+            ParamSpec { name: "mode", help: "yield or preempt", kind: ParamKind::Choice { values: &["yield", "preempt"] } },
+            num("seconds", "how long to run", 1, 3600, 1),
+        ],
+    },
+    WorkloadSpec {
+        name: "nubcall",
+        help: "times trips through the privileged nub (int3 -> CPL0 -> iretq); reports ns per trip",
+        params: &[num("count", "number of trips", 1, 10_000_000, 10_000)],
+    },
+    WorkloadSpec {
+        name: "irq",
+        help: "asks the monitor for MSIs and waits for each in a task; reports delivery latency",
+        params: &[
+            num("count", "number of interrupts", 1, 1_000_000, 1000),
+            num("delay_us", "delay the monitor waits before injecting", 0, 1_000_000, 100),
+        ],
     },
     WorkloadSpec {
         name: "exception",
@@ -72,6 +164,67 @@ pub enum WorkloadError<'a> {
         /// The key.
         key: &'a str,
     },
+    /// A value outside what its parameter accepts.
+    BadValue {
+        /// The parameter.
+        param: &'static ParamSpec,
+        /// The value given.
+        value: &'a str,
+    },
+}
+
+/// Parse a size: a number with an optional K, M or G suffix (binary units).
+pub fn parse_size(v: &str) -> Option<u64> {
+    let (digits, shift) = match v.as_bytes().last() {
+        Some(b'K' | b'k') => (&v[..v.len() - 1], 10),
+        Some(b'M' | b'm') => (&v[..v.len() - 1], 20),
+        Some(b'G' | b'g') => (&v[..v.len() - 1], 30),
+        _ => (v, 0),
+    };
+    cmdline::parse_u64(digits)?.checked_mul(1 << shift)
+}
+
+impl ParamSpec {
+    /// Whether `value` is acceptable.
+    pub fn accepts(&self, value: &str) -> bool {
+        match self.kind {
+            ParamKind::Number { min, max, .. } => cmdline::parse_u64(value).is_some_and(|n| n >= min && n <= max),
+            ParamKind::Size { min, max, .. } => parse_size(value).is_some_and(|n| n >= min && n <= max),
+            // An empty list (the `workload` key) is checked by `resolve`.
+            ParamKind::Choice { values } => values.is_empty() || values.contains(&value),
+        }
+    }
+
+    /// The numeric value in `cmdline` (or the default). Call after [`resolve`] succeeded.
+    pub fn number(&self, cmdline: &str) -> u64 {
+        let given = cmdline::get(cmdline, self.name);
+        match self.kind {
+            ParamKind::Number { default, .. } => given.and_then(cmdline::parse_u64).unwrap_or(default),
+            ParamKind::Size { default, .. } => given.and_then(parse_size).unwrap_or(default),
+            ParamKind::Choice { .. } => 0,
+        }
+    }
+
+    /// The word in `cmdline` (or the default). Call after [`resolve`] succeeded.
+    pub fn choice<'a>(&self, cmdline: &'a str) -> &'a str {
+        match self.kind {
+            ParamKind::Choice { values } => cmdline::get(cmdline, self.name).or(values.first().copied()).unwrap_or(""),
+            _ => "",
+        }
+    }
+}
+
+/// The global parameter called `name`.
+pub fn global(name: &str) -> &'static ParamSpec {
+    GLOBAL_PARAMS.iter().find(|p| p.name == name).expect("a global parameter of this table")
+}
+
+impl WorkloadSpec {
+    /// This workload's parameter called `name`.
+    pub fn param(&self, name: &str) -> &'static ParamSpec {
+        let params: &'static [ParamSpec] = self.params;
+        params.iter().find(|p| p.name == name).expect("a parameter of this workload")
+    }
 }
 
 /// Check `cmdline` and return the workload it selects.
@@ -79,16 +232,14 @@ pub fn resolve(cmdline: &str) -> Result<&'static WorkloadSpec, WorkloadError<'_>
     cmdline::check_syntax(cmdline).map_err(WorkloadError::Syntax)?;
     let name = cmdline::get(cmdline, "workload").unwrap_or(DEFAULT_WORKLOAD);
     let spec = find(name).ok_or(WorkloadError::UnknownWorkload(name))?;
-    for (key, _) in cmdline::pairs(cmdline).filter_map(Result::ok) {
-        let known = GLOBAL_PARAMS
+    for (key, value) in cmdline::pairs(cmdline).filter_map(Result::ok) {
+        let param = GLOBAL_PARAMS
             .iter()
             .chain(spec.params)
-            .any(|p| p.name == key);
-        if !known {
-            return Err(WorkloadError::UnknownParam {
-                workload: spec.name,
-                key,
-            });
+            .find(|p| p.name == key)
+            .ok_or(WorkloadError::UnknownParam { workload: spec.name, key })?;
+        if !param.accepts(value) {
+            return Err(WorkloadError::BadValue { param, value });
         }
     }
     Ok(spec)
@@ -101,21 +252,30 @@ mod tests {
     #[test]
     fn default_is_hello() {
         assert_eq!(resolve("").unwrap().name, "hello");
-        assert_eq!(resolve("workload=hello").unwrap().name, "hello");
+        assert_eq!(resolve("workload=hello hz=250 idle=poll").unwrap().name, "hello");
     }
 
     #[test]
-    fn unknown_names_and_keys() {
-        assert_eq!(
-            resolve("workload=nope").unwrap_err(),
-            WorkloadError::UnknownWorkload("nope")
-        );
+    fn unknown_names_keys_and_values() {
+        assert_eq!(resolve("workload=nope").unwrap_err(), WorkloadError::UnknownWorkload("nope"));
         assert_eq!(
             resolve("workload=hello bogus=1").unwrap_err(),
-            WorkloadError::UnknownParam {
-                workload: "hello",
-                key: "bogus"
-            }
+            WorkloadError::UnknownParam { workload: "hello", key: "bogus" }
         );
+        for bad in ["hz=0", "hz=fast", "idle=sleep", "workload=spin tasks=61", "workload=memtouch size=1T"] {
+            assert!(matches!(resolve(bad), Err(WorkloadError::BadValue { .. })), "{bad}");
+        }
+    }
+
+    #[test]
+    fn values_and_defaults() {
+        let c = "workload=memtouch size=128M";
+        let w = resolve(c).unwrap();
+        assert_eq!(w.param("size").number(c), 128 << 20);
+        assert_eq!(w.param("tasks").number(c), 1);
+        assert_eq!(global("hz").number(c), 100);
+        assert_eq!(global("idle").choice(c), "halt");
+        assert_eq!(global("idle").choice("idle=poll"), "poll");
+        assert_eq!(parse_size("4k"), Some(4096));
     }
 }

@@ -1,7 +1,7 @@
 //! The local APIC in x2APIC mode (MSR interface; privileged, so via the nub).
 
 use crate::nub;
-use crate::tables::SPURIOUS_VECTOR;
+use hover_abi::vectors::SPURIOUS;
 
 const IA32_APIC_BASE: u32 = 0x1b;
 const APIC_BASE_ENABLE: u64 = 1 << 11;
@@ -14,7 +14,7 @@ const SVR_ENABLE: u64 = 1 << 8;
 pub fn enable() {
     let base = nub::rdmsr(IA32_APIC_BASE);
     nub::wrmsr(IA32_APIC_BASE, base | APIC_BASE_ENABLE | APIC_BASE_X2APIC);
-    nub::wrmsr(X2APIC_SVR, SVR_ENABLE | SPURIOUS_VECTOR as u64);
+    nub::wrmsr(X2APIC_SVR, SVR_ENABLE | SPURIOUS as u64);
 }
 
 /// This CPU's x2APIC id.

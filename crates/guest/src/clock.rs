@@ -28,3 +28,13 @@ pub fn ticks_for_us(us: u64) -> u64 {
 pub fn deadline_after_us(us: u64) -> u64 {
     now().saturating_add(ticks_for_us(us))
 }
+
+/// TSC ticks per second.
+pub fn ticks_per_sec() -> u64 {
+    TSC_KHZ.load(Ordering::Relaxed) * 1000
+}
+
+/// Nanoseconds in `ticks` TSC ticks.
+pub fn ticks_to_ns(ticks: u64) -> u64 {
+    (ticks as u128 * 1_000_000 / TSC_KHZ.load(Ordering::Relaxed).max(1) as u128) as u64
+}

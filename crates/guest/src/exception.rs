@@ -43,11 +43,12 @@ const NAMES: [&str; 32] = [
 /// Print the recorded exception and exit with [`exit_code::EXCEPTION`].
 pub extern "C" fn exception_entry() -> ! {
     let pc = percpu::this_cpu();
-    let f = pc.crash;
+    // SAFETY: the nub wrote the frame on this CPU before returning here.
+    let f = unsafe { core::ptr::read_volatile(pc.crash.get()) };
     let name = NAMES.get(f.vector as usize).copied().unwrap_or("unknown");
     println!(
         "guest: unhandled exception {} (vector {}) on vCPU {} at rip {:#x}, error code {:#x}, cr2 {:#x}, rsp {:#x}, cpl {}",
-        name, f.vector, pc.cpu, f.rip, f.error, f.cr2, f.rsp, f.cs & 3
+        name, f.vector, pc.index(), f.rip, f.error, f.cr2, f.rsp, f.cs & 3
     );
     control::exit(exit_code::EXCEPTION)
 }

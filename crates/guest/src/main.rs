@@ -7,7 +7,9 @@
 //!    [`rust_start`] at CPL3 on this CPU's stack.
 //! 2. [`rust_start`]: claim the per-CPU area (GS base), vCPU 0 checks the
 //!    boot-info page and fills the IDT; each CPU builds and loads its own
-//!    GDT/TSS, enables its x2APIC, then runs the workload.
+//!    GDT/TSS, enables its x2APIC and its timer and becomes an idle loop.
+//! 3. vCPU 0 spawns the workload's main task; the scheduler (sched.rs) runs
+//!    tasks on every vCPU until the workload exits the VM.
 #![no_std]
 #![no_main]
 
@@ -15,11 +17,19 @@ mod apic;
 mod clock;
 mod console;
 mod control;
+mod event;
 mod exception;
+mod frames;
+mod irq;
+mod kernel;
 mod mem;
 mod nub;
 mod percpu;
+mod report;
+mod sched;
+mod sync;
 mod tables;
+mod timer;
 mod workloads;
 
 use core::panic::PanicInfo;
@@ -27,6 +37,7 @@ use core::panic::PanicInfo;
 use hover_abi::boot::BootInfo;
 use hover_abi::exit_code;
 use hover_abi::layout::MAX_VCPUS;
+use hover_abi::workload;
 
 /// First Rust code on every vCPU (CPL3), entered from `_start` in nub.S.
 pub extern "C" fn rust_start(boot_info: u64, cpu: u64, tsc_hi: u64, tsc_lo: u64) -> ! {
@@ -46,28 +57,33 @@ pub extern "C" fn rust_start(boot_info: u64, cpu: u64, tsc_hi: u64, tsc_lo: u64)
         tables::wait_for_idt();
     }
     tables::load_cpu_tables(pc);
+    sched::init_cpu(pc);
     if !boot.is_valid() {
         if cpu == 0 {
             println!("guest: boot-info page has bad magic or version");
             control::exit(exit_code::BAD_BOOT_INFO);
         }
-        workloads::idle();
+        sched::idle_loop(false);
     }
     clock::init(boot.tsc_khz);
     apic::enable();
-    let Some(cmdline) = boot.cmdline() else {
-        if cpu == 0 {
+    let cmdline = boot.cmdline().unwrap_or("");
+    // Values are range-checked in workloads::start (and by the monitor);
+    // until then the defaults apply.
+    let valid = workload::resolve(cmdline).is_ok();
+    let hz = if valid { workload::global("hz").number(cmdline) } else { 100 };
+    let poll = valid && workload::global("idle").choice(cmdline) == "poll";
+    timer::init_cpu(pc, hz);
+    if cpu == 0 {
+        if boot.cmdline().is_none() {
             println!("guest: command line is not UTF-8");
             control::exit(exit_code::BAD_CMDLINE);
         }
-        workloads::idle();
-    };
-    workloads::run(workloads::Context {
-        cpu,
-        boot,
-        cmdline,
-        boot_tsc: (tsc_hi << 32) | (tsc_lo & 0xffff_ffff),
-    })
+        frames::init(boot);
+        sched::init(boot.vcpu_count as usize);
+        workloads::start(boot, cmdline, (tsc_hi << 32) | (tsc_lo & 0xffff_ffff));
+    }
+    sched::idle_loop(poll)
 }
 
 #[panic_handler]

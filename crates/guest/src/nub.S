@@ -1,8 +1,10 @@
 /* The privileged nub: the only guest code that runs at CPL0.
  *
  * On this platform every CPL0 instruction is emulated by KVM (~1 us each), so
- * each path here is a handful of integer instructions; everything else runs in
- * the CPL3 runtime. Named operands (in curly braces) are filled in by nub.rs.
+ * each path here is a few dozen integer instructions at most; everything else
+ * runs in the CPL3 runtime. Named operands (in curly braces) are filled in by
+ * nub.rs; %gs points at this CPU's PerCpu (percpu.rs) once the runtime has
+ * set it up.
  *
  * Entry state (set by the monitor, docs/ABI.md): 64-bit mode, CPL0, IF=0,
  * identity paging with the U bit, RDI = boot-info gpa, RSI = vCPU index,
@@ -30,7 +32,8 @@ _start:
 
     .text
 /* Nub calls: `int3` from CPL3 (vector 3, DPL3 gate), rax = operation,
- * rdi/rsi = arguments, result in rax. rcx and rdx are clobbered. */
+ * rdi/rsi = arguments, result in rax. rcx and rdx are clobbered. The gate is
+ * an interrupt gate, so each call runs with interrupts off. */
     .global hover_nub_call
 hover_nub_call:
     cmp ${nub_ops}, %rax
@@ -59,14 +62,114 @@ nub_wrmsr:                          /* rdi = msr, rsi = value */
     wrmsr
     iretq
 
-nub_halt:                           /* wait for the next interrupt, then return */
+/* Halt until an interrupt, unless a reschedule is already due: checking
+ * need_resched here, with interrupts off, closes the window between the
+ * idle loop's last look and the hlt (sti delays interrupts by one insn). */
+nub_halt:
+    cmpq $0, %gs:{off_need_resched}
+    jne 1f
     sti
     hlt
+1:  iretq
+
+nub_set_deadline:                   /* rdi = TSC deadline (0 disarms) */
+    mov %rdi, %gs:{off_armed_deadline}
+    mov $0x6e0, %ecx
+    mov %edi, %eax
+    mov %rdi, %rdx
+    shr $32, %rdx
+    wrmsr
     iretq
 
 nub_triple_fault:                   /* no IDT + an exception = shutdown */
     lidt null_idt_ptr(%rip)
     ud2
+
+/* ---- interrupts -------------------------------------------------------
+ * Each handler saves rax, rcx, rdx, acknowledges the interrupt, records
+ * what the runtime must do, and leaves through irq_tail. Stack in irq_tail:
+ * 0 rdx, 8 rcx, 16 rax, 24 rip, 32 cs, 40 rflags, 48 rsp, 56 ss. */
+
+.macro EOI                          /* x2APIC end-of-interrupt */
+    mov $0x80b, %ecx
+    xor %eax, %eax
+    xor %edx, %edx
+    wrmsr
+.endm
+
+    .global hover_timer_irq
+hover_timer_irq:                    /* tick or sleeper deadline: rearm a tick ahead */
+    push %rax
+    push %rcx
+    push %rdx
+    incq %gs:{off_ticks}
+    EOI
+    rdtsc
+    shl $32, %rdx
+    or %rdx, %rax
+    add %gs:{off_tick_period}, %rax
+    mov %rax, %gs:{off_armed_deadline}
+    mov %rax, %rdx
+    shr $32, %rdx
+    mov $0x6e0, %ecx
+    wrmsr
+    movq $1, %gs:{off_need_resched}
+    jmp irq_tail
+
+    .global hover_resched_irq
+hover_resched_irq:                  /* another vCPU queued a task here */
+    push %rax
+    push %rcx
+    push %rdx
+    EOI
+    movq $1, %gs:{off_need_resched}
+    jmp irq_tail
+
+irq_device:                         /* rax = vector (pushed rax is the original) */
+    push %rcx
+    push %rdx
+    lock btsq %rax, %gs:{off_pending_irqs}
+    EOI
+    movq $1, %gs:{off_need_resched}
+    /* fall through */
+
+/* Preempt if the interrupted code is CPL3 and preemptible: push the old RIP
+ * below its red zone and return into preempt_entry (sched.rs) instead, which
+ * saves the rest at native speed and switches tasks. Otherwise return. */
+irq_tail:
+    testb $3, 32(%rsp)
+    jz 1f
+    cmpq $0, %gs:{off_preempt_count}
+    jne 1f
+    movq $1, %gs:{off_preempt_count}
+    mov 48(%rsp), %rax
+    sub $136, %rax                  /* 128-byte red zone + the return address */
+    mov 24(%rsp), %rcx
+    mov %rcx, (%rax)
+    mov %rax, 48(%rsp)
+    lea hover_preempt_entry(%rip), %rcx
+    mov %rcx, 24(%rsp)
+1:  pop %rdx
+    pop %rcx
+    pop %rax
+    iretq
+
+    .align 16
+    .global hover_device_stubs
+hover_device_stubs:                 /* 16 bytes per vector from DEVICE_BASE */
+    .set vec, {device_base}
+    .rept {device_count}
+    .align 16
+    push %rax
+    mov $vec, %eax
+    jmp irq_device
+    .set vec, vec + 1
+    .endr
+
+/* Spurious interrupts need no EOI. */
+    .global hover_spurious
+hover_spurious:
+    iretq
 
 /* Unexpected exceptions: record the frame in the per-CPU area (%gs) and
  * redirect the return to exception_entry at CPL3 on the exception stack,
@@ -102,11 +205,6 @@ exc_common:                         /* stack: vector, error, rip, cs, rflags, rs
     add $16, %rsp
     iretq
 
-/* Spurious interrupts need no EOI. */
-    .global hover_spurious
-hover_spurious:
-    iretq
-
     .align 16
     .global hover_exception_stubs
 hover_exception_stubs:
@@ -124,7 +222,7 @@ hover_exception_stubs:
     .section .rodata
     .align 8
 nub_table:
-    .quad nub_load_tables, nub_rdmsr, nub_wrmsr, nub_halt, nub_triple_fault
+    .quad nub_load_tables, nub_rdmsr, nub_wrmsr, nub_halt, nub_triple_fault, nub_set_deadline
     .align 16
 idt_ptr:
     .word 256 * 16 - 1

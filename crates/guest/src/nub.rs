@@ -9,6 +9,7 @@ use core::arch::{asm, global_asm};
 use core::mem::offset_of;
 
 use hover_abi::layout::{USER_CS, USER_DS};
+use hover_abi::vectors;
 
 use crate::percpu::{PerCpu, MAIN_STACKS, MAIN_STACK_SIZE};
 use crate::tables::IDT;
@@ -22,8 +23,9 @@ enum Op {
     Wrmsr = 2,
     Halt = 3,
     TripleFault = 4,
+    SetDeadline = 5,
 }
-const NUB_OPS: u64 = 5;
+const NUB_OPS: u64 = 6;
 
 global_asm!(
     include_str!("nub.S"),
@@ -37,6 +39,14 @@ global_asm!(
     off_in_exception = const offset_of!(PerCpu, in_exception),
     off_crash = const offset_of!(PerCpu, crash),
     off_exception_stack = const offset_of!(PerCpu, exception_stack_top),
+    off_need_resched = const offset_of!(PerCpu, need_resched),
+    off_preempt_count = const offset_of!(PerCpu, preempt_count),
+    off_tick_period = const offset_of!(PerCpu, tick_period),
+    off_armed_deadline = const offset_of!(PerCpu, armed_deadline),
+    off_ticks = const offset_of!(PerCpu, ticks),
+    off_pending_irqs = const offset_of!(PerCpu, pending_irqs),
+    device_base = const vectors::DEVICE_BASE,
+    device_count = const vectors::DEVICE_COUNT,
     exception_entry = sym crate::exception::exception_entry,
     idt = sym IDT,
     options(att_syntax)
@@ -49,6 +59,12 @@ extern "C" {
     pub fn hover_spurious();
     /// 32 exception stubs, 16 bytes apart, for vectors 0-31.
     pub fn hover_exception_stubs();
+    /// LAPIC timer handler.
+    pub fn hover_timer_irq();
+    /// Reschedule-IPI handler.
+    pub fn hover_resched_irq();
+    /// Device-vector stubs, 16 bytes apart, from `vectors::DEVICE_BASE`.
+    pub fn hover_device_stubs();
 }
 
 #[inline(always)]
@@ -78,9 +94,16 @@ pub fn wrmsr(msr: u32, value: u64) {
     call(Op::Wrmsr, msr as u64, value);
 }
 
-/// Halt until the next interrupt has been handled.
+/// Halt until the next interrupt has been handled, unless a reschedule is
+/// already due.
 pub fn halt() {
     call(Op::Halt, 0, 0);
+}
+
+/// Arm the LAPIC timer for TSC `deadline` (0 disarms) and record it in
+/// `PerCpu::armed_deadline`, both with interrupts off.
+pub fn set_deadline(deadline: u64) {
+    call(Op::SetDeadline, deadline, 0);
 }
 
 /// Load an empty IDT and raise an exception: the CPU shuts down (triple fault).

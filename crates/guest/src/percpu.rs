@@ -1,15 +1,21 @@
 //! Per-CPU state: one [`PerCpu`] per vCPU, reached through the GS base so that
 //! the nub (which cannot know which CPU it runs on otherwise) finds it too.
+//!
+//! Scalar fields are atomics: the nub's interrupt handlers change some of
+//! them asynchronously (like a signal handler would), and other vCPUs set
+//! `need_resched` and read `halted` when they wake a task here. CPU-local
+//! accesses use `Relaxed`, which compiles to plain moves.
 
 use core::arch::asm;
 use core::cell::UnsafeCell;
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use hover_abi::layout::{GDT_ENTRIES, MAX_VCPUS};
 
-/// Size of each CPU's CPL3 boot stack (the workloads run on it).
-pub const MAIN_STACK_SIZE: usize = 64 * 1024;
 /// Size of each CPU's CPL0 stack (TSS.RSP0: interrupts and nub calls).
 pub const NUB_STACK_SIZE: usize = 16 * 1024;
+/// Size of each CPU's CPL3 boot stack, on which its idle loop runs.
+pub const MAIN_STACK_SIZE: usize = 64 * 1024;
 /// Size of each CPU's CPL3 stack for reporting an unexpected exception.
 pub const EXCEPTION_STACK_SIZE: usize = 16 * 1024;
 /// I/O ports the TSS bitmap covers (ports above are always denied).
@@ -54,57 +60,87 @@ pub struct DescPtr {
     pub base: u64,
 }
 
-/// One CPU's state. The nub reads the fields up to `crash` at fixed offsets.
-#[repr(C, align(4096))]
-pub struct PerCpu {
-    /// Address of this structure (non-zero once the CPU has set it up).
-    pub self_ptr: u64,
-    /// vCPU index.
-    pub cpu: u64,
-    /// Set by the nub while an unexpected exception is being reported.
-    pub in_exception: u64,
-    /// Top of the CPL3 stack `exception_entry` runs on.
-    pub exception_stack_top: u64,
-    /// The last unexpected exception.
-    pub crash: CrashFrame,
+/// This CPU's descriptor tables, written once by the CPU itself at boot.
+#[repr(C)]
+pub struct CpuTables {
     pub gdt: [u64; GDT_ENTRIES],
     pub gdtr: DescPtr,
     pub tss: TaskState,
 }
 
-/// Storage for all CPUs; each CPU touches only its own slot.
-pub struct PerCpuArray(UnsafeCell<[PerCpu; MAX_VCPUS]>);
-// SAFETY: slot i is only ever accessed by vCPU i (see `this_cpu`).
+/// One CPU's state. The nub reads and writes fields by offset (nub.rs passes
+/// `offset_of!` values to the assembly).
+#[repr(C, align(4096))]
+pub struct PerCpu {
+    /// Address of this structure (non-zero once the CPU has set it up).
+    pub self_ptr: AtomicU64,
+    /// vCPU index.
+    pub cpu: AtomicU64,
+    /// Set by the nub while an unexpected exception is being reported.
+    pub in_exception: AtomicU64,
+    /// Top of the CPL3 stack `exception_entry` runs on.
+    pub exception_stack_top: AtomicU64,
+    /// Non-zero: the running code must not be switched away from; the nub
+    /// then only sets `need_resched`.
+    pub preempt_count: AtomicU64,
+    /// A reschedule is due (tick, interrupt for a waiting task, remote wake-up).
+    pub need_resched: AtomicU64,
+    /// TSC ticks between scheduler ticks; the timer handler rearms with it.
+    pub tick_period: AtomicU64,
+    /// TSC deadline the LAPIC timer is armed with (0 = disarmed).
+    pub armed_deadline: AtomicU64,
+    /// Timer interrupts taken.
+    pub ticks: AtomicU64,
+    /// Non-zero while the idle loop is about to halt or halted.
+    pub halted: AtomicU64,
+    /// Index of the running task (see `sched`).
+    pub current: AtomicUsize,
+    /// Device vectors the nub has seen but the runtime not yet handled, one bit per vector.
+    pub pending_irqs: [AtomicU64; 4],
+    /// The last unexpected exception (written by the nub).
+    pub crash: UnsafeCell<CrashFrame>,
+    /// Descriptor tables.
+    pub tables: UnsafeCell<CpuTables>,
+}
+
+/// Storage for all CPUs.
+pub struct PerCpuArray([PerCpu; MAX_VCPUS]);
+// SAFETY: scalar fields are atomics; `crash` is written only by this CPU's
+// nub and read by this CPU; `tables` is written once by its own CPU in `init`.
 unsafe impl Sync for PerCpuArray {}
 
+#[allow(clippy::declare_interior_mutable_const)] // a template for the array below
 const EMPTY: PerCpu = PerCpu {
-    self_ptr: 0,
-    cpu: 0,
-    in_exception: 0,
-    exception_stack_top: 0,
-    crash: CrashFrame {
-        vector: 0,
-        error: 0,
-        rip: 0,
-        cs: 0,
-        rsp: 0,
-        cr2: 0,
-    },
-    gdt: [0; GDT_ENTRIES],
-    gdtr: DescPtr { limit: 0, base: 0 },
-    tss: TaskState {
-        reserved0: 0,
-        rsp: [0; 3],
-        reserved1: 0,
-        ist: [0; 7],
-        reserved2: 0,
-        reserved3: 0,
-        iomap_base: 0,
-        io_bitmap: [0xff; IO_BITMAP_PORTS / 8 + 1],
-    },
+    self_ptr: AtomicU64::new(0),
+    cpu: AtomicU64::new(0),
+    in_exception: AtomicU64::new(0),
+    exception_stack_top: AtomicU64::new(0),
+    preempt_count: AtomicU64::new(0),
+    need_resched: AtomicU64::new(0),
+    tick_period: AtomicU64::new(0),
+    armed_deadline: AtomicU64::new(0),
+    ticks: AtomicU64::new(0),
+    halted: AtomicU64::new(0),
+    current: AtomicUsize::new(0),
+    pending_irqs: [const { AtomicU64::new(0) }; 4],
+    crash: UnsafeCell::new(CrashFrame { vector: 0, error: 0, rip: 0, cs: 0, rsp: 0, cr2: 0 }),
+    tables: UnsafeCell::new(CpuTables {
+        gdt: [0; GDT_ENTRIES],
+        gdtr: DescPtr { limit: 0, base: 0 },
+        tss: TaskState {
+            reserved0: 0,
+            rsp: [0; 3],
+            reserved1: 0,
+            ist: [0; 7],
+            reserved2: 0,
+            reserved3: 0,
+            iomap_base: 0,
+            io_bitmap: [0xff; IO_BITMAP_PORTS / 8 + 1],
+        },
+    }),
 };
 
-static PERCPU: PerCpuArray = PerCpuArray(UnsafeCell::new([EMPTY; MAX_VCPUS]));
+static PERCPU: PerCpuArray = PerCpuArray([EMPTY; MAX_VCPUS]);
 
 /// Stacks, 16-byte aligned.
 #[repr(C, align(16))]
@@ -113,48 +149,59 @@ pub struct Stacks<const N: usize>(pub [[u8; N]; MAX_VCPUS]);
 /// CPL3 boot stacks; `_start` in nub.S switches to slot `cpu`.
 pub static mut MAIN_STACKS: Stacks<MAIN_STACK_SIZE> = Stacks([[0; MAIN_STACK_SIZE]; MAX_VCPUS]);
 static mut NUB_STACKS: Stacks<NUB_STACK_SIZE> = Stacks([[0; NUB_STACK_SIZE]; MAX_VCPUS]);
-static mut EXCEPTION_STACKS: Stacks<EXCEPTION_STACK_SIZE> =
-    Stacks([[0; EXCEPTION_STACK_SIZE]; MAX_VCPUS]);
+static mut EXCEPTION_STACKS: Stacks<EXCEPTION_STACK_SIZE> = Stacks([[0; EXCEPTION_STACK_SIZE]; MAX_VCPUS]);
 
 /// Claim slot `cpu`, fill in its addresses and point GS at it.
 ///
 /// # Safety
 /// Called once per CPU, by that CPU, with `cpu < MAX_VCPUS`.
-pub unsafe fn init(cpu: usize) -> &'static mut PerCpu {
-    // SAFETY: per the contract, nobody else touches slot `cpu`.
-    let pc = unsafe { &mut (*PERCPU.0.get())[cpu] };
-    pc.self_ptr = pc as *mut PerCpu as u64;
-    pc.cpu = cpu as u64;
-    let nub_top = unsafe { (&raw mut NUB_STACKS.0[cpu]) as u64 } + NUB_STACK_SIZE as u64;
-    let exc_top =
-        unsafe { (&raw mut EXCEPTION_STACKS.0[cpu]) as u64 } + EXCEPTION_STACK_SIZE as u64;
-    pc.tss.rsp[0] = nub_top;
-    pc.exception_stack_top = exc_top - 8;
+pub unsafe fn init(cpu: usize) -> &'static PerCpu {
+    let pc = &PERCPU.0[cpu];
+    let nub_top = (&raw const NUB_STACKS.0[cpu]) as u64 + NUB_STACK_SIZE as u64;
+    let exc_top = (&raw const EXCEPTION_STACKS.0[cpu]) as u64 + EXCEPTION_STACK_SIZE as u64;
+    // SAFETY: only this CPU touches its tables, and nothing has loaded them yet.
+    unsafe { (*pc.tables.get()).tss.rsp[0] = nub_top };
+    pc.exception_stack_top.store(exc_top - 8, Ordering::Relaxed);
+    pc.cpu.store(cpu as u64, Ordering::Relaxed);
+    let addr = pc as *const PerCpu as u64;
+    pc.self_ptr.store(addr, Ordering::Release);
     // SAFETY: CR4.FSGSBASE is set by the monitor (docs/ABI.md); wrgsbase is
     // native at CPL3 here and only this runtime uses GS.
-    unsafe { asm!("wrgsbase {}", in(reg) pc.self_ptr, options(nostack, preserves_flags)) };
+    unsafe { asm!("wrgsbase {}", in(reg) addr, options(nostack, preserves_flags)) };
     pc
 }
 
-/// This CPU's state (after [`init`]).
-pub fn this_cpu() -> &'static mut PerCpu {
+fn gs_base() -> u64 {
     let p: u64;
-    // SAFETY: rdgsbase is native at CPL3; GS holds this CPU's slot after init.
+    // SAFETY: rdgsbase is native at CPL3 and has no side effects.
     unsafe { asm!("rdgsbase {}", out(reg) p, options(nostack, nomem, preserves_flags)) };
-    // SAFETY: p is this CPU's slot (or 0 before init, which callers never see:
-    // init runs first on every CPU).
-    unsafe { &mut *(p as *mut PerCpu) }
+    p
+}
+
+/// This CPU's state (after [`init`]).
+#[inline]
+pub fn this_cpu() -> &'static PerCpu {
+    // SAFETY: after init, GS holds the address of this CPU's slot in PERCPU,
+    // a static; init runs before any other runtime code on every CPU.
+    unsafe { &*(gs_base() as *const PerCpu) }
 }
 
 /// This CPU's index, or `None` before [`init`].
 pub fn cpu_index() -> Option<usize> {
-    let p: u64;
-    // SAFETY: as in `this_cpu`.
-    unsafe { asm!("rdgsbase {}", out(reg) p, options(nostack, nomem, preserves_flags)) };
-    if p == 0 {
-        None
-    } else {
-        // SAFETY: non-zero GS base is always this CPU's slot.
-        Some(unsafe { (*(p as *const PerCpu)).cpu as usize })
+    let p = gs_base();
+    // SAFETY: a non-zero GS base is always this CPU's slot.
+    (p != 0).then(|| unsafe { (*(p as *const PerCpu)).cpu.load(Ordering::Relaxed) as usize })
+}
+
+/// CPU `cpu`'s state, for waking tasks there.
+pub fn of(cpu: usize) -> &'static PerCpu {
+    &PERCPU.0[cpu]
+}
+
+impl PerCpu {
+    /// This CPU's index.
+    #[inline]
+    pub fn index(&self) -> usize {
+        self.cpu.load(Ordering::Relaxed) as usize
     }
 }

@@ -9,14 +9,13 @@ use core::sync::atomic::{AtomicBool, Ordering};
 
 use hover_abi::control::CONTROL_PORT;
 use hover_abi::layout::{tss_descriptor, FLAT_GDT, GDT_ENTRIES, KERNEL_CS, TSS_SEL};
+use hover_abi::vectors;
 
 use crate::nub;
 use crate::percpu::{PerCpu, TaskState, IO_BITMAP_PORTS};
 
 /// Vector the nub call uses (`int3`).
 pub const NUB_VECTOR: usize = 3;
-/// Spurious-interrupt vector (programmed into the x2APIC SVR).
-pub const SPURIOUS_VECTOR: usize = 0xff;
 
 /// One 16-byte IDT gate.
 #[repr(C)]
@@ -57,7 +56,13 @@ pub fn init_idt() {
         *gate = Gate::interrupt(stubs + 16 * v as u64, 0);
     }
     idt[NUB_VECTOR] = Gate::interrupt(nub::hover_nub_call as *const () as u64, 3);
-    idt[SPURIOUS_VECTOR] = Gate::interrupt(nub::hover_spurious as *const () as u64, 0);
+    idt[vectors::TIMER as usize] = Gate::interrupt(nub::hover_timer_irq as *const () as u64, 0);
+    idt[vectors::RESCHED as usize] = Gate::interrupt(nub::hover_resched_irq as *const () as u64, 0);
+    let devices = nub::hover_device_stubs as *const () as u64;
+    for i in 0..vectors::DEVICE_COUNT as usize {
+        idt[vectors::DEVICE_BASE as usize + i] = Gate::interrupt(devices + 16 * i as u64, 0);
+    }
+    idt[vectors::SPURIOUS as usize] = Gate::interrupt(nub::hover_spurious as *const () as u64, 0);
     IDT_READY.store(true, Ordering::Release);
 }
 
@@ -72,10 +77,12 @@ pub fn wait_for_idt() {
 const ALLOWED_PORTS: [(u16, u16); 2] = [(0x3f8, 8), (CONTROL_PORT, 4)];
 
 /// Build this CPU's GDT and TSS and load them through the nub.
-pub fn load_cpu_tables(pc: &mut PerCpu) {
-    let tss_base = &raw const pc.tss as u64;
+pub fn load_cpu_tables(pc: &PerCpu) {
+    // SAFETY: only this CPU touches its tables, and it has not loaded them yet.
+    let t = unsafe { &mut *pc.tables.get() };
+    let tss_base = &raw const t.tss as u64;
     let tss_limit = (core::mem::size_of::<TaskState>() - 1) as u32;
-    pc.tss.iomap_base = core::mem::offset_of!(TaskState, io_bitmap) as u16;
+    t.tss.iomap_base = core::mem::offset_of!(TaskState, io_bitmap) as u16;
     for (first, count) in ALLOWED_PORTS {
         for port in first..first + count {
             let port = port as usize;
@@ -83,7 +90,7 @@ pub fn load_cpu_tables(pc: &mut PerCpu) {
                 port < IO_BITMAP_PORTS,
                 "port {port:#x} outside the I/O bitmap"
             );
-            pc.tss.io_bitmap[port / 8] &= !(1 << (port % 8));
+            t.tss.io_bitmap[port / 8] &= !(1 << (port % 8));
         }
     }
     let mut gdt = [0u64; GDT_ENTRIES];
@@ -91,8 +98,8 @@ pub fn load_cpu_tables(pc: &mut PerCpu) {
     let [lo, hi] = tss_descriptor(tss_base, tss_limit);
     gdt[(TSS_SEL >> 3) as usize] = lo;
     gdt[(TSS_SEL >> 3) as usize + 1] = hi;
-    pc.gdt = gdt;
-    pc.gdtr.limit = (GDT_ENTRIES * 8 - 1) as u16;
-    pc.gdtr.base = &raw const pc.gdt as u64;
-    nub::load_tables(&raw const pc.gdtr as u64, TSS_SEL);
+    t.gdt = gdt;
+    t.gdtr.limit = (GDT_ENTRIES * 8 - 1) as u16;
+    t.gdtr.base = &raw const t.gdt as u64;
+    nub::load_tables(&raw const t.gdtr as u64, TSS_SEL);
 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use hover_abi::boot::CMDLINE_MAX;
 use hover_abi::cmdline::CmdlineError;
 use hover_abi::layout::{MAX_MAPPED_GIB, MAX_VCPUS, MMIO_HOLE_END, MMIO_HOLE_START, PAGE_SIZE};
-use hover_abi::workload::{self, WorkloadError};
+use hover_abi::workload::{self, ParamKind, WorkloadError};
 
 /// Default number of vCPUs.
 pub const DEFAULT_VCPUS: u32 = 2;
@@ -209,6 +209,16 @@ fn describe(e: WorkloadError<'_>) -> String {
                 "unknown workload '{w}': the built-in guest has {}",
                 names.join(", ")
             )
+        }
+        WorkloadError::BadValue { param, value } => {
+            let accepted = match param.kind {
+                ParamKind::Number { min, max, default } => format!("a number from {min} to {max} (default {default})"),
+                ParamKind::Size { min, max, default } => {
+                    format!("a size from {min} to {max} bytes, with K, M or G (default {default})")
+                }
+                ParamKind::Choice { values } => format!("one of {}", values.join(", ")),
+            };
+            format!("bad guest command line: {}={value} is out of range: {} takes {accepted}", param.name, param.name)
         }
         WorkloadError::UnknownParam { workload: w, key } => {
             let spec = workload::find(w).expect("resolve returned a known workload");

@@ -17,6 +17,7 @@ use crate::arch::x86_64::{cpuid, tables};
 use crate::boot::{self, ImageLayout};
 use crate::config::{ConfigError, VmConfig};
 use crate::devices::control::ControlDevice;
+use crate::devices::msi::MsiInjector;
 use crate::devices::serial::{ConsoleSink, SerialConsole};
 use crate::devices::Devices;
 use crate::memory::GuestRam;
@@ -79,7 +80,7 @@ pub struct RunOutcome {
 /// A built VM, ready to run.
 pub struct Vm {
     _kvm: Kvm,
-    fd: VmFd,
+    fd: Arc<VmFd>,
     ram: GuestRam,
     vcpus: Vec<Vcpu>,
     devices: Arc<Devices>,
@@ -107,7 +108,7 @@ impl Vm {
             }
             .into());
         }
-        let fd = kvm.create_vm().map_err(KvmOp::CreateVm.err())?;
+        let fd = Arc::new(kvm.create_vm().map_err(KvmOp::CreateVm.err())?);
         let ram = GuestRam::new(config.memory, config.memory_backend)?;
         register_memory(&fd, &ram)?;
         fd.set_tss_address(KVM_TSS_ADDRESS)
@@ -152,7 +153,7 @@ impl Vm {
         })?;
         let devices = Arc::new(Devices {
             serial: SerialConsole::new(irq, sink),
-            control: ControlDevice::new(ram.memory().clone()),
+            control: ControlDevice::new(ram.memory().clone(), Some(MsiInjector::new(fd.clone())), config.vcpus),
         });
         tracing::debug!(
             vcpus = config.vcpus,

@@ -2,13 +2,10 @@
 //! reported on the console (vector, RIP, error code) and ends the VM with
 //! `exit_code::EXCEPTION`.
 
-use super::{idle, Context};
+use super::Context;
 use crate::println;
 
-pub fn run(ctx: Context) -> ! {
-    if ctx.cpu != 0 {
-        idle();
-    }
+pub fn run(_: &Context) -> u32 {
     println!("exception: vCPU 0 executes ud2");
     // SAFETY: raises #UD on purpose; the exception path never returns here.
     unsafe { core::arch::asm!("ud2", options(noreturn)) }

@@ -7,9 +7,13 @@
 
 use std::sync::Mutex;
 
+use std::time::Duration;
+
 use hover_abi::control::{
-    op, status, ControlRequest, Report, MAX_LOG_LEN, MAX_REPORTS_PER_REQUEST,
+    op, status, ControlRequest, Report, MAX_LOG_LEN, MAX_MSI_DELAY_NS, MAX_REPORTS_PER_REQUEST,
 };
+
+use super::msi::MsiInjector;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::report::{ReportEntry, ReportValue};
@@ -32,6 +36,8 @@ pub enum ControlAction {
 pub struct ControlDevice {
     memory: GuestMemoryMmap,
     reports: Mutex<Vec<ReportEntry>>,
+    msi: Option<MsiInjector>,
+    vcpus: u32,
 }
 
 fn decode_request(b: &[u8; REQUEST_SIZE]) -> ControlRequest {
@@ -57,11 +63,14 @@ fn decode_report(b: &[u8]) -> Report {
 }
 
 impl ControlDevice {
-    /// A device reading requests from `memory`.
-    pub fn new(memory: GuestMemoryMmap) -> Self {
+    /// A device reading requests from `memory`, injecting MSIs with `msi`
+    /// (requests for MSIs fail without one) into `vcpus` vCPUs.
+    pub fn new(memory: GuestMemoryMmap, msi: Option<MsiInjector>, vcpus: u32) -> Self {
         ControlDevice {
             memory,
             reports: Mutex::new(Vec::new()),
+            msi,
+            vcpus,
         }
     }
 
@@ -94,6 +103,7 @@ impl ControlDevice {
                 ControlAction::Continue,
             ),
             op::LOG => (self.log(vcpu, req.arg0, req.arg1), ControlAction::Continue),
+            op::INJECT_MSI => (self.inject_msi(req.arg0, req.arg1), ControlAction::Continue),
             other => {
                 tracing::warn!(vcpu, "control request with unknown op {other}");
                 (status::BAD_OP, ControlAction::Continue)
@@ -134,6 +144,24 @@ impl ControlDevice {
         status::OK
     }
 
+    fn inject_msi(&self, target: u64, delay_ns: u64) -> u32 {
+        let (vector, dest) = ((target & 0xff) as u8, ((target >> 8) & 0xff) as u8);
+        // Vectors below 32 are exceptions; the upper bits must be clear.
+        if vector < 32 || dest as u32 >= self.vcpus || target >> 16 != 0 || delay_ns > MAX_MSI_DELAY_NS {
+            return status::BAD_RANGE;
+        }
+        let Some(msi) = &self.msi else {
+            return status::BAD_OP;
+        };
+        match msi.inject_after(dest, vector, Duration::from_nanos(delay_ns)) {
+            Ok(()) => status::OK,
+            Err(e) => {
+                tracing::warn!("MSI {vector:#x} to vCPU {dest} failed: {e}");
+                status::BAD_RANGE
+            }
+        }
+    }
+
     fn log(&self, vcpu: usize, gpa: u64, len: u64) -> u32 {
         if len > MAX_LOG_LEN {
             return status::BAD_RANGE;
@@ -157,7 +185,7 @@ mod tests {
     use super::*;
 
     fn setup() -> ControlDevice {
-        ControlDevice::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap())
+        ControlDevice::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap(), None, 2)
     }
 
     fn put_request(d: &ControlDevice, gpa: u64, r: ControlRequest) {
@@ -313,5 +341,16 @@ mod tests {
         );
         d.handle(0, 0x1000);
         assert_eq!(status_at(&d, 0x1000), status::BAD_RECORD);
+        // MSI requests: bad vector, bad vCPU, too long a delay; no injector.
+        for (arg0, arg1, want) in [
+            (0x10, 0, status::BAD_RANGE),
+            (0x50 | 2 << 8, 0, status::BAD_RANGE),
+            (0x50, MAX_MSI_DELAY_NS + 1, status::BAD_RANGE),
+            (0x50, 0, status::BAD_OP),
+        ] {
+            put_request(&d, 0x1000, ControlRequest { op: op::INJECT_MSI, status: 0, arg0, arg1 });
+            assert_eq!(d.handle(0, 0x1000), ControlAction::Continue);
+            assert_eq!(status_at(&d, 0x1000), want, "{arg0:#x} {arg1}");
+        }
     }
 }

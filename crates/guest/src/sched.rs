@@ -1,0 +1,349 @@
+//! Tasks and the per-vCPU round-robin scheduler.
+//!
+//! Every vCPU has a run queue and an idle context (its boot stack). A task
+//! has a home vCPU, chosen when it is spawned (pinned, or the least loaded),
+//! and runs only there; waking a task queues it at home and, if that vCPU is
+//! halted, sends it a reschedule IPI. Switches happen in [`schedule`], always
+//! with `preempt_count == 1`: voluntarily (yield, sleep, wait, exit) or from
+//! the timer through `hover_preempt_entry` (switch.S), which the nub's
+//! interrupt tail redirects a preemptible CPL3 task to.
+
+use core::arch::global_asm;
+use core::cell::UnsafeCell;
+use core::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+use hover_abi::layout::MAX_VCPUS;
+use hover_abi::vectors;
+
+use crate::event::Event;
+use crate::percpu::{self, this_cpu, PerCpu};
+use crate::sync::{preempt_disable, preempt_enable, SpinLock};
+use crate::{irq, nub, timer};
+
+/// Most tasks a run can create (slots are not reused).
+pub const MAX_TASKS: usize = 64;
+/// Stack of each task.
+pub const TASK_STACK_SIZE: usize = 64 * 1024;
+/// Task slots: the tasks, then one idle context per vCPU.
+const SLOTS: usize = MAX_TASKS + MAX_VCPUS;
+
+const RUNNABLE: u32 = 1;
+const RUNNING: u32 = 2;
+const BLOCKED: u32 = 3;
+const DEAD: u32 = 4;
+
+global_asm!(
+    include_str!("switch.S"),
+    task_start = sym task_start,
+    preempt_irq = sym preempt_irq,
+    options(att_syntax)
+);
+
+extern "C" {
+    fn hover_context_switch(prev_rsp: *mut u64, next_rsp: u64);
+    fn hover_task_trampoline();
+}
+
+/// One task (or a vCPU's idle context).
+pub struct Task {
+    saved_rsp: UnsafeCell<u64>,
+    state: AtomicU32,
+    home: AtomicUsize,
+    entry: AtomicUsize,
+    arg: AtomicUsize,
+    exited: Event,
+    /// Times the task was switched in.
+    runs: AtomicU64,
+}
+
+struct TaskTable([Task; SLOTS]);
+// SAFETY: `saved_rsp` is written only by the task's own vCPU inside
+// schedule() while the task is not running; everything else is atomic.
+unsafe impl Sync for TaskTable {}
+
+static TASKS: TaskTable = TaskTable(
+    [const {
+        Task {
+            saved_rsp: UnsafeCell::new(0),
+            state: AtomicU32::new(0),
+            home: AtomicUsize::new(0),
+            entry: AtomicUsize::new(0),
+            arg: AtomicUsize::new(0),
+            exited: Event::new(),
+            runs: AtomicU64::new(0),
+        }
+    }; SLOTS],
+);
+static NEXT_TASK: AtomicUsize = AtomicUsize::new(0);
+static LOAD: [AtomicUsize; MAX_VCPUS] = [const { AtomicUsize::new(0) }; MAX_VCPUS];
+static VCPUS: AtomicUsize = AtomicUsize::new(1);
+
+#[repr(C, align(16))]
+struct TaskStacks([[u8; TASK_STACK_SIZE]; MAX_TASKS]);
+static mut TASK_STACKS: TaskStacks = TaskStacks([[0; TASK_STACK_SIZE]; MAX_TASKS]);
+
+/// A FIFO of runnable task indices.
+struct RunQueue {
+    ring: [u8; MAX_TASKS],
+    head: usize,
+    len: usize,
+}
+
+impl RunQueue {
+    const EMPTY: RunQueue = RunQueue { ring: [0; MAX_TASKS], head: 0, len: 0 };
+
+    fn push(&mut self, id: usize) {
+        // At most MAX_TASKS tasks exist and each is queued at most once
+        // (wake() moves it out of BLOCKED first), so the ring cannot overflow.
+        assert!(self.len < MAX_TASKS, "run queue overflow");
+        self.ring[(self.head + self.len) % MAX_TASKS] = id as u8;
+        self.len += 1;
+    }
+
+    fn pop(&mut self) -> Option<usize> {
+        (self.len > 0).then(|| {
+            let id = self.ring[self.head] as usize;
+            self.head = (self.head + 1) % MAX_TASKS;
+            self.len -= 1;
+            id
+        })
+    }
+}
+
+static RUNQUEUES: [SpinLock<RunQueue>; MAX_VCPUS] = [const { SpinLock::new(RunQueue::EMPTY) }; MAX_VCPUS];
+
+/// Where a new task runs.
+#[derive(Clone, Copy, Debug)]
+pub enum Placement {
+    /// On this vCPU.
+    Pinned(usize),
+    /// On the vCPU with the fewest tasks.
+    Any,
+}
+
+/// Why a task could not be created.
+#[derive(Clone, Copy, Debug)]
+pub enum SpawnError {
+    /// All [`MAX_TASKS`] slots are used.
+    TooManyTasks,
+    /// Pinned to a vCPU the VM does not have.
+    NoSuchCpu(usize),
+}
+
+fn task(id: usize) -> &'static Task {
+    &TASKS.0[id]
+}
+
+fn idle_of(cpu: usize) -> usize {
+    MAX_TASKS + cpu
+}
+
+/// Record the VM's vCPU count (vCPU 0, before spawning anything).
+pub fn init(vcpus: usize) {
+    VCPUS.store(vcpus.clamp(1, MAX_VCPUS), Ordering::Relaxed);
+}
+
+/// Make the boot context this vCPU's idle context; it runs with preemption
+/// off for good (it switches away voluntarily when there is work).
+pub fn init_cpu(pc: &PerCpu) {
+    let idle = idle_of(pc.index());
+    task(idle).state.store(RUNNING, Ordering::Relaxed);
+    task(idle).home.store(pc.index(), Ordering::Relaxed);
+    pc.current.store(idle, Ordering::Relaxed);
+    pc.preempt_count.store(1, Ordering::Relaxed);
+}
+
+/// The running task's index.
+pub fn current() -> usize {
+    this_cpu().current.load(Ordering::Relaxed)
+}
+
+/// Mark `id` as about to block (before publishing it as a waiter).
+pub fn mark_blocked(id: usize) {
+    task(id).state.store(BLOCKED, Ordering::SeqCst);
+}
+
+/// Undo [`mark_blocked`] when the wait turned out unnecessary.
+pub fn mark_running(id: usize) {
+    task(id).state.store(RUNNING, Ordering::SeqCst);
+}
+
+/// Switch away from the current task, which has marked itself blocked.
+/// Called with preemption disabled once (`preempt_count == 1`).
+pub fn block() {
+    schedule(Reason::Block);
+}
+
+/// Make a blocked task runnable on its home vCPU. Waking a task that is not
+/// blocked does nothing (its event or deadline is then seen without waiting).
+pub fn wake(id: usize) {
+    let t = task(id);
+    if t.state.compare_exchange(BLOCKED, RUNNABLE, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+        return;
+    }
+    let home = t.home.load(Ordering::Relaxed);
+    RUNQUEUES[home].lock().push(id);
+    kick(home);
+}
+
+/// Tell `cpu` it has work; interrupt it if it is halted.
+fn kick(cpu: usize) {
+    let target = percpu::of(cpu);
+    target.need_resched.store(1, Ordering::SeqCst);
+    // Pairs with the idle loop's store of `halted` before its last look at
+    // `need_resched` (inside the nub): one of the two sides sees the other.
+    if percpu::cpu_index() != Some(cpu) && target.halted.load(Ordering::SeqCst) != 0 {
+        irq::send_ipi(cpu, vectors::RESCHED);
+    }
+}
+
+/// Create a task running `entry(arg)`.
+pub fn spawn(entry: fn(usize), arg: usize, placement: Placement) -> Result<usize, SpawnError> {
+    let vcpus = VCPUS.load(Ordering::Relaxed);
+    let home = match placement {
+        Placement::Pinned(cpu) if cpu < vcpus => cpu,
+        Placement::Pinned(cpu) => return Err(SpawnError::NoSuchCpu(cpu)),
+        Placement::Any => (0..vcpus).min_by_key(|&c| LOAD[c].load(Ordering::Relaxed)).unwrap_or(0),
+    };
+    let id = NEXT_TASK.fetch_add(1, Ordering::Relaxed);
+    if id >= MAX_TASKS {
+        return Err(SpawnError::TooManyTasks);
+    }
+    let t = task(id);
+    // The first switch into the task pops six callee-saved registers (r12 =
+    // its index) and returns into the trampoline with rsp % 16 == 8, as
+    // after a call.
+    let top = unsafe { (&raw mut TASK_STACKS.0[id]) as u64 } + TASK_STACK_SIZE as u64;
+    let frame = (top - 56) as *mut u64;
+    // SAFETY: the slot is fresh (ids are never reused) and its stack unused.
+    unsafe {
+        for i in 0..6 {
+            frame.add(i).write(0);
+        }
+        frame.add(3).write(id as u64); // r12
+        frame.add(6).write(hover_task_trampoline as *const () as u64);
+        *t.saved_rsp.get() = frame as u64;
+    }
+    t.entry.store(entry as usize, Ordering::Relaxed);
+    t.arg.store(arg, Ordering::Relaxed);
+    t.home.store(home, Ordering::Relaxed);
+    LOAD[home].fetch_add(1, Ordering::Relaxed);
+    t.state.store(BLOCKED, Ordering::SeqCst);
+    wake(id);
+    Ok(id)
+}
+
+/// Wait until task `id` has finished (one joiner per task).
+pub fn join(id: usize) {
+    task(id).exited.wait();
+}
+
+/// Times task `id` has been switched in.
+pub fn runs(id: usize) -> u64 {
+    task(id).runs.load(Ordering::Relaxed)
+}
+
+/// Let other runnable tasks on this vCPU run.
+pub fn yield_now() {
+    preempt_disable();
+    schedule(Reason::Yield);
+    preempt_enable();
+}
+
+/// From [`preempt_enable`] or the preemption path, with `preempt_count == 1`:
+/// switch while a reschedule is due, then allow preemption.
+pub fn reschedule() {
+    while this_cpu().need_resched.load(Ordering::Relaxed) != 0 {
+        schedule(Reason::Yield);
+    }
+    this_cpu().preempt_count.store(0, Ordering::Relaxed);
+}
+
+/// End the current task.
+pub fn exit_current() -> ! {
+    preempt_disable();
+    let me = current();
+    let t = task(me);
+    t.state.store(DEAD, Ordering::SeqCst);
+    LOAD[t.home.load(Ordering::Relaxed)].fetch_sub(1, Ordering::Relaxed);
+    t.exited.signal();
+    schedule(Reason::Exit);
+    unreachable!("a dead task was scheduled again")
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reason {
+    Yield,
+    Block,
+    Exit,
+    Idle,
+}
+
+fn schedule(reason: Reason) {
+    let pc = this_cpu();
+    debug_assert_eq!(pc.preempt_count.load(Ordering::Relaxed), 1);
+    let cpu = pc.index();
+    pc.need_resched.store(0, Ordering::Relaxed);
+    irq::process_pending(pc);
+    timer::expire(cpu);
+    let prev = pc.current.load(Ordering::Relaxed);
+    let idle = idle_of(cpu);
+    let next = {
+        let mut rq = RUNQUEUES[cpu].lock();
+        if reason == Reason::Yield && prev != idle {
+            task(prev).state.store(RUNNABLE, Ordering::SeqCst);
+            rq.push(prev);
+        }
+        rq.pop().unwrap_or(idle)
+    };
+    if next == prev {
+        task(prev).state.store(RUNNING, Ordering::SeqCst);
+        return;
+    }
+    task(next).state.store(RUNNING, Ordering::SeqCst);
+    task(next).runs.fetch_add(1, Ordering::Relaxed);
+    pc.current.store(next, Ordering::Relaxed);
+    if next != idle {
+        timer::ensure_tick(pc);
+    }
+    // SAFETY: prev is the running context (its saved_rsp is ours to write),
+    // next is runnable and not running anywhere (tasks run only at home).
+    unsafe { hover_context_switch(task(prev).saved_rsp.get(), *task(next).saved_rsp.get()) };
+}
+
+/// First code of every task, with `preempt_count == 1` from the switch.
+extern "C" fn task_start(id: usize) -> ! {
+    preempt_enable();
+    let t = task(id);
+    // SAFETY: `entry` was stored from a `fn(usize)` by spawn().
+    let entry: fn(usize) = unsafe { core::mem::transmute(t.entry.load(Ordering::Relaxed)) };
+    entry(t.arg.load(Ordering::Relaxed));
+    exit_current()
+}
+
+/// Called by `hover_preempt_entry` with `preempt_count == 1`.
+extern "C" fn preempt_irq() {
+    reschedule();
+}
+
+/// This vCPU's idle loop: run whatever is runnable, otherwise halt (or spin
+/// with `idle=poll`) until an interrupt says there is work.
+pub fn idle_loop(poll: bool) -> ! {
+    loop {
+        schedule(Reason::Idle);
+        let pc = this_cpu();
+        if pc.need_resched.load(Ordering::SeqCst) != 0 {
+            continue;
+        }
+        timer::program_idle(pc);
+        if poll {
+            while pc.need_resched.load(Ordering::Relaxed) == 0 {
+                core::hint::spin_loop();
+            }
+        } else {
+            pc.halted.store(1, Ordering::SeqCst);
+            nub::halt();
+            pc.halted.store(0, Ordering::SeqCst);
+        }
+    }
+}

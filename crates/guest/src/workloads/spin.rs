@@ -1,0 +1,49 @@
+//! `spin`: `tasks` tasks, placed round the vCPUs, count loop iterations until
+//! a common deadline. With more tasks than vCPUs only preemption lets each
+//! make progress; the per-task counts show how evenly time was shared.
+
+use core::sync::atomic::{AtomicU64, Ordering};
+
+use hover_abi::exit_code;
+
+use super::{spawn_all, Context};
+use crate::kernel::{join, now, ticks_per_sec, Placement, Reports};
+use crate::println;
+
+static COUNTS: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
+static END: AtomicU64 = AtomicU64::new(0);
+
+fn spinner(i: usize) {
+    let end = END.load(Ordering::Relaxed);
+    let mut n = 0u64;
+    while now() < end {
+        n += 1;
+    }
+    COUNTS[i].store(n, Ordering::Relaxed);
+}
+
+pub fn run(ctx: &Context) -> u32 {
+    let tasks = ctx.number("tasks") as usize;
+    let seconds = ctx.number("seconds");
+    END.store(now() + seconds * ticks_per_sec(), Ordering::Relaxed);
+    let Some(ids) = spawn_all(tasks, spinner, |_| Placement::Any) else {
+        return exit_code::WORKLOAD_FAILED;
+    };
+    for &id in &ids[..tasks] {
+        join(id);
+    }
+    let mut r = Reports::new();
+    let (mut total, mut min, mut max) = (0u64, u64::MAX, 0u64);
+    for (i, c) in COUNTS[..tasks].iter().enumerate() {
+        let n = c.load(Ordering::Relaxed);
+        r.u64(format_args!("spin.task.{i}"), n);
+        total += n;
+        min = min.min(n);
+        max = max.max(n);
+    }
+    r.u64(format_args!("spin.tasks"), tasks as u64);
+    r.u64(format_args!("spin.total"), total);
+    r.send();
+    println!("spin: {} tasks, {} iterations in {} s (per task min {}, max {})", tasks, total, seconds, min, max);
+    exit_code::OK
+}
