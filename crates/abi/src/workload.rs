@@ -61,18 +61,40 @@ pub struct WorkloadSpec {
     pub params: &'static [ParamSpec],
 }
 
-const fn num(name: &'static str, help: &'static str, min: u64, max: u64, default: u64) -> ParamSpec {
-    ParamSpec { name, help, kind: ParamKind::Number { min, max, default } }
+const fn num(
+    name: &'static str,
+    help: &'static str,
+    min: u64,
+    max: u64,
+    default: u64,
+) -> ParamSpec {
+    ParamSpec {
+        name,
+        help,
+        kind: ParamKind::Number { min, max, default },
+    }
 }
 
 /// Parameters every workload accepts.
 pub const GLOBAL_PARAMS: &[ParamSpec] = &[
-    ParamSpec { name: "workload", help: "which workload to run", kind: ParamKind::Choice { values: &[] } },
-    num("hz", "scheduler tick (preemption) rate per vCPU", 1, 10_000, 100),
+    ParamSpec {
+        name: "workload",
+        help: "which workload to run",
+        kind: ParamKind::Choice { values: &[] },
+    },
+    num(
+        "hz",
+        "scheduler tick (preemption) rate per vCPU",
+        1,
+        10_000,
+        100,
+    ),
     ParamSpec {
         name: "idle",
         help: "what an idle vCPU does: halt (HLT, exits to KVM) or poll (spins in the guest)",
-        kind: ParamKind::Choice { values: &["halt", "poll"] },
+        kind: ParamKind::Choice {
+            values: &["halt", "poll"],
+        },
     },
 ];
 
@@ -134,6 +156,11 @@ pub const WORKLOADS: &[WorkloadSpec] = &[
         ],
     },
     WorkloadSpec {
+        name: "pingpong",
+        help: "tasks on vCPU 0 and the last vCPU wake each other through events; reports the round trip",
+        params: &[num("rounds", "number of round trips", 1, 10_000_000, 10_000)],
+    },
+    WorkloadSpec {
         name: "exception",
         help: "test: vCPU 0 executes ud2; the guest must print the exception and exit with code 19",
         params: &[],
@@ -188,8 +215,12 @@ impl ParamSpec {
     /// Whether `value` is acceptable.
     pub fn accepts(&self, value: &str) -> bool {
         match self.kind {
-            ParamKind::Number { min, max, .. } => cmdline::parse_u64(value).is_some_and(|n| n >= min && n <= max),
-            ParamKind::Size { min, max, .. } => parse_size(value).is_some_and(|n| n >= min && n <= max),
+            ParamKind::Number { min, max, .. } => {
+                cmdline::parse_u64(value).is_some_and(|n| n >= min && n <= max)
+            }
+            ParamKind::Size { min, max, .. } => {
+                parse_size(value).is_some_and(|n| n >= min && n <= max)
+            }
             // An empty list (the `workload` key) is checked by `resolve`.
             ParamKind::Choice { values } => values.is_empty() || values.contains(&value),
         }
@@ -199,7 +230,9 @@ impl ParamSpec {
     pub fn number(&self, cmdline: &str) -> u64 {
         let given = cmdline::get(cmdline, self.name);
         match self.kind {
-            ParamKind::Number { default, .. } => given.and_then(cmdline::parse_u64).unwrap_or(default),
+            ParamKind::Number { default, .. } => {
+                given.and_then(cmdline::parse_u64).unwrap_or(default)
+            }
             ParamKind::Size { default, .. } => given.and_then(parse_size).unwrap_or(default),
             ParamKind::Choice { .. } => 0,
         }
@@ -208,7 +241,9 @@ impl ParamSpec {
     /// The word in `cmdline` (or the default). Call after [`resolve`] succeeded.
     pub fn choice<'a>(&self, cmdline: &'a str) -> &'a str {
         match self.kind {
-            ParamKind::Choice { values } => cmdline::get(cmdline, self.name).or(values.first().copied()).unwrap_or(""),
+            ParamKind::Choice { values } => cmdline::get(cmdline, self.name)
+                .or(values.first().copied())
+                .unwrap_or(""),
             _ => "",
         }
     }
@@ -216,14 +251,20 @@ impl ParamSpec {
 
 /// The global parameter called `name`.
 pub fn global(name: &str) -> &'static ParamSpec {
-    GLOBAL_PARAMS.iter().find(|p| p.name == name).expect("a global parameter of this table")
+    GLOBAL_PARAMS
+        .iter()
+        .find(|p| p.name == name)
+        .expect("a global parameter of this table")
 }
 
 impl WorkloadSpec {
     /// This workload's parameter called `name`.
     pub fn param(&self, name: &str) -> &'static ParamSpec {
         let params: &'static [ParamSpec] = self.params;
-        params.iter().find(|p| p.name == name).expect("a parameter of this workload")
+        params
+            .iter()
+            .find(|p| p.name == name)
+            .expect("a parameter of this workload")
     }
 }
 
@@ -237,7 +278,10 @@ pub fn resolve(cmdline: &str) -> Result<&'static WorkloadSpec, WorkloadError<'_>
             .iter()
             .chain(spec.params)
             .find(|p| p.name == key)
-            .ok_or(WorkloadError::UnknownParam { workload: spec.name, key })?;
+            .ok_or(WorkloadError::UnknownParam {
+                workload: spec.name,
+                key,
+            })?;
         if !param.accepts(value) {
             return Err(WorkloadError::BadValue { param, value });
         }
@@ -252,18 +296,36 @@ mod tests {
     #[test]
     fn default_is_hello() {
         assert_eq!(resolve("").unwrap().name, "hello");
-        assert_eq!(resolve("workload=hello hz=250 idle=poll").unwrap().name, "hello");
+        assert_eq!(
+            resolve("workload=hello hz=250 idle=poll").unwrap().name,
+            "hello"
+        );
     }
 
     #[test]
     fn unknown_names_keys_and_values() {
-        assert_eq!(resolve("workload=nope").unwrap_err(), WorkloadError::UnknownWorkload("nope"));
+        assert_eq!(
+            resolve("workload=nope").unwrap_err(),
+            WorkloadError::UnknownWorkload("nope")
+        );
         assert_eq!(
             resolve("workload=hello bogus=1").unwrap_err(),
-            WorkloadError::UnknownParam { workload: "hello", key: "bogus" }
+            WorkloadError::UnknownParam {
+                workload: "hello",
+                key: "bogus"
+            }
         );
-        for bad in ["hz=0", "hz=fast", "idle=sleep", "workload=spin tasks=61", "workload=memtouch size=1T"] {
-            assert!(matches!(resolve(bad), Err(WorkloadError::BadValue { .. })), "{bad}");
+        for bad in [
+            "hz=0",
+            "hz=fast",
+            "idle=sleep",
+            "workload=spin tasks=61",
+            "workload=memtouch size=1T",
+        ] {
+            assert!(
+                matches!(resolve(bad), Err(WorkloadError::BadValue { .. })),
+                "{bad}"
+            );
         }
     }
 

@@ -39,8 +39,12 @@ pub fn exit(code: u32) -> ! {
 
 /// Ask the monitor to inject device `vector` into vCPU `cpu` after `delay_ns`.
 pub fn inject_msi(vector: u8, cpu: usize, delay_ns: u64) -> u32 {
-    let mut req =
-        ControlRequest { op: op::INJECT_MSI, status: 0, arg0: vector as u64 | (cpu as u64) << 8, arg1: delay_ns };
+    let mut req = ControlRequest {
+        op: op::INJECT_MSI,
+        status: 0,
+        arg0: vector as u64 | (cpu as u64) << 8,
+        arg1: delay_ns,
+    };
     send(&mut req)
 }
 

@@ -18,7 +18,10 @@ pub struct Event {
 impl Event {
     /// A new, unsignaled event.
     pub const fn new() -> Self {
-        Event { signaled: AtomicBool::new(false), waiter: AtomicUsize::new(NO_WAITER) }
+        Event {
+            signaled: AtomicBool::new(false),
+            waiter: AtomicUsize::new(NO_WAITER),
+        }
     }
 
     /// Signal: wake the waiter, or let the next wait return at once.
@@ -45,7 +48,10 @@ impl Event {
             // registration back unless the signaler already took it (then it
             // wakes us, and schedule() below returns promptly).
             if self.signaled.load(Ordering::SeqCst)
-                && self.waiter.compare_exchange(me, NO_WAITER, Ordering::SeqCst, Ordering::SeqCst).is_ok()
+                && self
+                    .waiter
+                    .compare_exchange(me, NO_WAITER, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok()
             {
                 sched::mark_running(me);
                 continue;

@@ -10,7 +10,12 @@ static END: AtomicU64 = AtomicU64::new(0);
 
 /// Take the largest usable region (vCPU 0, at boot).
 pub fn init(boot: &BootInfo) {
-    if let Some(r) = boot.regions().iter().filter(|r| r.kind == region_kind::USABLE).max_by_key(|r| r.size) {
+    if let Some(r) = boot
+        .regions()
+        .iter()
+        .filter(|r| r.kind == region_kind::USABLE)
+        .max_by_key(|r| r.size)
+    {
         END.store(r.base + r.size, Ordering::Relaxed);
         NEXT.store(r.base, Ordering::Release);
     }
@@ -36,5 +41,6 @@ pub fn alloc(bytes: u64, align: u64) -> Option<u64> {
 
 /// Bytes still free.
 pub fn free_bytes() -> u64 {
-    END.load(Ordering::Relaxed).saturating_sub(NEXT.load(Ordering::Relaxed))
+    END.load(Ordering::Relaxed)
+        .saturating_sub(NEXT.load(Ordering::Relaxed))
 }

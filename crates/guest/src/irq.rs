@@ -14,7 +14,8 @@ const X2APIC_ICR: u32 = 0x830;
 const N: usize = DEVICE_COUNT as usize;
 
 static EVENTS: [[Event; N]; MAX_VCPUS] = [const { [const { Event::new() }; N] }; MAX_VCPUS];
-static COUNTS: [[AtomicU64; N]; MAX_VCPUS] = [const { [const { AtomicU64::new(0) }; N] }; MAX_VCPUS];
+static COUNTS: [[AtomicU64; N]; MAX_VCPUS] =
+    [const { [const { AtomicU64::new(0) }; N] }; MAX_VCPUS];
 
 /// Hand the device interrupts the nub recorded to their waiting tasks.
 pub fn process_pending(pc: &PerCpu) {
@@ -36,7 +37,10 @@ pub fn process_pending(pc: &PerCpu) {
 /// Block until device interrupt `vector` arrives at this vCPU (or has
 /// arrived since the last wait).
 pub fn wait(vector: u8) {
-    assert!(vectors::is_device(vector), "vector {vector:#x} is not a device vector");
+    assert!(
+        vectors::is_device(vector),
+        "vector {vector:#x} is not a device vector"
+    );
     EVENTS[this_cpu().index()][(vector - DEVICE_BASE) as usize].wait();
 }
 

@@ -1,15 +1,10 @@
 //! Kernel calls: what workloads use. They are plain calls into the CPL3
 //! runtime; only the few that need privilege go through the nub.
 
-pub use crate::clock::{deadline_after_us, now, ticks_per_sec, ticks_to_ns};
+pub use crate::clock::{now, ticks_per_sec, ticks_to_ns};
 pub use crate::control::{exit, inject_msi};
 pub use crate::event::Event;
 pub use crate::irq::wait as wait_irq;
 pub use crate::report::Reports;
-pub use crate::sched::{current, join, spawn, yield_now, Placement};
+pub use crate::sched::{join, spawn, yield_now, Placement};
 pub use crate::timer::sleep_until;
-
-/// Sleep for `us` microseconds.
-pub fn sleep_us(us: u64) {
-    sleep_until(deadline_after_us(us));
-}

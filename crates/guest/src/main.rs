@@ -71,7 +71,11 @@ pub extern "C" fn rust_start(boot_info: u64, cpu: u64, tsc_hi: u64, tsc_lo: u64)
     // Values are range-checked in workloads::start (and by the monitor);
     // until then the defaults apply.
     let valid = workload::resolve(cmdline).is_ok();
-    let hz = if valid { workload::global("hz").number(cmdline) } else { 100 };
+    let hz = if valid {
+        workload::global("hz").number(cmdline)
+    } else {
+        100
+    };
     let poll = valid && workload::global("idle").choice(cmdline) == "poll";
     timer::init_cpu(pc, hz);
     if cpu == 0 {

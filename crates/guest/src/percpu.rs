@@ -123,7 +123,14 @@ const EMPTY: PerCpu = PerCpu {
     halted: AtomicU64::new(0),
     current: AtomicUsize::new(0),
     pending_irqs: [const { AtomicU64::new(0) }; 4],
-    crash: UnsafeCell::new(CrashFrame { vector: 0, error: 0, rip: 0, cs: 0, rsp: 0, cr2: 0 }),
+    crash: UnsafeCell::new(CrashFrame {
+        vector: 0,
+        error: 0,
+        rip: 0,
+        cs: 0,
+        rsp: 0,
+        cr2: 0,
+    }),
     tables: UnsafeCell::new(CpuTables {
         gdt: [0; GDT_ENTRIES],
         gdtr: DescPtr { limit: 0, base: 0 },
@@ -149,7 +156,8 @@ pub struct Stacks<const N: usize>(pub [[u8; N]; MAX_VCPUS]);
 /// CPL3 boot stacks; `_start` in nub.S switches to slot `cpu`.
 pub static mut MAIN_STACKS: Stacks<MAIN_STACK_SIZE> = Stacks([[0; MAIN_STACK_SIZE]; MAX_VCPUS]);
 static mut NUB_STACKS: Stacks<NUB_STACK_SIZE> = Stacks([[0; NUB_STACK_SIZE]; MAX_VCPUS]);
-static mut EXCEPTION_STACKS: Stacks<EXCEPTION_STACK_SIZE> = Stacks([[0; EXCEPTION_STACK_SIZE]; MAX_VCPUS]);
+static mut EXCEPTION_STACKS: Stacks<EXCEPTION_STACK_SIZE> =
+    Stacks([[0; EXCEPTION_STACK_SIZE]; MAX_VCPUS]);
 
 /// Claim slot `cpu`, fill in its addresses and point GS at it.
 ///

@@ -32,7 +32,15 @@ impl Write for KeyBuf {
 impl Reports {
     /// An empty batch.
     pub const fn new() -> Self {
-        Reports { items: [Report { key: [0; 32], kind: 0, reserved: 0, value: 0 }; CAPACITY], len: 0 }
+        Reports {
+            items: [Report {
+                key: [0; 32],
+                kind: 0,
+                reserved: 0,
+                value: 0,
+            }; CAPACITY],
+            len: 0,
+        }
     }
 
     fn push(&mut self, key: fmt::Arguments, make: impl Fn(&str) -> Report) {
@@ -40,7 +48,10 @@ impl Reports {
             println!("guest: report batch full, dropping {}", key);
             return;
         }
-        let mut k = KeyBuf { buf: [0; REPORT_KEY_MAX], len: 0 };
+        let mut k = KeyBuf {
+            buf: [0; REPORT_KEY_MAX],
+            len: 0,
+        };
         let _ = k.write_fmt(key);
         // KeyBuf holds only whole UTF-8 strings written through fmt (ASCII keys).
         let key = core::str::from_utf8(&k.buf[..k.len]).unwrap_or("bad_key");
@@ -53,16 +64,14 @@ impl Reports {
         self.push(key, |k| Report::u64(k, value));
     }
 
-    /// Add a floating-point value.
-    pub fn f64(&mut self, key: fmt::Arguments, value: f64) {
-        self.push(key, |k| Report::f64(k, value));
-    }
-
     /// Send the batch to the monitor.
     pub fn send(&self) {
         let status = control::report(&self.items[..self.len]);
         if status != hover_abi::control::status::OK {
-            println!("guest: the monitor refused a report batch (status {})", status);
+            println!(
+                "guest: the monitor refused a report batch (status {})",
+                status
+            );
         }
     }
 }

@@ -90,7 +90,11 @@ struct RunQueue {
 }
 
 impl RunQueue {
-    const EMPTY: RunQueue = RunQueue { ring: [0; MAX_TASKS], head: 0, len: 0 };
+    const EMPTY: RunQueue = RunQueue {
+        ring: [0; MAX_TASKS],
+        head: 0,
+        len: 0,
+    };
 
     fn push(&mut self, id: usize) {
         // At most MAX_TASKS tasks exist and each is queued at most once
@@ -110,7 +114,8 @@ impl RunQueue {
     }
 }
 
-static RUNQUEUES: [SpinLock<RunQueue>; MAX_VCPUS] = [const { SpinLock::new(RunQueue::EMPTY) }; MAX_VCPUS];
+static RUNQUEUES: [SpinLock<RunQueue>; MAX_VCPUS] =
+    [const { SpinLock::new(RunQueue::EMPTY) }; MAX_VCPUS];
 
 /// Where a new task runs.
 #[derive(Clone, Copy, Debug)]
@@ -128,6 +133,15 @@ pub enum SpawnError {
     TooManyTasks,
     /// Pinned to a vCPU the VM does not have.
     NoSuchCpu(usize),
+}
+
+impl core::fmt::Display for SpawnError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            SpawnError::TooManyTasks => write!(f, "all {MAX_TASKS} task slots are used"),
+            SpawnError::NoSuchCpu(c) => write!(f, "there is no vCPU {c}"),
+        }
+    }
 }
 
 fn task(id: usize) -> &'static Task {
@@ -178,7 +192,10 @@ pub fn block() {
 /// blocked does nothing (its event or deadline is then seen without waiting).
 pub fn wake(id: usize) {
     let t = task(id);
-    if t.state.compare_exchange(BLOCKED, RUNNABLE, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+    if t.state
+        .compare_exchange(BLOCKED, RUNNABLE, Ordering::SeqCst, Ordering::SeqCst)
+        .is_err()
+    {
         return;
     }
     let home = t.home.load(Ordering::Relaxed);
@@ -203,7 +220,9 @@ pub fn spawn(entry: fn(usize), arg: usize, placement: Placement) -> Result<usize
     let home = match placement {
         Placement::Pinned(cpu) if cpu < vcpus => cpu,
         Placement::Pinned(cpu) => return Err(SpawnError::NoSuchCpu(cpu)),
-        Placement::Any => (0..vcpus).min_by_key(|&c| LOAD[c].load(Ordering::Relaxed)).unwrap_or(0),
+        Placement::Any => (0..vcpus)
+            .min_by_key(|&c| LOAD[c].load(Ordering::Relaxed))
+            .unwrap_or(0),
     };
     let id = NEXT_TASK.fetch_add(1, Ordering::Relaxed);
     if id >= MAX_TASKS {
@@ -221,7 +240,9 @@ pub fn spawn(entry: fn(usize), arg: usize, placement: Placement) -> Result<usize
             frame.add(i).write(0);
         }
         frame.add(3).write(id as u64); // r12
-        frame.add(6).write(hover_task_trampoline as *const () as u64);
+        frame
+            .add(6)
+            .write(hover_task_trampoline as *const () as u64);
         *t.saved_rsp.get() = frame as u64;
     }
     t.entry.store(entry as usize, Ordering::Relaxed);

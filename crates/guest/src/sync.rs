@@ -19,7 +19,10 @@ pub fn preempt_disable() {
     // Not an atomic read-modify-write: an interrupt in between restores the
     // count before this code runs again (the preemption path leaves it as it
     // found it), so the store cannot lose an update.
-    pc.preempt_count.store(pc.preempt_count.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    pc.preempt_count.store(
+        pc.preempt_count.load(Ordering::Relaxed) + 1,
+        Ordering::Relaxed,
+    );
     compiler_fence(Ordering::SeqCst);
 }
 
@@ -49,13 +52,20 @@ unsafe impl<T: Send> Sync for SpinLock<T> {}
 impl<T> SpinLock<T> {
     /// An unlocked lock holding `value`.
     pub const fn new(value: T) -> Self {
-        SpinLock { locked: AtomicBool::new(false), value: UnsafeCell::new(value) }
+        SpinLock {
+            locked: AtomicBool::new(false),
+            value: UnsafeCell::new(value),
+        }
     }
 
     /// Take the lock (with preemption disabled).
     pub fn lock(&self) -> SpinGuard<'_, T> {
         preempt_disable();
-        while self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+        while self
+            .locked
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
             core::hint::spin_loop();
         }
         SpinGuard { lock: self }

@@ -24,18 +24,23 @@ struct Sleepers {
 }
 
 impl Sleepers {
-    const EMPTY: Sleepers = Sleepers { entries: [(0, 0); MAX_TASKS], len: 0 };
+    const EMPTY: Sleepers = Sleepers {
+        entries: [(0, 0); MAX_TASKS],
+        len: 0,
+    };
 
     fn earliest(&self) -> Option<u64> {
         self.entries[..self.len].iter().map(|e| e.0).min()
     }
 }
 
-static SLEEPERS: [SpinLock<Sleepers>; MAX_VCPUS] = [const { SpinLock::new(Sleepers::EMPTY) }; MAX_VCPUS];
+static SLEEPERS: [SpinLock<Sleepers>; MAX_VCPUS] =
+    [const { SpinLock::new(Sleepers::EMPTY) }; MAX_VCPUS];
 
 /// Put this vCPU's timer in TSC-deadline mode with a tick of `hz`.
 pub fn init_cpu(pc: &PerCpu, hz: u64) {
-    pc.tick_period.store(clock::ticks_per_sec() / hz.max(1), Ordering::Relaxed);
+    pc.tick_period
+        .store(clock::ticks_per_sec() / hz.max(1), Ordering::Relaxed);
     nub::wrmsr(LVT_TIMER, vectors::TIMER as u64 | TSC_DEADLINE_MODE);
 }
 

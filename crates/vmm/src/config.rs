@@ -212,13 +212,18 @@ fn describe(e: WorkloadError<'_>) -> String {
         }
         WorkloadError::BadValue { param, value } => {
             let accepted = match param.kind {
-                ParamKind::Number { min, max, default } => format!("a number from {min} to {max} (default {default})"),
+                ParamKind::Number { min, max, default } => {
+                    format!("a number from {min} to {max} (default {default})")
+                }
                 ParamKind::Size { min, max, default } => {
                     format!("a size from {min} to {max} bytes, with K, M or G (default {default})")
                 }
                 ParamKind::Choice { values } => format!("one of {}", values.join(", ")),
             };
-            format!("bad guest command line: {}={value} is out of range: {} takes {accepted}", param.name, param.name)
+            format!(
+                "bad guest command line: {}={value} is out of range: {} takes {accepted}",
+                param.name, param.name
+            )
         }
         WorkloadError::UnknownParam { workload: w, key } => {
             let spec = workload::find(w).expect("resolve returned a known workload");

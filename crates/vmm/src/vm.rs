@@ -153,7 +153,11 @@ impl Vm {
         })?;
         let devices = Arc::new(Devices {
             serial: SerialConsole::new(irq, sink),
-            control: ControlDevice::new(ram.memory().clone(), Some(MsiInjector::new(fd.clone())), config.vcpus),
+            control: ControlDevice::new(
+                ram.memory().clone(),
+                Some(MsiInjector::new(fd.clone())),
+                config.vcpus,
+            ),
         });
         tracing::debug!(
             vcpus = config.vcpus,

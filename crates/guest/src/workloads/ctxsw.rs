@@ -14,8 +14,10 @@ use crate::println;
 
 static END: AtomicU64 = AtomicU64::new(0);
 static YIELDS: AtomicU64 = AtomicU64::new(0);
-/// Last TSC reading of whichever task ran last.
-static LAST: AtomicU64 = AtomicU64::new(0);
+/// Each task's latest TSC reading. Per task, because a preempted task
+/// resumes holding a reading from before the switch and stores it once more:
+/// in a shared slot that would overwrite the other task's last reading.
+static LAST: [AtomicU64; 2] = [const { AtomicU64::new(0) }; 2];
 static SWITCH_TICKS: [AtomicU64; 2] = [const { AtomicU64::new(0) }; 2];
 static SWITCHES: [AtomicU64; 2] = [const { AtomicU64::new(0) }; 2];
 static MAX_TICKS: [AtomicU64; 2] = [const { AtomicU64::new(0) }; 2];
@@ -33,7 +35,8 @@ fn yielder(_: usize) {
 fn spinner(i: usize) {
     let end = END.load(Ordering::Relaxed);
     // A gap of more than 2 us between two readings means this task was
-    // switched out; the other task's last reading marks when.
+    // switched out (or interrupted); if the other task ran meanwhile, its
+    // last reading marks when the switch back began.
     let gap = ticks_per_sec() / 500_000;
     let mut mine = now();
     let (mut sum, mut n, mut max) = (0u64, 0u64, 0u64);
@@ -43,7 +46,7 @@ fn spinner(i: usize) {
             break;
         }
         if t - mine > gap {
-            let cost = t.saturating_sub(LAST.load(Ordering::Relaxed));
+            let cost = t.saturating_sub(LAST[1 - i].load(Ordering::Relaxed));
             if cost < t - mine {
                 sum += cost;
                 n += 1;
@@ -51,7 +54,7 @@ fn spinner(i: usize) {
             }
         }
         mine = t;
-        LAST.store(t, Ordering::Relaxed);
+        LAST[i].store(t, Ordering::Relaxed);
     }
     SWITCH_TICKS[i].store(sum, Ordering::Relaxed);
     SWITCHES[i].store(n, Ordering::Relaxed);
@@ -72,17 +75,27 @@ pub fn run(ctx: &Context) -> u32 {
     let mut r = Reports::new();
     let (switches, ns) = if mode == "yield" {
         let n = YIELDS.load(Ordering::Relaxed);
-        (n, ticks_to_ns(END.load(Ordering::Relaxed) - start) / n.max(1))
+        (
+            n,
+            ticks_to_ns(END.load(Ordering::Relaxed) - start) / n.max(1),
+        )
     } else {
         let n: u64 = SWITCHES.iter().map(|s| s.load(Ordering::Relaxed)).sum();
         let t: u64 = SWITCH_TICKS.iter().map(|s| s.load(Ordering::Relaxed)).sum();
-        let max = MAX_TICKS.iter().map(|s| s.load(Ordering::Relaxed)).max().unwrap_or(0);
+        let max = MAX_TICKS
+            .iter()
+            .map(|s| s.load(Ordering::Relaxed))
+            .max()
+            .unwrap_or(0);
         r.u64(format_args!("ctxsw.max_ns"), ticks_to_ns(max));
         (n, ticks_to_ns(t) / n.max(1))
     };
     r.u64(format_args!("ctxsw.switches"), switches);
     r.u64(format_args!("ctxsw.ns_per_switch"), ns);
     r.send();
-    println!("ctxsw: mode={} {} switches, {} ns per switch", mode, switches, ns);
+    println!(
+        "ctxsw: mode={} {} switches, {} ns per switch",
+        mode, switches, ns
+    );
     exit_code::OK
 }

@@ -13,7 +13,12 @@ static SEEN: AtomicU32 = AtomicU32::new(0);
 
 fn greet(i: usize) {
     let cpu = percpu::this_cpu().index();
-    println!("hello from vCPU {} of {} (x2APIC id {})", cpu, VCPUS.load(Ordering::Relaxed), apic::id());
+    println!(
+        "hello from vCPU {} of {} (x2APIC id {})",
+        cpu,
+        VCPUS.load(Ordering::Relaxed),
+        apic::id()
+    );
     debug_assert_eq!(i, cpu);
     SEEN.fetch_add(1, Ordering::AcqRel);
 }

@@ -20,7 +20,10 @@ pub fn run(ctx: &Context) -> u32 {
         let t0 = now();
         let status = inject_msi(vector, cpu, delay_us * 1000);
         if status != hover_abi::control::status::OK {
-            println!("irq: the monitor refused the MSI request (status {})", status);
+            println!(
+                "irq: the monitor refused the MSI request (status {})",
+                status
+            );
             return exit_code::WORKLOAD_FAILED;
         }
         wait_irq(vector);
@@ -30,6 +33,10 @@ pub fn run(ctx: &Context) -> u32 {
     r.u64(format_args!("irq.delivered"), irq::count(cpu, vector));
     lat.report(&mut r, "irq", true);
     r.send();
-    println!("irq: {} interrupts, average latency {} ns", lat.n, lat.avg_ns());
+    println!(
+        "irq: {} interrupts, average latency {} ns",
+        lat.n,
+        lat.avg_ns()
+    );
     exit_code::OK
 }

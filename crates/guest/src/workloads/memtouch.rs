@@ -60,12 +60,19 @@ pub fn run(ctx: &Context) -> u32 {
     let size = ctx.number("size").div_ceil(PAGE) * PAGE;
     let tasks = ctx.number("tasks") as usize;
     let Some(base) = frames::alloc(size, PAGE) else {
-        println!("memtouch: size={} does not fit: {} MiB of guest memory are free", size, frames::free_bytes() >> 20);
+        println!(
+            "memtouch: size={} does not fit: {} MiB of guest memory are free",
+            size,
+            frames::free_bytes() >> 20
+        );
         return exit_code::WORKLOAD_FAILED;
     };
     BASE.store(base, Ordering::Relaxed);
     SIZE.store(size, Ordering::Relaxed);
-    CHUNK.store((size / PAGE).div_ceil(tasks as u64) * PAGE, Ordering::Relaxed);
+    CHUNK.store(
+        (size / PAGE).div_ceil(tasks as u64) * PAGE,
+        Ordering::Relaxed,
+    );
     SEED.store(ctx.number("seed"), Ordering::Relaxed);
     let Some(ids) = spawn_all(tasks, toucher, |_| Placement::Any) else {
         return exit_code::WORKLOAD_FAILED;
@@ -73,7 +80,9 @@ pub fn run(ctx: &Context) -> u32 {
     for &id in &ids[..tasks] {
         join(id);
     }
-    let checksum = SUMS[..tasks].iter().fold(0u64, |s, v| s.wrapping_add(v.load(Ordering::Relaxed)));
+    let checksum = SUMS[..tasks]
+        .iter()
+        .fold(0u64, |s, v| s.wrapping_add(v.load(Ordering::Relaxed)));
     let errors = ERRORS.load(Ordering::Relaxed);
     let mut r = Reports::new();
     r.u64(format_args!("memtouch.base"), base);
@@ -82,7 +91,13 @@ pub fn run(ctx: &Context) -> u32 {
     r.u64(format_args!("memtouch.checksum"), checksum);
     r.u64(format_args!("memtouch.errors"), errors);
     r.send();
-    println!("memtouch: {} pages at {:#x}, checksum {:#x}, {} wrong words", size / PAGE, base, checksum, errors);
+    println!(
+        "memtouch: {} pages at {:#x}, checksum {:#x}, {} wrong words",
+        size / PAGE,
+        base,
+        checksum,
+        errors
+    );
     if errors == 0 {
         exit_code::OK
     } else {

@@ -11,6 +11,7 @@ mod hello;
 mod irq;
 mod memtouch;
 mod nubcall;
+mod pingpong;
 mod spin;
 mod timer;
 mod triple_fault;
@@ -21,8 +22,8 @@ use hover_abi::boot::BootInfo;
 use hover_abi::exit_code;
 use hover_abi::workload::{self, WorkloadError, WorkloadSpec};
 
-use crate::kernel::{spawn, Placement};
-use crate::{control, println};
+use crate::kernel::{exit, spawn, Placement};
+use crate::println;
 
 /// What a workload gets.
 pub struct Context {
@@ -62,13 +63,15 @@ pub fn start(boot: &'static BootInfo, cmdline: &'static str, boot_tsc: u64) {
     let code = match workload::resolve(cmdline) {
         Ok(_) => {
             BOOT.store(boot as *const BootInfo as usize, Ordering::Relaxed);
-            CMDLINE.0.store(cmdline.as_ptr() as usize, Ordering::Relaxed);
+            CMDLINE
+                .0
+                .store(cmdline.as_ptr() as usize, Ordering::Relaxed);
             CMDLINE.1.store(cmdline.len(), Ordering::Relaxed);
             BOOT_TSC.store(boot_tsc, Ordering::Relaxed);
             match spawn(main_task, 0, Placement::Pinned(0)) {
                 Ok(_) => return,
                 Err(e) => {
-                    println!("guest: cannot start the workload: {:?}", e);
+                    println!("guest: cannot start the workload: {}", e);
                     exit_code::WORKLOAD_FAILED
                 }
             }
@@ -90,7 +93,7 @@ pub fn start(boot: &'static BootInfo, cmdline: &'static str, boot_tsc: u64) {
             exit_code::BAD_CMDLINE
         }
     };
-    control::exit(code)
+    exit(code)
 }
 
 fn main_task(_: usize) {
@@ -105,7 +108,12 @@ fn main_task(_: usize) {
         core::str::from_utf8_unchecked(bytes)
     };
     let spec = workload::resolve(cmdline).expect("checked in start()");
-    let ctx = Context { boot, cmdline, spec, boot_tsc: BOOT_TSC.load(Ordering::Relaxed) };
+    let ctx = Context {
+        boot,
+        cmdline,
+        spec,
+        boot_tsc: BOOT_TSC.load(Ordering::Relaxed),
+    };
     let code = match spec.name {
         "hello" => hello::run(&ctx),
         "spin" => spin::run(&ctx),
@@ -114,25 +122,33 @@ fn main_task(_: usize) {
         "ctxsw" => ctxsw::run(&ctx),
         "nubcall" => nubcall::run(&ctx),
         "irq" => irq::run(&ctx),
+        "pingpong" => pingpong::run(&ctx),
         "exception" => exception::run(&ctx),
         "triple-fault" => triple_fault::run(&ctx),
         other => {
-            println!("guest: workload '{}' is in the ABI table but not in this guest", other);
+            println!(
+                "guest: workload '{}' is in the ABI table but not in this guest",
+                other
+            );
             exit_code::UNKNOWN_WORKLOAD
         }
     };
-    control::exit(code)
+    exit(code)
 }
 
 /// Spawn `entry(i)` for `i` in `0..n` with `placement`; on failure print why
 /// and return `None` (the workload then fails).
-pub fn spawn_all(n: usize, entry: fn(usize), placement: impl Fn(usize) -> Placement) -> Option<[usize; 64]> {
+pub fn spawn_all(
+    n: usize,
+    entry: fn(usize),
+    placement: impl Fn(usize) -> Placement,
+) -> Option<[usize; 64]> {
     let mut ids = [0usize; 64];
     for (i, id) in ids.iter_mut().enumerate().take(n) {
         match spawn(entry, i, placement(i)) {
             Ok(t) => *id = t,
             Err(e) => {
-                println!("guest: cannot spawn task {}: {:?}", i, e);
+                println!("guest: cannot spawn task {}: {}", i, e);
                 return None;
             }
         }
@@ -154,7 +170,13 @@ pub struct Latency {
 impl Latency {
     /// No samples yet.
     pub const fn new() -> Self {
-        Latency { n: 0, min: u64::MAX, max: 0, sum: 0, hist: [0; 16] }
+        Latency {
+            n: 0,
+            min: u64::MAX,
+            max: 0,
+            sum: 0,
+            hist: [0; 16],
+        }
     }
 
     /// Add a sample of `ticks`.
@@ -164,7 +186,11 @@ impl Latency {
         self.max = self.max.max(ticks);
         self.sum += ticks;
         let us = crate::kernel::ticks_to_ns(ticks) / 1000;
-        let bucket = if us == 0 { 0 } else { (64 - us.leading_zeros() as usize).min(15) };
+        let bucket = if us == 0 {
+            0
+        } else {
+            (64 - us.leading_zeros() as usize).min(15)
+        };
         self.hist[bucket] += 1;
     }
 
@@ -177,7 +203,10 @@ impl Latency {
             return;
         }
         r.u64(format_args!("{prefix}.min_ns"), ticks_to_ns(self.min));
-        r.u64(format_args!("{prefix}.avg_ns"), ticks_to_ns(self.sum / self.n));
+        r.u64(
+            format_args!("{prefix}.avg_ns"),
+            ticks_to_ns(self.sum / self.n),
+        );
         r.u64(format_args!("{prefix}.max_ns"), ticks_to_ns(self.max));
         if hist {
             for (k, &count) in self.hist.iter().enumerate() {

@@ -37,6 +37,8 @@ pub fn run(ctx: &Context) -> u32 {
     for (i, c) in COUNTS[..tasks].iter().enumerate() {
         let n = c.load(Ordering::Relaxed);
         r.u64(format_args!("spin.task.{i}"), n);
+        // Time slices the task got: more than one means it was preempted.
+        r.u64(format_args!("spin.slices.{i}"), crate::sched::runs(ids[i]));
         total += n;
         min = min.min(n);
         max = max.max(n);
@@ -44,6 +46,9 @@ pub fn run(ctx: &Context) -> u32 {
     r.u64(format_args!("spin.tasks"), tasks as u64);
     r.u64(format_args!("spin.total"), total);
     r.send();
-    println!("spin: {} tasks, {} iterations in {} s (per task min {}, max {})", tasks, total, seconds, min, max);
+    println!(
+        "spin: {} tasks, {} iterations in {} s (per task min {}, max {})",
+        tasks, total, seconds, min, max
+    );
     exit_code::OK
 }

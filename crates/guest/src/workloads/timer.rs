@@ -28,6 +28,11 @@ pub fn run(ctx: &Context) -> u32 {
     r.u64(format_args!("timer.interval_us"), interval_us);
     lat.report(&mut r, "timer", true);
     r.send();
-    println!("timer: {} wake-ups every {} us, average latency {} ns", lat.n, interval_us, lat.avg_ns());
+    println!(
+        "timer: {} wake-ups every {} us, average latency {} ns",
+        lat.n,
+        interval_us,
+        lat.avg_ns()
+    );
     exit_code::OK
 }

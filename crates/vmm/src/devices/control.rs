@@ -147,7 +147,11 @@ impl ControlDevice {
     fn inject_msi(&self, target: u64, delay_ns: u64) -> u32 {
         let (vector, dest) = ((target & 0xff) as u8, ((target >> 8) & 0xff) as u8);
         // Vectors below 32 are exceptions; the upper bits must be clear.
-        if vector < 32 || dest as u32 >= self.vcpus || target >> 16 != 0 || delay_ns > MAX_MSI_DELAY_NS {
+        if vector < 32
+            || dest as u32 >= self.vcpus
+            || target >> 16 != 0
+            || delay_ns > MAX_MSI_DELAY_NS
+        {
             return status::BAD_RANGE;
         }
         let Some(msi) = &self.msi else {
@@ -185,7 +189,11 @@ mod tests {
     use super::*;
 
     fn setup() -> ControlDevice {
-        ControlDevice::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap(), None, 2)
+        ControlDevice::new(
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap(),
+            None,
+            2,
+        )
     }
 
     fn put_request(d: &ControlDevice, gpa: u64, r: ControlRequest) {
@@ -348,7 +356,16 @@ mod tests {
             (0x50, MAX_MSI_DELAY_NS + 1, status::BAD_RANGE),
             (0x50, 0, status::BAD_OP),
         ] {
-            put_request(&d, 0x1000, ControlRequest { op: op::INJECT_MSI, status: 0, arg0, arg1 });
+            put_request(
+                &d,
+                0x1000,
+                ControlRequest {
+                    op: op::INJECT_MSI,
+                    status: 0,
+                    arg0,
+                    arg1,
+                },
+            );
             assert_eq!(d.handle(0, 0x1000), ControlAction::Continue);
             assert_eq!(status_at(&d, 0x1000), want, "{arg0:#x} {arg1}");
         }
