@@ -74,6 +74,10 @@ struct RunArgs {
     /// Print the outcome (exit code, reports, timings, memory) as JSON on stdout.
     #[arg(long)]
     json: bool,
+    /// Also print KVM's statistics of the VM and of each vCPU at exit (always
+    /// included in --json).
+    #[arg(long)]
+    stats: bool,
 }
 
 #[derive(Args)]
@@ -140,6 +144,9 @@ fn run(args: RunArgs) -> ExitCode {
                 output::print_json(&outcome);
             } else {
                 output::print_summary(&outcome);
+                if args.stats {
+                    output::print_stats(&outcome);
+                }
             }
             // Process exit statuses are 8 bits; the full code is in the summary.
             ExitCode::from(u8::try_from(outcome.exit_code).unwrap_or(u8::MAX))

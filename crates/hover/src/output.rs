@@ -48,3 +48,27 @@ pub fn print_json(o: &RunOutcome) {
         Err(e) => eprintln!("hover: cannot encode the outcome as JSON: {e}"),
     }
 }
+
+/// Print KVM's statistics: the VM's, then one column per vCPU.
+pub fn print_stats(o: &RunOutcome) {
+    if o.vcpu_stats.is_empty() {
+        println!("stats: this KVM has no binary statistics (KVM_GET_STATS_FD)");
+        return;
+    }
+    println!("KVM VM statistics:");
+    for (k, v) in &o.vm_stats {
+        println!("  {k:<28} {v}");
+    }
+    print!("KVM vCPU statistics:\n  {:<28}", "");
+    for i in 0..o.vcpu_stats.len() {
+        print!(" {:>14}", format!("vcpu{i}"));
+    }
+    println!();
+    for name in o.vcpu_stats[0].keys() {
+        print!("  {name:<28}");
+        for s in &o.vcpu_stats {
+            print!(" {:>14}", s.get(name).copied().unwrap_or(0));
+        }
+        println!();
+    }
+}

@@ -113,6 +113,22 @@ fn bad_input_is_one_line_and_exit_2() {
             "takes no parameter 'bogus'",
         ),
         (&["run", "--cmdline", "bogus"], "not a key=value token"),
+        (
+            &["run", "--cmdline", "hz=0"],
+            "hz takes a number from 1 to 10000",
+        ),
+        (
+            &["run", "--cmdline", "idle=sleep"],
+            "idle takes one of halt, poll",
+        ),
+        (
+            &["run", "--cmdline", "workload=spin tasks=100"],
+            "tasks takes a number from 1 to 60",
+        ),
+        (
+            &["run", "--cmdline", "workload=memtouch size=1T"],
+            "size takes a size",
+        ),
         (&["run", "--console", "stdot"], "unknown console"),
         (
             &["run", "--memory-backend", "hugepages"],

@@ -15,6 +15,7 @@ pub mod devices;
 pub mod host;
 pub mod memory;
 pub mod report;
+pub mod stats;
 pub mod vcpu;
 pub mod vm;
 

@@ -1,6 +1,7 @@
 //! The VM: builds memory, irqchip, vCPUs and devices from a [`VmConfig`],
 //! runs the vCPU threads and reports how the guest ended.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread;
@@ -22,6 +23,7 @@ use crate::devices::serial::{ConsoleSink, SerialConsole};
 use crate::devices::Devices;
 use crate::memory::GuestRam;
 use crate::report::{self, ReportEntry};
+use crate::stats::KvmStats;
 use crate::vcpu::{self, Vcpu, VcpuEvent};
 use crate::{Error, KvmOp};
 
@@ -75,6 +77,11 @@ pub struct RunOutcome {
     pub memory: MemoryUsage,
     /// Bytes the guest wrote to its console.
     pub console_bytes: u64,
+    /// KVM's statistics of each vCPU at exit (single-valued ones; empty if
+    /// this KVM has no binary stats).
+    pub vcpu_stats: Vec<BTreeMap<String, u64>>,
+    /// KVM's statistics of the VM at exit.
+    pub vm_stats: BTreeMap<String, u64>,
 }
 
 /// A built VM, ready to run.
@@ -87,6 +94,8 @@ pub struct Vm {
     tsc_khz: u32,
     image: ImageLayout,
     created_at: Instant,
+    vcpu_stats: Vec<KvmStats>,
+    vm_stats: Option<KvmStats>,
 }
 
 impl Vm {
@@ -132,6 +141,16 @@ impl Vm {
             .fd()
             .get_tsc_khz()
             .map_err(KvmOp::GetTscKhz.err())?;
+        // Binary stats need Linux 5.14; without them the run still works.
+        let vcpu_stats = vcpus
+            .iter()
+            .map(|v| KvmStats::open(v.fd()))
+            .collect::<Result<Vec<_>, _>>();
+        let vcpu_stats = vcpu_stats.unwrap_or_else(|e| {
+            tracing::warn!("KVM binary statistics unavailable: {e}");
+            Vec::new()
+        });
+        let vm_stats = KvmStats::open(fd.as_ref()).ok();
         boot::write_boot_info(
             &ram,
             config.vcpus,
@@ -174,6 +193,8 @@ impl Vm {
             tsc_khz,
             image: layout,
             created_at,
+            vcpu_stats,
+            vm_stats,
         })
     }
 
@@ -307,6 +328,18 @@ impl Vm {
             timings,
             memory: self.memory_usage(),
             console_bytes: self.devices.serial.bytes_written(),
+            vcpu_stats: self
+                .vcpu_stats
+                .iter()
+                .filter_map(|s| s.read().ok())
+                .map(|s| s.scalars())
+                .collect(),
+            vm_stats: self
+                .vm_stats
+                .as_ref()
+                .and_then(|s| s.read().ok())
+                .map(|s| s.scalars())
+                .unwrap_or_default(),
         }
     }
 

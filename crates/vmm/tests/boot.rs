@@ -1,24 +1,11 @@
 //! Boot the built-in guest on /dev/kvm and check what it prints and reports.
 
-use std::sync::{Arc, Mutex};
+mod common;
 
+use common::boot;
 use hover_abi::exit_code;
-use hover_vmm::config::SharedBuffer;
 use hover_vmm::host::kvm_for_test;
-use hover_vmm::{
-    ConsoleTarget, Error, GuestImage, MemoryBackend, ReportValue, RunOutcome, Vm, VmConfig,
-};
-
-fn boot(config: VmConfig) -> (Result<RunOutcome, Error>, String) {
-    let buf: SharedBuffer = Arc::new(Mutex::new(Vec::new()));
-    let config = VmConfig {
-        console: ConsoleTarget::Buffer(buf.clone()),
-        ..config
-    };
-    let result = Vm::new(&config).and_then(Vm::run);
-    let console = String::from_utf8_lossy(&buf.lock().unwrap()).into_owned();
-    (result, console)
-}
+use hover_vmm::{Error, GuestImage, MemoryBackend, ReportValue, VmConfig};
 
 fn hello(vcpus: u32, backend: MemoryBackend) {
     let (result, console) = boot(VmConfig {

@@ -221,10 +221,8 @@ impl Latency {
 
     /// Mean in nanoseconds.
     pub fn avg_ns(&self) -> u64 {
-        if self.n == 0 {
-            0
-        } else {
-            crate::kernel::ticks_to_ns(self.sum / self.n)
-        }
+        self.sum
+            .checked_div(self.n)
+            .map_or(0, crate::kernel::ticks_to_ns)
     }
 }

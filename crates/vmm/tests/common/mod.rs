@@ -1,0 +1,44 @@
+//! Booting the built-in guest for tests, with the console captured.
+
+use std::sync::{Arc, Mutex};
+
+use hover_vmm::config::SharedBuffer;
+use hover_vmm::{ConsoleTarget, Error, ReportValue, RunOutcome, Vm, VmConfig};
+
+/// Run `config` with the console in a buffer; the result and the console text.
+pub fn boot(config: VmConfig) -> (Result<RunOutcome, Error>, String) {
+    let buf: SharedBuffer = Arc::new(Mutex::new(Vec::new()));
+    let config = VmConfig {
+        console: ConsoleTarget::Buffer(buf.clone()),
+        ..config
+    };
+    let result = Vm::new(&config).and_then(Vm::run);
+    let console = String::from_utf8_lossy(&buf.lock().unwrap()).into_owned();
+    (result, console)
+}
+
+/// Run the built-in guest with `cmdline` on `vcpus` vCPUs; it must exit 0.
+#[allow(dead_code)] // not every test file uses every helper
+pub fn run_ok(vcpus: u32, cmdline: &str) -> (RunOutcome, String) {
+    let (result, console) = boot(VmConfig {
+        vcpus,
+        cmdline: cmdline.into(),
+        ..VmConfig::default()
+    });
+    let o = result.unwrap_or_else(|e| panic!("{cmdline}: {e}\nconsole:\n{console}"));
+    assert_eq!(
+        o.exit_code, 0,
+        "{cmdline}: exit code {}\nconsole:\n{console}",
+        o.exit_code
+    );
+    (o, console)
+}
+
+/// The unsigned report `key`; panics if missing.
+#[allow(dead_code)]
+pub fn report(o: &RunOutcome, key: &str) -> u64 {
+    match o.reports.iter().find(|r| r.key == key).map(|r| r.value) {
+        Some(ReportValue::U64(v)) => v,
+        other => panic!("report {key}: {other:?} in {:?}", o.reports),
+    }
+}
