@@ -12,16 +12,14 @@
 //! Targets (foundation issue): VM creation to first guest instruction under
 //! 10 ms; overhead under 5 MiB (Firecracker's published bound).
 
-use std::io::Read;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::thread;
 use std::time::Instant;
 
 use serde::Serialize;
-use serde_json::Value;
 
+use crate::runner::run_hover;
 use crate::stats::{summarize, Summary};
+use crate::table;
 use crate::BenchError;
 
 /// One boot, as measured.
@@ -44,62 +42,19 @@ struct Row {
 }
 
 fn boot_once(exe: &Path, vcpus: u32) -> Result<Sample, BenchError> {
-    let guest_err = |m: String| BenchError::Guest(m);
-    let start = Instant::now();
-    let mut child = Command::new(exe)
-        .args([
-            "run",
-            "--json",
-            "--console",
-            "stderr",
-            "--vcpus",
-            &vcpus.to_string(),
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| guest_err(format!("cannot start {}: {e}", exe.display())))?;
-    let mut stderr = child.stderr.take().expect("stderr is piped");
-    let console = thread::spawn(move || {
-        let mut first = [0u8; 1];
-        let at = stderr.read_exact(&mut first).ok().map(|_| Instant::now());
-        let mut rest = Vec::new();
-        let _ = stderr.read_to_end(&mut rest);
-        at
-    });
-    let mut stdout = String::new();
-    child
-        .stdout
-        .take()
-        .expect("stdout is piped")
-        .read_to_string(&mut stdout)
-        .ok();
-    let status = child
-        .wait()
-        .map_err(|e| guest_err(format!("waiting for hover run: {e}")))?;
-    let exited = Instant::now();
-    let first_byte = console.join().ok().flatten();
-    if !status.success() {
-        return Err(guest_err(format!("hover run exited with {status}")));
-    }
-    let v: Value =
-        serde_json::from_str(&stdout).map_err(|e| guest_err(format!("hover run --json: {e}")))?;
-    let field = |path: &[&str]| -> Result<f64, BenchError> {
-        path.iter()
-            .fold(&v, |v, k| &v[*k])
-            .as_f64()
-            .ok_or_else(|| guest_err(format!("hover run --json lacks {}", path.join("."))))
-    };
-    let ms = |t: Instant| t.duration_since(start).as_secs_f64() * 1000.0;
+    let run = run_hover(exe, &["--vcpus", &vcpus.to_string()])?;
+    let ms = |t: Instant| t.duration_since(run.started).as_secs_f64() * 1000.0;
+    let first = run
+        .first_console_byte
+        .ok_or_else(|| BenchError::Guest("no console output".into()))?;
     Ok(Sample {
-        to_first_console_byte_ms: first_byte
-            .map(ms)
-            .ok_or_else(|| guest_err("no console output".into()))?,
-        to_exit_ms: ms(exited),
-        vm_setup_ms: field(&["timings", "setup_us"])? / 1000.0,
-        vm_create_to_first_instruction_ms: field(&["timings", "first_instruction_us"])? / 1000.0,
-        guest_resident_mib: field(&["memory", "guest_resident"])? / (1 << 20) as f64,
-        vmm_overhead_mib: field(&["memory", "vmm_overhead"])? / (1 << 20) as f64,
+        to_first_console_byte_ms: ms(first),
+        to_exit_ms: ms(run.exited),
+        vm_setup_ms: run.number(&["timings", "setup_us"])? / 1000.0,
+        vm_create_to_first_instruction_ms: run.number(&["timings", "first_instruction_us"])?
+            / 1000.0,
+        guest_resident_mib: run.number(&["memory", "guest_resident"])? / (1 << 20) as f64,
+        vmm_overhead_mib: run.number(&["memory", "vmm_overhead"])? / (1 << 20) as f64,
     })
 }
 
@@ -146,33 +101,32 @@ pub fn run(exe: &Path, runs: u32, vcpus: u32, out: &Path) -> Result<(), BenchErr
         "hover bench boot: {} runs of `hover run --json --vcpus {vcpus}` (built-in guest, 256 MiB, workload=hello)",
         samples.len()
     );
-    println!("| metric | unit | min | p50 | mean | p90 | max |");
-    println!("|---|---|---|---|---|---|---|");
     let mut rows = Vec::new();
+    let mut table = Vec::new();
     for (metric, unit, values) in metrics {
         let s = summarize(&values).expect("at least one run");
-        println!(
-            "| {metric} | {unit} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
-            s.min, s.p50, s.mean, s.p90, s.max
-        );
+        let f = |v: f64| format!("{v:.2}");
+        table.push(vec![
+            metric.to_string(),
+            unit.to_string(),
+            f(s.min),
+            f(s.p50),
+            f(s.mean),
+            f(s.p90),
+            f(s.max),
+        ]);
         rows.push(Row {
             metric,
             unit,
             summary: s,
         });
     }
-    std::fs::create_dir_all(out).map_err(|source| BenchError::Write {
-        path: out.display().to_string(),
-        source,
-    })?;
-    let path = out.join("boot.json");
+    table::print(
+        &["metric", "unit", "min", "p50", "mean", "p90", "max"],
+        &table,
+    );
     let doc =
         serde_json::json!({ "scenario": "boot", "vcpus": vcpus, "rows": rows, "samples": samples });
-    let json = serde_json::to_string_pretty(&doc).expect("plain data serializes");
-    std::fs::write(&path, json).map_err(|source| BenchError::Write {
-        path: path.display().to_string(),
-        source,
-    })?;
-    println!("wrote {}", path.display());
+    table::write_json(out, "boot.json", &doc)?;
     Ok(())
 }

@@ -4,7 +4,10 @@
 #![deny(missing_docs)]
 
 pub mod boot;
+pub mod runner;
+pub mod runtime;
 pub mod stats;
+pub mod table;
 
 /// Why a scenario could not finish.
 #[derive(Debug, thiserror::Error)]

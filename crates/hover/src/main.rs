@@ -101,6 +101,16 @@ enum Scenario {
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
     },
+    /// The guest runtime's costs: task switches (voluntary, preemptive), a
+    /// nub trip, timer and interrupt wake-up latency, cross-vCPU wake-ups.
+    Runtime {
+        /// Runs per measurement (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        runs: u32,
+        /// Directory for the JSON results.
+        #[arg(long, default_value = "bench-results")]
+        out: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -165,18 +175,18 @@ fn fail(e: &Error) -> ExitCode {
 }
 
 fn bench(args: BenchArgs) -> ExitCode {
-    match args.scenario {
-        Scenario::Boot { runs, vcpus, out } => {
-            let exe = match std::env::current_exe() {
-                Ok(exe) => exe,
-                Err(e) => {
-                    eprintln!("hover: error: cannot find the hover binary to benchmark: {e}");
-                    return ExitCode::from(EXIT_HOST_FAILURE);
-                }
-            };
-            bench_result(hover_bench::boot::run(&exe, runs, vcpus, &out))
+    // Scenarios run `hover run` as fresh processes, as a user would.
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            eprintln!("hover: error: cannot find the hover binary to benchmark: {e}");
+            return ExitCode::from(EXIT_HOST_FAILURE);
         }
-    }
+    };
+    bench_result(match args.scenario {
+        Scenario::Boot { runs, vcpus, out } => hover_bench::boot::run(&exe, runs, vcpus, &out),
+        Scenario::Runtime { runs, out } => hover_bench::runtime::run(&exe, runs, &out),
+    })
 }
 
 fn bench_result(result: Result<(), hover_bench::BenchError>) -> ExitCode {

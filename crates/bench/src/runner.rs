@@ -1,0 +1,94 @@
+//! Running `hover run --json` as a fresh process, as a user would, and
+//! reading its outcome.
+
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::thread;
+use std::time::Instant;
+
+use serde_json::Value;
+
+use crate::BenchError;
+
+/// One finished `hover run`.
+pub struct Run {
+    /// When the process was started.
+    pub started: Instant,
+    /// When the first byte of the guest console (on stderr) arrived.
+    pub first_console_byte: Option<Instant>,
+    /// When the process had exited.
+    pub exited: Instant,
+    /// The outcome JSON `hover run --json` printed.
+    pub outcome: Value,
+}
+
+impl Run {
+    /// A number in the outcome at `path` (e.g. `["timings", "setup_us"]`).
+    pub fn number(&self, path: &[&str]) -> Result<f64, BenchError> {
+        path.iter()
+            .fold(&self.outcome, |v, k| &v[*k])
+            .as_f64()
+            .ok_or_else(|| BenchError::Guest(format!("hover run --json lacks {}", path.join("."))))
+    }
+
+    /// The guest's report `key` (the first one, from any vCPU).
+    pub fn report(&self, key: &str) -> Result<f64, BenchError> {
+        self.outcome["reports"]
+            .as_array()
+            .and_then(|rs| rs.iter().find(|r| r["key"] == key))
+            .and_then(|r| r["value"].as_f64())
+            .ok_or_else(|| BenchError::Guest(format!("the guest did not report {key}")))
+    }
+}
+
+/// Run `exe run --json --console stderr` with `args`; the guest must exit 0.
+pub fn run_hover(exe: &Path, args: &[&str]) -> Result<Run, BenchError> {
+    let err = |m: String| BenchError::Guest(m);
+    let started = Instant::now();
+    let mut child = Command::new(exe)
+        .args(["run", "--json", "--console", "stderr"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| err(format!("cannot start {}: {e}", exe.display())))?;
+    let mut stderr = child.stderr.take().expect("stderr is piped");
+    let console = thread::spawn(move || {
+        let mut first = [0u8; 1];
+        let at = stderr.read_exact(&mut first).ok().map(|_| Instant::now());
+        let mut rest = Vec::new();
+        let _ = stderr.read_to_end(&mut rest);
+        (
+            at,
+            String::from_utf8_lossy(&first).into_owned() + &String::from_utf8_lossy(&rest),
+        )
+    });
+    let mut stdout = String::new();
+    let _ = child
+        .stdout
+        .take()
+        .expect("stdout is piped")
+        .read_to_string(&mut stdout);
+    let status = child
+        .wait()
+        .map_err(|e| err(format!("waiting for hover run: {e}")))?;
+    let exited = Instant::now();
+    let (first_console_byte, text) = console.join().unwrap_or((None, String::new()));
+    if !status.success() {
+        let tail: Vec<&str> = text.lines().rev().take(5).collect();
+        return Err(err(format!(
+            "hover run {} exited with {status}: {}",
+            args.join(" "),
+            tail.join(" | ")
+        )));
+    }
+    let outcome =
+        serde_json::from_str(&stdout).map_err(|e| err(format!("hover run --json: {e}")))?;
+    Ok(Run {
+        started,
+        first_console_byte,
+        exited,
+        outcome,
+    })
+}
