@@ -166,6 +166,11 @@ pub const WORKLOADS: &[WorkloadSpec] = &[
         params: &[],
     },
     WorkloadSpec {
+        name: "panic",
+        help: "test: the main task panics; the guest must print the message and exit with code 18",
+        params: &[],
+    },
+    WorkloadSpec {
         name: "triple-fault",
         help: "test: vCPU 0 triple-faults on purpose (the VM must stop with a register dump)",
         params: &[],

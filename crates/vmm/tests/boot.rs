@@ -126,3 +126,21 @@ fn guest_exception_is_printed_and_exits_with_its_code() {
         "console:\n{console}"
     );
 }
+
+#[test]
+fn guest_panic_is_printed_and_exits_with_its_code() {
+    if !kvm_for_test("guest_panic_is_printed_and_exits_with_its_code") {
+        return;
+    }
+    let (result, console) = boot(VmConfig {
+        cmdline: "workload=panic".into(),
+        ..VmConfig::default()
+    });
+    let o = result.unwrap_or_else(|e| panic!("{e}\nconsole:\n{console}"));
+    assert_eq!(o.exit_code, exit_code::PANIC);
+    assert!(
+        console.contains("guest: panic on vCPU 0: "),
+        "console:\n{console}"
+    );
+    assert!(console.contains("panics on purpose"), "console:\n{console}");
+}

@@ -124,6 +124,7 @@ fn main_task(_: usize) {
         "irq" => irq::run(&ctx),
         "pingpong" => pingpong::run(&ctx),
         "exception" => exception::run(&ctx),
+        "panic" => panic!("the panic test workload panics on purpose"),
         "triple-fault" => triple_fault::run(&ctx),
         other => {
             println!(
