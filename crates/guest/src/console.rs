@@ -9,6 +9,7 @@ use core::fmt::{self, Write};
 use core::sync::atomic::{AtomicBool, Ordering};
 
 use crate::clock;
+use crate::fmtbuf::FmtBuf;
 
 const COM1: u16 = 0x3f8;
 const LINE_MAX: usize = 256;
@@ -22,34 +23,9 @@ fn outb(port: u16, value: u8) {
     };
 }
 
-/// A line being assembled; bytes past [`LINE_MAX`] are dropped.
-pub struct Line {
-    buf: [u8; LINE_MAX],
-    len: usize,
-}
-
-impl Line {
-    /// An empty line.
-    pub const fn new() -> Self {
-        Line {
-            buf: [0; LINE_MAX],
-            len: 0,
-        }
-    }
-}
-
-impl Write for Line {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        let n = s.len().min(LINE_MAX - self.len);
-        self.buf[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
-        self.len += n;
-        Ok(())
-    }
-}
-
 /// Write `args` and a newline to the console.
 pub fn print_line(args: fmt::Arguments) {
-    let mut line = Line::new();
+    let mut line = FmtBuf::<LINE_MAX>::new();
     // Line never fails; truncation is intended.
     let _ = line.write_fmt(args);
     let _ = line.write_str("\n");
@@ -62,7 +38,7 @@ pub fn print_line(args: fmt::Arguments) {
         }
         core::hint::spin_loop();
     }
-    for &b in &line.buf[..line.len] {
+    for &b in line.bytes() {
         outb(COM1, b);
     }
     LOCK.store(false, Ordering::Release);

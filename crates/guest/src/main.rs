@@ -19,6 +19,7 @@ mod console;
 mod control;
 mod event;
 mod exception;
+mod fmtbuf;
 mod frames;
 mod irq;
 mod kernel;

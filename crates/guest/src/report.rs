@@ -3,6 +3,8 @@
 
 use core::fmt::{self, Write};
 
+use crate::fmtbuf::FmtBuf;
+
 use hover_abi::control::{Report, REPORT_KEY_MAX};
 
 use crate::{control, println};
@@ -13,20 +15,6 @@ const CAPACITY: usize = 96;
 pub struct Reports {
     items: [Report; CAPACITY],
     len: usize,
-}
-
-struct KeyBuf {
-    buf: [u8; REPORT_KEY_MAX],
-    len: usize,
-}
-
-impl Write for KeyBuf {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        let n = s.len().min(REPORT_KEY_MAX - self.len);
-        self.buf[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
-        self.len += n;
-        Ok(())
-    }
 }
 
 impl Reports {
@@ -48,14 +36,9 @@ impl Reports {
             println!("guest: report batch full, dropping {}", key);
             return;
         }
-        let mut k = KeyBuf {
-            buf: [0; REPORT_KEY_MAX],
-            len: 0,
-        };
+        let mut k = FmtBuf::<REPORT_KEY_MAX>::new();
         let _ = k.write_fmt(key);
-        // KeyBuf holds only whole UTF-8 strings written through fmt (ASCII keys).
-        let key = core::str::from_utf8(&k.buf[..k.len]).unwrap_or("bad_key");
-        self.items[self.len] = make(key);
+        self.items[self.len] = make(k.as_str());
         self.len += 1;
     }
 

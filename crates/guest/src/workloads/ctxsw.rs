@@ -8,8 +8,8 @@ use core::sync::atomic::{AtomicU64, Ordering};
 
 use hover_abi::exit_code;
 
-use super::{spawn_all, Context};
-use crate::kernel::{join, now, ticks_per_sec, ticks_to_ns, yield_now, Placement, Reports};
+use super::{join_all, spawn_all, Context};
+use crate::kernel::{now, ticks_per_sec, ticks_to_ns, yield_now, Placement, Reports};
 use crate::println;
 
 static END: AtomicU64 = AtomicU64::new(0);
@@ -70,8 +70,7 @@ pub fn run(ctx: &Context) -> u32 {
     let Some(ids) = spawn_all(2, entry, |_| Placement::Pinned(0)) else {
         return exit_code::WORKLOAD_FAILED;
     };
-    join(ids[0]);
-    join(ids[1]);
+    join_all(&ids[..2]);
     let mut r = Reports::new();
     let (switches, ns) = if mode == "yield" {
         let n = YIELDS.load(Ordering::Relaxed);

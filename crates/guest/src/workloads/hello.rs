@@ -5,8 +5,8 @@ use core::sync::atomic::{AtomicU32, Ordering};
 
 use hover_abi::exit_code;
 
-use super::{spawn_all, Context};
-use crate::kernel::{join, Placement, Reports};
+use super::{join_all, spawn_all, Context};
+use crate::kernel::{Placement, Reports};
 use crate::{apic, percpu, println};
 
 static SEEN: AtomicU32 = AtomicU32::new(0);
@@ -31,9 +31,7 @@ pub fn run(ctx: &Context) -> u32 {
     let Some(ids) = spawn_all(vcpus, greet, Placement::Pinned) else {
         return exit_code::WORKLOAD_FAILED;
     };
-    for &id in &ids[..vcpus] {
-        join(id);
-    }
+    join_all(&ids[..vcpus]);
     let seen = SEEN.load(Ordering::Acquire);
     let mut r = Reports::new();
     r.u64(format_args!("vcpus_seen"), seen as u64);

@@ -7,8 +7,8 @@ use core::sync::atomic::{AtomicU64, Ordering};
 
 use hover_abi::exit_code;
 
-use super::{spawn_all, Context};
-use crate::kernel::{join, Placement, Reports};
+use super::{join_all, spawn_all, Context};
+use crate::kernel::{Placement, Reports};
 use crate::{frames, println};
 
 const PAGE: u64 = 4096;
@@ -77,9 +77,7 @@ pub fn run(ctx: &Context) -> u32 {
     let Some(ids) = spawn_all(tasks, toucher, |_| Placement::Any) else {
         return exit_code::WORKLOAD_FAILED;
     };
-    for &id in &ids[..tasks] {
-        join(id);
-    }
+    join_all(&ids[..tasks]);
     let checksum = SUMS[..tasks]
         .iter()
         .fold(0u64, |s, v| s.wrapping_add(v.load(Ordering::Relaxed)));

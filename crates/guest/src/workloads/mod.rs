@@ -157,6 +157,13 @@ pub fn spawn_all(
     Some(ids)
 }
 
+/// Wait for every task in `ids` to finish.
+pub fn join_all(ids: &[usize]) {
+    for &id in ids {
+        crate::kernel::join(id);
+    }
+}
+
 /// Latency statistics in TSC ticks, with a log2 histogram in microseconds.
 pub struct Latency {
     /// Samples.

@@ -4,8 +4,8 @@
 
 use hover_abi::exit_code;
 
-use super::{spawn_all, Context};
-use crate::kernel::{join, now, ticks_to_ns, Event, Placement, Reports};
+use super::{join_all, spawn_all, Context};
+use crate::kernel::{now, ticks_to_ns, Event, Placement, Reports};
 use crate::println;
 
 static PING: Event = Event::new();
@@ -35,8 +35,7 @@ pub fn run(ctx: &Context) -> u32 {
     }) else {
         return exit_code::WORKLOAD_FAILED;
     };
-    join(ids[0]);
-    join(ids[1]);
+    join_all(&ids[..2]);
     let ns = ticks_to_ns(now() - start) / rounds;
     let mut r = Reports::new();
     r.u64(format_args!("pingpong.rounds"), rounds);

@@ -6,8 +6,8 @@ use core::sync::atomic::{AtomicU64, Ordering};
 
 use hover_abi::exit_code;
 
-use super::{spawn_all, Context};
-use crate::kernel::{join, now, ticks_per_sec, Placement, Reports};
+use super::{join_all, spawn_all, Context};
+use crate::kernel::{now, ticks_per_sec, Placement, Reports};
 use crate::println;
 
 static COUNTS: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
@@ -29,9 +29,7 @@ pub fn run(ctx: &Context) -> u32 {
     let Some(ids) = spawn_all(tasks, spinner, |_| Placement::Any) else {
         return exit_code::WORKLOAD_FAILED;
     };
-    for &id in &ids[..tasks] {
-        join(id);
-    }
+    join_all(&ids[..tasks]);
     let mut r = Reports::new();
     let (mut total, mut min, mut max) = (0u64, u64::MAX, 0u64);
     for (i, c) in COUNTS[..tasks].iter().enumerate() {

@@ -217,6 +217,22 @@ mod tests {
         d.memory.read_obj(GuestAddress(gpa + 4)).unwrap()
     }
 
+    /// Put a request at 0x1000, handle it for vCPU 0: the action and the status.
+    fn request(d: &ControlDevice, op: u32, arg0: u64, arg1: u64) -> (ControlAction, u32) {
+        put_request(
+            d,
+            0x1000,
+            ControlRequest {
+                op,
+                status: 0,
+                arg0,
+                arg1,
+            },
+        );
+        let action = d.handle(0, 0x1000);
+        (action, status_at(d, 0x1000))
+    }
+
     #[test]
     fn exit_and_reports() {
         let d = setup();
@@ -241,133 +257,56 @@ mod tests {
             (1, "vcpus_seen", ReportValue::U64(2))
         );
         assert_eq!(r[1].value, ReportValue::I64(-5));
-        put_request(
-            &d,
-            0x1000,
-            ControlRequest {
-                op: op::EXIT,
-                status: 0,
-                arg0: 7,
-                arg1: 0,
-            },
+        assert_eq!(
+            request(&d, op::EXIT, 7, 0),
+            (ControlAction::Exit(7), status::OK)
         );
-        assert_eq!(d.handle(0, 0x1000), ControlAction::Exit(7));
     }
 
     #[test]
     fn bad_requests_change_nothing() {
         let d = setup();
-        // Outside RAM: ignored.
+        let refused = |op, arg0, arg1| request(&d, op, arg0, arg1);
+        // A request outside RAM is ignored.
         assert_eq!(d.handle(0, 0x10_0000 - 8), ControlAction::Continue);
-        // Unknown op.
-        put_request(
-            &d,
-            0x1000,
-            ControlRequest {
-                op: 99,
-                status: 0,
-                arg0: 0,
-                arg1: 0,
-            },
+        assert_eq!(refused(99, 0, 0).1, status::BAD_OP);
+        // Too many records, records outside RAM, a bad key: refused whole.
+        assert_eq!(
+            refused(op::REPORT, 0x2000, MAX_REPORTS_PER_REQUEST + 1).1,
+            status::BAD_RANGE
         );
-        d.handle(0, 0x1000);
-        assert_eq!(status_at(&d, 0x1000), status::BAD_OP);
-        // Too many records, records outside RAM, a bad key: all refused whole.
-        for (arg0, arg1, want) in [
-            (0x2000, MAX_REPORTS_PER_REQUEST + 1, status::BAD_RANGE),
-            (0xf_fff0, 1, status::BAD_RANGE),
-        ] {
-            put_request(
-                &d,
-                0x1000,
-                ControlRequest {
-                    op: op::REPORT,
-                    status: 0,
-                    arg0,
-                    arg1,
-                },
-            );
-            d.handle(0, 0x1000);
-            assert_eq!(status_at(&d, 0x1000), want);
-        }
+        assert_eq!(refused(op::REPORT, 0xf_fff0, 1).1, status::BAD_RANGE);
         put_report(&d, 0x2000, Report::u64("good", 1));
         put_report(&d, 0x2030, Report::u64("Bad Key", 1));
-        put_request(
-            &d,
-            0x1000,
-            ControlRequest {
-                op: op::REPORT,
-                status: 0,
-                arg0: 0x2000,
-                arg1: 2,
-            },
-        );
-        d.handle(0, 0x1000);
-        assert_eq!(status_at(&d, 0x1000), status::BAD_RECORD);
+        assert_eq!(refused(op::REPORT, 0x2000, 2).1, status::BAD_RECORD);
         assert!(
             d.reports().is_empty(),
             "a batch with one bad record is refused whole"
         );
-        // Exit code wider than 32 bits.
-        put_request(
-            &d,
-            0x1000,
-            ControlRequest {
-                op: op::EXIT,
-                status: 0,
-                arg0: 1 << 40,
-                arg1: 0,
-            },
+        // An exit code wider than 32 bits does not exit.
+        assert_eq!(
+            refused(op::EXIT, 1 << 40, 0),
+            (ControlAction::Continue, status::BAD_RANGE)
         );
-        assert_eq!(d.handle(0, 0x1000), ControlAction::Continue);
-        assert_eq!(status_at(&d, 0x1000), status::BAD_RANGE);
         // Log: too long, and not UTF-8.
-        put_request(
-            &d,
-            0x1000,
-            ControlRequest {
-                op: op::LOG,
-                status: 0,
-                arg0: 0x3000,
-                arg1: MAX_LOG_LEN + 1,
-            },
+        assert_eq!(
+            refused(op::LOG, 0x3000, MAX_LOG_LEN + 1).1,
+            status::BAD_RANGE
         );
-        d.handle(0, 0x1000);
-        assert_eq!(status_at(&d, 0x1000), status::BAD_RANGE);
         d.memory
             .write_slice(&[0xff, 0xfe], GuestAddress(0x3000))
             .unwrap();
-        put_request(
-            &d,
-            0x1000,
-            ControlRequest {
-                op: op::LOG,
-                status: 0,
-                arg0: 0x3000,
-                arg1: 2,
-            },
-        );
-        d.handle(0, 0x1000);
-        assert_eq!(status_at(&d, 0x1000), status::BAD_RECORD);
+        assert_eq!(refused(op::LOG, 0x3000, 2).1, status::BAD_RECORD);
         // MSI requests: bad vector, bad vCPU, too long a delay; no injector.
-        for (arg0, arg1, want) in [
-            (0x10, 0, status::BAD_RANGE),
-            (0x50 | 2 << 8, 0, status::BAD_RANGE),
-            (0x50, MAX_MSI_DELAY_NS + 1, status::BAD_RANGE),
-            (0x50, 0, status::BAD_OP),
-        ] {
-            put_request(
-                &d,
-                0x1000,
-                ControlRequest {
-                    op: op::INJECT_MSI,
-                    status: 0,
-                    arg0,
-                    arg1,
-                },
-            );
-            assert_eq!(d.handle(0, 0x1000), ControlAction::Continue);
-            assert_eq!(status_at(&d, 0x1000), want, "{arg0:#x} {arg1}");
-        }
+        assert_eq!(refused(op::INJECT_MSI, 0x10, 0).1, status::BAD_RANGE);
+        assert_eq!(
+            refused(op::INJECT_MSI, 0x50 | 2 << 8, 0).1,
+            status::BAD_RANGE
+        );
+        assert_eq!(
+            refused(op::INJECT_MSI, 0x50, MAX_MSI_DELAY_NS + 1).1,
+            status::BAD_RANGE
+        );
+        assert_eq!(refused(op::INJECT_MSI, 0x50, 0).1, status::BAD_OP);
     }
 }
