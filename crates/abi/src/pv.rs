@@ -15,6 +15,8 @@ pub const FEATURE_ASYNC_PF: u32 = 1 << 4;
 pub const FEATURE_STEAL_TIME: u32 = 1 << 5;
 /// Paravirtual end-of-interrupt.
 pub const FEATURE_PV_EOI: u32 = 1 << 6;
+/// Async page faults also while the guest runs nested (not used by Hover).
+pub const FEATURE_ASYNC_PF_VMEXIT: u32 = 1 << 10;
 /// "Page ready" delivered as an interrupt rather than a #PF.
 pub const FEATURE_ASYNC_PF_INT: u32 = 1 << 14;
 
@@ -26,3 +28,14 @@ pub const MSR_KVM_ASYNC_PF_EN: u32 = 0x4b56_4d02;
 pub const MSR_KVM_ASYNC_PF_INT: u32 = 0x4b56_4d06;
 /// `MSR_KVM_ASYNC_PF_ACK`: write 1 after consuming a "page ready" token.
 pub const MSR_KVM_ASYNC_PF_ACK: u32 = 0x4b56_4d07;
+
+/// `MSR_KVM_ASYNC_PF_EN` bit: enable async page faults.
+pub const ASYNC_PF_ENABLED: u64 = 1 << 0;
+/// `MSR_KVM_ASYNC_PF_EN` bit: also in guest kernel mode (not used by Hover's guest).
+pub const ASYNC_PF_SEND_ALWAYS: u64 = 1 << 1;
+/// `MSR_KVM_ASYNC_PF_EN` bit: "page ready" as an interrupt (required with ASYNC_PF_INT).
+pub const ASYNC_PF_DELIVERY_AS_INT: u64 = 1 << 3;
+/// "Page not present" reason in the async-PF area's `flags` word.
+pub const ASYNC_PF_FLAG_NOT_PRESENT: u32 = 1;
+/// Token that wakes every waiter (sent after async PF is (re-)enabled).
+pub const ASYNC_PF_BROADCAST_TOKEN: u32 = 0xffff_ffff;

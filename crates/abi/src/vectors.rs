@@ -6,6 +6,8 @@ pub const TIMER: u8 = 0x40;
 pub const DEVICE_BASE: u8 = 0x50;
 /// Number of device vectors, starting at [`DEVICE_BASE`].
 pub const DEVICE_COUNT: u8 = 16;
+/// KVM async page fault "page ready" notification (`MSR_KVM_ASYNC_PF_INT`).
+pub const ASYNC_PF_READY: u8 = 0xe0;
 /// Cross-vCPU reschedule IPI.
 pub const RESCHED: u8 = 0xf1;
 /// Spurious-interrupt vector (x2APIC SVR).

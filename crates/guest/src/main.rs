@@ -13,6 +13,7 @@
 #![no_std]
 #![no_main]
 
+mod apf;
 mod apic;
 mod clock;
 mod console;
@@ -68,6 +69,7 @@ pub extern "C" fn rust_start(boot_info: u64, cpu: u64, tsc_hi: u64, tsc_lo: u64)
     }
     clock::init(boot.tsc_khz);
     apic::enable();
+    apf::enable(pc, boot);
     let cmdline = boot.cmdline().unwrap_or("");
     // Values are range-checked in workloads::start (and by the monitor);
     // until then the defaults apply.

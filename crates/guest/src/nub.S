@@ -154,6 +154,71 @@ irq_tail:
     pop %rax
     iretq
 
+/* #PF: an async "page not present" from KVM (the area's flags say so, CR2
+ * holds the token) or a real fault. Not-present in preemptible CPL3 code
+ * parks the task: hand the token to the preemption path and redirect there
+ * (as irq_tail does). Anywhere else just return: the access faults again,
+ * and KVM, seeing a fault for a page already being fetched, halts the vCPU
+ * until the page is there (the seed's rule for non-preemptible contexts).
+ * Stack after push: 0 rax, 8 error, 16 rip, 24 cs, 32 rflags, 40 rsp, 48 ss. */
+    .global hover_page_fault
+hover_page_fault:
+    push %rax
+    movl %gs:{off_apf_flags}, %eax
+    test %eax, %eax
+    jz 3f
+    movl $0, %gs:{off_apf_flags}
+    incq %gs:{off_apf_not_present}
+    testb $3, 24(%rsp)
+    jz 2f
+    cmpq $0, %gs:{off_preempt_count}
+    jne 2f
+    movq $1, %gs:{off_preempt_count}
+    mov %cr2, %rax
+    bts $63, %rax
+    mov %rax, %gs:{off_apf_park_token}
+    push %rcx
+    mov 48(%rsp), %rax
+    sub $136, %rax
+    mov 24(%rsp), %rcx
+    mov %rcx, (%rax)
+    mov %rax, 48(%rsp)
+    lea hover_preempt_entry(%rip), %rcx
+    mov %rcx, 24(%rsp)
+    pop %rcx
+    pop %rax
+    add $8, %rsp                    /* error code */
+    iretq
+2:  incq %gs:{off_apf_sync}
+    pop %rax
+    add $8, %rsp
+    iretq
+3:  pop %rax                        /* a real page fault */
+    pushq $14
+    jmp exc_common
+
+/* "Page ready": queue the token for the runtime, clear it, acknowledge it
+ * (KVM sends the next only after the ACK), EOI, then as any interrupt. */
+    .global hover_apf_ready
+hover_apf_ready:
+    push %rax
+    push %rcx
+    push %rdx
+    movl %gs:{off_apf_token}, %eax
+    movl $0, %gs:{off_apf_token}
+    mov %gs:{off_apf_ready_head}, %rcx
+    and ${apf_ring_mask}, %rcx
+    mov %eax, %gs:{off_apf_ready_ring}(,%rcx,4)
+    incq %gs:{off_apf_ready_head}
+    incq %gs:{off_apf_ready}
+    mov ${msr_apf_ack}, %ecx
+    mov $1, %eax
+    xor %edx, %edx
+    wrmsr
+    EOI
+    movq $1, %gs:{off_need_resched}
+    jmp irq_tail
+
     .align 16
     .global hover_device_stubs
 hover_device_stubs:                 /* 16 bytes per vector from DEVICE_BASE */

@@ -11,7 +11,7 @@ use core::mem::offset_of;
 use hover_abi::layout::{USER_CS, USER_DS};
 use hover_abi::vectors;
 
-use crate::percpu::{PerCpu, MAIN_STACKS, MAIN_STACK_SIZE};
+use crate::percpu::{PerCpu, APF_RING, MAIN_STACKS, MAIN_STACK_SIZE};
 use crate::tables::IDT;
 
 /// Nub operations, indices into `nub_table` in `nub.S`.
@@ -45,6 +45,16 @@ global_asm!(
     off_armed_deadline = const offset_of!(PerCpu, armed_deadline),
     off_ticks = const offset_of!(PerCpu, ticks),
     off_pending_irqs = const offset_of!(PerCpu, pending_irqs),
+    off_apf_flags = const offset_of!(PerCpu, apf_area),
+    off_apf_token = const offset_of!(PerCpu, apf_area) + 4,
+    off_apf_park_token = const offset_of!(PerCpu, apf_park_token),
+    off_apf_ready_ring = const offset_of!(PerCpu, apf_ready_ring),
+    off_apf_ready_head = const offset_of!(PerCpu, apf_ready_head),
+    off_apf_not_present = const offset_of!(PerCpu, apf_not_present),
+    off_apf_ready = const offset_of!(PerCpu, apf_ready),
+    off_apf_sync = const offset_of!(PerCpu, apf_sync),
+    apf_ring_mask = const APF_RING - 1,
+    msr_apf_ack = const hover_abi::pv::MSR_KVM_ASYNC_PF_ACK,
     device_base = const vectors::DEVICE_BASE,
     device_count = const vectors::DEVICE_COUNT,
     exception_entry = sym crate::exception::exception_entry,
@@ -65,6 +75,10 @@ extern "C" {
     pub fn hover_resched_irq();
     /// Device-vector stubs, 16 bytes apart, from `vectors::DEVICE_BASE`.
     pub fn hover_device_stubs();
+    /// #PF handler (async "page not present" or a real fault).
+    pub fn hover_page_fault();
+    /// Async PF "page ready" handler.
+    pub fn hover_apf_ready();
 }
 
 #[inline(always)]

@@ -8,7 +8,7 @@
 
 use core::arch::asm;
 use core::cell::UnsafeCell;
-use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use hover_abi::layout::{GDT_ENTRIES, MAX_VCPUS};
 
@@ -37,6 +37,21 @@ pub struct CrashFrame {
     pub rsp: u64,
     /// CR2 (the faulting address for a page fault).
     pub cr2: u64,
+}
+
+/// Entries in the ring of "page ready" tokens (KVM keeps at most 64 async
+/// page faults in flight per vCPU, and delivers the next ready only after
+/// the previous one is acknowledged).
+pub const APF_RING: usize = 128;
+
+/// The async page fault area KVM writes (`MSR_KVM_ASYNC_PF_EN`), 64-byte aligned.
+#[repr(C, align(64))]
+pub struct ApfArea {
+    /// "Page not present" reason (1) for the #PF being delivered; 0 otherwise.
+    pub flags: AtomicU32,
+    /// The token of the "page ready" interrupt being delivered.
+    pub token: AtomicU32,
+    pad: [u32; 14],
 }
 
 /// A 64-bit TSS followed by its I/O permission bitmap (and the 0xff terminator).
@@ -97,6 +112,24 @@ pub struct PerCpu {
     pub current: AtomicUsize,
     /// Device vectors the nub has seen but the runtime not yet handled, one bit per vector.
     pub pending_irqs: [AtomicU64; 4],
+    /// A "page not present" token from the nub's #PF handler for the
+    /// preemption path to park the task on (bit 63 set = valid).
+    pub apf_park_token: AtomicU64,
+    /// "Page ready" tokens written by the nub, consumed by the runtime.
+    pub apf_ready_ring: [AtomicU32; APF_RING],
+    /// Tokens written into the ring (by the nub).
+    pub apf_ready_head: AtomicU64,
+    /// Tokens consumed from the ring (by the runtime).
+    pub apf_ready_tail: AtomicU64,
+    /// "Page not present" notifications received.
+    pub apf_not_present: AtomicU64,
+    /// "Page ready" notifications received.
+    pub apf_ready: AtomicU64,
+    /// "Page not present" in a non-preemptible context: left to KVM, which
+    /// halts the vCPU until the page is there.
+    pub apf_sync: AtomicU64,
+    /// The area KVM writes async page fault reasons and tokens into.
+    pub apf_area: ApfArea,
     /// The last unexpected exception (written by the nub).
     pub crash: UnsafeCell<CrashFrame>,
     /// Descriptor tables.
@@ -123,6 +156,14 @@ const EMPTY: PerCpu = PerCpu {
     halted: AtomicU64::new(0),
     current: AtomicUsize::new(0),
     pending_irqs: [const { AtomicU64::new(0) }; 4],
+    apf_park_token: AtomicU64::new(0),
+    apf_ready_ring: [const { AtomicU32::new(0) }; APF_RING],
+    apf_ready_head: AtomicU64::new(0),
+    apf_ready_tail: AtomicU64::new(0),
+    apf_not_present: AtomicU64::new(0),
+    apf_ready: AtomicU64::new(0),
+    apf_sync: AtomicU64::new(0),
+    apf_area: ApfArea { flags: AtomicU32::new(0), token: AtomicU32::new(0), pad: [0; 14] },
     crash: UnsafeCell::new(CrashFrame {
         vector: 0,
         error: 0,

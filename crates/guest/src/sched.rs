@@ -18,7 +18,7 @@ use hover_abi::vectors;
 use crate::event::Event;
 use crate::percpu::{self, this_cpu, PerCpu};
 use crate::sync::{preempt_disable, preempt_enable, SpinLock};
-use crate::{irq, nub, timer};
+use crate::{apf, irq, nub, timer};
 
 /// Most tasks a run can create (slots are not reused).
 pub const MAX_TASKS: usize = 64;
@@ -306,6 +306,7 @@ fn schedule(reason: Reason) {
     let cpu = pc.index();
     pc.need_resched.store(0, Ordering::Relaxed);
     irq::process_pending(pc);
+    apf::process_ready(pc);
     timer::expire(cpu);
     let prev = pc.current.load(Ordering::Relaxed);
     let idle = idle_of(cpu);
@@ -342,8 +343,13 @@ extern "C" fn task_start(id: usize) -> ! {
     exit_current()
 }
 
-/// Called by `hover_preempt_entry` with `preempt_count == 1`.
+/// Called by `hover_preempt_entry` with `preempt_count == 1`: after a tick
+/// or interrupt, or after an async "page not present" (then with a token).
 extern "C" fn preempt_irq() {
+    let token = this_cpu().apf_park_token.swap(0, Ordering::Relaxed);
+    if token & (1 << 63) != 0 {
+        apf::park(token as u32);
+    }
     reschedule();
 }
 

@@ -9,10 +9,11 @@ mod output;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use hover_vmm::config::{
-    parse_console, parse_size, ConsoleTarget, GuestImage, MemoryBackend, VmConfig,
+    parse_console, parse_duration, parse_size, ConsoleTarget, GuestImage, MemoryBackend, PagingConfig, VmConfig,
 };
 use hover_vmm::{Error, Vm};
 
@@ -42,6 +43,14 @@ enum Command {
     Bench(BenchArgs),
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum OnOff {
+    /// Enabled.
+    On,
+    /// Disabled.
+    Off,
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum BackendArg {
     /// Private anonymous memory.
@@ -61,6 +70,22 @@ struct RunArgs {
     /// How guest memory is backed.
     #[arg(long, value_enum, default_value = "anon")]
     memory_backend: BackendArg,
+    /// Overcommit guest memory: keep at most this much of it resident (e.g.
+    /// 64M); the rest is paged out to the page store. Off by default.
+    #[arg(long, value_parser = parse_size)]
+    memory_budget: Option<u64>,
+    /// Page store for --memory-budget: a file to create, or a directory to
+    /// create one in; removed at exit [default: a temporary file in /var/tmp].
+    #[arg(long, requires = "memory_budget")]
+    page_store: Option<PathBuf>,
+    /// Extra latency of every page-store read, modelling a slower device
+    /// (e.g. 100us, 2ms).
+    #[arg(long, default_value = "0", value_parser = parse_duration, requires = "memory_budget")]
+    page_store_latency: Duration,
+    /// Offer KVM's asynchronous page faults to the guest (on: the guest runs
+    /// another task while a page is fetched; off: the vCPU waits).
+    #[arg(long, value_enum, default_value = "on")]
+    async_pf: OnOff,
     /// The guest: `builtin` or the path of an x86_64 ELF executable.
     #[arg(long, default_value = "builtin")]
     guest: String,
@@ -147,6 +172,12 @@ fn run(args: RunArgs) -> ExitCode {
         },
         cmdline: args.cmdline,
         console,
+        paging: args.memory_budget.map(|budget| PagingConfig {
+            budget,
+            store: args.page_store.clone(),
+            store_latency: args.page_store_latency,
+        }),
+        async_pf: args.async_pf == OnOff::On,
     };
     match Vm::new(&config).and_then(Vm::run) {
         Ok(outcome) => {

@@ -31,6 +31,20 @@ pub fn print_summary(o: &RunOutcome) {
         opt(t.first_console_byte_us),
         ms(t.exit_us)
     );
+    if let Some(p) = &o.pager {
+        println!(
+            "pager: budget {} ({} pageable pages), {} resident; {} faults: {} zero-filled, {} read from the store (mean {:.1} us); {} evicted{}",
+            mib(p.budget_pages * 4096),
+            p.budget_pages,
+            mib(p.resident_pages * 4096),
+            p.faults,
+            p.zero_fills,
+            p.store_reads,
+            p.fetch_latency_avg_us,
+            p.evictions,
+            if p.store_direct { "" } else { " (store without O_DIRECT)" }
+        );
+    }
     let m = &o.memory;
     println!(
         "memory: guest {} configured, {} resident; process {} resident; VMM overhead {}",

@@ -6,6 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use hover_abi::boot::CMDLINE_MAX;
 use hover_abi::cmdline::CmdlineError;
+
+pub use crate::memory::paged::PagingConfig;
 use hover_abi::layout::{MAX_MAPPED_GIB, MAX_VCPUS, MMIO_HOLE_END, MMIO_HOLE_START, PAGE_SIZE};
 use hover_abi::workload::{self, ParamKind, WorkloadError};
 
@@ -83,6 +85,11 @@ pub struct VmConfig {
     pub cmdline: String,
     /// Where the serial console goes.
     pub console: ConsoleTarget,
+    /// Overcommit guest memory with the pager (`None`: all RAM stays resident).
+    pub paging: Option<PagingConfig>,
+    /// Offer KVM's asynchronous page faults to the guest (ASYNC_PF and
+    /// ASYNC_PF_INT in the KVM PV CPUID leaf).
+    pub async_pf: bool,
 }
 
 impl Default for VmConfig {
@@ -94,6 +101,8 @@ impl Default for VmConfig {
             guest: GuestImage::Builtin,
             cmdline: DEFAULT_CMDLINE.to_string(),
             console: ConsoleTarget::Stdout,
+            paging: None,
+            async_pf: true,
         }
     }
 }
@@ -150,6 +159,34 @@ pub enum ConfigError {
     /// Command line refused by the built-in guest's workload table.
     #[error("{0}")]
     Cmdline(String),
+    /// The memory budget exceeds the memory.
+    #[error("--memory-budget {} MiB is larger than --memory {} MiB: a budget must not exceed the memory it limits", .budget >> 20, .memory >> 20)]
+    BudgetOverMemory {
+        /// The budget.
+        budget: u64,
+        /// The memory.
+        memory: u64,
+    },
+    /// The memory budget is below what the guest needs resident.
+    #[error("--memory-budget {} MiB is below the working minimum of {} MiB (the boot area and guest image stay resident, plus 4 MiB to page in)", .budget >> 20, .minimum.div_ceil(1 << 20))]
+    BudgetTooSmall {
+        /// The budget.
+        budget: u64,
+        /// The minimum.
+        minimum: u64,
+    },
+    /// The budget is not a multiple of the page size.
+    #[error("--memory-budget {0} bytes is not a multiple of 4 KiB")]
+    BudgetUnaligned(u64),
+    /// Paging needs anonymous memory.
+    #[error("--memory-backend memfd cannot be combined with --memory-budget: the pager needs anonymous memory")]
+    PagingNeedsAnonymous,
+    /// Async PF asked for on a KVM without it.
+    #[error("--async-pf on: this KVM does not offer asynchronous page faults (CPUID 0x40000001 lacks ASYNC_PF or ASYNC_PF_INT); use --async-pf off")]
+    AsyncPfUnsupported,
+    /// A duration that does not parse.
+    #[error("'{0}' is not a duration: use a number with ns, us, ms or s (e.g. 0, 100us, 2ms)")]
+    BadDuration(String),
 }
 
 impl VmConfig {
@@ -180,6 +217,17 @@ impl VmConfig {
         }
         if self.guest == GuestImage::Builtin {
             check_builtin_cmdline(&self.cmdline)?;
+        }
+        if let Some(p) = &self.paging {
+            if p.budget > self.memory {
+                return Err(ConfigError::BudgetOverMemory { budget: p.budget, memory: self.memory });
+            }
+            if !p.budget.is_multiple_of(PAGE_SIZE) {
+                return Err(ConfigError::BudgetUnaligned(p.budget));
+            }
+            if self.memory_backend != MemoryBackend::Anonymous {
+                return Err(ConfigError::PagingNeedsAnonymous);
+            }
         }
         Ok(())
     }
@@ -257,6 +305,21 @@ pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
     n.checked_mul(1u64 << shift).ok_or_else(bad)
 }
 
+/// Parse a duration such as `0`, `500ns`, `100us`, `2ms`, `1.5ms` or `1s`.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, ConfigError> {
+    let bad = || ConfigError::BadDuration(s.to_string());
+    let t = s.trim();
+    let (num, scale) = [("ns", 1e-9), ("us", 1e-6), ("ms", 1e-3), ("s", 1.0)]
+        .iter()
+        .find_map(|(suffix, scale)| t.strip_suffix(suffix).map(|n| (n, *scale)))
+        .unwrap_or((t, if t == "0" { 1.0 } else { f64::NAN }));
+    let v: f64 = num.trim().parse().map_err(|_| bad())?;
+    if !(v * scale).is_finite() || v < 0.0 || v * scale > 3600.0 {
+        return Err(bad());
+    }
+    Ok(std::time::Duration::from_secs_f64(v * scale))
+}
+
 /// Parse a console target: `stdout`, `stderr`, `off`, or `file:PATH`.
 pub fn parse_console(s: &str) -> Result<ConsoleTarget, ConfigError> {
     match s {
@@ -289,6 +352,33 @@ mod tests {
         assert!(parse_size("lots").is_err());
         assert!(parse_size("-1M").is_err());
         assert!(parse_size("99999999999T").is_err());
+    }
+
+    #[test]
+    fn durations_parse() {
+        use std::time::Duration;
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("2ms"), Ok(Duration::from_millis(2)));
+        assert_eq!(parse_duration("100us"), Ok(Duration::from_micros(100)));
+        assert_eq!(parse_duration("1.5ms"), Ok(Duration::from_micros(1500)));
+        assert_eq!(parse_duration("1s"), Ok(Duration::from_secs(1)));
+        for bad in ["2", "fast", "-1ms", "2 hours", "99999s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn paging_values_are_checked() {
+        let paged = |memory: u64, budget: u64| VmConfig {
+            memory,
+            paging: Some(PagingConfig { budget, store: None, store_latency: std::time::Duration::ZERO }),
+            ..VmConfig::default()
+        };
+        assert!(matches!(paged(64 << 20, 128 << 20).validate(), Err(ConfigError::BudgetOverMemory { .. })));
+        assert!(matches!(paged(64 << 20, 1000).validate(), Err(ConfigError::BudgetUnaligned(1000))));
+        let memfd = VmConfig { memory_backend: MemoryBackend::Memfd, ..paged(64 << 20, 32 << 20) };
+        assert_eq!(memfd.validate(), Err(ConfigError::PagingNeedsAnonymous));
+        paged(256 << 20, 64 << 20).validate().unwrap();
     }
 
     #[test]

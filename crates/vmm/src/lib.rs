@@ -95,6 +95,12 @@ pub enum Error {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The pager could not start.
+    #[error(transparent)]
+    Pager(#[from] memory::paged::PagerError),
+    /// The pager could not serve a guest page during the run.
+    #[error("the VM was stopped: {0}")]
+    PagerFailed(String),
     /// The guest crashed (triple fault, unexpected exit).
     #[error("{0}")]
     GuestCrash(Box<GuestCrash>),
@@ -103,6 +109,9 @@ pub enum Error {
 impl Error {
     /// Whether the user gave bad input (configuration or guest image).
     pub fn is_bad_input(&self) -> bool {
-        matches!(self, Error::Config(_) | Error::Image(_))
+        matches!(
+            self,
+            Error::Config(_) | Error::Image(_) | Error::Pager(memory::paged::PagerError::Store(_))
+        )
     }
 }

@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -21,7 +22,10 @@ use crate::devices::control::ControlDevice;
 use crate::devices::msi::MsiInjector;
 use crate::devices::serial::{ConsoleSink, SerialConsole};
 use crate::devices::Devices;
+use crate::memory::paged::{Pager, PagerStats, MIN_BUDGET_PAGES};
 use crate::memory::GuestRam;
+use hover_abi::layout::PAGE_SIZE;
+use hover_abi::pv::{FEATURE_ASYNC_PF, FEATURE_ASYNC_PF_INT, FEATURE_ASYNC_PF_VMEXIT};
 use crate::report::{self, ReportEntry};
 use crate::stats::KvmStats;
 use crate::vcpu::{self, Vcpu, VcpuEvent};
@@ -82,6 +86,8 @@ pub struct RunOutcome {
     pub vcpu_stats: Vec<BTreeMap<String, u64>>,
     /// KVM's statistics of the VM at exit.
     pub vm_stats: BTreeMap<String, u64>,
+    /// What the pager did (with --memory-budget).
+    pub pager: Option<PagerStats>,
 }
 
 /// A built VM, ready to run.
@@ -96,6 +102,16 @@ pub struct Vm {
     created_at: Instant,
     vcpu_stats: Vec<KvmStats>,
     vm_stats: Option<KvmStats>,
+    pager: Option<Pager>,
+    events: Sender<VmEvent>,
+    events_rx: Receiver<VmEvent>,
+}
+
+/// What ends a run: a vCPU thread's end, or a pager failure.
+enum VmEvent {
+    Vcpu(VcpuEvent),
+    VcpuPanicked(usize),
+    PagerFailed(String),
 }
 
 impl Vm {
@@ -107,6 +123,12 @@ impl Vm {
         let image = boot::read_image(&config.guest)?;
         let layout = boot::inspect(&image)?;
         boot::check_fits(&image, &layout, config.memory)?;
+        if let Some(p) = &config.paging {
+            let minimum = layout.end + MIN_BUDGET_PAGES * PAGE_SIZE;
+            if p.budget < minimum {
+                return Err(ConfigError::BudgetTooSmall { budget: p.budget, minimum }.into());
+            }
+        }
 
         let kvm = Kvm::new().map_err(Error::KvmUnavailable)?;
         let kvm_max = kvm.get_max_vcpus() as u32;
@@ -131,10 +153,16 @@ impl Vm {
         let supported = kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(KvmOp::GetSupportedCpuid.err())?;
+        let apf_bits = FEATURE_ASYNC_PF | FEATURE_ASYNC_PF_INT;
+        let apf_offered = cpuid::pv_features(&supported) & apf_bits == apf_bits;
+        if config.async_pf && !apf_offered {
+            return Err(ConfigError::AsyncPfUnsupported.into());
+        }
+        let pv_withheld = if config.async_pf { 0 } else { apf_bits | FEATURE_ASYNC_PF_VMEXIT };
         let mut vcpus = Vec::with_capacity(config.vcpus as usize);
         for i in 0..config.vcpus {
             let vcpu = Vcpu::new(&fd, i)?;
-            vcpu.configure(&cpuid::for_vcpu(&supported, i), layout.entry)?;
+            vcpu.configure(&cpuid::for_vcpu(&supported, i, pv_withheld), layout.entry)?;
             vcpus.push(vcpu);
         }
         let tsc_khz = vcpus[0]
@@ -155,7 +183,7 @@ impl Vm {
             &ram,
             config.vcpus,
             tsc_khz as u64,
-            cpuid::pv_features(&supported),
+            cpuid::pv_features(&supported) & !pv_withheld,
             &config.cmdline,
             &layout,
         )?;
@@ -178,6 +206,17 @@ impl Vm {
                 config.vcpus,
             ),
         });
+        let (events, events_rx) = mpsc::channel();
+        let pager = match &config.paging {
+            Some(p) => {
+                let tx = Mutex::new(events.clone());
+                let on_failure = Box::new(move |msg: String| {
+                    let _ = tx.lock().unwrap_or_else(|p| p.into_inner()).send(VmEvent::PagerFailed(msg));
+                });
+                Some(Pager::start(&ram, layout.end, p, on_failure)?)
+            }
+            None => None,
+        };
         tracing::debug!(
             vcpus = config.vcpus,
             memory = config.memory,
@@ -195,6 +234,9 @@ impl Vm {
             created_at,
             vcpu_stats,
             vm_stats,
+            pager,
+            events,
+            events_rx,
         })
     }
 
@@ -224,14 +266,16 @@ impl Vm {
         let tsc_ref = self.read_guest_tsc()?;
         let started_at = Instant::now();
         let stop = Arc::new(AtomicBool::new(false));
-        let (tx, rx) = mpsc::channel();
         let mut threads = Vec::new();
         for vcpu in self.vcpus.drain(..) {
-            let (devices, stop, tx) = (self.devices.clone(), stop.clone(), tx.clone());
+            let (devices, stop, tx) = (self.devices.clone(), stop.clone(), self.events.clone());
+            let index = vcpu.index() as usize;
             let handle = thread::Builder::new()
-                .name(format!("vcpu{}", vcpu.index()))
+                .name(format!("vcpu{index}"))
                 .spawn(move || {
-                    let _ = tx.send(vcpu.run(devices, stop));
+                    let run = std::panic::AssertUnwindSafe(|| vcpu.run(devices, stop));
+                    let event = std::panic::catch_unwind(run).map_or(VmEvent::VcpuPanicked(index), VmEvent::Vcpu);
+                    let _ = tx.send(event);
                 })
                 .map_err(|source| Error::Host {
                     what: "start a vCPU thread",
@@ -239,10 +283,9 @@ impl Vm {
                 })?;
             threads.push(handle);
         }
-        drop(tx);
-        // Every thread sends exactly one event, so the first one is how the
-        // run ended (a thread that panicked closes its sender instead).
-        let first = rx.recv().ok();
+        // Every vCPU thread sends exactly one event, and the pager one if it
+        // fails: the first is how the run ended.
+        let first = self.events_rx.recv().ok();
         let exited_at = Instant::now();
         stop.store(true, Ordering::Release);
         let deadline = Instant::now() + STOP_TIMEOUT;
@@ -262,23 +305,28 @@ impl Vm {
             }
         }
         self.devices.serial.flush();
+        if let Some(p) = self.pager.as_mut() {
+            p.stop();
+        }
 
         match first {
-            Some(VcpuEvent::Exit { vcpu, code }) => {
+            Some(VmEvent::Vcpu(VcpuEvent::Exit { vcpu, code })) => {
                 Ok(self.outcome(code, vcpu, tsc_ref, started_at, exited_at))
             }
-            Some(VcpuEvent::Crash(crash)) => Err(Error::GuestCrash(Box::new(crash))),
-            Some(VcpuEvent::Failed { error, .. }) => Err(KvmOp::Run.err()(error)),
-            Some(VcpuEvent::Stopped { vcpu }) => Err(Error::Host {
+            Some(VmEvent::Vcpu(VcpuEvent::Crash(crash))) => Err(Error::GuestCrash(Box::new(crash))),
+            Some(VmEvent::Vcpu(VcpuEvent::Failed { error, .. })) => Err(KvmOp::Run.err()(error)),
+            Some(VmEvent::PagerFailed(msg)) => Err(Error::PagerFailed(msg)),
+            Some(VmEvent::Vcpu(VcpuEvent::Stopped { vcpu })) => Err(Error::Host {
                 what: "run the vCPUs",
                 source: std::io::Error::other(format!(
                     "vCPU {vcpu} stopped before the guest powered off"
                 )),
             }),
-            None => Err(Error::Host {
+            Some(VmEvent::VcpuPanicked(vcpu)) => Err(Error::Host {
                 what: "run the vCPUs",
-                source: std::io::Error::other("a vCPU thread panicked"),
+                source: std::io::Error::other(format!("the thread of vCPU {vcpu} panicked")),
             }),
+            None => unreachable!("the Vm holds a sender, so the channel stays open"),
         }
     }
 
@@ -334,6 +382,7 @@ impl Vm {
                 .filter_map(|s| s.read().ok())
                 .map(|s| s.scalars())
                 .collect(),
+            pager: self.pager.as_ref().map(Pager::stats),
             vm_stats: self
                 .vm_stats
                 .as_ref()

@@ -134,6 +134,11 @@ fn main_task(_: usize) {
             exit_code::UNKNOWN_WORKLOAD
         }
     };
+    let mut r = crate::kernel::Reports::new();
+    crate::apf::report(&mut r, ctx.vcpus());
+    if !r.is_empty() {
+        r.send();
+    }
     exit(code)
 }
 

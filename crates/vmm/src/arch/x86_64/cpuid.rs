@@ -11,8 +11,9 @@ const ECX_X2APIC: u32 = 1 << 21;
 const ECX_TSC_DEADLINE: u32 = 1 << 24;
 const ECX_HYPERVISOR: u32 = 1 << 31;
 
-/// Adjust KVM's supported CPUID for vCPU `index`.
-pub fn for_vcpu(supported: &CpuId, index: u32) -> CpuId {
+/// Adjust KVM's supported CPUID for vCPU `index`, withholding the KVM PV
+/// features in `pv_withheld` (CPUID 0x4000_0001 EAX bits).
+pub fn for_vcpu(supported: &CpuId, index: u32, pv_withheld: u32) -> CpuId {
     let mut cpuid = supported.clone();
     for e in cpuid.as_mut_slice() {
         match e.function {
@@ -21,6 +22,7 @@ pub fn for_vcpu(supported: &CpuId, index: u32) -> CpuId {
                 e.ebx = (e.ebx & 0x00ff_ffff) | (index << 24);
             }
             LEAF_EXT_TOPOLOGY | LEAF_V2_EXT_TOPOLOGY => e.edx = index,
+            CPUID_KVM_FEATURES => e.eax &= !pv_withheld,
             _ => {}
         }
     }
@@ -65,7 +67,7 @@ mod tests {
 
     #[test]
     fn per_vcpu_ids_and_apic_bits() {
-        let c = for_vcpu(&table(), 3);
+        let c = for_vcpu(&table(), 3, 0);
         let leaf1 = c.as_slice().iter().find(|e| e.function == 1).unwrap();
         assert_eq!(leaf1.ebx, 0x0300_1234);
         assert_ne!(leaf1.ecx & ECX_X2APIC, 0);
@@ -75,5 +77,6 @@ mod tests {
             3
         );
         assert_eq!(pv_features(&c), 0x4010);
+        assert_eq!(pv_features(&for_vcpu(&table(), 0, 0x4000)), 0x10);
     }
 }

@@ -1,6 +1,10 @@
 //! Guest RAM: its layout in guest-physical space and its backing (anonymous
 //! memory by default, a memfd on request so another process can map it).
 
+pub mod paged;
+pub mod store;
+pub mod uffd;
+
 use std::fs::File;
 use std::io;
 use std::os::fd::FromRawFd;

@@ -1,0 +1,473 @@
+//! The pager: guest RAM larger than what the host gives it.
+//!
+//! The pageable part of guest RAM (everything above the guest image: the
+//! boot area and the guest's own code, data and stacks are never evicted) is
+//! registered with userfaultfd in MISSING mode. A fault thread reads fault
+//! addresses and queues fetches; a pool of fetch workers serves them, so many
+//! faults are in flight at once (KVM queues async page faults per vCPU):
+//! - a page never touched is zero-filled;
+//! - a page evicted earlier is read back from the page store (after the
+//!   configured extra latency, which models a slower device);
+//! - before bringing a page in over the budget, the worker evicts the oldest
+//!   resident page (FIFO): `UFFDIO_MOVE` takes it out of guest RAM atomically
+//!   (any access from then on faults and waits), its content is written to
+//!   the store and the moved page is dropped. A store error puts the page
+//!   back and stops the VM: no access is ever served wrong data.
+//!
+//! Page states: ABSENT (never touched) -> FETCHING -> RESIDENT -> EVICTING ->
+//! STORED -> FETCHING -> ... A fault that arrives while its page is being
+//! evicted marks it WANTED; the evictor queues its fetch when done.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use hover_abi::layout::PAGE_SIZE;
+use serde::Serialize;
+use vm_memory::{GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::store::{PageBuf, PageStore, StoreError};
+use super::uffd::{Uffd, FEATURE_MOVE};
+use super::GuestRam;
+
+const ABSENT: u8 = 0;
+const RESIDENT: u8 = 1;
+const FETCHING: u8 = 2;
+const EVICTING: u8 = 3;
+const STORED: u8 = 4;
+const WANTED: u8 = 0x80;
+const STATE: u8 = 0x7f;
+
+/// Fetch workers: enough to keep many faults in flight (KVM allows 64 async
+/// page faults per vCPU; beyond a few dozen the store is the bottleneck).
+pub const WORKERS: usize = 16;
+/// Resident pages a pageable region needs at the least (4 MiB).
+pub const MIN_BUDGET_PAGES: u64 = 1024;
+const HIST_BUCKETS: usize = 20;
+
+/// How guest memory is overcommitted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PagingConfig {
+    /// Most guest RAM resident at once, in bytes (guest image included).
+    pub budget: u64,
+    /// Where evicted pages go (`None`: a temporary file).
+    pub store: Option<PathBuf>,
+    /// Extra delay on every read from the store.
+    pub store_latency: Duration,
+}
+
+/// Why the pager could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum PagerError {
+    /// The page store could not be set up.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// userfaultfd (with UFFDIO_MOVE) is not available or refused a call.
+    #[error("cannot set up userfaultfd for guest memory ({what}): {source}; the pager needs Linux 6.8+ and permission to use userfaultfd (vm.unprivileged_userfaultfd or /dev/userfaultfd)")]
+    Uffd {
+        /// The call that failed.
+        what: &'static str,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// A pager thread could not start.
+    #[error("cannot start a pager thread: {0}")]
+    Thread(io::Error),
+}
+
+/// What the pager did.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PagerStats {
+    /// Pages the budget allows in the pageable region.
+    pub budget_pages: u64,
+    /// Pageable pages resident now.
+    pub resident_pages: u64,
+    /// Page faults reported by userfaultfd (repeats included).
+    pub faults: u64,
+    /// First touches served with a zero page.
+    pub zero_fills: u64,
+    /// Pages read back from the store.
+    pub store_reads: u64,
+    /// Pages evicted.
+    pub evictions: u64,
+    /// Pages written to the store.
+    pub writebacks: u64,
+    /// Evictions retried because the kernel could not move the page then.
+    pub eviction_retries: u64,
+    /// Fetch latency from fault to page in place, for pages read from the
+    /// store: bucket 0 < 1 us, bucket k in [2^(k-1), 2^k) us, last: larger.
+    pub fetch_latency_hist_us: Vec<u64>,
+    /// Mean of the above, microseconds.
+    pub fetch_latency_avg_us: f64,
+    /// Whether the store bypasses the page cache (O_DIRECT).
+    pub store_direct: bool,
+}
+
+/// A pageable range of host memory.
+struct Range {
+    host: u64,
+    len: u64,
+    gpa: u64,
+    first_page: usize,
+}
+
+struct Shared {
+    uffd: Uffd,
+    ranges: Vec<Range>,
+    states: Vec<AtomicU8>,
+    stored: Vec<AtomicBool>,
+    fifo: Mutex<VecDeque<u32>>,
+    queue: Mutex<VecDeque<(u32, Instant)>>,
+    queued: Condvar,
+    resident: AtomicU64,
+    budget: u64,
+    store: PageStore,
+    latency: Duration,
+    stop: AtomicBool,
+    faults: AtomicU64,
+    zero_fills: AtomicU64,
+    store_reads: AtomicU64,
+    evictions: AtomicU64,
+    retries: AtomicU64,
+    hist: [AtomicU64; HIST_BUCKETS],
+    latency_sum_us: AtomicU64,
+    on_failure: Box<dyn Fn(String) + Send + Sync>,
+}
+
+/// The running pager; dropping it stops its threads.
+pub struct Pager {
+    shared: Arc<Shared>,
+    wake: EventFd,
+    threads: Vec<JoinHandle<()>>,
+    staging: (u64, usize),
+}
+
+impl Shared {
+    fn page_of(&self, addr: u64) -> Option<usize> {
+        self.ranges
+            .iter()
+            .find(|r| addr >= r.host && addr < r.host + r.len)
+            .map(|r| r.first_page + ((addr - r.host) / PAGE_SIZE) as usize)
+    }
+
+    fn host_of(&self, page: usize) -> u64 {
+        let r = self.ranges.iter().rev().find(|r| page >= r.first_page).expect("page in a range");
+        r.host + (page - r.first_page) as u64 * PAGE_SIZE
+    }
+
+    fn gpa_of(&self, page: usize) -> u64 {
+        let r = self.ranges.iter().rev().find(|r| page >= r.first_page).expect("page in a range");
+        r.gpa + (page - r.first_page) as u64 * PAGE_SIZE
+    }
+
+    fn enqueue(&self, page: usize, at: Instant) {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner()).push_back((page as u32, at));
+        self.queued.notify_one();
+    }
+
+    fn fail(&self, msg: String) {
+        tracing::error!("{msg}");
+        (self.on_failure)(msg);
+    }
+
+    /// A fault on `page`: fetch it unless that is under way already.
+    fn on_fault(&self, page: usize, at: Instant) {
+        let st = &self.states[page];
+        loop {
+            let s = st.load(Ordering::Acquire);
+            let next = match s & STATE {
+                ABSENT | STORED => FETCHING,
+                EVICTING if s & WANTED == 0 => s | WANTED,
+                RESIDENT => {
+                    // Fetched between the fault and now: make sure the
+                    // faulting thread is not left waiting.
+                    let _ = self.uffd.wake(self.host_of(page), PAGE_SIZE);
+                    return;
+                }
+                _ => return,
+            };
+            if st.compare_exchange(s, next, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                if next == FETCHING {
+                    self.enqueue(page, at);
+                }
+                return;
+            }
+        }
+    }
+
+    /// Evict the oldest resident page into `staging`. `false`: nothing more
+    /// can be evicted now.
+    fn evict_one(&self, staging: u64) -> bool {
+        let Some(v) = self.fifo.lock().unwrap_or_else(|p| p.into_inner()).pop_front() else {
+            return false;
+        };
+        let v = v as usize;
+        let st = &self.states[v];
+        if st.compare_exchange(RESIDENT, EVICTING, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            return true;
+        }
+        let host = self.host_of(v);
+        if let Err(e) = self.uffd.move_pages(staging, host, PAGE_SIZE) {
+            // EBUSY/EAGAIN: the page is briefly pinned or shared; try others.
+            st.store(RESIDENT, Ordering::Release);
+            self.fifo.lock().unwrap_or_else(|p| p.into_inner()).push_back(v as u32);
+            self.retries.fetch_add(1, Ordering::Relaxed);
+            return matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::EAGAIN));
+        }
+        if let Err(e) = self.store.write_raw(v as u64, staging as *const u8) {
+            // Put the page back: its only copy is in staging.
+            let back = self.uffd.move_pages(host, staging, PAGE_SIZE);
+            st.store(RESIDENT, Ordering::Release);
+            self.fifo.lock().unwrap_or_else(|p| p.into_inner()).push_back(v as u32);
+            let gpa = self.gpa_of(v);
+            self.fail(match back {
+                Ok(()) => format!("page store write of guest page {gpa:#x} failed: {e}"),
+                Err(b) => format!("page store write of guest page {gpa:#x} failed ({e}) and restoring it failed ({b})"),
+            });
+            return false;
+        }
+        // SAFETY: staging is our own mapping; its page was just written out.
+        unsafe { libc::madvise(staging as *mut libc::c_void, PAGE_SIZE as usize, libc::MADV_DONTNEED) };
+        self.stored[v].store(true, Ordering::Release);
+        self.resident.fetch_sub(1, Ordering::AcqRel);
+        self.evictions.fetch_add(1, Ordering::Relaxed);
+        if st.swap(STORED, Ordering::AcqRel) & WANTED != 0
+            && st.compare_exchange(STORED, FETCHING, Ordering::AcqRel, Ordering::Acquire).is_ok()
+        {
+            self.enqueue(v, Instant::now());
+        }
+        true
+    }
+
+    /// Bring `page` in (it is FETCHING and ours).
+    fn fetch(&self, page: usize, since: Instant, buf: &mut PageBuf, staging: u64) {
+        while self.resident.load(Ordering::Acquire) >= self.budget && self.evict_one(staging) {}
+        let from_store = self.stored[page].load(Ordering::Acquire);
+        if from_store {
+            if !self.latency.is_zero() {
+                thread::sleep(self.latency);
+            }
+            if let Err(e) = self.store.read(page as u64, buf) {
+                // The faulting access stays blocked; the VM is stopped.
+                self.fail(format!("page store read of guest page {:#x} failed: {e}", self.gpa_of(page)));
+                return;
+            }
+        } else {
+            buf.0.fill(0);
+        }
+        match self.uffd.copy(self.host_of(page), buf.0.as_ptr(), PAGE_SIZE) {
+            Ok(_) => {
+                self.resident.fetch_add(1, Ordering::AcqRel);
+                self.states[page].store(RESIDENT, Ordering::Release);
+                self.fifo.lock().unwrap_or_else(|p| p.into_inner()).push_back(page as u32);
+            }
+            Err(e) => {
+                self.fail(format!("cannot map guest page {:#x} (UFFDIO_COPY): {e}", self.gpa_of(page)));
+                return;
+            }
+        }
+        if from_store {
+            let us = since.elapsed().as_micros() as u64;
+            self.store_reads.fetch_add(1, Ordering::Relaxed);
+            self.latency_sum_us.fetch_add(us, Ordering::Relaxed);
+            let bucket = if us == 0 { 0 } else { (64 - us.leading_zeros() as usize).min(HIST_BUCKETS - 1) };
+            self.hist[bucket].fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.zero_fills.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+fn fault_loop(sh: Arc<Shared>, wake: RawEventFd) {
+    let mut addrs = Vec::new();
+    loop {
+        let mut fds = [
+            libc::pollfd { fd: sh.uffd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: wake.0, events: libc::POLLIN, revents: 0 },
+        ];
+        // SAFETY: two valid pollfds; the result is checked.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if sh.stop.load(Ordering::Acquire) {
+            return;
+        }
+        if rc < 0 {
+            continue;
+        }
+        addrs.clear();
+        if let Err(e) = sh.uffd.read_faults(&mut addrs) {
+            sh.fail(format!("reading guest page faults from userfaultfd failed: {e}"));
+            return;
+        }
+        let now = Instant::now();
+        sh.faults.fetch_add(addrs.len() as u64, Ordering::Relaxed);
+        for &a in &addrs {
+            match sh.page_of(a) {
+                Some(p) => sh.on_fault(p, now),
+                None => tracing::warn!("userfaultfd fault at {a:#x}, outside pageable guest memory"),
+            }
+        }
+    }
+}
+
+fn worker_loop(sh: Arc<Shared>, staging: u64) {
+    // Sleeps model device latency; Linux's default 50 us timer slack would add to each.
+    // SAFETY: PR_SET_TIMERSLACK takes a plain integer and affects only this thread.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
+    let mut buf = PageBuf::new();
+    loop {
+        let item = {
+            let mut q = sh.queue.lock().unwrap_or_else(|p| p.into_inner());
+            loop {
+                if sh.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                if let Some(item) = q.pop_front() {
+                    break item;
+                }
+                q = sh.queued.wait(q).unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        sh.fetch(item.0 as usize, item.1, &mut buf, staging);
+    }
+}
+
+#[derive(Clone, Copy)]
+struct RawEventFd(i32);
+
+impl Pager {
+    /// Page guest RAM above `pinned_end` (guest-physical) under `config`,
+    /// calling `on_failure` if a page cannot be served.
+    pub fn start(
+        ram: &GuestRam,
+        pinned_end: u64,
+        config: &PagingConfig,
+        on_failure: Box<dyn Fn(String) + Send + Sync>,
+    ) -> Result<Pager, PagerError> {
+        let uffd_err = |what| move |source| PagerError::Uffd { what, source };
+        let uffd = Uffd::new(FEATURE_MOVE).map_err(uffd_err("open with UFFDIO_MOVE"))?;
+        let mut ranges = Vec::new();
+        let mut pages = 0usize;
+        for region in ram.memory().iter() {
+            let (gpa, len) = (region.start_addr().0, region.len());
+            let start = pinned_end.clamp(gpa, gpa + len);
+            if start >= gpa + len {
+                continue;
+            }
+            let host = region
+                .get_host_address(MemoryRegionAddress(start - gpa))
+                .map_err(|e| PagerError::Uffd { what: "find guest memory", source: io::Error::other(e.to_string()) })?
+                as u64;
+            let rlen = gpa + len - start;
+            // SAFETY: advice on our own guest mapping; 4 KiB pages are what the pager moves.
+            unsafe { libc::madvise(host as *mut libc::c_void, rlen as usize, libc::MADV_NOHUGEPAGE) };
+            uffd.register_missing(host, rlen).map_err(uffd_err("register guest memory"))?;
+            ranges.push(Range { host, len: rlen, gpa: start, first_page: pages });
+            pages += (rlen / PAGE_SIZE) as usize;
+        }
+        let pinned_pages = pinned_end.div_ceil(PAGE_SIZE);
+        let budget = (config.budget / PAGE_SIZE).saturating_sub(pinned_pages).max(1);
+        let evictable = (pages as u64).saturating_sub(budget) * PAGE_SIZE;
+        let store = PageStore::create(config.store.as_deref(), evictable)?;
+        // One staging page per worker, registered too (UFFDIO_MOVE's destination must be).
+        let staging_len = WORKERS * PAGE_SIZE as usize;
+        // SAFETY: a fresh anonymous mapping, checked below.
+        let staging = unsafe {
+            libc::mmap(std::ptr::null_mut(), staging_len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        };
+        if staging == libc::MAP_FAILED {
+            return Err(PagerError::Uffd { what: "map staging pages", source: io::Error::last_os_error() });
+        }
+        let staging = staging as u64;
+        // SAFETY: as above.
+        unsafe { libc::madvise(staging as *mut libc::c_void, staging_len, libc::MADV_NOHUGEPAGE) };
+        let mut pager = Pager {
+            shared: Arc::new(Shared {
+                uffd,
+                ranges,
+                states: (0..pages).map(|_| AtomicU8::new(ABSENT)).collect(),
+                stored: (0..pages).map(|_| AtomicBool::new(false)).collect(),
+                fifo: Mutex::new(VecDeque::new()),
+                queue: Mutex::new(VecDeque::new()),
+                queued: Condvar::new(),
+                resident: AtomicU64::new(0),
+                budget,
+                store,
+                latency: config.store_latency,
+                stop: AtomicBool::new(false),
+                faults: AtomicU64::new(0),
+                zero_fills: AtomicU64::new(0),
+                store_reads: AtomicU64::new(0),
+                evictions: AtomicU64::new(0),
+                retries: AtomicU64::new(0),
+                hist: [const { AtomicU64::new(0) }; HIST_BUCKETS],
+                latency_sum_us: AtomicU64::new(0),
+                on_failure,
+            }),
+            wake: EventFd::new(libc::EFD_NONBLOCK).map_err(PagerError::Thread)?,
+            threads: Vec::new(),
+            staging: (staging, staging_len),
+        };
+        pager.shared.uffd.register_missing(staging, staging_len as u64).map_err(uffd_err("register staging pages"))?;
+        let sh = pager.shared.clone();
+        let wake = RawEventFd(pager.wake.as_raw_fd());
+        pager.threads.push(
+            thread::Builder::new().name("pager-faults".into()).spawn(move || fault_loop(sh, wake)).map_err(PagerError::Thread)?,
+        );
+        for i in 0..WORKERS {
+            let sh = pager.shared.clone();
+            let page = staging + i as u64 * PAGE_SIZE;
+            pager.threads.push(
+                thread::Builder::new()
+                    .name(format!("pager-{i}"))
+                    .spawn(move || worker_loop(sh, page))
+                    .map_err(PagerError::Thread)?,
+            );
+        }
+        tracing::debug!(pages, budget, store = %pager.shared.store.path().display(), "pager started");
+        Ok(pager)
+    }
+
+    /// What the pager has done so far.
+    pub fn stats(&self) -> PagerStats {
+        let sh = &self.shared;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let reads = load(&sh.store_reads);
+        PagerStats {
+            budget_pages: sh.budget,
+            resident_pages: load(&sh.resident),
+            faults: load(&sh.faults),
+            zero_fills: load(&sh.zero_fills),
+            store_reads: reads,
+            evictions: load(&sh.evictions),
+            writebacks: load(&sh.evictions),
+            eviction_retries: load(&sh.retries),
+            fetch_latency_hist_us: sh.hist.iter().map(load).collect(),
+            fetch_latency_avg_us: if reads == 0 { 0.0 } else { load(&sh.latency_sum_us) as f64 / reads as f64 },
+            store_direct: sh.store.is_direct(),
+        }
+    }
+
+    /// Stop the pager's threads (faults still pending stay unserved).
+    pub fn stop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        let _ = self.wake.write(1);
+        self.shared.queued.notify_all();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Pager {
+    fn drop(&mut self) {
+        self.stop();
+        // SAFETY: unmapping the staging pages we mapped; no thread uses them now.
+        unsafe { libc::munmap(self.staging.0 as *mut libc::c_void, self.staging.1) };
+    }
+}

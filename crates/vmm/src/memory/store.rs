@@ -1,0 +1,177 @@
+//! The page store: where evicted guest pages live, one 4 KiB slot per guest
+//! page at offset `page_index * 4096` of a (sparse) file. Opened with
+//! O_DIRECT where the file system allows it, so that a read costs what the
+//! device costs rather than a page-cache hit.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use hover_abi::layout::PAGE_SIZE;
+
+/// A page-aligned page buffer, as O_DIRECT requires.
+#[repr(C, align(4096))]
+pub struct PageBuf(pub [u8; PAGE_SIZE as usize]);
+
+impl PageBuf {
+    /// A zeroed buffer on the heap.
+    pub fn new() -> Box<PageBuf> {
+        Box::new(PageBuf([0; PAGE_SIZE as usize]))
+    }
+}
+
+/// Why the page store could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Creating or writing the file failed.
+    #[error("page store {}: cannot create or write it: {source}", .path.display())]
+    Unwritable {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// Not enough free space for every page that can be evicted.
+    #[error("page store {}: {} MiB free on its file system, but up to {} MiB of guest memory may be evicted there", .path.display(), .free >> 20, .needed >> 20)]
+    Full {
+        /// The file.
+        path: PathBuf,
+        /// Free bytes.
+        free: u64,
+        /// Bytes that may be needed.
+        needed: u64,
+    },
+}
+
+/// An open page store; the file is removed when the store is dropped.
+pub struct PageStore {
+    file: File,
+    path: PathBuf,
+    direct: bool,
+}
+
+/// Where a temporary store goes by default: /var/tmp (a disk, usually) rather
+/// than /tmp (often tmpfs, where O_DIRECT is refused and reads cost nothing).
+pub fn default_dir() -> PathBuf {
+    let var_tmp = Path::new("/var/tmp");
+    if var_tmp.is_dir() {
+        var_tmp.into()
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+impl PageStore {
+    /// Create the store at `path` (a file to create, or a directory to create
+    /// a file in; `None`: a temporary file in [`default_dir`]), with room for
+    /// `capacity` bytes of evicted pages.
+    pub fn create(path: Option<&Path>, capacity: u64) -> Result<Self, StoreError> {
+        let path = match path {
+            Some(p) if p.is_dir() => unique_in(p),
+            Some(p) => p.to_path_buf(),
+            None => unique_in(&default_dir()),
+        };
+        let unwritable = |source| StoreError::Unwritable { path: path.clone(), source };
+        let open = |direct: bool| {
+            let mut o = OpenOptions::new();
+            o.read(true).write(true).create(true).truncate(true);
+            if direct {
+                o.custom_flags(libc::O_DIRECT);
+            }
+            o.open(&path)
+        };
+        let (file, direct) = match open(true) {
+            Ok(f) => (f, true),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                tracing::warn!("page store {}: O_DIRECT refused (tmpfs?), using buffered I/O", path.display());
+                (open(false).map_err(unwritable)?, false)
+            }
+            Err(e) => return Err(unwritable(e)),
+        };
+        let store = PageStore { file, path: path.clone(), direct };
+        // Prove the file takes writes now rather than at the first eviction.
+        store.write(0, &PageBuf::new()).map_err(unwritable)?;
+        let free = free_bytes(&store.file).map_err(unwritable)?;
+        if free < capacity {
+            return Err(StoreError::Full { path, free, needed: capacity });
+        }
+        Ok(store)
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether reads and writes bypass the page cache.
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    /// Read slot `index` into `buf`.
+    pub fn read(&self, index: u64, buf: &mut PageBuf) -> io::Result<()> {
+        self.file.read_exact_at(&mut buf.0, index * PAGE_SIZE)
+    }
+
+    /// Write `buf` to slot `index`.
+    pub fn write(&self, index: u64, buf: &PageBuf) -> io::Result<()> {
+        self.write_raw(index, buf.0.as_ptr())
+    }
+
+    /// Write the page at `src` (page-aligned, readable) to slot `index`.
+    pub fn write_raw(&self, index: u64, src: *const u8) -> io::Result<()> {
+        // SAFETY: the caller passes a readable, page-aligned page.
+        let page = unsafe { std::slice::from_raw_parts(src, PAGE_SIZE as usize) };
+        self.file.write_all_at(page, index * PAGE_SIZE)
+    }
+}
+
+impl Drop for PageStore {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn unique_in(dir: &Path) -> PathBuf {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    dir.join(format!("hover-pages-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)))
+}
+
+fn free_bytes(file: &File) -> io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: statvfs is plain data, filled by the kernel; the result is checked.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstatvfs(file.as_raw_fd(), &mut s) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(s.f_bavail as u64 * s.f_frsize as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages_round_trip_and_the_file_goes_away() {
+        let store = PageStore::create(None, 1 << 20).unwrap();
+        let path = store.path().to_path_buf();
+        let mut page = PageBuf::new();
+        page.0[7] = 42;
+        store.write(3, &page).unwrap();
+        let mut back = PageBuf::new();
+        store.read(3, &mut back).unwrap();
+        assert_eq!(back.0[7], 42);
+        drop(store);
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn bad_stores_are_refused() {
+        let e = PageStore::create(Some(Path::new("/proc/hover-no-such-store")), 0).err().unwrap();
+        assert!(e.to_string().contains("cannot create or write"), "{e}");
+        let e = PageStore::create(None, u64::MAX).err().unwrap();
+        assert!(e.to_string().contains("may be evicted there"), "{e}");
+    }
+}
