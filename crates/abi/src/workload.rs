@@ -156,6 +156,20 @@ pub const WORKLOADS: &[WorkloadSpec] = &[
         ],
     },
     WorkloadSpec {
+        name: "bm",
+        help: "the async-PF seed's benchmark: faulting tasks write random pages of a prefaulted array, working tasks count; reports bm.worker.N, bm.work_total",
+        params: &[
+            num("faulting", "tasks writing random pages of the array", 0, 30, 4),
+            num("working", "tasks incrementing a counter", 0, 30, 4),
+            ParamSpec {
+                name: "memory",
+                help: "size of the array the faulting tasks write (K, M, G suffixes)",
+                kind: ParamKind::Size { min: 1 << 20, max: 64 << 30, default: 256 << 20 },
+            },
+            num("seconds", "how long the tasks run (after prefaulting)", 1, 3600, 10),
+        ],
+    },
+    WorkloadSpec {
         name: "pingpong",
         help: "tasks on vCPU 0 and the last vCPU wake each other through events; reports the round trip",
         params: &[num("rounds", "number of round trips", 1, 10_000_000, 10_000)],

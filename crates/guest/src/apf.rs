@@ -8,13 +8,13 @@
 //! which retries its access. A ready that arrives before its task was parked
 //! is remembered; the broadcast token wakes every parked task.
 
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use hover_abi::boot::BootInfo;
 use hover_abi::layout::MAX_VCPUS;
 use hover_abi::pv::{
-    ASYNC_PF_BROADCAST_TOKEN, ASYNC_PF_DELIVERY_AS_INT, ASYNC_PF_ENABLED, FEATURE_ASYNC_PF, FEATURE_ASYNC_PF_INT,
-    MSR_KVM_ASYNC_PF_EN, MSR_KVM_ASYNC_PF_INT,
+    ASYNC_PF_BROADCAST_TOKEN, ASYNC_PF_DELIVERY_AS_INT, ASYNC_PF_ENABLED, FEATURE_ASYNC_PF,
+    FEATURE_ASYNC_PF_INT, MSR_KVM_ASYNC_PF_EN, MSR_KVM_ASYNC_PF_INT,
 };
 use hover_abi::vectors;
 
@@ -22,24 +22,33 @@ use crate::kernel::Reports;
 use crate::percpu::{self, PerCpu, APF_RING};
 use crate::sched::{self, MAX_TASKS};
 use crate::sync::SpinLock;
-use crate::nub;
+use crate::{clock, nub};
 
 const EARLY: usize = 64;
 
 /// One vCPU's parked tasks and early "page ready" tokens.
 struct Waits {
-    parked: [(u32, usize); MAX_TASKS],
+    /// Parked tasks: token, task, TSC when parked.
+    parked: [(u32, usize, u64); MAX_TASKS],
     parked_len: usize,
     early: [u32; EARLY],
     early_len: usize,
 }
 
 impl Waits {
-    const EMPTY: Waits = Waits { parked: [(0, 0); MAX_TASKS], parked_len: 0, early: [0; EARLY], early_len: 0 };
+    const EMPTY: Waits = Waits {
+        parked: [(0, 0, 0); MAX_TASKS],
+        parked_len: 0,
+        early: [0; EARLY],
+        early_len: 0,
+    };
 }
 
 static WAITS: [SpinLock<Waits>; MAX_VCPUS] = [const { SpinLock::new(Waits::EMPTY) }; MAX_VCPUS];
 static ENABLED: AtomicBool = AtomicBool::new(false);
+/// TSC ticks tasks spent parked, and how many parkings ended by "page ready".
+static WAITED: AtomicU64 = AtomicU64::new(0);
+static WAITS_DONE: AtomicU64 = AtomicU64::new(0);
 
 /// Turn async page faults on for this vCPU if the monitor offers them
 /// (ASYNC_PF and ASYNC_PF_INT in the boot-info page). Call after the LAPIC
@@ -51,7 +60,10 @@ pub fn enable(pc: &PerCpu, boot: &BootInfo) -> bool {
     }
     nub::wrmsr(MSR_KVM_ASYNC_PF_INT, vectors::ASYNC_PF_READY as u64);
     let area = &pc.apf_area as *const _ as u64;
-    nub::wrmsr(MSR_KVM_ASYNC_PF_EN, area | ASYNC_PF_ENABLED | ASYNC_PF_DELIVERY_AS_INT);
+    nub::wrmsr(
+        MSR_KVM_ASYNC_PF_EN,
+        area | ASYNC_PF_ENABLED | ASYNC_PF_DELIVERY_AS_INT,
+    );
     ENABLED.store(true, Ordering::Relaxed);
     true
 }
@@ -72,7 +84,7 @@ pub fn park(token: u32) {
         }
         sched::mark_blocked(me);
         let n = w.parked_len;
-        w.parked[n] = (token, me);
+        w.parked[n] = (token, me, clock::now());
         w.parked_len += 1;
     }
     sched::block();
@@ -93,14 +105,19 @@ pub fn process_ready(pc: &PerCpu) {
             let token = pc.apf_ready_ring[(tail as usize) % APF_RING].load(Ordering::Relaxed);
             tail += 1;
             if token == ASYNC_PF_BROADCAST_TOKEN {
-                for &(_, task) in &w.parked[..w.parked_len] {
+                for &(_, task, _) in &w.parked[..w.parked_len] {
                     wake[n] = task;
                     n += 1;
                 }
                 w.parked_len = 0;
-            } else if let Some(i) = w.parked[..w.parked_len].iter().position(|&(t, _)| t == token) {
+            } else if let Some(i) = w.parked[..w.parked_len]
+                .iter()
+                .position(|&(t, _, _)| t == token)
+            {
                 wake[n] = w.parked[i].1;
                 n += 1;
+                WAITED.fetch_add(clock::now() - w.parked[i].2, Ordering::Relaxed);
+                WAITS_DONE.fetch_add(1, Ordering::Relaxed);
                 let last = w.parked_len - 1;
                 w.parked[i] = w.parked[last];
                 w.parked_len = last;
@@ -123,13 +140,35 @@ pub fn process_ready(pc: &PerCpu) {
     }
 }
 
+/// Start the parked-time statistic afresh (a workload's measured phase begins).
+pub fn reset_parked_time() {
+    WAITED.store(0, Ordering::Relaxed);
+    WAITS_DONE.store(0, Ordering::Relaxed);
+}
+
 /// Add the guest's async-PF counters (all vCPUs) to `r`, if async PF is on.
 pub fn report(r: &mut Reports, vcpus: usize) {
     if !ENABLED.load(Ordering::Relaxed) {
         return;
     }
     let sum = |f: fn(&PerCpu) -> u64| (0..vcpus).map(|c| f(percpu::of(c))).sum::<u64>();
-    r.u64(format_args!("apf.not_present"), sum(|p| p.apf_not_present.load(Ordering::Relaxed)));
-    r.u64(format_args!("apf.ready"), sum(|p| p.apf_ready.load(Ordering::Relaxed)));
-    r.u64(format_args!("apf.sync_faults"), sum(|p| p.apf_sync.load(Ordering::Relaxed)));
+    r.u64(
+        format_args!("apf.not_present"),
+        sum(|p| p.apf_not_present.load(Ordering::Relaxed)),
+    );
+    r.u64(
+        format_args!("apf.ready"),
+        sum(|p| p.apf_ready.load(Ordering::Relaxed)),
+    );
+    r.u64(
+        format_args!("apf.sync_faults"),
+        sum(|p| p.apf_sync.load(Ordering::Relaxed)),
+    );
+    let done = WAITS_DONE.load(Ordering::Relaxed);
+    let waited = WAITED.load(Ordering::Relaxed);
+    r.u64(format_args!("apf.parked"), done);
+    r.u64(
+        format_args!("apf.parked_avg_us"),
+        clock::ticks_to_ns(waited.checked_div(done).unwrap_or(0)) / 1000,
+    );
 }

@@ -163,7 +163,11 @@ const EMPTY: PerCpu = PerCpu {
     apf_not_present: AtomicU64::new(0),
     apf_ready: AtomicU64::new(0),
     apf_sync: AtomicU64::new(0),
-    apf_area: ApfArea { flags: AtomicU32::new(0), token: AtomicU32::new(0), pad: [0; 14] },
+    apf_area: ApfArea {
+        flags: AtomicU32::new(0),
+        token: AtomicU32::new(0),
+        pad: [0; 14],
+    },
     crash: UnsafeCell::new(CrashFrame {
         vector: 0,
         error: 0,

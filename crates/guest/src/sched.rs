@@ -10,7 +10,7 @@
 
 use core::arch::global_asm;
 use core::cell::UnsafeCell;
-use core::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use hover_abi::layout::MAX_VCPUS;
 use hover_abi::vectors;
@@ -104,6 +104,14 @@ impl RunQueue {
         self.len += 1;
     }
 
+    /// Queue a task that has just woken ahead of those that used up a slice.
+    fn push_front(&mut self, id: usize) {
+        assert!(self.len < MAX_TASKS, "run queue overflow");
+        self.head = (self.head + MAX_TASKS - 1) % MAX_TASKS;
+        self.ring[self.head] = id as u8;
+        self.len += 1;
+    }
+
     fn pop(&mut self) -> Option<usize> {
         (self.len > 0).then(|| {
             let id = self.ring[self.head] as usize;
@@ -188,9 +196,16 @@ pub fn block() {
     schedule(Reason::Block);
 }
 
-/// Make a blocked task runnable on its home vCPU. Waking a task that is not
-/// blocked does nothing (its event or deadline is then seen without waiting).
+/// Make a blocked task runnable on its home vCPU, ahead of the tasks that
+/// were preempted (it has not used its slice: a task woken from a page-in or
+/// an event runs promptly, as a sleeper would on Linux). Waking a task that
+/// is not blocked does nothing (its event or deadline is then seen without
+/// waiting).
 pub fn wake(id: usize) {
+    make_runnable(id, true);
+}
+
+fn make_runnable(id: usize, front: bool) {
     let t = task(id);
     if t.state
         .compare_exchange(BLOCKED, RUNNABLE, Ordering::SeqCst, Ordering::SeqCst)
@@ -199,12 +214,29 @@ pub fn wake(id: usize) {
         return;
     }
     let home = t.home.load(Ordering::Relaxed);
-    RUNQUEUES[home].lock().push(id);
+    {
+        let mut rq = RUNQUEUES[home].lock();
+        if front {
+            rq.push_front(id);
+        } else {
+            rq.push(id);
+        }
+    }
     kick(home);
 }
 
+/// Per vCPU: inside schedule(), handing out wake-ups it will itself act on.
+static SCHEDULING: [AtomicBool; MAX_VCPUS] = [const { AtomicBool::new(false) }; MAX_VCPUS];
+
 /// Tell `cpu` it has work; interrupt it if it is halted.
 fn kick(cpu: usize) {
+    let here = percpu::cpu_index() == Some(cpu);
+    if here && SCHEDULING[cpu].load(Ordering::Relaxed) {
+        // The scheduler is about to pick from this run queue anyway; a
+        // reschedule request now would make it switch once more, away from
+        // the task it just woke.
+        return;
+    }
     let target = percpu::of(cpu);
     target.need_resched.store(1, Ordering::SeqCst);
     // Pairs with the idle loop's store of `halted` before its last look at
@@ -250,7 +282,7 @@ pub fn spawn(entry: fn(usize), arg: usize, placement: Placement) -> Result<usize
     t.home.store(home, Ordering::Relaxed);
     LOAD[home].fetch_add(1, Ordering::Relaxed);
     t.state.store(BLOCKED, Ordering::SeqCst);
-    wake(id);
+    make_runnable(id, false);
     Ok(id)
 }
 
@@ -305,9 +337,11 @@ fn schedule(reason: Reason) {
     debug_assert_eq!(pc.preempt_count.load(Ordering::Relaxed), 1);
     let cpu = pc.index();
     pc.need_resched.store(0, Ordering::Relaxed);
+    SCHEDULING[cpu].store(true, Ordering::Relaxed);
     irq::process_pending(pc);
     apf::process_ready(pc);
     timer::expire(cpu);
+    SCHEDULING[cpu].store(false, Ordering::Relaxed);
     let prev = pc.current.load(Ordering::Relaxed);
     let idle = idle_of(cpu);
     let next = {

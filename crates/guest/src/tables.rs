@@ -59,7 +59,8 @@ pub fn init_idt() {
     }
     idt[NUB_VECTOR] = Gate::interrupt(nub::hover_nub_call as *const () as u64, 3);
     idt[PAGE_FAULT_VECTOR] = Gate::interrupt(nub::hover_page_fault as *const () as u64, 0);
-    idt[vectors::ASYNC_PF_READY as usize] = Gate::interrupt(nub::hover_apf_ready as *const () as u64, 0);
+    idt[vectors::ASYNC_PF_READY as usize] =
+        Gate::interrupt(nub::hover_apf_ready as *const () as u64, 0);
     idt[vectors::TIMER as usize] = Gate::interrupt(nub::hover_timer_irq as *const () as u64, 0);
     idt[vectors::RESCHED as usize] = Gate::interrupt(nub::hover_resched_irq as *const () as u64, 0);
     let devices = nub::hover_device_stubs as *const () as u64;

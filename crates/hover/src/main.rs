@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use hover_vmm::config::{
-    parse_console, parse_duration, parse_size, ConsoleTarget, GuestImage, MemoryBackend, PagingConfig, VmConfig,
+    parse_console, parse_duration, parse_size, ConsoleTarget, GuestImage, MemoryBackend,
+    PagingConfig, VmConfig,
 };
 use hover_vmm::{Error, Vm};
 

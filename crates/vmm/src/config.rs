@@ -220,7 +220,10 @@ impl VmConfig {
         }
         if let Some(p) = &self.paging {
             if p.budget > self.memory {
-                return Err(ConfigError::BudgetOverMemory { budget: p.budget, memory: self.memory });
+                return Err(ConfigError::BudgetOverMemory {
+                    budget: p.budget,
+                    memory: self.memory,
+                });
             }
             if !p.budget.is_multiple_of(PAGE_SIZE) {
                 return Err(ConfigError::BudgetUnaligned(p.budget));
@@ -371,12 +374,25 @@ mod tests {
     fn paging_values_are_checked() {
         let paged = |memory: u64, budget: u64| VmConfig {
             memory,
-            paging: Some(PagingConfig { budget, store: None, store_latency: std::time::Duration::ZERO }),
+            paging: Some(PagingConfig {
+                budget,
+                store: None,
+                store_latency: std::time::Duration::ZERO,
+            }),
             ..VmConfig::default()
         };
-        assert!(matches!(paged(64 << 20, 128 << 20).validate(), Err(ConfigError::BudgetOverMemory { .. })));
-        assert!(matches!(paged(64 << 20, 1000).validate(), Err(ConfigError::BudgetUnaligned(1000))));
-        let memfd = VmConfig { memory_backend: MemoryBackend::Memfd, ..paged(64 << 20, 32 << 20) };
+        assert!(matches!(
+            paged(64 << 20, 128 << 20).validate(),
+            Err(ConfigError::BudgetOverMemory { .. })
+        ));
+        assert!(matches!(
+            paged(64 << 20, 1000).validate(),
+            Err(ConfigError::BudgetUnaligned(1000))
+        ));
+        let memfd = VmConfig {
+            memory_backend: MemoryBackend::Memfd,
+            ..paged(64 << 20, 32 << 20)
+        };
         assert_eq!(memfd.validate(), Err(ConfigError::PagingNeedsAnonymous));
         paged(256 << 20, 64 << 20).validate().unwrap();
     }

@@ -24,12 +24,12 @@ use crate::devices::serial::{ConsoleSink, SerialConsole};
 use crate::devices::Devices;
 use crate::memory::paged::{Pager, PagerStats, MIN_BUDGET_PAGES};
 use crate::memory::GuestRam;
-use hover_abi::layout::PAGE_SIZE;
-use hover_abi::pv::{FEATURE_ASYNC_PF, FEATURE_ASYNC_PF_INT, FEATURE_ASYNC_PF_VMEXIT};
 use crate::report::{self, ReportEntry};
 use crate::stats::KvmStats;
 use crate::vcpu::{self, Vcpu, VcpuEvent};
 use crate::{Error, KvmOp};
+use hover_abi::layout::PAGE_SIZE;
+use hover_abi::pv::{FEATURE_ASYNC_PF, FEATURE_ASYNC_PF_INT, FEATURE_ASYNC_PF_VMEXIT};
 
 /// The COM1 interrupt line on the IOAPIC.
 const COM1_GSI: u32 = 4;
@@ -126,7 +126,11 @@ impl Vm {
         if let Some(p) = &config.paging {
             let minimum = layout.end + MIN_BUDGET_PAGES * PAGE_SIZE;
             if p.budget < minimum {
-                return Err(ConfigError::BudgetTooSmall { budget: p.budget, minimum }.into());
+                return Err(ConfigError::BudgetTooSmall {
+                    budget: p.budget,
+                    minimum,
+                }
+                .into());
             }
         }
 
@@ -158,7 +162,11 @@ impl Vm {
         if config.async_pf && !apf_offered {
             return Err(ConfigError::AsyncPfUnsupported.into());
         }
-        let pv_withheld = if config.async_pf { 0 } else { apf_bits | FEATURE_ASYNC_PF_VMEXIT };
+        let pv_withheld = if config.async_pf {
+            0
+        } else {
+            apf_bits | FEATURE_ASYNC_PF_VMEXIT
+        };
         let mut vcpus = Vec::with_capacity(config.vcpus as usize);
         for i in 0..config.vcpus {
             let vcpu = Vcpu::new(&fd, i)?;
@@ -211,7 +219,10 @@ impl Vm {
             Some(p) => {
                 let tx = Mutex::new(events.clone());
                 let on_failure = Box::new(move |msg: String| {
-                    let _ = tx.lock().unwrap_or_else(|p| p.into_inner()).send(VmEvent::PagerFailed(msg));
+                    let _ = tx
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .send(VmEvent::PagerFailed(msg));
                 });
                 Some(Pager::start(&ram, layout.end, p, on_failure)?)
             }
@@ -274,7 +285,8 @@ impl Vm {
                 .name(format!("vcpu{index}"))
                 .spawn(move || {
                     let run = std::panic::AssertUnwindSafe(|| vcpu.run(devices, stop));
-                    let event = std::panic::catch_unwind(run).map_or(VmEvent::VcpuPanicked(index), VmEvent::Vcpu);
+                    let event = std::panic::catch_unwind(run)
+                        .map_or(VmEvent::VcpuPanicked(index), VmEvent::Vcpu);
                     let _ = tx.send(event);
                 })
                 .map_err(|source| Error::Host {

@@ -5,6 +5,7 @@
 //! vCPU 0 spawns the workload's main task, which may spawn more tasks; its
 //! return value is the VM's exit code.
 
+mod bm;
 mod ctxsw;
 mod exception;
 mod hello;
@@ -116,6 +117,7 @@ fn main_task(_: usize) {
     };
     let code = match spec.name {
         "hello" => hello::run(&ctx),
+        "bm" => bm::run(&ctx),
         "spin" => spin::run(&ctx),
         "memtouch" => memtouch::run(&ctx),
         "timer" => timer::run(&ctx),

@@ -157,17 +157,30 @@ impl Shared {
     }
 
     fn host_of(&self, page: usize) -> u64 {
-        let r = self.ranges.iter().rev().find(|r| page >= r.first_page).expect("page in a range");
+        let r = self
+            .ranges
+            .iter()
+            .rev()
+            .find(|r| page >= r.first_page)
+            .expect("page in a range");
         r.host + (page - r.first_page) as u64 * PAGE_SIZE
     }
 
     fn gpa_of(&self, page: usize) -> u64 {
-        let r = self.ranges.iter().rev().find(|r| page >= r.first_page).expect("page in a range");
+        let r = self
+            .ranges
+            .iter()
+            .rev()
+            .find(|r| page >= r.first_page)
+            .expect("page in a range");
         r.gpa + (page - r.first_page) as u64 * PAGE_SIZE
     }
 
     fn enqueue(&self, page: usize, at: Instant) {
-        self.queue.lock().unwrap_or_else(|p| p.into_inner()).push_back((page as u32, at));
+        self.queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_back((page as u32, at));
         self.queued.notify_one();
     }
 
@@ -192,7 +205,10 @@ impl Shared {
                 }
                 _ => return,
             };
-            if st.compare_exchange(s, next, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            if st
+                .compare_exchange(s, next, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
                 if next == FETCHING {
                     self.enqueue(page, at);
                 }
@@ -204,19 +220,30 @@ impl Shared {
     /// Evict the oldest resident page into `staging`. `false`: nothing more
     /// can be evicted now.
     fn evict_one(&self, staging: u64) -> bool {
-        let Some(v) = self.fifo.lock().unwrap_or_else(|p| p.into_inner()).pop_front() else {
+        let Some(v) = self
+            .fifo
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop_front()
+        else {
             return false;
         };
         let v = v as usize;
         let st = &self.states[v];
-        if st.compare_exchange(RESIDENT, EVICTING, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        if st
+            .compare_exchange(RESIDENT, EVICTING, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
             return true;
         }
         let host = self.host_of(v);
         if let Err(e) = self.uffd.move_pages(staging, host, PAGE_SIZE) {
             // EBUSY/EAGAIN: the page is briefly pinned or shared; try others.
             st.store(RESIDENT, Ordering::Release);
-            self.fifo.lock().unwrap_or_else(|p| p.into_inner()).push_back(v as u32);
+            self.fifo
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push_back(v as u32);
             self.retries.fetch_add(1, Ordering::Relaxed);
             return matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::EAGAIN));
         }
@@ -224,7 +251,10 @@ impl Shared {
             // Put the page back: its only copy is in staging.
             let back = self.uffd.move_pages(host, staging, PAGE_SIZE);
             st.store(RESIDENT, Ordering::Release);
-            self.fifo.lock().unwrap_or_else(|p| p.into_inner()).push_back(v as u32);
+            self.fifo
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push_back(v as u32);
             let gpa = self.gpa_of(v);
             self.fail(match back {
                 Ok(()) => format!("page store write of guest page {gpa:#x} failed: {e}"),
@@ -233,12 +263,20 @@ impl Shared {
             return false;
         }
         // SAFETY: staging is our own mapping; its page was just written out.
-        unsafe { libc::madvise(staging as *mut libc::c_void, PAGE_SIZE as usize, libc::MADV_DONTNEED) };
+        unsafe {
+            libc::madvise(
+                staging as *mut libc::c_void,
+                PAGE_SIZE as usize,
+                libc::MADV_DONTNEED,
+            )
+        };
         self.stored[v].store(true, Ordering::Release);
         self.resident.fetch_sub(1, Ordering::AcqRel);
         self.evictions.fetch_add(1, Ordering::Relaxed);
         if st.swap(STORED, Ordering::AcqRel) & WANTED != 0
-            && st.compare_exchange(STORED, FETCHING, Ordering::AcqRel, Ordering::Acquire).is_ok()
+            && st
+                .compare_exchange(STORED, FETCHING, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
         {
             self.enqueue(v, Instant::now());
         }
@@ -255,20 +293,32 @@ impl Shared {
             }
             if let Err(e) = self.store.read(page as u64, buf) {
                 // The faulting access stays blocked; the VM is stopped.
-                self.fail(format!("page store read of guest page {:#x} failed: {e}", self.gpa_of(page)));
+                self.fail(format!(
+                    "page store read of guest page {:#x} failed: {e}",
+                    self.gpa_of(page)
+                ));
                 return;
             }
         } else {
             buf.0.fill(0);
         }
-        match self.uffd.copy(self.host_of(page), buf.0.as_ptr(), PAGE_SIZE) {
+        match self
+            .uffd
+            .copy(self.host_of(page), buf.0.as_ptr(), PAGE_SIZE)
+        {
             Ok(_) => {
                 self.resident.fetch_add(1, Ordering::AcqRel);
                 self.states[page].store(RESIDENT, Ordering::Release);
-                self.fifo.lock().unwrap_or_else(|p| p.into_inner()).push_back(page as u32);
+                self.fifo
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push_back(page as u32);
             }
             Err(e) => {
-                self.fail(format!("cannot map guest page {:#x} (UFFDIO_COPY): {e}", self.gpa_of(page)));
+                self.fail(format!(
+                    "cannot map guest page {:#x} (UFFDIO_COPY): {e}",
+                    self.gpa_of(page)
+                ));
                 return;
             }
         }
@@ -276,7 +326,11 @@ impl Shared {
             let us = since.elapsed().as_micros() as u64;
             self.store_reads.fetch_add(1, Ordering::Relaxed);
             self.latency_sum_us.fetch_add(us, Ordering::Relaxed);
-            let bucket = if us == 0 { 0 } else { (64 - us.leading_zeros() as usize).min(HIST_BUCKETS - 1) };
+            let bucket = if us == 0 {
+                0
+            } else {
+                (64 - us.leading_zeros() as usize).min(HIST_BUCKETS - 1)
+            };
             self.hist[bucket].fetch_add(1, Ordering::Relaxed);
         } else {
             self.zero_fills.fetch_add(1, Ordering::Relaxed);
@@ -285,11 +339,20 @@ impl Shared {
 }
 
 fn fault_loop(sh: Arc<Shared>, wake: RawEventFd) {
+    raise_priority();
     let mut addrs = Vec::new();
     loop {
         let mut fds = [
-            libc::pollfd { fd: sh.uffd.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-            libc::pollfd { fd: wake.0, events: libc::POLLIN, revents: 0 },
+            libc::pollfd {
+                fd: sh.uffd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: wake.0,
+                events: libc::POLLIN,
+                revents: 0,
+            },
         ];
         // SAFETY: two valid pollfds; the result is checked.
         let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
@@ -301,7 +364,9 @@ fn fault_loop(sh: Arc<Shared>, wake: RawEventFd) {
         }
         addrs.clear();
         if let Err(e) = sh.uffd.read_faults(&mut addrs) {
-            sh.fail(format!("reading guest page faults from userfaultfd failed: {e}"));
+            sh.fail(format!(
+                "reading guest page faults from userfaultfd failed: {e}"
+            ));
             return;
         }
         let now = Instant::now();
@@ -309,13 +374,36 @@ fn fault_loop(sh: Arc<Shared>, wake: RawEventFd) {
         for &a in &addrs {
             match sh.page_of(a) {
                 Some(p) => sh.on_fault(p, now),
-                None => tracing::warn!("userfaultfd fault at {a:#x}, outside pageable guest memory"),
+                None => {
+                    tracing::warn!("userfaultfd fault at {a:#x}, outside pageable guest memory")
+                }
             }
         }
     }
 }
 
+/// Pager threads run ahead of vCPU threads: a page-in is short work that a
+/// vCPU (or a whole guest) is waiting for, and with async page faults the
+/// vCPU threads keep their host CPUs busy meanwhile. Without this, on a host
+/// with few CPUs every step of a page-in waits for a scheduler slot.
+fn raise_priority() {
+    // SAFETY: setpriority on this thread (a tid is a valid PRIO_PROCESS id
+    // on Linux); failure (no permission) just leaves the default priority.
+    let rc =
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, PAGER_NICE) };
+    if rc != 0 {
+        tracing::debug!(
+            "pager thread keeps its priority: {}",
+            io::Error::last_os_error()
+        );
+    }
+}
+
+/// Nice value of the pager's threads.
+const PAGER_NICE: i32 = -10;
+
 fn worker_loop(sh: Arc<Shared>, staging: u64) {
+    raise_priority();
     // Sleeps model device latency; Linux's default 50 us timer slack would add to each.
     // SAFETY: PR_SET_TIMERSLACK takes a plain integer and affects only this thread.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
@@ -361,31 +449,63 @@ impl Pager {
             }
             let host = region
                 .get_host_address(MemoryRegionAddress(start - gpa))
-                .map_err(|e| PagerError::Uffd { what: "find guest memory", source: io::Error::other(e.to_string()) })?
-                as u64;
+                .map_err(|e| PagerError::Uffd {
+                    what: "find guest memory",
+                    source: io::Error::other(e.to_string()),
+                })? as u64;
             let rlen = gpa + len - start;
             // SAFETY: advice on our own guest mapping; 4 KiB pages are what the pager moves.
-            unsafe { libc::madvise(host as *mut libc::c_void, rlen as usize, libc::MADV_NOHUGEPAGE) };
-            uffd.register_missing(host, rlen).map_err(uffd_err("register guest memory"))?;
-            ranges.push(Range { host, len: rlen, gpa: start, first_page: pages });
+            unsafe {
+                libc::madvise(
+                    host as *mut libc::c_void,
+                    rlen as usize,
+                    libc::MADV_NOHUGEPAGE,
+                )
+            };
+            uffd.register_missing(host, rlen)
+                .map_err(uffd_err("register guest memory"))?;
+            ranges.push(Range {
+                host,
+                len: rlen,
+                gpa: start,
+                first_page: pages,
+            });
             pages += (rlen / PAGE_SIZE) as usize;
         }
         let pinned_pages = pinned_end.div_ceil(PAGE_SIZE);
-        let budget = (config.budget / PAGE_SIZE).saturating_sub(pinned_pages).max(1);
+        let budget = (config.budget / PAGE_SIZE)
+            .saturating_sub(pinned_pages)
+            .max(1);
         let evictable = (pages as u64).saturating_sub(budget) * PAGE_SIZE;
         let store = PageStore::create(config.store.as_deref(), evictable)?;
         // One staging page per worker, registered too (UFFDIO_MOVE's destination must be).
         let staging_len = WORKERS * PAGE_SIZE as usize;
         // SAFETY: a fresh anonymous mapping, checked below.
         let staging = unsafe {
-            libc::mmap(std::ptr::null_mut(), staging_len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                staging_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
         };
         if staging == libc::MAP_FAILED {
-            return Err(PagerError::Uffd { what: "map staging pages", source: io::Error::last_os_error() });
+            return Err(PagerError::Uffd {
+                what: "map staging pages",
+                source: io::Error::last_os_error(),
+            });
         }
         let staging = staging as u64;
         // SAFETY: as above.
-        unsafe { libc::madvise(staging as *mut libc::c_void, staging_len, libc::MADV_NOHUGEPAGE) };
+        unsafe {
+            libc::madvise(
+                staging as *mut libc::c_void,
+                staging_len,
+                libc::MADV_NOHUGEPAGE,
+            )
+        };
         let mut pager = Pager {
             shared: Arc::new(Shared {
                 uffd,
@@ -413,11 +533,18 @@ impl Pager {
             threads: Vec::new(),
             staging: (staging, staging_len),
         };
-        pager.shared.uffd.register_missing(staging, staging_len as u64).map_err(uffd_err("register staging pages"))?;
+        pager
+            .shared
+            .uffd
+            .register_missing(staging, staging_len as u64)
+            .map_err(uffd_err("register staging pages"))?;
         let sh = pager.shared.clone();
         let wake = RawEventFd(pager.wake.as_raw_fd());
         pager.threads.push(
-            thread::Builder::new().name("pager-faults".into()).spawn(move || fault_loop(sh, wake)).map_err(PagerError::Thread)?,
+            thread::Builder::new()
+                .name("pager-faults".into())
+                .spawn(move || fault_loop(sh, wake))
+                .map_err(PagerError::Thread)?,
         );
         for i in 0..WORKERS {
             let sh = pager.shared.clone();
@@ -448,7 +575,11 @@ impl Pager {
             writebacks: load(&sh.evictions),
             eviction_retries: load(&sh.retries),
             fetch_latency_hist_us: sh.hist.iter().map(load).collect(),
-            fetch_latency_avg_us: if reads == 0 { 0.0 } else { load(&sh.latency_sum_us) as f64 / reads as f64 },
+            fetch_latency_avg_us: if reads == 0 {
+                0.0
+            } else {
+                load(&sh.latency_sum_us) as f64 / reads as f64
+            },
             store_direct: sh.store.is_direct(),
         }
     }

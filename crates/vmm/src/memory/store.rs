@@ -72,7 +72,10 @@ impl PageStore {
             Some(p) => p.to_path_buf(),
             None => unique_in(&default_dir()),
         };
-        let unwritable = |source| StoreError::Unwritable { path: path.clone(), source };
+        let unwritable = |source| StoreError::Unwritable {
+            path: path.clone(),
+            source,
+        };
         let open = |direct: bool| {
             let mut o = OpenOptions::new();
             o.read(true).write(true).create(true).truncate(true);
@@ -84,17 +87,28 @@ impl PageStore {
         let (file, direct) = match open(true) {
             Ok(f) => (f, true),
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                tracing::warn!("page store {}: O_DIRECT refused (tmpfs?), using buffered I/O", path.display());
+                tracing::warn!(
+                    "page store {}: O_DIRECT refused (tmpfs?), using buffered I/O",
+                    path.display()
+                );
                 (open(false).map_err(unwritable)?, false)
             }
             Err(e) => return Err(unwritable(e)),
         };
-        let store = PageStore { file, path: path.clone(), direct };
+        let store = PageStore {
+            file,
+            path: path.clone(),
+            direct,
+        };
         // Prove the file takes writes now rather than at the first eviction.
         store.write(0, &PageBuf::new()).map_err(unwritable)?;
         let free = free_bytes(&store.file).map_err(unwritable)?;
         if free < capacity {
-            return Err(StoreError::Full { path, free, needed: capacity });
+            return Err(StoreError::Full {
+                path,
+                free,
+                needed: capacity,
+            });
         }
         Ok(store)
     }
@@ -136,7 +150,11 @@ impl Drop for PageStore {
 fn unique_in(dir: &Path) -> PathBuf {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
-    dir.join(format!("hover-pages-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)))
+    dir.join(format!(
+        "hover-pages-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ))
 }
 
 fn free_bytes(file: &File) -> io::Result<u64> {
@@ -169,7 +187,9 @@ mod tests {
 
     #[test]
     fn bad_stores_are_refused() {
-        let e = PageStore::create(Some(Path::new("/proc/hover-no-such-store")), 0).err().unwrap();
+        let e = PageStore::create(Some(Path::new("/proc/hover-no-such-store")), 0)
+            .err()
+            .unwrap();
         assert!(e.to_string().contains("cannot create or write"), "{e}");
         let e = PageStore::create(None, u64::MAX).err().unwrap();
         assert!(e.to_string().contains("may be evicted there"), "{e}");

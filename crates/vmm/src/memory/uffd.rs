@@ -84,13 +84,18 @@ impl Uffd {
     /// Open a userfaultfd (non-blocking) with `features`, which must all be offered.
     pub fn new(features: u64) -> io::Result<Self> {
         // SAFETY: plain syscall; the result is checked.
-        let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) };
+        let fd =
+            unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: fd is a fresh descriptor we own.
         let uffd = Uffd(unsafe { OwnedFd::from_raw_fd(fd as RawFd) });
-        let mut api = UffdioApi { api: UFFD_API, features, ioctls: 0 };
+        let mut api = UffdioApi {
+            api: UFFD_API,
+            features,
+            ioctls: 0,
+        };
         // SAFETY: UFFDIO_API reads and writes a uffdio_api, which `api` is.
         check(unsafe { ioctl_with_mut_ref(&uffd.0, UFFDIO_API(), &mut api) })?;
         if api.features & features != features {
@@ -104,7 +109,11 @@ impl Uffd {
 
     /// Report missing-page faults in `[addr, addr + len)` to this fd.
     pub fn register_missing(&self, addr: u64, len: u64) -> io::Result<()> {
-        let mut r = UffdioRegister { range: UffdioRange { start: addr, len }, mode: REGISTER_MODE_MISSING, ioctls: 0 };
+        let mut r = UffdioRegister {
+            range: UffdioRange { start: addr, len },
+            mode: REGISTER_MODE_MISSING,
+            ioctls: 0,
+        };
         // SAFETY: UFFDIO_REGISTER reads and writes a uffdio_register.
         check(unsafe { ioctl_with_mut_ref(&self.0, UFFDIO_REGISTER(), &mut r) })
     }
@@ -113,7 +122,13 @@ impl Uffd {
     /// threads waiting on them. `Ok(false)`: the page was already there.
     pub fn copy(&self, dst: u64, src: *const u8, len: u64) -> io::Result<bool> {
         loop {
-            let mut c = UffdioCopy { dst, src: src as u64, len, mode: 0, copy: 0 };
+            let mut c = UffdioCopy {
+                dst,
+                src: src as u64,
+                len,
+                mode: 0,
+                copy: 0,
+            };
             // SAFETY: UFFDIO_COPY reads `len` bytes at src (the caller's
             // buffer) and writes only into the registered range.
             let rc = unsafe { ioctl_with_mut_ref(&self.0, UFFDIO_COPY(), &mut c) };
@@ -142,7 +157,13 @@ impl Uffd {
     /// Atomically move the page(s) at `src` to the (registered, empty) `dst`:
     /// afterwards `src` is missing, so any access to it faults to this fd.
     pub fn move_pages(&self, dst: u64, src: u64, len: u64) -> io::Result<()> {
-        let mut m = UffdioMove { dst, src, len, mode: 0, moved: 0 };
+        let mut m = UffdioMove {
+            dst,
+            src,
+            len,
+            mode: 0,
+            moved: 0,
+        };
         // SAFETY: UFFDIO_MOVE reads and writes a uffdio_move; both ranges are
         // anonymous mappings of this process.
         check(unsafe { ioctl_with_mut_ref(&self.0, UFFDIO_MOVE(), &mut m) })
@@ -198,12 +219,20 @@ mod tests {
         let len = 2 * 4096usize;
         // SAFETY: a fresh anonymous mapping; checked below.
         let area = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
         };
         assert_ne!(area, libc::MAP_FAILED);
         let (page, staging) = (area as u64, area as u64 + 4096);
         uffd.register_missing(page, len as u64).unwrap();
-        let reader = std::thread::spawn(move || unsafe { std::ptr::read_volatile(page as *const u64) });
+        let reader =
+            std::thread::spawn(move || unsafe { std::ptr::read_volatile(page as *const u64) });
         let mut faults = Vec::new();
         while faults.is_empty() {
             uffd.read_faults(&mut faults).unwrap();
@@ -215,7 +244,10 @@ mod tests {
         assert_eq!(reader.join().unwrap(), 0x5a5a_5a5a_5a5a_5a5a);
         uffd.move_pages(staging, page, 4096).unwrap();
         // SAFETY: staging now holds the moved page.
-        assert_eq!(unsafe { std::ptr::read_volatile(staging as *const u8) }, 0x5a);
+        assert_eq!(
+            unsafe { std::ptr::read_volatile(staging as *const u8) },
+            0x5a
+        );
         uffd.move_pages(page, staging, 4096).unwrap();
         // SAFETY: the page is back.
         assert_eq!(unsafe { std::ptr::read_volatile(page as *const u8) }, 0x5a);
