@@ -175,6 +175,15 @@ pub const WORKLOADS: &[WorkloadSpec] = &[
         params: &[num("rounds", "number of round trips", 1, 10_000_000, 10_000)],
     },
     WorkloadSpec {
+        name: "evict-report",
+        help: "test: a report batch in pageable memory is evicted (by touching `size` bytes) before the monitor reads it",
+        params: &[ParamSpec {
+            name: "size",
+            help: "bytes to touch after writing the batch (more than the memory budget)",
+            kind: ParamKind::Size { min: 1 << 20, max: 64 << 30, default: 64 << 20 },
+        }],
+    },
+    WorkloadSpec {
         name: "exception",
         help: "test: vCPU 0 executes ud2; the guest must print the exception and exit with code 19",
         params: &[],

@@ -3,7 +3,9 @@
 //! of KVM's selftests (`dirty_log_perf_test`, `demand_paging_test`).
 #![deny(missing_docs)]
 
+pub mod apf;
 pub mod boot;
+pub mod plot;
 pub mod runner;
 pub mod runtime;
 pub mod stats;

@@ -5,8 +5,9 @@ use core::ptr;
 
 use hover_abi::control::{op, status, ControlRequest, Report, CONTROL_PORT};
 
-/// Send `req` to the monitor and return its status.
-fn send(req: &mut ControlRequest) -> u32 {
+/// Send `req` (anywhere in guest memory below 4 GiB) to the monitor and
+/// return its status.
+pub fn send(req: &mut ControlRequest) -> u32 {
     req.status = status::PENDING;
     // Identity mapping: the request's address is its guest-physical address,
     // and the image lives below 4 GiB, so 32 bits carry it.

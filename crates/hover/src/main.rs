@@ -127,6 +127,22 @@ enum Scenario {
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
     },
+    /// The async page fault seed's experiment: bm under a memory budget with
+    /// async PF off and on (and the ideal), across page-store latencies.
+    Apf {
+        /// Page-store latencies to sweep (comma-separated).
+        #[arg(long, default_value = "0,100us,500us,2ms,5ms", value_delimiter = ',')]
+        latencies: Vec<String>,
+        /// Seconds each run measures.
+        #[arg(long, default_value_t = 5)]
+        seconds: u32,
+        /// Runs per configuration (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        runs: u32,
+        /// Directory for the JSON results and the plot.
+        #[arg(long, default_value = "bench-results")]
+        out: PathBuf,
+    },
     /// The guest runtime's costs: task switches (voluntary, preemptive), a
     /// nub trip, timer and interrupt wake-up latency, cross-vCPU wake-ups.
     Runtime {
@@ -218,6 +234,20 @@ fn bench(args: BenchArgs) -> ExitCode {
     bench_result(match args.scenario {
         Scenario::Boot { runs, vcpus, out } => hover_bench::boot::run(&exe, runs, vcpus, &out),
         Scenario::Runtime { runs, out } => hover_bench::runtime::run(&exe, runs, &out),
+        Scenario::Apf {
+            latencies,
+            seconds,
+            runs,
+            out,
+        } => {
+            let b = hover_bench::apf::ApfBench {
+                latencies,
+                seconds,
+                runs,
+                ..Default::default()
+            };
+            hover_bench::apf::run(&exe, &b, &out)
+        }
     })
 }
 

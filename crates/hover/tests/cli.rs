@@ -134,6 +134,30 @@ fn bad_input_is_one_line_and_exit_2() {
             &["run", "--memory-backend", "hugepages"],
             "--memory-backend",
         ),
+        (
+            &["run", "--memory", "64M", "--memory-budget", "128M"],
+            "larger than --memory",
+        ),
+        (
+            &["run", "--memory", "64M", "--memory-budget", "8M"],
+            "below the working minimum",
+        ),
+        (
+            &["run", "--memory-budget", "32M", "--memory-backend", "memfd"],
+            "needs anonymous memory",
+        ),
+        (
+            &[
+                "run",
+                "--memory-budget",
+                "32M",
+                "--page-store-latency",
+                "fast",
+            ],
+            "not a duration",
+        ),
+        (&["run", "--page-store", "/var/tmp"], "--memory-budget"),
+        (&["run", "--async-pf", "maybe"], "--async-pf"),
     ];
     for (args, needle) in cases {
         let out = hover(args);
@@ -147,4 +171,78 @@ fn bad_input_is_one_line_and_exit_2() {
         assert!(out.stdout.is_empty(), "{args:?} printed to stdout");
     }
     std::fs::remove_file(&not_elf).unwrap();
+}
+
+/// A page store that cannot be created or written: exit 2 before the guest runs.
+#[test]
+fn unusable_page_store_is_refused() {
+    if !kvm_for_test("unusable_page_store_is_refused") {
+        return;
+    }
+    for store in ["/proc/no-such-dir/store", "/dev/full"] {
+        let out = hover(&[
+            "run",
+            "--memory",
+            "128M",
+            "--memory-budget",
+            "32M",
+            "--page-store",
+            store,
+        ]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{store}: {stderr}");
+        assert!(
+            stderr.contains("cannot create or write"),
+            "{store}: {stderr}"
+        );
+        assert!(
+            !text(&out.stdout).contains("hello from"),
+            "{store}: the guest ran"
+        );
+    }
+}
+
+/// A page-store write that fails during the run (here: past a file-size
+/// limit) stops the VM with an error naming the guest page; no guest data is
+/// lost or replaced (the page stays where it was).
+#[test]
+fn page_store_error_during_the_run_stops_the_vm() {
+    if !kvm_for_test("page_store_error_during_the_run_stops_the_vm") {
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hover"));
+    cmd.args([
+        "run",
+        "--memory",
+        "128M",
+        "--memory-budget",
+        "16M",
+        "--cmdline",
+        "workload=memtouch size=64M",
+    ]);
+    // SAFETY: setrlimit is async-signal-safe and affects only the child.
+    unsafe {
+        cmd.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 1 << 20,
+                rlim_max: 1 << 20,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("page store write of guest page 0x"),
+        "{stderr}"
+    );
+    assert!(
+        !text(&out.stdout).contains("memtouch:"),
+        "the guest must not finish on lost data"
+    );
 }

@@ -7,6 +7,7 @@
 
 mod bm;
 mod ctxsw;
+mod evict_report;
 mod exception;
 mod hello;
 mod irq;
@@ -125,6 +126,7 @@ fn main_task(_: usize) {
         "nubcall" => nubcall::run(&ctx),
         "irq" => irq::run(&ctx),
         "pingpong" => pingpong::run(&ctx),
+        "evict-report" => evict_report::run(&ctx),
         "exception" => exception::run(&ctx),
         "panic" => panic!("the panic test workload panics on purpose"),
         "triple-fault" => triple_fault::run(&ctx),

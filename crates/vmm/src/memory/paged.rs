@@ -185,7 +185,7 @@ impl Shared {
     }
 
     fn fail(&self, msg: String) {
-        tracing::error!("{msg}");
+        tracing::debug!("pager failure: {msg}");
         (self.on_failure)(msg);
     }
 
@@ -247,7 +247,9 @@ impl Shared {
             self.retries.fetch_add(1, Ordering::Relaxed);
             return matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::EAGAIN));
         }
-        if let Err(e) = self.store.write_raw(v as u64, staging as *const u8) {
+        // SAFETY: staging is this worker's page-aligned staging page, which
+        // now holds the moved page.
+        if let Err(e) = unsafe { self.store.write_raw(v as u64, staging as *const u8) } {
             // Put the page back: its only copy is in staging.
             let back = self.uffd.move_pages(host, staging, PAGE_SIZE);
             st.store(RESIDENT, Ordering::Release);
@@ -438,6 +440,10 @@ impl Pager {
         on_failure: Box<dyn Fn(String) + Send + Sync>,
     ) -> Result<Pager, PagerError> {
         let uffd_err = |what| move |source| PagerError::Uffd { what, source };
+        // A store write past a file-size limit must fail with EFBIG and be
+        // reported, not kill the process with SIGXFSZ.
+        // SAFETY: setting a signal's disposition to "ignore" is always sound.
+        unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
         let uffd = Uffd::new(FEATURE_MOVE).map_err(uffd_err("open with UFFDIO_MOVE"))?;
         let mut ranges = Vec::new();
         let mut pages = 0usize;

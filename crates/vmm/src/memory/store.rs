@@ -130,12 +130,16 @@ impl PageStore {
 
     /// Write `buf` to slot `index`.
     pub fn write(&self, index: u64, buf: &PageBuf) -> io::Result<()> {
-        self.write_raw(index, buf.0.as_ptr())
+        // SAFETY: a PageBuf is a readable, page-aligned page.
+        unsafe { self.write_raw(index, buf.0.as_ptr()) }
     }
 
-    /// Write the page at `src` (page-aligned, readable) to slot `index`.
-    pub fn write_raw(&self, index: u64, src: *const u8) -> io::Result<()> {
-        // SAFETY: the caller passes a readable, page-aligned page.
+    /// Write the page at `src` to slot `index`.
+    ///
+    /// # Safety
+    /// `src` must point to a readable, page-aligned 4 KiB page.
+    pub unsafe fn write_raw(&self, index: u64, src: *const u8) -> io::Result<()> {
+        // SAFETY: guaranteed by the caller.
         let page = unsafe { std::slice::from_raw_parts(src, PAGE_SIZE as usize) };
         self.file.write_all_at(page, index * PAGE_SIZE)
     }

@@ -1,0 +1,248 @@
+//! `hover bench apf`: the async page fault seed's experiment, side by side.
+//!
+//! The seed ran bm (4 faulting and 4 working threads) in a guest whose memory
+//! was larger than its host container, with and without async page faults:
+//! with them, a thread that touches a swapped-out page sleeps while the vCPU
+//! runs another, and total work doubled. Here: the built-in guest's `bm`
+//! workload on 2 vCPUs, guest memory 4x the memory budget (the pager evicts
+//! to the page store), for each page-store latency:
+//! - ideal: working tasks only (same memory state, no faulting tasks);
+//! - off: async PF off (a vCPU waits for every page its task touches);
+//! - on: async PF on (the task is parked, the vCPU runs others).
+//!
+//! Prints the seed-style table (per-worker counts, total, on/off, share of
+//! ideal), writes apf.json and apf.svg (total work against latency).
+//!
+//! The host here is itself a 2-core VM whose CPU time varies from run to
+//! run, so each configuration runs `runs` times, interleaved (every
+//! configuration once, then again), and the run with the median total is
+//! reported; all runs are in the JSON.
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::plot::{self, Series};
+use crate::runner::run_hover;
+use crate::{table, BenchError};
+
+/// Knobs of the scenario.
+pub struct ApfBench {
+    /// Page-store latencies to sweep, as `--page-store-latency` values.
+    pub latencies: Vec<String>,
+    /// Seconds each bm run measures.
+    pub seconds: u32,
+    /// Runs per configuration (interleaved; the median run is reported).
+    pub runs: u32,
+    /// Guest memory, MiB.
+    pub memory_mib: u64,
+    /// Memory budget, MiB.
+    pub budget_mib: u64,
+}
+
+impl Default for ApfBench {
+    fn default() -> Self {
+        ApfBench {
+            latencies: ["0", "100us", "500us", "2ms", "5ms"]
+                .map(String::from)
+                .to_vec(),
+            seconds: 5,
+            runs: 3,
+            memory_mib: 256,
+            budget_mib: 64,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Row {
+    latency: String,
+    mode: &'static str,
+    workers: Vec<u64>,
+    total: u64,
+    /// Totals of every run of this configuration.
+    totals: Vec<u64>,
+    fault_writes: u64,
+    store_reads: u64,
+    parked: Option<u64>,
+    parked_avg_us: Option<u64>,
+    command: String,
+}
+
+const MODES: [&str; 3] = ["ideal", "off", "on"];
+
+fn run_one(
+    exe: &Path,
+    b: &ApfBench,
+    array_mib: u64,
+    lat: &str,
+    mode: &'static str,
+) -> Result<Row, BenchError> {
+    let faulting = if mode == "ideal" { 0 } else { 4 };
+    let cmdline = format!(
+        "workload=bm faulting={faulting} working=4 memory={array_mib}M seconds={}",
+        b.seconds
+    );
+    let memory = format!("{}M", b.memory_mib);
+    let budget = format!("{}M", b.budget_mib);
+    let apf = if mode == "off" { "off" } else { "on" };
+    let args = [
+        "--vcpus",
+        "2",
+        "--memory",
+        &memory,
+        "--memory-budget",
+        &budget,
+        "--page-store-latency",
+        lat,
+        "--async-pf",
+        apf,
+        "--cmdline",
+        &cmdline,
+    ];
+    let r = run_hover(exe, &args)?;
+    let workers = (0..4)
+        .map(|i| r.report(&format!("bm.worker.{i}")).map(|v| v as u64))
+        .collect::<Result<Vec<_>, _>>()?;
+    let opt = |k: &str| r.report(k).ok().map(|v| v as u64);
+    let total = r.report("bm.work_total")? as u64;
+    Ok(Row {
+        latency: lat.to_string(),
+        mode,
+        total,
+        totals: vec![total],
+        fault_writes: r.report("bm.fault_writes")? as u64,
+        store_reads: r.number(&["pager", "store_reads"])? as u64,
+        parked: opt("apf.parked"),
+        parked_avg_us: opt("apf.parked_avg_us"),
+        workers,
+        command: format!(
+            "hover run {}",
+            args.map(|a| if a.contains(' ') {
+                format!("\"{a}\"")
+            } else {
+                a.to_string()
+            })
+            .join(" ")
+        ),
+    })
+}
+
+/// Run the scenario with the `hover` binary at `exe`.
+pub fn run(exe: &Path, b: &ApfBench, out: &Path) -> Result<(), BenchError> {
+    let array_mib = b.memory_mib * 3 / 4;
+    println!(
+        "hover bench apf: bm with 4 faulting + 4 working tasks on 2 vCPUs, guest memory {} MiB, budget {} MiB, array {} MiB, {} s per run, median of {} runs",
+        b.memory_mib, b.budget_mib, array_mib, b.seconds, b.runs
+    );
+    let mut runs: Vec<Row> = Vec::new();
+    for round in 0..b.runs.max(1) {
+        for lat in &b.latencies {
+            for mode in MODES {
+                let row = run_one(exe, b, array_mib, lat, mode)?;
+                eprintln!(
+                    "  run {} latency {lat:>6} {mode:>5}: total {}",
+                    round + 1,
+                    row.total
+                );
+                runs.push(row);
+            }
+        }
+    }
+    // Per configuration, the run with the median total.
+    let mut rows = Vec::new();
+    for lat in &b.latencies {
+        for mode in MODES {
+            let mut these: Vec<Row> = Vec::new();
+            let mut i = 0;
+            while i < runs.len() {
+                if runs[i].latency == *lat && runs[i].mode == mode {
+                    these.push(runs.remove(i));
+                } else {
+                    i += 1;
+                }
+            }
+            these.sort_by_key(|r| r.total);
+            let totals: Vec<u64> = these.iter().map(|r| r.total).collect();
+            let mut median = these.swap_remove((these.len() - 1) / 2);
+            median.totals = totals;
+            rows.push(median);
+        }
+    }
+    let mut table_rows = Vec::new();
+    let total = |lat: &str, mode: &str| {
+        rows.iter()
+            .find(|r| r.latency == lat && r.mode == mode)
+            .map(|r| r.total as f64)
+    };
+    for r in &rows {
+        let ideal = total(&r.latency, "ideal").unwrap_or(f64::NAN);
+        let off = total(&r.latency, "off").unwrap_or(f64::NAN);
+        let on_off = if r.mode == "on" {
+            format!("{:.2}x", r.total as f64 / off)
+        } else {
+            String::new()
+        };
+        table_rows.push(vec![
+            r.latency.clone(),
+            r.mode.to_string(),
+            r.workers
+                .iter()
+                .map(|w| format!("{:.2}", *w as f64 / 1e9))
+                .collect::<Vec<_>>()
+                .join(" "),
+            format!("{:.2}", r.total as f64 / 1e9),
+            on_off,
+            format!("{:.0}%", 100.0 * r.total as f64 / ideal),
+            r.fault_writes.to_string(),
+            r.store_reads.to_string(),
+            r.parked_avg_us
+                .filter(|_| r.mode == "on")
+                .map(|v| v.to_string())
+                .unwrap_or_default(),
+        ]);
+    }
+    table::print(
+        &[
+            "store latency",
+            "async PF",
+            "workers (1e9 iterations)",
+            "total (1e9)",
+            "on/off",
+            "of ideal",
+            "faulting writes",
+            "pages read from store",
+            "guest parked (us)",
+        ],
+        &table_rows,
+    );
+    table::write_json(
+        out,
+        "apf.json",
+        &serde_json::json!({ "scenario": "apf", "rows": rows }),
+    )?;
+    let series: Vec<Series> = MODES
+        .iter()
+        .map(|&m| Series {
+            label: match m {
+                "ideal" => "ideal (working tasks only)".into(),
+                "off" => "async PF off".into(),
+                _ => "async PF on".into(),
+            },
+            points: b
+                .latencies
+                .iter()
+                .enumerate()
+                .filter_map(|(i, l)| total(l, m).map(|t| (i as f64, t / 1e9)))
+                .collect(),
+        })
+        .collect();
+    plot::lines(
+        &out.join("apf.svg"),
+        "bm: total work of 4 working tasks vs page-store latency",
+        "page-store latency",
+        "work (1e9 iterations)",
+        &b.latencies,
+        &series,
+    )
+}

@@ -1,0 +1,111 @@
+//! Overcommitted guest memory on /dev/kvm: the pager (userfaultfd, page
+//! store, eviction) and asynchronous page faults, checked end to end.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{boot, report};
+use hover_vmm::config::PagingConfig;
+use hover_vmm::host::kvm_for_test;
+use hover_vmm::{RunOutcome, VmConfig};
+
+fn paged(memory_mib: u64, budget_mib: u64, async_pf: bool, cmdline: &str) -> (RunOutcome, String) {
+    let config = VmConfig {
+        vcpus: 2,
+        memory: memory_mib << 20,
+        paging: Some(PagingConfig {
+            budget: budget_mib << 20,
+            store: None,
+            store_latency: Duration::ZERO,
+        }),
+        async_pf,
+        cmdline: cmdline.into(),
+        ..VmConfig::default()
+    };
+    let (result, console) = boot(config);
+    let o = result.unwrap_or_else(|e| panic!("{cmdline}: {e}\nconsole:\n{console}"));
+    assert_eq!(o.exit_code, 0, "{cmdline}\nconsole:\n{console}");
+    (o, console)
+}
+
+/// memtouch over 4x the budget: every byte verified, the checksum matches
+/// the host's, pages went out to the store and came back; the guest sees
+/// async "not present"/"ready" pairs with async PF on and none with it off.
+#[test]
+fn memtouch_over_four_times_the_budget_verifies() {
+    if !kvm_for_test("memtouch_over_four_times_the_budget_verifies") {
+        return;
+    }
+    for async_pf in [true, false] {
+        let (o, _) = paged(
+            128,
+            16,
+            async_pf,
+            "workload=memtouch size=64M tasks=2 seed=3",
+        );
+        assert_eq!(report(&o, "memtouch.errors"), 0);
+        let base = report(&o, "memtouch.base");
+        let expected = (base..base + (64 << 20)).step_by(8).fold(0u64, |s, a| {
+            s.wrapping_add(a.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 3)
+        });
+        assert_eq!(report(&o, "memtouch.checksum"), expected);
+        let p = o.pager.as_ref().expect("pager stats with a budget");
+        assert!(p.evictions > 8192, "most of the 64 MiB was evicted: {p:?}");
+        assert!(
+            p.store_reads > 8192,
+            "and read back for the verify pass: {p:?}"
+        );
+        assert!(p.resident_pages <= p.budget_pages, "{p:?}");
+        assert!(
+            o.memory.guest_resident <= 20 << 20,
+            "resident {} over the 16 MiB budget",
+            o.memory.guest_resident
+        );
+        let not_present = o
+            .reports
+            .iter()
+            .find(|r| r.key == "apf.not_present")
+            .and_then(|r| r.value.as_u64());
+        if async_pf {
+            let np = not_present.expect("the guest reports async PF counters");
+            assert!(np > 1000, "{np} async page faults");
+            assert!(
+                report(&o, "apf.ready") >= np,
+                "every not-present got its ready"
+            );
+        } else {
+            assert_eq!(
+                not_present, None,
+                "async PF off: the guest never enabled it"
+            );
+        }
+    }
+}
+
+/// The monitor's own reads of guest memory (a control request and its
+/// reports) work when those pages have been evicted.
+#[test]
+fn the_monitor_reads_evicted_pages() {
+    if !kvm_for_test("the_monitor_reads_evicted_pages") {
+        return;
+    }
+    let (o, console) = paged(96, 16, true, "workload=evict-report size=48M");
+    assert!(console.contains("status 1"), "{console}");
+    assert_eq!(report(&o, "evict.mark"), 0x0123_4567_89ab_cdef);
+    let p = o.pager.as_ref().unwrap();
+    assert!(p.evictions > 0 && p.store_reads > 0, "{p:?}");
+}
+
+/// Without a budget nothing is paged and no pager runs.
+#[test]
+fn no_budget_no_pager() {
+    if !kvm_for_test("no_budget_no_pager") {
+        return;
+    }
+    let (result, _) = boot(VmConfig {
+        vcpus: 1,
+        ..VmConfig::default()
+    });
+    assert!(result.unwrap().pager.is_none());
+}
