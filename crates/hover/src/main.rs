@@ -75,8 +75,9 @@ struct RunArgs {
     /// 64M); the rest is paged out to the page store. Off by default.
     #[arg(long, value_parser = parse_size)]
     memory_budget: Option<u64>,
-    /// Page store for --memory-budget: a file to create, or a directory to
-    /// create one in; removed at exit [default: a temporary file in /var/tmp].
+    /// Page store for --memory-budget: a new file to create (an existing path
+    /// is refused, never overwritten), or a directory to create one in; the
+    /// file is removed at exit [default: a temporary file in /var/tmp].
     #[arg(long, requires = "memory_budget")]
     page_store: Option<PathBuf>,
     /// Extra latency of every page-store read, modelling a slower device

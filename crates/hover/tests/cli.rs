@@ -173,33 +173,50 @@ fn bad_input_is_one_line_and_exit_2() {
     std::fs::remove_file(&not_elf).unwrap();
 }
 
-/// A page store that cannot be created or written: exit 2 before the guest runs.
+/// A page store that cannot be created, already exists, or lacks room for
+/// every page that may be evicted: exit 2 before the guest runs, and nothing
+/// that existed is touched.
 #[test]
 fn unusable_page_store_is_refused() {
     if !kvm_for_test("unusable_page_store_is_refused") {
         return;
     }
-    for store in ["/proc/no-such-dir/store", "/dev/full"] {
-        let out = hover(&[
-            "run",
-            "--memory",
-            "128M",
-            "--memory-budget",
-            "32M",
-            "--page-store",
-            store,
-        ]);
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &[
+                "--memory",
+                "128M",
+                "--page-store",
+                "/proc/no-such-dir/store",
+            ],
+            "cannot create or write",
+        ),
+        (
+            &["--memory", "128M", "--page-store", "/dev/full"],
+            "already exists",
+        ),
+        // /dev/shm (tmpfs) holds far less than 60 GiB.
+        (
+            &["--memory", "60G", "--page-store", "/dev/shm"],
+            "may be evicted there",
+        ),
+    ];
+    for (args, needle) in cases {
+        let mut all = vec!["run", "--memory-budget", "32M"];
+        all.extend_from_slice(args);
+        let out = hover(&all);
         let stderr = text(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{store}: {stderr}");
-        assert!(
-            stderr.contains("cannot create or write"),
-            "{store}: {stderr}"
-        );
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
         assert!(
             !text(&out.stdout).contains("hello from"),
-            "{store}: the guest ran"
+            "{args:?}: the guest ran"
         );
     }
+    assert!(
+        std::path::Path::new("/dev/full").exists(),
+        "an existing path must never be removed"
+    );
 }
 
 /// A page-store write that fails during the run (here: past a file-size

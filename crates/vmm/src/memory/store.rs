@@ -32,6 +32,12 @@ pub enum StoreError {
         /// The OS error.
         source: io::Error,
     },
+    /// The path names something that exists and is not a directory.
+    #[error("page store {}: already exists; give a new file name or a directory to create the store in", .path.display())]
+    Exists {
+        /// The path.
+        path: PathBuf,
+    },
     /// Not enough free space for every page that can be evicted.
     #[error("page store {}: {} MiB free on its file system, but up to {} MiB of guest memory may be evicted there", .path.display(), .free >> 20, .needed >> 20)]
     Full {
@@ -44,7 +50,9 @@ pub enum StoreError {
     },
 }
 
-/// An open page store; the file is removed when the store is dropped.
+/// An open page store. The store always creates its file itself (it never
+/// opens an existing one, so it cannot clobber or delete anything it did not
+/// make) and removes it when dropped.
 pub struct PageStore {
     file: File,
     path: PathBuf,
@@ -63,9 +71,10 @@ pub fn default_dir() -> PathBuf {
 }
 
 impl PageStore {
-    /// Create the store at `path` (a file to create, or a directory to create
-    /// a file in; `None`: a temporary file in [`default_dir`]), with room for
-    /// `capacity` bytes of evicted pages.
+    /// Create the store at `path` (a new file to create, or an existing
+    /// directory to create a file in; `None`: a temporary file in
+    /// [`default_dir`]), with room for `capacity` bytes of evicted pages. An
+    /// existing file, device or other non-directory is refused.
     pub fn create(path: Option<&Path>, capacity: u64) -> Result<Self, StoreError> {
         let path = match path {
             Some(p) if p.is_dir() => unique_in(p),
@@ -78,7 +87,7 @@ impl PageStore {
         };
         let open = |direct: bool| {
             let mut o = OpenOptions::new();
-            o.read(true).write(true).create(true).truncate(true);
+            o.read(true).write(true).create_new(true);
             if direct {
                 o.custom_flags(libc::O_DIRECT);
             }
@@ -87,14 +96,26 @@ impl PageStore {
         let (file, direct) = match open(true) {
             Ok(f) => (f, true),
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                // Does the failed O_DIRECT open leave the file behind? Open
+                // it without O_CREAT if so, so the file is created only once.
                 tracing::warn!(
                     "page store {}: O_DIRECT refused (tmpfs?), using buffered I/O",
                     path.display()
                 );
-                (open(false).map_err(unwritable)?, false)
+                let f = match open(false) {
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                        OpenOptions::new().read(true).write(true).open(&path)
+                    }
+                    other => other,
+                };
+                (f.map_err(unwritable)?, false)
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                return Err(StoreError::Exists { path });
             }
             Err(e) => return Err(unwritable(e)),
         };
+        // From here the file is ours: dropping the store on an error removes it.
         let store = PageStore {
             file,
             path: path.clone(),
@@ -190,12 +211,24 @@ mod tests {
     }
 
     #[test]
-    fn bad_stores_are_refused() {
+    fn bad_stores_are_refused_and_nothing_is_touched() {
         let e = PageStore::create(Some(Path::new("/proc/hover-no-such-store")), 0)
             .err()
             .unwrap();
         assert!(e.to_string().contains("cannot create or write"), "{e}");
         let e = PageStore::create(None, u64::MAX).err().unwrap();
         assert!(e.to_string().contains("may be evicted there"), "{e}");
+        // An existing file (or device) is neither used nor removed.
+        let existing = default_dir().join(format!("hover-store-test-{}", std::process::id()));
+        std::fs::write(&existing, b"keep me").unwrap();
+        let e = PageStore::create(Some(&existing), 0).err().unwrap();
+        assert!(e.to_string().contains("already exists"), "{e}");
+        assert_eq!(std::fs::read(&existing).unwrap(), b"keep me");
+        std::fs::remove_file(&existing).unwrap();
+        let e = PageStore::create(Some(Path::new("/dev/null")), 0)
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("already exists"), "{e}");
+        assert!(Path::new("/dev/null").exists());
     }
 }
