@@ -12,6 +12,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use hover_vmm::config::HaltPoll;
 use hover_vmm::config::{
     parse_console, parse_duration, parse_size, ConsoleTarget, GuestImage, MemoryBackend,
     PagingConfig, VmConfig,
@@ -42,6 +43,12 @@ enum Command {
     Run(RunArgs),
     /// Run a benchmark scenario and print its table.
     Bench(BenchArgs),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum HaltPollArg {
+    /// The governor.
+    Auto,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -88,6 +95,22 @@ struct RunArgs {
     /// another task while a page is fetched; off: the vCPU waits).
     #[arg(long, value_enum, default_value = "on")]
     async_pf: OnOff,
+    /// Fixed maximum halt-poll window for this VM, nanoseconds (0: no
+    /// polling; at most 10 ms). Default: KVM's module setting.
+    #[arg(long, conflicts_with = "halt_poll")]
+    halt_poll_ns: Option<u64>,
+    /// `auto`: a governor picks the window from KVM's measured wake-ups,
+    /// within --halt-poll-budget.
+    #[arg(long, value_enum)]
+    halt_poll: Option<HaltPollArg>,
+    /// CPU budget for failed polls under --halt-poll auto, percent of one CPU
+    /// per vCPU, in (0, 100].
+    #[arg(long, default_value_t = hover_vmm::sched::halt_poll::DEFAULT_BUDGET_PCT, requires = "halt_poll")]
+    halt_poll_budget: f64,
+    /// Let guest HLT run without exiting to KVM (KVM_CAP_X86_DISABLE_EXITS):
+    /// wake-ups cost nothing, but each vCPU keeps a host CPU busy.
+    #[arg(long)]
+    disable_hlt_exits: bool,
     /// The guest: `builtin` or the path of an x86_64 ELF executable.
     #[arg(long, default_value = "builtin")]
     guest: String,
@@ -196,6 +219,14 @@ fn run(args: RunArgs) -> ExitCode {
             store_latency: args.page_store_latency,
         }),
         async_pf: args.async_pf == OnOff::On,
+        halt_poll: match (args.halt_poll_ns, args.halt_poll) {
+            (Some(ns), _) => HaltPoll::Fixed(ns),
+            (None, Some(HaltPollArg::Auto)) => HaltPoll::Auto {
+                budget_pct: args.halt_poll_budget,
+            },
+            (None, None) => HaltPoll::KvmDefault,
+        },
+        hlt_exits: !args.disable_hlt_exits,
     };
     match Vm::new(&config).and_then(Vm::run) {
         Ok(outcome) => {

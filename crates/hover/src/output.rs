@@ -45,6 +45,27 @@ pub fn print_summary(o: &RunOutcome) {
             if p.store_direct { "" } else { " (store without O_DIRECT)" }
         );
     }
+    if let Some(h) = &o.halt_poll {
+        let changes: Vec<String> = h
+            .changes
+            .iter()
+            .map(|(t, w)| format!("{w} ns at {t} ms"))
+            .collect();
+        println!(
+            "halt-poll governor (budget {}%): final window {} ns; changes: {}",
+            h.budget_pct,
+            h.final_window_ns,
+            changes.join(", ")
+        );
+    }
+    if !o.vcpu_cpu_us.is_empty() {
+        let cpu: Vec<String> = o
+            .vcpu_cpu_us
+            .iter()
+            .map(|us| format!("{:.1} ms", *us as f64 / 1000.0))
+            .collect();
+        println!("vCPU thread CPU time: {}", cpu.join(", "));
+    }
     let m = &o.memory;
     println!(
         "memory: guest {} configured, {} resident; process {} resident; VMM overhead {}",

@@ -8,6 +8,8 @@ use hover_abi::boot::CMDLINE_MAX;
 use hover_abi::cmdline::CmdlineError;
 
 pub use crate::memory::paged::PagingConfig;
+pub use crate::sched::halt_poll::HaltPoll;
+use crate::sched::halt_poll::MAX_WINDOW_NS;
 use hover_abi::layout::{MAX_MAPPED_GIB, MAX_VCPUS, MMIO_HOLE_END, MMIO_HOLE_START, PAGE_SIZE};
 use hover_abi::workload::{self, ParamKind, WorkloadError};
 
@@ -90,6 +92,10 @@ pub struct VmConfig {
     /// Offer KVM's asynchronous page faults to the guest (ASYNC_PF and
     /// ASYNC_PF_INT in the KVM PV CPUID leaf).
     pub async_pf: bool,
+    /// Halt polling for this VM.
+    pub halt_poll: HaltPoll,
+    /// Whether guest HLT exits to KVM (`false`: KVM_CAP_X86_DISABLE_EXITS).
+    pub hlt_exits: bool,
 }
 
 impl Default for VmConfig {
@@ -103,12 +109,14 @@ impl Default for VmConfig {
             console: ConsoleTarget::Stdout,
             paging: None,
             async_pf: true,
+            halt_poll: HaltPoll::KvmDefault,
+            hlt_exits: true,
         }
     }
 }
 
 /// A configuration value out of range. Each message names the value and what is accepted.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ConfigError {
     /// vCPU count outside 1..=MAX.
     #[error("--vcpus {given} is out of range: a VM needs 1 to {max} vCPUs")]
@@ -184,6 +192,15 @@ pub enum ConfigError {
     /// Async PF asked for on a KVM without it.
     #[error("--async-pf on: this KVM does not offer asynchronous page faults (CPUID 0x40000001 lacks ASYNC_PF or ASYNC_PF_INT); use --async-pf off")]
     AsyncPfUnsupported,
+    /// A halt-poll window out of range.
+    #[error("--halt-poll-ns {0} is too large: at most {MAX_WINDOW_NS} (10 ms) is accepted")]
+    HaltPollTooLarge(u64),
+    /// A governor budget out of range.
+    #[error("--halt-poll-budget {0}% is out of range: give a share of one CPU in (0, 100]")]
+    HaltPollBudget(f64),
+    /// Halt polling asked for on a KVM that cannot set it per VM.
+    #[error("this KVM cannot set halt polling per VM (no KVM_CAP_HALT_POLL, Linux 5.10+); leave --halt-poll-ns/--halt-poll unset")]
+    HaltPollUnsupported,
     /// A duration that does not parse.
     #[error("'{0}' is not a duration: use a number with ns, us, ms or s (e.g. 0, 100us, 2ms)")]
     BadDuration(String),
@@ -217,6 +234,15 @@ impl VmConfig {
         }
         if self.guest == GuestImage::Builtin {
             check_builtin_cmdline(&self.cmdline)?;
+        }
+        match self.halt_poll {
+            HaltPoll::Fixed(ns) if ns > MAX_WINDOW_NS => {
+                return Err(ConfigError::HaltPollTooLarge(ns))
+            }
+            HaltPoll::Auto { budget_pct } if !(budget_pct > 0.0 && budget_pct <= 100.0) => {
+                return Err(ConfigError::HaltPollBudget(budget_pct))
+            }
+            _ => {}
         }
         if let Some(p) = &self.paging {
             if p.budget > self.memory {
@@ -395,6 +421,32 @@ mod tests {
         };
         assert_eq!(memfd.validate(), Err(ConfigError::PagingNeedsAnonymous));
         paged(256 << 20, 64 << 20).validate().unwrap();
+    }
+
+    #[test]
+    fn halt_poll_values_are_checked() {
+        let c = |h| {
+            VmConfig {
+                halt_poll: h,
+                ..VmConfig::default()
+            }
+            .validate()
+        };
+        assert!(c(HaltPoll::Fixed(200_000)).is_ok());
+        assert_eq!(
+            c(HaltPoll::Fixed(u64::MAX)),
+            Err(ConfigError::HaltPollTooLarge(u64::MAX))
+        );
+        assert!(c(HaltPoll::Auto { budget_pct: 2.5 }).is_ok());
+        for b in [0.0, -1.0, 100.5, f64::NAN] {
+            assert!(
+                matches!(
+                    c(HaltPoll::Auto { budget_pct: b }),
+                    Err(ConfigError::HaltPollBudget(_))
+                ),
+                "{b}"
+            );
+        }
     }
 
     #[test]

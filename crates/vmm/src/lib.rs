@@ -15,6 +15,7 @@ pub mod devices;
 pub mod host;
 pub mod memory;
 pub mod report;
+pub mod sched;
 pub mod stats;
 pub mod vcpu;
 pub mod vm;
@@ -43,6 +44,7 @@ pub enum KvmOp {
     GetTscKhz,
     GetMsrs,
     RegisterIrqfd,
+    EnableCap,
     Run,
 }
 

@@ -191,6 +191,20 @@ impl StatsSnapshot {
             .map(|d| &self.values[d.index..d.index + d.size])
     }
 
+    /// Every histogram by name.
+    pub fn histograms(&self) -> BTreeMap<String, Vec<u64>> {
+        self.descs
+            .iter()
+            .filter(|d| matches!(d.kind, StatKind::LinearHistogram | StatKind::LogHistogram))
+            .map(|d| {
+                (
+                    d.name.clone(),
+                    self.values[d.index..d.index + d.size].to_vec(),
+                )
+            })
+            .collect()
+    }
+
     /// Every single-valued statistic by name.
     pub fn scalars(&self) -> BTreeMap<String, u64> {
         self.descs

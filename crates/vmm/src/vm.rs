@@ -2,7 +2,7 @@
 //! runs the vCPU threads and reports how the guest ended.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -25,6 +25,7 @@ use crate::devices::Devices;
 use crate::memory::paged::{Pager, PagerStats, MIN_BUDGET_PAGES};
 use crate::memory::GuestRam;
 use crate::report::{self, ReportEntry};
+use crate::sched::halt_poll::{self, Governor, GovernorReport, HaltPoll};
 use crate::stats::KvmStats;
 use crate::vcpu::{self, Vcpu, VcpuEvent};
 use crate::{Error, KvmOp};
@@ -86,8 +87,15 @@ pub struct RunOutcome {
     pub vcpu_stats: Vec<BTreeMap<String, u64>>,
     /// KVM's statistics of the VM at exit.
     pub vm_stats: BTreeMap<String, u64>,
+    /// KVM's histograms of each vCPU at exit (bucket counts; log histograms:
+    /// bucket 0 holds 0, bucket i values in [2^(i-1), 2^i)).
+    pub vcpu_histograms: Vec<BTreeMap<String, Vec<u64>>>,
     /// What the pager did (with --memory-budget).
     pub pager: Option<PagerStats>,
+    /// What the halt-poll governor did (with --halt-poll auto).
+    pub halt_poll: Option<GovernorReport>,
+    /// Host CPU time each vCPU thread used, microseconds.
+    pub vcpu_cpu_us: Vec<u64>,
 }
 
 /// A built VM, ready to run.
@@ -103,6 +111,9 @@ pub struct Vm {
     vcpu_stats: Vec<KvmStats>,
     vm_stats: Option<KvmStats>,
     pager: Option<Pager>,
+    governor_budget: Option<f64>,
+    governor: Option<Governor>,
+    vcpu_cpu_us: Vec<u64>,
     events: Sender<VmEvent>,
     events_rx: Receiver<VmEvent>,
 }
@@ -149,6 +160,16 @@ impl Vm {
         fd.set_tss_address(KVM_TSS_ADDRESS)
             .map_err(KvmOp::SetTssAddress.err())?;
         fd.create_irq_chip().map_err(KvmOp::CreateIrqchip.err())?;
+        if config.halt_poll != HaltPoll::KvmDefault && !halt_poll::supported(&fd) {
+            return Err(ConfigError::HaltPollUnsupported.into());
+        }
+        if let HaltPoll::Fixed(ns) = config.halt_poll {
+            halt_poll::set_window(&fd, ns).map_err(KvmOp::EnableCap.err())?;
+        }
+        // KVM accepts this only before vCPUs exist.
+        if !config.hlt_exits {
+            halt_poll::disable_hlt_exits(&fd).map_err(KvmOp::EnableCap.err())?;
+        }
 
         boot::load(&image, &layout, &ram)?;
         tables::write_page_tables(ram.memory(), ram.end())?;
@@ -187,6 +208,10 @@ impl Vm {
             Vec::new()
         });
         let vm_stats = KvmStats::open(fd.as_ref()).ok();
+        let governor_budget = match config.halt_poll {
+            HaltPoll::Auto { budget_pct } => Some(budget_pct),
+            _ => None,
+        };
         boot::write_boot_info(
             &ram,
             config.vcpus,
@@ -248,6 +273,9 @@ impl Vm {
             pager,
             events,
             events_rx,
+            governor_budget,
+            governor: None,
+            vcpu_cpu_us: Vec::new(),
         })
     }
 
@@ -275,18 +303,39 @@ impl Vm {
             source,
         })?;
         let tsc_ref = self.read_guest_tsc()?;
+        if let Some(budget) = self.governor_budget {
+            let stats = self
+                .vcpus
+                .iter()
+                .map(|v| KvmStats::open(v.fd()))
+                .collect::<Result<Vec<_>, _>>();
+            let stats = stats.map_err(|source| Error::Host {
+                what: "open KVM statistics for the halt-poll governor",
+                source,
+            })?;
+            let gov =
+                Governor::start(self.fd.clone(), stats, budget).map_err(|source| Error::Host {
+                    what: "start the halt-poll governor",
+                    source,
+                })?;
+            self.governor = Some(gov);
+        }
         let started_at = Instant::now();
         let stop = Arc::new(AtomicBool::new(false));
+        let cpu_us: Arc<Vec<AtomicU64>> =
+            Arc::new(self.vcpus.iter().map(|_| AtomicU64::new(0)).collect());
         let mut threads = Vec::new();
         for vcpu in self.vcpus.drain(..) {
             let (devices, stop, tx) = (self.devices.clone(), stop.clone(), self.events.clone());
             let index = vcpu.index() as usize;
+            let cpu_us = cpu_us.clone();
             let handle = thread::Builder::new()
                 .name(format!("vcpu{index}"))
                 .spawn(move || {
                     let run = std::panic::AssertUnwindSafe(|| vcpu.run(devices, stop));
                     let event = std::panic::catch_unwind(run)
                         .map_or(VmEvent::VcpuPanicked(index), VmEvent::Vcpu);
+                    cpu_us[index].store(thread_cpu_us(), Ordering::Relaxed);
                     let _ = tx.send(event);
                 })
                 .map_err(|source| Error::Host {
@@ -320,6 +369,10 @@ impl Vm {
         if let Some(p) = self.pager.as_mut() {
             p.stop();
         }
+        if let Some(g) = self.governor.as_mut() {
+            g.stop();
+        }
+        self.vcpu_cpu_us = cpu_us.iter().map(|c| c.load(Ordering::Relaxed)).collect();
 
         match first {
             Some(VmEvent::Vcpu(VcpuEvent::Exit { vcpu, code })) => {
@@ -394,7 +447,15 @@ impl Vm {
                 .filter_map(|s| s.read().ok())
                 .map(|s| s.scalars())
                 .collect(),
+            vcpu_histograms: self
+                .vcpu_stats
+                .iter()
+                .filter_map(|s| s.read().ok())
+                .map(|s| s.histograms())
+                .collect(),
             pager: self.pager.as_ref().map(Pager::stats),
+            halt_poll: self.governor.as_ref().map(Governor::report),
+            vcpu_cpu_us: self.vcpu_cpu_us.clone(),
             vm_stats: self
                 .vm_stats
                 .as_ref()
@@ -432,6 +493,17 @@ fn register_memory(fd: &VmFd, ram: &GuestRam) -> Result<(), Error> {
         unsafe { fd.set_user_memory_region(r) }.map_err(KvmOp::SetMemoryRegion.err())?;
     }
     Ok(())
+}
+
+/// CPU time (user + system) the calling thread has used, microseconds.
+fn thread_cpu_us() -> u64 {
+    // SAFETY: getrusage fills the struct it is given; the result is checked.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) } != 0 {
+        return 0;
+    }
+    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    us(u.ru_utime) + us(u.ru_stime)
 }
 
 fn process_resident_bytes() -> std::io::Result<u64> {

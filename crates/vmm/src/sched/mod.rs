@@ -1,0 +1,3 @@
+//! Scheduling controls the monitor applies to its vCPUs.
+
+pub mod halt_poll;
