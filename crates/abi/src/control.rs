@@ -24,6 +24,9 @@ pub mod op {
     /// destination vCPU (bits 8-15), `arg1` = delay in nanoseconds (at most
     /// [`MAX_MSI_DELAY_NS`]).
     pub const INJECT_MSI: u32 = 4;
+    /// Set up the paravirtual I/O device's ring (`crate::pvio`): `arg0` =
+    /// ring gpa, `arg1` = entries (a power of two up to `pvio::MAX_ENTRIES`).
+    pub const IO_SETUP: u32 = 5;
 }
 
 /// Longest delay an INJECT_MSI request may ask for: 10 s.

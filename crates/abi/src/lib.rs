@@ -12,6 +12,7 @@ pub mod cmdline;
 pub mod control;
 pub mod layout;
 pub mod pv;
+pub mod pvio;
 pub mod vectors;
 pub mod workload;
 

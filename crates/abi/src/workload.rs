@@ -170,6 +170,18 @@ pub const WORKLOADS: &[WorkloadSpec] = &[
         ],
     },
     WorkloadSpec {
+        name: "iolat",
+        help: "queue-depth-1 synchronous writes through the paravirtual I/O device; reports IOPS and latency avg/p50/p99",
+        params: &[
+            ParamSpec {
+                name: "size",
+                help: "bytes per write (K suffix allowed)",
+                kind: ParamKind::Size { min: 512, max: 1 << 20, default: 4096 },
+            },
+            num("seconds", "how long to write", 1, 3600, 5),
+        ],
+    },
+    WorkloadSpec {
         name: "pingpong",
         help: "tasks on vCPU 0 and the last vCPU wake each other through events; reports the round trip",
         params: &[num("rounds", "number of round trips", 1, 10_000_000, 10_000)],

@@ -27,6 +27,7 @@ mod kernel;
 mod mem;
 mod nub;
 mod percpu;
+mod pvio;
 mod report;
 mod sched;
 mod sync;

@@ -78,8 +78,13 @@ pub fn wait_for_idt() {
     }
 }
 
-/// Ports CPL3 code may use: the serial console and the control port.
-const ALLOWED_PORTS: [(u16, u16); 2] = [(0x3f8, 8), (CONTROL_PORT, 4)];
+/// Ports CPL3 code may use: the serial console, the control port and the
+/// I/O device's doorbell.
+const ALLOWED_PORTS: [(u16, u16); 3] = [
+    (0x3f8, 8),
+    (CONTROL_PORT, 4),
+    (hover_abi::pvio::DOORBELL_PORT, 4),
+];
 
 /// Build this CPU's GDT and TSS and load them through the nub.
 pub fn load_cpu_tables(pc: &PerCpu) {

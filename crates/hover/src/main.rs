@@ -12,11 +12,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use hover_vmm::config::HaltPoll;
 use hover_vmm::config::{
     parse_console, parse_duration, parse_size, ConsoleTarget, GuestImage, MemoryBackend,
     PagingConfig, VmConfig,
 };
+use hover_vmm::config::{HaltPoll, PvioConfig};
 use hover_vmm::{Error, Vm};
 
 /// Exit status for bad input.
@@ -107,6 +107,10 @@ struct RunArgs {
     /// per vCPU, in (0, 100].
     #[arg(long, default_value_t = hover_vmm::sched::halt_poll::DEFAULT_BUDGET_PCT, requires = "halt_poll")]
     halt_poll_budget: f64,
+    /// File the paravirtual I/O device writes to (created if missing, kept).
+    /// Default: a file on tmpfs (/dev/shm), removed at exit.
+    #[arg(long)]
+    io_file: Option<PathBuf>,
     /// Let guest HLT run without exiting to KVM (KVM_CAP_X86_DISABLE_EXITS):
     /// wake-ups cost nothing, but each vCPU keeps a host CPU busy.
     #[arg(long)]
@@ -227,6 +231,9 @@ fn run(args: RunArgs) -> ExitCode {
             (None, None) => HaltPoll::KvmDefault,
         },
         hlt_exits: !args.disable_hlt_exits,
+        pvio: PvioConfig {
+            file: args.io_file.clone(),
+        },
     };
     match Vm::new(&config).and_then(Vm::run) {
         Ok(outcome) => {

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use hover_abi::boot::CMDLINE_MAX;
 use hover_abi::cmdline::CmdlineError;
 
+pub use crate::devices::pvio::PvioConfig;
 pub use crate::memory::paged::PagingConfig;
 pub use crate::sched::halt_poll::HaltPoll;
 use crate::sched::halt_poll::MAX_WINDOW_NS;
@@ -96,6 +97,8 @@ pub struct VmConfig {
     pub halt_poll: HaltPoll,
     /// Whether guest HLT exits to KVM (`false`: KVM_CAP_X86_DISABLE_EXITS).
     pub hlt_exits: bool,
+    /// The paravirtual I/O device's file.
+    pub pvio: PvioConfig,
 }
 
 impl Default for VmConfig {
@@ -111,6 +114,7 @@ impl Default for VmConfig {
             async_pf: true,
             halt_poll: HaltPoll::KvmDefault,
             hlt_exits: true,
+            pvio: PvioConfig::default(),
         }
     }
 }

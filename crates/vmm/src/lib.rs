@@ -45,6 +45,8 @@ pub enum KvmOp {
     GetMsrs,
     RegisterIrqfd,
     EnableCap,
+    RegisterIoevent,
+    SetGsiRouting,
     Run,
 }
 

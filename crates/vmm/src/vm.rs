@@ -20,6 +20,7 @@ use crate::boot::{self, ImageLayout};
 use crate::config::{ConfigError, VmConfig};
 use crate::devices::control::ControlDevice;
 use crate::devices::msi::MsiInjector;
+use crate::devices::pvio::{PvioDevice, PvioStats};
 use crate::devices::serial::{ConsoleSink, SerialConsole};
 use crate::devices::Devices;
 use crate::memory::paged::{Pager, PagerStats, MIN_BUDGET_PAGES};
@@ -96,6 +97,8 @@ pub struct RunOutcome {
     pub halt_poll: Option<GovernorReport>,
     /// Host CPU time each vCPU thread used, microseconds.
     pub vcpu_cpu_us: Vec<u64>,
+    /// What the paravirtual I/O device did, if the guest used it.
+    pub io: Option<PvioStats>,
 }
 
 /// A built VM, ready to run.
@@ -113,6 +116,7 @@ pub struct Vm {
     pager: Option<Pager>,
     governor_budget: Option<f64>,
     governor: Option<Governor>,
+    pvio: Arc<PvioDevice>,
     vcpu_cpu_us: Vec<u64>,
     events: Sender<VmEvent>,
     events_rx: Receiver<VmEvent>,
@@ -231,13 +235,15 @@ impl Vm {
             target: format!("{:?}", config.console),
             source,
         })?;
+        let pvio = PvioDevice::new(&fd, ram.memory().clone(), config.vcpus, &config.pvio)?;
         let devices = Arc::new(Devices {
             serial: SerialConsole::new(irq, sink),
             control: ControlDevice::new(
                 ram.memory().clone(),
                 Some(MsiInjector::new(fd.clone())),
                 config.vcpus,
-            ),
+            )
+            .with_pvio(pvio.clone()),
         });
         let (events, events_rx) = mpsc::channel();
         let pager = match &config.paging {
@@ -275,6 +281,7 @@ impl Vm {
             events_rx,
             governor_budget,
             governor: None,
+            pvio,
             vcpu_cpu_us: Vec::new(),
         })
     }
@@ -372,6 +379,7 @@ impl Vm {
         if let Some(g) = self.governor.as_mut() {
             g.stop();
         }
+        self.pvio.stop();
         self.vcpu_cpu_us = cpu_us.iter().map(|c| c.load(Ordering::Relaxed)).collect();
 
         match first {
@@ -456,6 +464,7 @@ impl Vm {
             pager: self.pager.as_ref().map(Pager::stats),
             halt_poll: self.governor.as_ref().map(Governor::report),
             vcpu_cpu_us: self.vcpu_cpu_us.clone(),
+            io: self.pvio.stats(),
             vm_stats: self
                 .vm_stats
                 .as_ref()

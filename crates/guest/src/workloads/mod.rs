@@ -10,6 +10,7 @@ mod ctxsw;
 mod evict_report;
 mod exception;
 mod hello;
+mod iolat;
 mod irq;
 mod memtouch;
 mod nubcall;
@@ -125,6 +126,7 @@ fn main_task(_: usize) {
         "ctxsw" => ctxsw::run(&ctx),
         "nubcall" => nubcall::run(&ctx),
         "irq" => irq::run(&ctx),
+        "iolat" => iolat::run(&ctx),
         "pingpong" => pingpong::run(&ctx),
         "evict-report" => evict_report::run(&ctx),
         "exception" => exception::run(&ctx),

@@ -38,6 +38,7 @@ pub struct ControlDevice {
     reports: Mutex<Vec<ReportEntry>>,
     msi: Option<MsiInjector>,
     vcpus: u32,
+    pvio: Option<std::sync::Arc<super::pvio::PvioDevice>>,
 }
 
 fn decode_request(b: &[u8; REQUEST_SIZE]) -> ControlRequest {
@@ -71,7 +72,14 @@ impl ControlDevice {
             reports: Mutex::new(Vec::new()),
             msi,
             vcpus,
+            pvio: None,
         }
+    }
+
+    /// Attach the I/O device that IO_SETUP requests set up.
+    pub fn with_pvio(mut self, pvio: std::sync::Arc<super::pvio::PvioDevice>) -> Self {
+        self.pvio = Some(pvio);
+        self
     }
 
     /// All reports so far, in arrival order.
@@ -104,6 +112,10 @@ impl ControlDevice {
             ),
             op::LOG => (self.log(vcpu, req.arg0, req.arg1), ControlAction::Continue),
             op::INJECT_MSI => (self.inject_msi(req.arg0, req.arg1), ControlAction::Continue),
+            op::IO_SETUP => match &self.pvio {
+                Some(d) => (d.setup(req.arg0, req.arg1), ControlAction::Continue),
+                None => (status::BAD_OP, ControlAction::Continue),
+            },
             other => {
                 tracing::warn!(vcpu, "control request with unknown op {other}");
                 (status::BAD_OP, ControlAction::Continue)

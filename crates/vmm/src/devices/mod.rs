@@ -2,6 +2,7 @@
 
 pub mod control;
 pub mod msi;
+pub mod pvio;
 pub mod serial;
 
 use hover_abi::control::CONTROL_PORT;

@@ -1,0 +1,101 @@
+//! `iolat`: the halt-polling seed's workload. A task issues synchronous,
+//! unmergeable writes of `size` bytes at queue depth 1 through the
+//! paravirtual I/O device for `seconds`: it sleeps while each write is in
+//! flight (its vCPU halts), and the completion interrupt wakes it. Reports
+//! IOPS and latency (avg, p50, p99). Write `k` goes to slot `k % 64` of the
+//! file and holds bytes `(k + i) mod 251`, so the file can be checked.
+
+use core::sync::atomic::{AtomicU32, Ordering};
+
+use hover_abi::exit_code;
+use hover_abi::pvio::io_status;
+
+use super::Context;
+use crate::kernel::{now, ticks_per_sec, ticks_to_ns, Reports};
+use crate::{frames, println, pvio};
+
+/// Slots the writes cycle through.
+pub const SLOTS: u64 = 64;
+/// Latency histogram: 1 us buckets up to 20 ms, then one overflow bucket.
+const BUCKETS: usize = 20_001;
+static HIST: [AtomicU32; BUCKETS] = [const { AtomicU32::new(0) }; BUCKETS];
+
+/// The `pct`-th percentile (nearest rank), nanoseconds.
+fn percentile(total: u64, pct: u64) -> u64 {
+    let want = (total * pct).div_ceil(100).max(1);
+    let mut seen = 0u64;
+    for (us, b) in HIST.iter().enumerate() {
+        seen += b.load(Ordering::Relaxed) as u64;
+        if seen >= want {
+            return us as u64 * 1000;
+        }
+    }
+    (BUCKETS as u64 - 1) * 1000
+}
+
+pub fn run(ctx: &Context) -> u32 {
+    let size = ctx.number("size");
+    let seconds = ctx.number("seconds");
+    let Some(buf) = frames::alloc(size, 4096) else {
+        println!("iolat: no memory for a {}-byte buffer", size);
+        return exit_code::WORKLOAD_FAILED;
+    };
+    let st = pvio::setup();
+    if !pvio::setup_ok(st) {
+        println!("iolat: the monitor refused the I/O ring (status {})", st);
+        return exit_code::WORKLOAD_FAILED;
+    }
+    let end = now() + seconds * ticks_per_sec();
+    let (mut n, mut errors, mut sum, mut min, mut max) = (0u64, 0u64, 0u64, u64::MAX, 0u64);
+    let start = now();
+    while now() < end {
+        let data = buf as *mut u8;
+        for i in 0..size {
+            // SAFETY: the buffer was allocated for this workload.
+            unsafe { data.add(i as usize).write(((n + i) % 251) as u8) };
+        }
+        let t0 = now();
+        let (status, err) = pvio::write_sync(buf, size as u32, (n % SLOTS) * size);
+        let ns = ticks_to_ns(now() - t0);
+        if status != io_status::OK {
+            if errors == 0 {
+                println!(
+                    "iolat: write {} failed: status {}, errno {}",
+                    n, status, err
+                );
+            }
+            errors += 1;
+        }
+        n += 1;
+        sum += ns;
+        min = min.min(ns);
+        max = max.max(ns);
+        HIST[((ns / 1000) as usize).min(BUCKETS - 1)].fetch_add(1, Ordering::Relaxed);
+    }
+    let elapsed_ns = ticks_to_ns(now() - start).max(1);
+    let iops = n as f64 * 1e9 / elapsed_ns as f64;
+    let mut r = Reports::new();
+    r.u64(format_args!("iolat.requests"), n);
+    r.u64(format_args!("iolat.errors"), errors);
+    r.u64(format_args!("iolat.size"), size);
+    r.u64(format_args!("iolat.iops"), iops as u64);
+    r.u64(format_args!("iolat.avg_ns"), sum / n.max(1));
+    r.u64(format_args!("iolat.min_ns"), min);
+    r.u64(format_args!("iolat.p50_ns"), percentile(n, 50));
+    r.u64(format_args!("iolat.p99_ns"), percentile(n, 99));
+    r.u64(format_args!("iolat.max_ns"), max);
+    r.send();
+    println!(
+        "iolat: {} writes of {} bytes, {} IOPS, avg {} us, {} errors",
+        n,
+        size,
+        iops as u64,
+        sum / n.max(1) / 1000,
+        errors
+    );
+    if errors == 0 {
+        exit_code::OK
+    } else {
+        exit_code::WORKLOAD_FAILED
+    }
+}

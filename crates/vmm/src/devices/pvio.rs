@@ -1,0 +1,318 @@
+//! The paravirtual I/O device (docs/ABI.md, `hover_abi::pvio`): synchronous
+//! writes to a host file, for the halt-polling experiment.
+//!
+//! The guest's doorbell is an ioeventfd, so a submission never exits to a
+//! vCPU thread of the monitor; this device's I/O thread performs the write
+//! (the file is opened O_DSYNC: each write is durable before it completes,
+//! like the seed's unmergeable synchronous writes) and signals completion
+//! through an irqfd routed as an MSI to the submitting vCPU, whose task is
+//! meanwhile asleep and whose vCPU has typically halted.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use hover_abi::pvio::{
+    io_op, io_status, COMPLETION_VECTOR, DOORBELL_PORT, MAX_ENTRIES, MAX_FILE_BYTES, MAX_LEN,
+};
+use kvm_bindings::{
+    kvm_irq_routing_entry, KvmIrqRouting, KVM_IRQCHIP_IOAPIC, KVM_IRQ_ROUTING_IRQCHIP,
+    KVM_IRQ_ROUTING_MSI,
+};
+use kvm_ioctls::{IoEventAddress, NoDatamatch, VmFd};
+use serde::Serialize;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vmm_sys_util::eventfd::EventFd;
+
+/// GSIs the IOAPIC pins occupy; the device's per-vCPU MSI routes follow.
+const IOAPIC_PINS: u32 = 24;
+const HEADER: u64 = 16;
+const REQUEST: u64 = 40;
+
+/// Where the device writes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PvioConfig {
+    /// The file (created if missing; kept at exit). `None`: a file on tmpfs
+    /// (/dev/shm), which stands for a fast write cache, removed at exit.
+    pub file: Option<PathBuf>,
+}
+
+/// What the device did.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PvioStats {
+    /// The file written.
+    pub file: String,
+    /// Requests completed.
+    pub requests: u64,
+    /// Requests refused as malformed.
+    pub bad_requests: u64,
+    /// Requests whose write failed.
+    pub io_errors: u64,
+    /// Bytes written.
+    pub bytes: u64,
+}
+
+/// The device.
+pub struct PvioDevice {
+    memory: GuestMemoryMmap,
+    doorbell: EventFd,
+    irqfds: Vec<EventFd>,
+    /// Whether the guest has set the ring up (once per run).
+    ring: Mutex<bool>,
+    path: PathBuf,
+    remove_at_exit: bool,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    stop: AtomicBool,
+    requests: AtomicU64,
+    bad: AtomicU64,
+    errors: AtomicU64,
+    bytes: AtomicU64,
+}
+
+fn routing(vcpus: u32) -> Result<KvmIrqRouting, String> {
+    let mut entries = Vec::new();
+    for pin in 0..IOAPIC_PINS {
+        let mut e = kvm_irq_routing_entry {
+            gsi: pin,
+            type_: KVM_IRQ_ROUTING_IRQCHIP,
+            ..Default::default()
+        };
+        e.u.irqchip.irqchip = KVM_IRQCHIP_IOAPIC;
+        e.u.irqchip.pin = pin;
+        entries.push(e);
+    }
+    for v in 0..vcpus {
+        let mut e = kvm_irq_routing_entry {
+            gsi: IOAPIC_PINS + v,
+            type_: KVM_IRQ_ROUTING_MSI,
+            ..Default::default()
+        };
+        e.u.msi.address_lo = 0xfee0_0000 | v << 12;
+        e.u.msi.data = COMPLETION_VECTOR as u32;
+        entries.push(e);
+    }
+    KvmIrqRouting::from_entries(&entries).map_err(|e| format!("{e:?}"))
+}
+
+impl PvioDevice {
+    /// Wire the device into `vm` (doorbell ioeventfd, one completion irqfd
+    /// per vCPU). The file is opened when the guest sets the ring up.
+    pub fn new(
+        vm: &VmFd,
+        memory: GuestMemoryMmap,
+        vcpus: u32,
+        config: &PvioConfig,
+    ) -> Result<Arc<Self>, crate::Error> {
+        let host = |what, source| crate::Error::Host { what, source };
+        let doorbell = EventFd::new(0).map_err(|e| host("create the I/O doorbell", e))?;
+        vm.register_ioevent(
+            &doorbell,
+            &IoEventAddress::Pio(DOORBELL_PORT as u64),
+            NoDatamatch,
+        )
+        .map_err(crate::KvmOp::RegisterIoevent.err())?;
+        let table =
+            routing(vcpus).map_err(|e| host("build the GSI routing", std::io::Error::other(e)))?;
+        vm.set_gsi_routing(&table)
+            .map_err(crate::KvmOp::SetGsiRouting.err())?;
+        let mut irqfds = Vec::new();
+        for v in 0..vcpus {
+            let fd =
+                EventFd::new(libc::EFD_NONBLOCK).map_err(|e| host("create an I/O irqfd", e))?;
+            vm.register_irqfd(&fd, IOAPIC_PINS + v)
+                .map_err(crate::KvmOp::RegisterIrqfd.err())?;
+            irqfds.push(fd);
+        }
+        let (path, remove_at_exit) = match &config.file {
+            Some(p) => (p.clone(), false),
+            None => {
+                static N: AtomicU64 = AtomicU64::new(0);
+                let dir = if std::path::Path::new("/dev/shm").is_dir() {
+                    PathBuf::from("/dev/shm")
+                } else {
+                    std::env::temp_dir()
+                };
+                (
+                    dir.join(format!(
+                        "hover-io-{}-{}",
+                        std::process::id(),
+                        N.fetch_add(1, Ordering::Relaxed)
+                    )),
+                    true,
+                )
+            }
+        };
+        Ok(Arc::new(PvioDevice {
+            memory,
+            doorbell,
+            irqfds,
+            ring: Mutex::new(false),
+            path,
+            remove_at_exit,
+            thread: Mutex::new(None),
+            stop: AtomicBool::new(false),
+            requests: AtomicU64::new(0),
+            bad: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+        }))
+    }
+
+    /// The guest's IO_SETUP request: check the ring, open the file, start the
+    /// I/O thread. Returns a control status.
+    pub fn setup(self: &Arc<Self>, gpa: u64, entries: u64) -> u32 {
+        use hover_abi::control::status;
+        let len = HEADER + entries.saturating_mul(REQUEST);
+        let mut probe = vec![0u8; len as usize];
+        if entries == 0
+            || !entries.is_power_of_two()
+            || entries > MAX_ENTRIES as u64
+            || self
+                .memory
+                .read_slice(&mut probe, GuestAddress(gpa))
+                .is_err()
+        {
+            return status::BAD_RANGE;
+        }
+        let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        if *ring {
+            return status::BAD_OP;
+        }
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .custom_flags(libc::O_DSYNC)
+            .open(&self.path);
+        let file = match file {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!("I/O device: cannot open {}: {e}", self.path.display());
+                return status::BAD_RANGE;
+            }
+        };
+        *ring = true;
+        let dev = self.clone();
+        let t = std::thread::Builder::new()
+            .name("pvio".into())
+            .spawn(move || dev.serve(file, gpa, entries));
+        match t {
+            Ok(t) => {
+                *self.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);
+                status::OK
+            }
+            Err(e) => {
+                tracing::warn!("I/O device: cannot start its thread: {e}");
+                *ring = false;
+                status::BAD_OP
+            }
+        }
+    }
+
+    fn serve(&self, file: File, gpa: u64, entries: u64) {
+        let mut done = 0u64;
+        let mut buf = Vec::new();
+        loop {
+            if self.doorbell.read().is_err() || self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            loop {
+                let Ok(submitted) = self.memory.read_obj::<u64>(GuestAddress(gpa)) else {
+                    return;
+                };
+                if submitted <= done {
+                    break;
+                }
+                if submitted - done > entries {
+                    tracing::warn!("I/O device: the guest overran its ring ({submitted} submitted, {done} done); skipping");
+                    done = submitted;
+                    let _ = self.memory.write_obj(done, GuestAddress(gpa + 8));
+                    break;
+                }
+                let at = gpa + HEADER + (done % entries) * REQUEST;
+                let (st, err, vcpu) = self.perform(&file, at, &mut buf);
+                let _ = self.memory.write_obj(st, GuestAddress(at + 28));
+                let _ = self.memory.write_obj(err, GuestAddress(at + 32));
+                done += 1;
+                let _ = self.memory.write_obj(done, GuestAddress(gpa + 8));
+                self.requests.fetch_add(1, Ordering::Relaxed);
+                let target = self.irqfds.get(vcpu as usize).unwrap_or(&self.irqfds[0]);
+                let _ = target.write(1);
+            }
+        }
+    }
+
+    /// Carry out the request at `at`: (status, errno, vCPU to interrupt).
+    fn perform(&self, file: &File, at: u64, buf: &mut Vec<u8>) -> (u32, i32, u32) {
+        let mut raw = [0u8; REQUEST as usize];
+        if self.memory.read_slice(&mut raw, GuestAddress(at)).is_err() {
+            self.bad.fetch_add(1, Ordering::Relaxed);
+            return (io_status::BAD_REQUEST, 0, 0);
+        }
+        let u32_at = |o: usize| u32::from_le_bytes(raw[o..o + 4].try_into().expect("4 bytes"));
+        let u64_at = |o: usize| u64::from_le_bytes(raw[o..o + 8].try_into().expect("8 bytes"));
+        let (op, len, offset, gbuf, vcpu) =
+            (u32_at(0), u32_at(4), u64_at(8), u64_at(16), u32_at(24));
+        let vcpu_ok = (vcpu as usize) < self.irqfds.len();
+        let in_file = offset
+            .checked_add(len as u64)
+            .is_some_and(|e| e <= MAX_FILE_BYTES);
+        buf.resize(len as usize, 0);
+        if op != io_op::WRITE
+            || len > MAX_LEN
+            || !vcpu_ok
+            || !in_file
+            || self.memory.read_slice(buf, GuestAddress(gbuf)).is_err()
+        {
+            self.bad.fetch_add(1, Ordering::Relaxed);
+            return (io_status::BAD_REQUEST, 0, if vcpu_ok { vcpu } else { 0 });
+        }
+        match file.write_all_at(buf, offset) {
+            Ok(()) => {
+                self.bytes.fetch_add(len as u64, Ordering::Relaxed);
+                (io_status::OK, 0, vcpu)
+            }
+            Err(e) => {
+                self.errors.fetch_add(1, Ordering::Relaxed);
+                (
+                    io_status::IO_ERROR,
+                    e.raw_os_error().unwrap_or(libc::EIO),
+                    vcpu,
+                )
+            }
+        }
+    }
+
+    /// What the device did, or `None` if the guest never set it up.
+    pub fn stats(&self) -> Option<PvioStats> {
+        if !*self.ring.lock().unwrap_or_else(|p| p.into_inner()) {
+            return None;
+        }
+        Some(PvioStats {
+            file: self.path.display().to_string(),
+            requests: self.requests.load(Ordering::Relaxed),
+            bad_requests: self.bad.load(Ordering::Relaxed),
+            io_errors: self.errors.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+        })
+    }
+
+    /// Stop the I/O thread (the VM is stopping).
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        let _ = self.doorbell.write(1);
+        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for PvioDevice {
+    fn drop(&mut self) {
+        if self.remove_at_exit && self.ring.get_mut().map(|r| *r).unwrap_or(false) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
