@@ -158,6 +158,22 @@ fn bad_input_is_one_line_and_exit_2() {
         ),
         (&["run", "--page-store", "/var/tmp"], "--memory-budget"),
         (&["run", "--async-pf", "maybe"], "--async-pf"),
+        (&["run", "--halt-poll-ns", "99999999999"], "too large"),
+        (&["run", "--halt-poll-ns=-5"], "--halt-poll-ns"),
+        (
+            &["run", "--halt-poll", "auto", "--halt-poll-budget", "0"],
+            "out of range",
+        ),
+        (
+            &["run", "--halt-poll", "auto", "--halt-poll-budget", "150"],
+            "out of range",
+        ),
+        (&["run", "--halt-poll-budget", "5"], "--halt-poll"),
+        (
+            &["run", "--halt-poll", "auto", "--halt-poll-ns", "1000"],
+            "cannot be used with",
+        ),
+        (&["run", "--halt-poll", "sometimes"], "--halt-poll"),
     ];
     for (args, needle) in cases {
         let out = hover(args);
@@ -261,5 +277,48 @@ fn page_store_error_during_the_run_stops_the_vm() {
     assert!(
         !text(&out.stdout).contains("memtouch:"),
         "the guest must not finish on lost data"
+    );
+}
+
+/// An I/O error on the device's file (here: writes past a file-size limit)
+/// completes the request with an error the guest reports; the monitor keeps
+/// running and the guest decides how to end (exit 20: its check failed).
+#[test]
+fn io_errors_reach_the_guest_and_the_vm_keeps_running() {
+    if !kvm_for_test("io_errors_reach_the_guest_and_the_vm_keeps_running") {
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let file = std::env::temp_dir().join(format!("hover-io-err-{}", std::process::id()));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hover"));
+    cmd.args(["run", "--io-file"])
+        .arg(&file)
+        .args(["--cmdline", "workload=iolat size=64K seconds=1"]);
+    // SAFETY: setrlimit is async-signal-safe and affects only the child.
+    unsafe {
+        cmd.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 1 << 20,
+                rlim_max: 1 << 20,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    let _ = std::fs::remove_file(&file);
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(20),
+        "stdout:\n{stdout}\nstderr:\n{}",
+        text(&out.stderr)
+    );
+    assert!(stdout.contains("errno 27"), "{stdout}");
+    assert!(
+        stdout.contains("iolat.errors"),
+        "the guest reported its errors: {stdout}"
     );
 }

@@ -135,6 +135,10 @@ impl Vm {
     pub fn new(config: &VmConfig) -> Result<Vm, Error> {
         let created_at = Instant::now();
         config.validate()?;
+        // A write past a file-size limit (page store, I/O device file) must
+        // fail with EFBIG and be reported, not kill the process.
+        // SAFETY: setting a signal's disposition to "ignore" is always sound.
+        unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
         let image = boot::read_image(&config.guest)?;
         let layout = boot::inspect(&image)?;
         boot::check_fits(&image, &layout, config.memory)?;

@@ -440,10 +440,6 @@ impl Pager {
         on_failure: Box<dyn Fn(String) + Send + Sync>,
     ) -> Result<Pager, PagerError> {
         let uffd_err = |what| move |source| PagerError::Uffd { what, source };
-        // A store write past a file-size limit must fail with EFBIG and be
-        // reported, not kill the process with SIGXFSZ.
-        // SAFETY: setting a signal's disposition to "ignore" is always sound.
-        unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
         let uffd = Uffd::new(FEATURE_MOVE).map_err(uffd_err("open with UFFDIO_MOVE"))?;
         let mut ranges = Vec::new();
         let mut pages = 0usize;

@@ -1,0 +1,141 @@
+//! Halt polling on /dev/kvm: KVM's own statistics under the paravirtual I/O
+//! workload, the governor, and the I/O device's writes.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use common::{boot, report};
+use hover_vmm::config::{HaltPoll, PvioConfig};
+use hover_vmm::host::kvm_for_test;
+use hover_vmm::{RunOutcome, VmConfig};
+
+/// A fresh path for the device's file on a real disk (a write there takes
+/// long enough for the vCPU to halt; on tmpfs it often completes first).
+fn io_file(tag: &str) -> PathBuf {
+    std::path::Path::new("/var/tmp").join(format!("hover-test-io-{tag}-{}", std::process::id()))
+}
+
+/// These tests measure polling, which only works when the host has a CPU
+/// free for the I/O thread while a vCPU polls: on a 2-core host, VMs of
+/// other tests running at the same time make every poll fail. Run them one
+/// at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn run(halt_poll: HaltPoll, cmdline: &str, file: Option<PathBuf>) -> RunOutcome {
+    let config = VmConfig {
+        halt_poll,
+        pvio: PvioConfig { file },
+        cmdline: cmdline.into(),
+        ..VmConfig::default()
+    };
+    let (result, console) = boot(config);
+    let o = result.unwrap_or_else(|e| panic!("{cmdline}: {e}\nconsole:\n{console}"));
+    assert_eq!(o.exit_code, 0, "{cmdline}\nconsole:\n{console}");
+    o
+}
+
+fn sum(o: &RunOutcome, stat: &str) -> u64 {
+    o.vcpu_stats.iter().map(|s| s[stat]).sum()
+}
+
+#[test]
+fn polling_on_catches_wakeups_and_off_never_polls() {
+    if !kvm_for_test("polling_on_catches_wakeups_and_off_never_polls") {
+        return;
+    }
+    let _serial = serial();
+    let f = io_file("poll");
+    let on = run(
+        HaltPoll::Fixed(200_000),
+        "workload=iolat seconds=1",
+        Some(f.clone()),
+    );
+    assert!(report(&on, "iolat.requests") > 100);
+    assert!(
+        sum(&on, "halt_successful_poll") > 100,
+        "polling catches wake-ups: {:?}",
+        on.vcpu_stats[0]
+    );
+    let off = run(
+        HaltPoll::Fixed(0),
+        "workload=iolat seconds=1",
+        Some(f.clone()),
+    );
+    assert!(
+        sum(&off, "halt_exits") > 100,
+        "the vCPU halts between writes"
+    );
+    assert_eq!(sum(&off, "halt_successful_poll"), 0);
+    assert_eq!(sum(&off, "halt_attempted_poll"), 0);
+    std::fs::remove_file(&f).unwrap();
+}
+
+#[test]
+fn governor_adapts_under_io_and_stays_in_budget_when_idle() {
+    if !kvm_for_test("governor_adapts_under_io_and_stays_in_budget_when_idle") {
+        return;
+    }
+    let _serial = serial();
+    let f = io_file("gov");
+    let busy = run(
+        HaltPoll::Auto { budget_pct: 2.5 },
+        "workload=iolat seconds=1",
+        Some(f.clone()),
+    );
+    std::fs::remove_file(&f).unwrap();
+    let g = busy.halt_poll.as_ref().expect("governor report");
+    assert!(
+        g.changes.len() > 1 && g.final_window_ns > 0,
+        "the governor opened a window under I/O: {g:?}"
+    );
+    assert!(sum(&busy, "halt_successful_poll") > 100);
+    // An idle guest: a timer task waking every 200 ms for 3 s.
+    let idle = run(
+        HaltPoll::Auto { budget_pct: 2.5 },
+        "workload=timer interval_us=200000 seconds=3",
+        None,
+    );
+    let wall_ns = idle.timings.exit_us.saturating_sub(idle.timings.setup_us) as f64 * 1000.0;
+    for (i, s) in idle.vcpu_stats.iter().enumerate() {
+        let wasted = s["halt_poll_fail_ns"] as f64;
+        assert!(
+            wasted <= 0.025 * wall_ns,
+            "vCPU {i} wasted {wasted} ns in failed polls over {wall_ns} ns"
+        );
+    }
+}
+
+#[test]
+fn the_device_writes_exactly_what_the_guest_sent() {
+    if !kvm_for_test("the_device_writes_exactly_what_the_guest_sent") {
+        return;
+    }
+    let _serial = serial();
+    let f = io_file("data");
+    let o = run(
+        HaltPoll::KvmDefault,
+        "workload=iolat size=8K seconds=1",
+        Some(f.clone()),
+    );
+    let (n, size) = (report(&o, "iolat.requests"), report(&o, "iolat.size"));
+    assert!(n > 64, "{n} writes");
+    assert_eq!(report(&o, "iolat.errors"), 0);
+    let io = o.io.as_ref().expect("device stats");
+    assert_eq!((io.requests, io.bytes, io.bad_requests), (n, n * size, 0));
+    let data = std::fs::read(&f).unwrap();
+    std::fs::remove_file(&f).unwrap();
+    assert_eq!(data.len() as u64, 64 * size);
+    for slot in 0..64u64 {
+        // The last write to this slot.
+        let k = (0..n).rev().find(|k| k % 64 == slot).unwrap();
+        let got = &data[(slot * size) as usize..((slot + 1) * size) as usize];
+        let bad = (0..size).find(|&i| got[i as usize] != ((k + i) % 251) as u8);
+        assert_eq!(bad, None, "slot {slot} (write {k}) differs at byte {bad:?}");
+    }
+}
