@@ -5,6 +5,7 @@
 
 pub mod apf;
 pub mod boot;
+pub mod halt_poll;
 pub mod plot;
 pub mod runner;
 pub mod runtime;

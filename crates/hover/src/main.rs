@@ -171,6 +171,23 @@ enum Scenario {
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
     },
+    /// The halt-polling seed's experiment: iolat under each way of waiting
+    /// (off, KVM default, fixed windows, the governor, idle=poll, HLT exits
+    /// disabled) and the host CPU an idle guest burns under each.
+    HaltPoll {
+        /// Seconds per run.
+        #[arg(long, default_value_t = 3)]
+        seconds: u32,
+        /// Runs per mode (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        runs: u32,
+        /// Directory for the I/O device's file (a real disk: see the scenario's doc).
+        #[arg(long, default_value = "/var/tmp")]
+        io_dir: PathBuf,
+        /// Directory for the JSON results and the plot.
+        #[arg(long, default_value = "bench-results")]
+        out: PathBuf,
+    },
     /// The guest runtime's costs: task switches (voluntary, preemptive), a
     /// nub trip, timer and interrupt wake-up latency, cross-vCPU wake-ups.
     Runtime {
@@ -273,6 +290,20 @@ fn bench(args: BenchArgs) -> ExitCode {
     bench_result(match args.scenario {
         Scenario::Boot { runs, vcpus, out } => hover_bench::boot::run(&exe, runs, vcpus, &out),
         Scenario::Runtime { runs, out } => hover_bench::runtime::run(&exe, runs, &out),
+        Scenario::HaltPoll {
+            seconds,
+            runs,
+            io_dir,
+            out,
+        } => hover_bench::halt_poll::run(
+            &exe,
+            &hover_bench::halt_poll::HaltPollBench {
+                seconds,
+                runs,
+                io_dir,
+            },
+            &out,
+        ),
         Scenario::Apf {
             latencies,
             seconds,
