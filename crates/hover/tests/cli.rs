@@ -243,7 +243,6 @@ fn page_store_error_during_the_run_stops_the_vm() {
     if !kvm_for_test("page_store_error_during_the_run_stops_the_vm") {
         return;
     }
-    use std::os::unix::process::CommandExt;
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_hover"));
     cmd.args([
         "run",
@@ -254,19 +253,7 @@ fn page_store_error_during_the_run_stops_the_vm() {
         "--cmdline",
         "workload=memtouch size=64M",
     ]);
-    // SAFETY: setrlimit is async-signal-safe and affects only the child.
-    unsafe {
-        cmd.pre_exec(|| {
-            let lim = libc::rlimit {
-                rlim_cur: 1 << 20,
-                rlim_max: 1 << 20,
-            };
-            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    limit_file_size(&mut cmd, 1 << 20);
     let out = cmd.output().unwrap();
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
@@ -288,25 +275,12 @@ fn io_errors_reach_the_guest_and_the_vm_keeps_running() {
     if !kvm_for_test("io_errors_reach_the_guest_and_the_vm_keeps_running") {
         return;
     }
-    use std::os::unix::process::CommandExt;
     let file = std::env::temp_dir().join(format!("hover-io-err-{}", std::process::id()));
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_hover"));
     cmd.args(["run", "--io-file"])
         .arg(&file)
         .args(["--cmdline", "workload=iolat size=64K seconds=1"]);
-    // SAFETY: setrlimit is async-signal-safe and affects only the child.
-    unsafe {
-        cmd.pre_exec(|| {
-            let lim = libc::rlimit {
-                rlim_cur: 1 << 20,
-                rlim_max: 1 << 20,
-            };
-            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    limit_file_size(&mut cmd, 1 << 20);
     let out = cmd.output().unwrap();
     let _ = std::fs::remove_file(&file);
     let stdout = text(&out.stdout);
@@ -321,4 +295,23 @@ fn io_errors_reach_the_guest_and_the_vm_keeps_running() {
         stdout.contains("iolat.errors"),
         "the guest reported its errors: {stdout}"
     );
+}
+
+/// Make files the child writes stop growing at `bytes` (writes past it fail
+/// with EFBIG), to provoke write errors.
+fn limit_file_size(cmd: &mut Command, bytes: u64) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setrlimit is async-signal-safe and affects only the child.
+    unsafe {
+        cmd.pre_exec(move || {
+            let lim = libc::rlimit {
+                rlim_cur: bytes,
+                rlim_max: bytes,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }

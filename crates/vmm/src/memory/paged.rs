@@ -156,24 +156,25 @@ impl Shared {
             .map(|r| r.first_page + ((addr - r.host) / PAGE_SIZE) as usize)
     }
 
-    fn host_of(&self, page: usize) -> u64 {
+    /// The range holding `page`, and the page's byte offset in it.
+    fn locate(&self, page: usize) -> (&Range, u64) {
         let r = self
             .ranges
             .iter()
             .rev()
             .find(|r| page >= r.first_page)
             .expect("page in a range");
-        r.host + (page - r.first_page) as u64 * PAGE_SIZE
+        (r, (page - r.first_page) as u64 * PAGE_SIZE)
+    }
+
+    fn host_of(&self, page: usize) -> u64 {
+        let (r, off) = self.locate(page);
+        r.host + off
     }
 
     fn gpa_of(&self, page: usize) -> u64 {
-        let r = self
-            .ranges
-            .iter()
-            .rev()
-            .find(|r| page >= r.first_page)
-            .expect("page in a range");
-        r.gpa + (page - r.first_page) as u64 * PAGE_SIZE
+        let (r, off) = self.locate(page);
+        r.gpa + off
     }
 
     fn enqueue(&self, page: usize, at: Instant) {
