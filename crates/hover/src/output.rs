@@ -106,4 +106,19 @@ pub fn print_stats(o: &RunOutcome) {
         }
         println!();
     }
+    for (i, hists) in o.vcpu_histograms.iter().enumerate() {
+        for (name, buckets) in hists.iter().filter(|(_, b)| b.iter().any(|&n| n > 0)) {
+            // Log2 buckets: bucket 0 is 0, bucket k covers [2^(k-1), 2^k).
+            let cells: Vec<String> = buckets
+                .iter()
+                .enumerate()
+                .filter(|(_, &n)| n > 0)
+                .map(|(k, n)| format!("<{}:{n}", if k == 0 { 1 } else { 1u64 << k }))
+                .collect();
+            println!(
+                "  vcpu{i} {name} (bucket upper bound in KVM's unit:count) {}",
+                cells.join(" ")
+            );
+        }
+    }
 }
