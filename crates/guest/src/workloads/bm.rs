@@ -75,11 +75,7 @@ pub fn run(ctx: &Context) -> u32 {
     let memory = ctx.number("memory").div_ceil(PAGE) * PAGE;
     let seconds = ctx.number("seconds");
     let Some(base) = frames::alloc(memory, PAGE) else {
-        println!(
-            "bm: memory={} does not fit: {} MiB of guest memory are free",
-            memory,
-            frames::free_bytes() >> 20
-        );
+        println!("bm: memory={} does not fit: {} MiB of guest memory are free, the largest contiguous piece is {} MiB (RAM is split at the 3-4 GiB hole)", memory, frames::free_bytes() >> 20, frames::largest_free() >> 20);
         return exit_code::WORKLOAD_FAILED;
     };
     BASE.store(base, Ordering::Relaxed);

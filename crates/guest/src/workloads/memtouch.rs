@@ -60,11 +60,7 @@ pub fn run(ctx: &Context) -> u32 {
     let size = ctx.number("size").div_ceil(PAGE) * PAGE;
     let tasks = ctx.number("tasks") as usize;
     let Some(base) = frames::alloc(size, PAGE) else {
-        println!(
-            "memtouch: size={} does not fit: {} MiB of guest memory are free",
-            size,
-            frames::free_bytes() >> 20
-        );
+        println!("memtouch: size={} does not fit: {} MiB of guest memory are free, the largest contiguous piece is {} MiB (RAM is split at the 3-4 GiB hole)", size, frames::free_bytes() >> 20, frames::largest_free() >> 20);
         return exit_code::WORKLOAD_FAILED;
     };
     BASE.store(base, Ordering::Relaxed);
