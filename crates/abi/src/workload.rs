@@ -102,7 +102,7 @@ pub const GLOBAL_PARAMS: &[ParamSpec] = &[
 pub const WORKLOADS: &[WorkloadSpec] = &[
     WorkloadSpec {
         name: "hello",
-        help: "a task on every vCPU prints a greeting; reports vcpus_seen and boot_tsc",
+        help: "a task on every vCPU prints a greeting; reports vcpus_seen",
         params: &[],
     },
     WorkloadSpec {

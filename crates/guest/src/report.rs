@@ -47,11 +47,6 @@ impl Reports {
         self.push(key, |k| Report::u64(k, value));
     }
 
-    /// Whether the batch is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// Send the batch to the monitor.
     pub fn send(&self) {
         let status = control::report(&self.items[..self.len]);

@@ -140,11 +140,12 @@ fn main_task(_: usize) {
             exit_code::UNKNOWN_WORKLOAD
         }
     };
+    // Every run ends with the runtime's own reports: the TSC at vCPU 0's first
+    // instruction (lets the monitor time the boot) and the async-PF counters.
     let mut r = crate::kernel::Reports::new();
+    r.u64(format_args!("boot_tsc"), ctx.boot_tsc);
     crate::apf::report(&mut r, ctx.vcpus());
-    if !r.is_empty() {
-        r.send();
-    }
+    r.send();
     exit(code)
 }
 
