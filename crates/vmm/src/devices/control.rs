@@ -275,6 +275,34 @@ mod tests {
         );
     }
 
+    /// Random requests at random addresses: never a panic, and a status
+    /// written only where a request could be read.
+    #[test]
+    fn random_requests_never_panic() {
+        let d = setup();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..20_000 {
+            let gpa = next() % (2 << 20);
+            let pick = |v: u64, small: u64| if v % 3 == 0 { v } else { v % small };
+            let req = ControlRequest {
+                op: (next() % 8) as u32,
+                status: 0,
+                arg0: pick(next(), 1 << 21),
+                arg1: pick(next(), 2048),
+            };
+            if gpa + 24 <= 1 << 20 {
+                put_request(&d, gpa, req);
+            }
+            let _ = d.handle((next() % 4) as usize, gpa);
+        }
+    }
+
     #[test]
     fn bad_requests_change_nothing() {
         let d = setup();
