@@ -289,7 +289,7 @@ mod tests {
         };
         for _ in 0..20_000 {
             let gpa = next() % (2 << 20);
-            let pick = |v: u64, small: u64| if v % 3 == 0 { v } else { v % small };
+            let pick = |v: u64, small: u64| if v.is_multiple_of(3) { v } else { v % small };
             let req = ControlRequest {
                 op: (next() % 8) as u32,
                 status: 0,
