@@ -11,6 +11,7 @@ use crate::kernel::{now, ticks_per_sec, Placement, Reports};
 use crate::println;
 
 static COUNTS: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
+static CPUS: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
 static END: AtomicU64 = AtomicU64::new(0);
 
 fn spinner(i: usize) {
@@ -20,6 +21,7 @@ fn spinner(i: usize) {
         n += 1;
     }
     COUNTS[i].store(n, Ordering::Relaxed);
+    CPUS[i].store(crate::percpu::this_cpu().index() as u64, Ordering::Relaxed);
 }
 
 pub fn run(ctx: &Context) -> u32 {
@@ -35,6 +37,11 @@ pub fn run(ctx: &Context) -> u32 {
     for (i, c) in COUNTS[..tasks].iter().enumerate() {
         let n = c.load(Ordering::Relaxed);
         r.u64(format_args!("spin.task.{i}"), n);
+        // The vCPU it ran on: tasks sharing a vCPU share it by preemption.
+        r.u64(
+            format_args!("spin.cpu.{i}"),
+            CPUS[i].load(Ordering::Relaxed),
+        );
         // Time slices the task got: more than one means it was preempted.
         r.u64(format_args!("spin.slices.{i}"), crate::sched::runs(ids[i]));
         total += n;
