@@ -22,7 +22,7 @@ pub mod op {
     /// Ask the monitor to inject an MSI after a delay (a test and measurement
     /// aid for the guest's interrupt path): `arg0` = vector (bits 0-7) |
     /// destination vCPU (bits 8-15), `arg1` = delay in nanoseconds (at most
-    /// [`MAX_MSI_DELAY_NS`]).
+    /// [`super::MAX_MSI_DELAY_NS`]).
     pub const INJECT_MSI: u32 = 4;
     /// Set up the paravirtual I/O device's ring (`crate::pvio`): `arg0` =
     /// ring gpa, `arg1` = entries (a power of two up to `pvio::MAX_ENTRIES`).

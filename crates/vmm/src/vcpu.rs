@@ -2,7 +2,7 @@
 //!
 //! Each vCPU runs `KVM_RUN` on its own thread until the guest powers off, the
 //! guest crashes, or the VM tells it to stop. The VM stops a vCPU by setting
-//! the shared stop flag and kicking the thread with [`KICK_SIGNAL`], which
+//! the shared stop flag and kicking the thread with [`kick_signal`], which
 //! makes `KVM_RUN` return `EINTR` (even while the vCPU is halted).
 
 use std::fmt;
