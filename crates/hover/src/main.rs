@@ -43,6 +43,19 @@ enum Command {
     Run(RunArgs),
     /// Run a benchmark scenario and print its table.
     Bench(BenchArgs),
+    /// Show the live figures of a VM started with `hover run --api-socket`.
+    Stats(StatsArgs),
+}
+
+#[derive(Args)]
+struct StatsArgs {
+    /// The VM's API socket.
+    #[arg(long)]
+    api_socket: PathBuf,
+    /// Print the whole JSON document (KVM statistics and histograms, pager,
+    /// governor, I/O device) instead of a summary.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -111,6 +124,10 @@ struct RunArgs {
     /// Default: a file on tmpfs (/dev/shm), removed at exit.
     #[arg(long)]
     io_file: Option<PathBuf>,
+    /// Serve live figures on this Unix socket while the VM runs (read them
+    /// with `hover stats --api-socket PATH`); created here, removed at exit.
+    #[arg(long)]
+    api_socket: Option<PathBuf>,
     /// Let guest HLT run without exiting to KVM (KVM_CAP_X86_DISABLE_EXITS):
     /// wake-ups cost nothing, but each vCPU keeps a host CPU busy.
     #[arg(long)]
@@ -211,6 +228,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run(args) => run(args),
         Command::Bench(args) => bench(args),
+        Command::Stats(args) => stats(args),
     }
 }
 
@@ -251,6 +269,7 @@ fn run(args: RunArgs) -> ExitCode {
         pvio: PvioConfig {
             file: args.io_file.clone(),
         },
+        api_socket: args.api_socket.clone(),
     };
     match Vm::new(&config).and_then(Vm::run) {
         Ok(outcome) => {
@@ -278,7 +297,36 @@ fn fail(e: &Error) -> ExitCode {
     })
 }
 
+/// For commands that only print: end quietly when stdout is a closed pipe
+/// (`hover stats | head`), as Unix tools do, instead of failing to print.
+fn die_on_broken_pipe() {
+    // SAFETY: restoring a signal's default disposition is always sound.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}
+
+fn stats(args: StatsArgs) -> ExitCode {
+    die_on_broken_pipe();
+    match hover_vmm::api::query(&args.api_socket) {
+        Ok(v) if args.json => {
+            println!("{v}");
+            ExitCode::SUCCESS
+        }
+        Ok(v) => {
+            output::print_live(&v);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("hover: error: {e}");
+            ExitCode::from(match e {
+                hover_vmm::api::ApiError::Connect { .. } => EXIT_BAD_INPUT,
+                _ => EXIT_HOST_FAILURE,
+            })
+        }
+    }
+}
+
 fn bench(args: BenchArgs) -> ExitCode {
+    die_on_broken_pipe();
     // Scenarios run `hover run` as fresh processes, as a user would.
     let exe = match std::env::current_exe() {
         Ok(exe) => exe,

@@ -1,4 +1,22 @@
-//! How `hover run` prints an outcome: a short human summary, or JSON.
+//! How `hover run` and `hover stats` print: a short human summary, or JSON.
+//!
+//! Writes go through `out!`, which ignores errors: when stdout is a closed
+//! pipe (`hover run | head`), the VM has still run and its exit status still
+//! tells how; printing must not turn that into a panic.
+
+use std::io::Write;
+
+macro_rules! out {
+    ($w:expr, $($arg:tt)*) => {{
+        let _ = writeln!($w, $($arg)*);
+    }};
+}
+
+macro_rules! out_part {
+    ($w:expr, $($arg:tt)*) => {{
+        let _ = write!($w, $($arg)*);
+    }};
+}
 
 use hover_vmm::RunOutcome;
 
@@ -12,19 +30,23 @@ fn mib(bytes: u64) -> String {
 
 /// Print the outcome for a person.
 pub fn print_summary(o: &RunOutcome) {
+    let mut w = std::io::stdout().lock();
     let t = &o.timings;
-    println!(
+    out!(
+        w,
         "hover: guest exited with code {} (from vCPU {})",
-        o.exit_code, o.exit_vcpu
+        o.exit_code,
+        o.exit_vcpu
     );
     if !o.reports.is_empty() {
-        println!("reports:");
+        out!(w, "reports:");
         for r in &o.reports {
-            println!("  vcpu {:<3} {} = {}", r.vcpu, r.key, r.value);
+            out!(w, "  vcpu {:<3} {} = {}", r.vcpu, r.key, r.value);
         }
     }
     let opt = |v: Option<u64>| v.map(ms).unwrap_or_else(|| "n/a".into());
-    println!(
+    out!(
+        w,
         "boot: setup {}, first instruction {}, first console byte {}, exit {}",
         ms(t.setup_us),
         opt(t.first_instruction_us),
@@ -32,7 +54,8 @@ pub fn print_summary(o: &RunOutcome) {
         ms(t.exit_us)
     );
     if let Some(p) = &o.pager {
-        println!(
+        out!(
+        w,
             "pager: budget {} ({} pageable pages), {} resident; {} faults: {} zero-filled, {} read from the store (mean {:.1} us); {} evicted{}",
             mib(p.budget_pages * 4096),
             p.budget_pages,
@@ -51,7 +74,8 @@ pub fn print_summary(o: &RunOutcome) {
             .iter()
             .map(|(t, w)| format!("{w} ns at {t} ms"))
             .collect();
-        println!(
+        out!(
+            w,
             "halt-poll governor (budget {}%): final window {} ns; changes: {}",
             h.budget_pct,
             h.final_window_ns,
@@ -64,10 +88,11 @@ pub fn print_summary(o: &RunOutcome) {
             .iter()
             .map(|us| format!("{:.1} ms", *us as f64 / 1000.0))
             .collect();
-        println!("vCPU thread CPU time: {}", cpu.join(", "));
+        out!(w, "vCPU thread CPU time: {}", cpu.join(", "));
     }
     let m = &o.memory;
-    println!(
+    out!(
+        w,
         "memory: guest {} configured, {} resident; process {} resident; VMM overhead {}",
         mib(m.guest_memory),
         mib(m.guest_resident),
@@ -78,33 +103,38 @@ pub fn print_summary(o: &RunOutcome) {
 
 /// Print the outcome as one JSON document.
 pub fn print_json(o: &RunOutcome) {
+    let mut w = std::io::stdout().lock();
     match serde_json::to_string_pretty(o) {
-        Ok(s) => println!("{s}"),
+        Ok(s) => out!(w, "{s}"),
         Err(e) => eprintln!("hover: cannot encode the outcome as JSON: {e}"),
     }
 }
 
 /// Print KVM's statistics: the VM's, then one column per vCPU.
 pub fn print_stats(o: &RunOutcome) {
+    let mut w = std::io::stdout().lock();
     if o.vcpu_stats.is_empty() {
-        println!("stats: this KVM has no binary statistics (KVM_GET_STATS_FD)");
+        out!(
+            w,
+            "stats: this KVM has no binary statistics (KVM_GET_STATS_FD)"
+        );
         return;
     }
-    println!("KVM VM statistics:");
+    out!(w, "KVM VM statistics:");
     for (k, v) in &o.vm_stats {
-        println!("  {k:<28} {v}");
+        out!(w, "  {k:<28} {v}");
     }
-    print!("KVM vCPU statistics:\n  {:<28}", "");
+    out_part!(w, "KVM vCPU statistics:\n  {:<28}", "");
     for i in 0..o.vcpu_stats.len() {
-        print!(" {:>14}", format!("vcpu{i}"));
+        out_part!(w, " {:>14}", format!("vcpu{i}"));
     }
-    println!();
+    out!(w, "");
     for name in o.vcpu_stats[0].keys() {
-        print!("  {name:<28}");
+        out_part!(w, "  {name:<28}");
         for s in &o.vcpu_stats {
-            print!(" {:>14}", s.get(name).copied().unwrap_or(0));
+            out_part!(w, " {:>14}", s.get(name).copied().unwrap_or(0));
         }
-        println!();
+        out!(w, "");
     }
     for (i, hists) in o.vcpu_histograms.iter().enumerate() {
         for (name, buckets) in hists.iter().filter(|(_, b)| b.iter().any(|&n| n > 0)) {
@@ -115,10 +145,74 @@ pub fn print_stats(o: &RunOutcome) {
                 .filter(|(_, &n)| n > 0)
                 .map(|(k, n)| format!("<{}:{n}", if k == 0 { 1 } else { 1u64 << k }))
                 .collect();
-            println!(
+            out!(
+                w,
                 "  vcpu{i} {name} (bucket upper bound in KVM's unit:count) {}",
                 cells.join(" ")
             );
         }
+    }
+}
+
+/// Print a live snapshot (the API socket's answer) for a person.
+pub fn print_live(v: &serde_json::Value) {
+    let mut w = std::io::stdout().lock();
+    out!(
+        w,
+        "uptime: {:.1} s",
+        v["uptime_ms"].as_f64().unwrap_or(0.0) / 1000.0
+    );
+    let keys = [
+        "exits",
+        "halt_exits",
+        "halt_successful_poll",
+        "halt_attempted_poll",
+        "irq_injections",
+        "pf_guest",
+    ];
+    if let Some(vcpus) = v["vcpu_stats"].as_array() {
+        out_part!(w, "{:<22}", "");
+        for i in 0..vcpus.len() {
+            out_part!(w, " {:>12}", format!("vcpu{i}"));
+        }
+        out!(w, "");
+        for k in keys {
+            out_part!(w, "{k:<22}");
+            for s in vcpus {
+                out_part!(w, " {:>12}", s[k].as_u64().unwrap_or(0));
+            }
+            out!(w, "");
+        }
+    }
+    let p = &v["pager"];
+    if !p.is_null() {
+        out!(
+            w,
+            "pager: {} of {} budget pages resident; {} faults, {} read from the store, {} evicted",
+            p["resident_pages"],
+            p["budget_pages"],
+            p["faults"],
+            p["store_reads"],
+            p["evictions"]
+        );
+    }
+    let h = &v["halt_poll"];
+    if !h.is_null() {
+        out!(
+            w,
+            "halt-poll governor: window {} ns (budget {}%)",
+            h["final_window_ns"],
+            h["budget_pct"]
+        );
+    }
+    let io = &v["io"];
+    if !io.is_null() {
+        out!(
+            w,
+            "I/O device: {} requests, {} bytes, {} errors",
+            io["requests"],
+            io["bytes"],
+            io["io_errors"]
+        );
     }
 }

@@ -315,3 +315,73 @@ fn limit_file_size(cmd: &mut Command, bytes: u64) {
         });
     }
 }
+
+/// `hover stats` reads a running VM's live figures through its API socket,
+/// which disappears when the VM stops; a missing or existing path is bad input.
+#[test]
+fn live_stats_through_the_api_socket() {
+    if !kvm_for_test("live_stats_through_the_api_socket") {
+        return;
+    }
+    let sock = std::env::temp_dir().join(format!("hover-api-test-{}.sock", std::process::id()));
+    let mut vm = Command::new(env!("CARGO_BIN_EXE_hover"))
+        .args(["run", "--api-socket"])
+        .arg(&sock)
+        .args([
+            "--console",
+            "off",
+            "--cmdline",
+            "workload=spin tasks=2 seconds=2",
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !sock.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let sock_s = sock.display().to_string();
+    let out = hover(&["stats", "--api-socket", &sock_s, "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["vcpu_stats"].as_array().map(|a| a.len()), Some(2), "{v}");
+    assert!(v["vcpu_stats"][0]["exits"].as_u64().unwrap() > 0);
+    let summary = text(&hover(&["stats", "--api-socket", &sock_s]).stdout);
+    assert!(
+        summary.contains("uptime") && summary.contains("halt_exits"),
+        "{summary}"
+    );
+    // A second VM cannot take the same path.
+    let taken = hover(&["run", "--api-socket", &sock_s]);
+    assert_eq!(taken.status.code(), Some(2));
+    assert!(text(&taken.stderr).contains("already exists"));
+    assert_eq!(vm.wait().unwrap().code(), Some(0));
+    assert!(!sock.exists(), "the socket is removed at exit");
+    let gone = hover(&["stats", "--api-socket", &sock_s]);
+    assert_eq!(gone.status.code(), Some(2));
+    assert!(
+        text(&gone.stderr).contains("cannot reach a VM"),
+        "{}",
+        text(&gone.stderr)
+    );
+}
+
+/// A closed stdout (`hover run | head -1`) neither stops the guest nor
+/// makes hover panic: the VM finishes and exits with the guest's code.
+#[test]
+fn closed_stdout_is_not_a_panic() {
+    if !kvm_for_test("closed_stdout_is_not_a_panic") {
+        return;
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hover"))
+        .args(["run", "--cmdline", "workload=hello"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

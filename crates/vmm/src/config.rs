@@ -99,6 +99,8 @@ pub struct VmConfig {
     pub hlt_exits: bool,
     /// The paravirtual I/O device's file.
     pub pvio: PvioConfig,
+    /// Serve live figures on this Unix socket while running.
+    pub api_socket: Option<PathBuf>,
 }
 
 impl Default for VmConfig {
@@ -115,6 +117,7 @@ impl Default for VmConfig {
             halt_poll: HaltPoll::KvmDefault,
             hlt_exits: true,
             pvio: PvioConfig::default(),
+            api_socket: None,
         }
     }
 }

@@ -8,6 +8,7 @@
 //! docs/ARCHITECTURE.md walks the boot sequence step by step.
 #![deny(missing_docs)]
 
+pub mod api;
 pub mod arch;
 pub mod boot;
 pub mod config;
@@ -105,6 +106,9 @@ pub enum Error {
     /// The pager could not serve a guest page during the run.
     #[error("the VM was stopped: {0}")]
     PagerFailed(String),
+    /// The API socket could not be set up.
+    #[error(transparent)]
+    Api(#[from] api::ApiError),
     /// The guest crashed (triple fault, unexpected exit).
     #[error("{0}")]
     GuestCrash(Box<GuestCrash>),
@@ -115,7 +119,10 @@ impl Error {
     pub fn is_bad_input(&self) -> bool {
         matches!(
             self,
-            Error::Config(_) | Error::Image(_) | Error::Pager(memory::paged::PagerError::Store(_))
+            Error::Config(_)
+                | Error::Image(_)
+                | Error::Pager(memory::paged::PagerError::Store(_))
+                | Error::Api(api::ApiError::Exists(_) | api::ApiError::Bind { .. })
         )
     }
 }

@@ -15,6 +15,7 @@ use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::signal::Killable;
 
+use crate::api::{ApiServer, LiveSources};
 use crate::arch::x86_64::{cpuid, tables};
 use crate::boot::{self, ImageLayout};
 use crate::config::{ConfigError, VmConfig};
@@ -116,6 +117,7 @@ pub struct Vm {
     pager: Option<Pager>,
     governor_budget: Option<f64>,
     governor: Option<Governor>,
+    api_socket: Option<std::path::PathBuf>,
     pvio: Arc<PvioDevice>,
     vcpu_cpu_us: Vec<u64>,
     events: Sender<VmEvent>,
@@ -285,6 +287,7 @@ impl Vm {
             events_rx,
             governor_budget,
             governor: None,
+            api_socket: config.api_socket.clone(),
             pvio,
             vcpu_cpu_us: Vec::new(),
         })
@@ -332,6 +335,10 @@ impl Vm {
             self.governor = Some(gov);
         }
         let started_at = Instant::now();
+        let _api = match &self.api_socket {
+            Some(path) => Some(self.start_api(path, started_at)?),
+            None => None,
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let cpu_us: Arc<Vec<AtomicU64>> =
             Arc::new(self.vcpus.iter().map(|_| AtomicU64::new(0)).collect());
@@ -405,6 +412,28 @@ impl Vm {
             }),
             None => unreachable!("the Vm holds a sender, so the channel stays open"),
         }
+    }
+
+    fn start_api(&self, path: &std::path::Path, started: Instant) -> Result<ApiServer, Error> {
+        let vcpu_stats = self
+            .vcpus
+            .iter()
+            .map(|v| KvmStats::open(v.fd()))
+            .collect::<Result<Vec<_>, _>>();
+        let sources = LiveSources {
+            vcpu_stats: vcpu_stats.unwrap_or_default(),
+            vm_stats: KvmStats::open(self.fd.as_ref()).ok(),
+            pager: self
+                .pager
+                .as_ref()
+                .map(|p| Box::new(p.stats_source()) as Box<dyn Fn() -> PagerStats + Send + Sync>),
+            governor: self.governor.as_ref().map(|g| {
+                Box::new(g.report_source()) as Box<dyn Fn() -> GovernorReport + Send + Sync>
+            }),
+            io: self.pvio.clone(),
+            started,
+        };
+        Ok(ApiServer::start(path, sources)?)
     }
 
     /// The guest's TSC now, paired with the host instant: lets the guest's

@@ -87,10 +87,13 @@ impl Write for ConsoleSink {
         Ok(buf.len())
     }
     fn flush(&mut self) -> io::Result<()> {
-        match self.out.as_mut() {
-            Some(out) if !self.failed => out.flush(),
-            _ => Ok(()),
+        if let Some(out) = self.out.as_mut().filter(|_| !self.failed) {
+            if let Err(e) = out.flush() {
+                tracing::warn!("guest console output failed, dropping the rest: {e}");
+                self.failed = true;
+            }
         }
+        Ok(())
     }
 }
 

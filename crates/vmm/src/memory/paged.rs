@@ -565,7 +565,19 @@ impl Pager {
 
     /// What the pager has done so far.
     pub fn stats(&self) -> PagerStats {
-        let sh = &self.shared;
+        self.shared.stats()
+    }
+
+    /// A way to read [`Pager::stats`] from another thread while the pager runs.
+    pub fn stats_source(&self) -> impl Fn() -> PagerStats + Send + Sync + 'static {
+        let shared = self.shared.clone();
+        move || shared.stats()
+    }
+}
+
+impl Shared {
+    fn stats(&self) -> PagerStats {
+        let sh = self;
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let reads = load(&sh.store_reads);
         PagerStats {
@@ -586,7 +598,9 @@ impl Pager {
             store_direct: sh.store.is_direct(),
         }
     }
+}
 
+impl Pager {
     /// Stop the pager's threads (faults still pending stay unserved).
     pub fn stop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);

@@ -291,6 +291,12 @@ impl Governor {
             .clone()
     }
 
+    /// A way to read [`Governor::report`] from another thread.
+    pub fn report_source(&self) -> impl Fn() -> GovernorReport + Send + Sync + 'static {
+        let report = self.report.clone();
+        move || report.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     /// Stop the governor.
     pub fn stop(&mut self) {
         self.stop.store(true, Ordering::Release);
