@@ -385,3 +385,31 @@ fn closed_stdout_is_not_a_panic() {
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// `hover bench boot` runs `hover run --json` as fresh processes, prints its
+/// table and writes its JSON (a smoke test of the scenario plumbing).
+#[test]
+fn bench_boot_writes_its_table_and_json() {
+    if !kvm_for_test("bench_boot_writes_its_table_and_json") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("hover-bench-test-{}", std::process::id()));
+    let dir_s = dir.display().to_string();
+    let out = hover(&["bench", "boot", "--runs", "2", "--out", &dir_s]);
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        text(&out.stderr)
+    );
+    assert!(
+        stdout.contains("| VM creation -> first guest instruction | ms |"),
+        "{stdout}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("boot.json")).unwrap()).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(v["samples"].as_array().map(|s| s.len()), Some(2));
+    assert!(v["rows"][3]["summary"]["p50"].as_f64().unwrap() > 0.0);
+}
