@@ -9,7 +9,9 @@ use hover_abi::control::{Report, REPORT_KEY_MAX};
 
 use crate::{control, println};
 
-const CAPACITY: usize = 96;
+/// Enough for the largest workload report (spin with 60 tasks: 183 records);
+/// a batch lives on its task's 64 KiB stack (48 bytes a record).
+const CAPACITY: usize = 256;
 
 /// A batch of reports.
 pub struct Reports {

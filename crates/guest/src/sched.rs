@@ -222,7 +222,13 @@ fn make_runnable(id: usize, front: bool) {
             rq.push(id);
         }
     }
-    kick(home);
+    // A woken task should run promptly, and a remote vCPU may be halted. A
+    // new task queued behind the running one here waits for its turn: a kick
+    // would make every spawn preempt the spawner, and spawning n tasks would
+    // take n rounds of time slices.
+    if front || percpu::cpu_index() != Some(home) {
+        kick(home);
+    }
 }
 
 /// Per vCPU: inside schedule(), handing out wake-ups it will itself act on.

@@ -161,3 +161,21 @@ fn switch_and_nub_costs_are_measured() {
     let (o, _) = run_ok(1, "workload=nubcall count=1000");
     assert!(report(&o, "nubcall.ns_per_trip") > 0);
 }
+
+/// Spawning many tasks is linear: a new task waits behind the spawner
+/// instead of preempting it, so 40 spinners all start well within a second
+/// (spawning used to take one round of time slices per task).
+#[test]
+fn many_tasks_all_start_promptly() {
+    if !kvm_for_test("many_tasks_all_start_promptly") {
+        return;
+    }
+    let (o, _) = run_ok(2, "workload=spin tasks=40 seconds=1");
+    let idle: Vec<usize> = (0..40)
+        .filter(|i| report(&o, &format!("spin.task.{i}")) == 0)
+        .collect();
+    assert!(
+        idle.is_empty(),
+        "tasks that never spun before the deadline: {idle:?}"
+    );
+}

@@ -50,6 +50,8 @@ pub const WORKERS: usize = 16;
 /// Resident pages a pageable region needs at the least (4 MiB).
 pub const MIN_BUDGET_PAGES: u64 = 1024;
 const HIST_BUCKETS: usize = 20;
+/// Eviction attempts per page-in before going over budget instead.
+const MAX_EVICT_ATTEMPTS: usize = 64;
 
 /// How guest memory is overcommitted.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -288,7 +290,15 @@ impl Shared {
 
     /// Bring `page` in (it is FETCHING and ours).
     fn fetch(&self, page: usize, since: Instant, buf: &mut PageBuf, staging: u64) {
-        while self.resident.load(Ordering::Acquire) >= self.budget && self.evict_one(staging) {}
+        // Bounded: if every resident page is momentarily unmovable (EBUSY),
+        // bring this one in over budget rather than spin.
+        let mut attempts = 0;
+        while self.resident.load(Ordering::Acquire) >= self.budget
+            && attempts < MAX_EVICT_ATTEMPTS
+            && self.evict_one(staging)
+        {
+            attempts += 1;
+        }
         let from_store = self.stored[page].load(Ordering::Acquire);
         if from_store {
             if !self.latency.is_zero() {
