@@ -35,6 +35,9 @@ use vmm_sys_util::eventfd::EventFd;
 use super::store::{PageBuf, PageStore, StoreError};
 use super::uffd::{Uffd, FEATURE_MOVE};
 use super::GuestRam;
+use workers::{fault_loop, worker_loop, RawEventFd};
+
+mod workers;
 
 const ABSENT: u8 = 0;
 const RESIDENT: u8 = 1;
@@ -350,96 +353,6 @@ impl Shared {
         }
     }
 }
-
-fn fault_loop(sh: Arc<Shared>, wake: RawEventFd) {
-    raise_priority();
-    let mut addrs = Vec::new();
-    loop {
-        let mut fds = [
-            libc::pollfd {
-                fd: sh.uffd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: wake.0,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: two valid pollfds; the result is checked.
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if sh.stop.load(Ordering::Acquire) {
-            return;
-        }
-        if rc < 0 {
-            continue;
-        }
-        addrs.clear();
-        if let Err(e) = sh.uffd.read_faults(&mut addrs) {
-            sh.fail(format!(
-                "reading guest page faults from userfaultfd failed: {e}"
-            ));
-            return;
-        }
-        let now = Instant::now();
-        sh.faults.fetch_add(addrs.len() as u64, Ordering::Relaxed);
-        for &a in &addrs {
-            match sh.page_of(a) {
-                Some(p) => sh.on_fault(p, now),
-                None => {
-                    tracing::warn!("userfaultfd fault at {a:#x}, outside pageable guest memory")
-                }
-            }
-        }
-    }
-}
-
-/// Pager threads run ahead of vCPU threads: a page-in is short work that a
-/// vCPU (or a whole guest) is waiting for, and with async page faults the
-/// vCPU threads keep their host CPUs busy meanwhile. Without this, on a host
-/// with few CPUs every step of a page-in waits for a scheduler slot.
-fn raise_priority() {
-    // SAFETY: setpriority on this thread (a tid is a valid PRIO_PROCESS id
-    // on Linux); failure (no permission) just leaves the default priority.
-    let rc =
-        unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, PAGER_NICE) };
-    if rc != 0 {
-        tracing::debug!(
-            "pager thread keeps its priority: {}",
-            io::Error::last_os_error()
-        );
-    }
-}
-
-/// Nice value of the pager's threads.
-const PAGER_NICE: i32 = -10;
-
-fn worker_loop(sh: Arc<Shared>, staging: u64) {
-    raise_priority();
-    // Sleeps model device latency; Linux's default 50 us timer slack would add to each.
-    // SAFETY: PR_SET_TIMERSLACK takes a plain integer and affects only this thread.
-    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
-    let mut buf = PageBuf::new();
-    loop {
-        let item = {
-            let mut q = sh.queue.lock().unwrap_or_else(|p| p.into_inner());
-            loop {
-                if sh.stop.load(Ordering::Acquire) {
-                    return;
-                }
-                if let Some(item) = q.pop_front() {
-                    break item;
-                }
-                q = sh.queued.wait(q).unwrap_or_else(|p| p.into_inner());
-            }
-        };
-        sh.fetch(item.0 as usize, item.1, &mut buf, staging);
-    }
-}
-
-#[derive(Clone, Copy)]
-struct RawEventFd(i32);
 
 impl Pager {
     /// Page guest RAM above `pinned_end` (guest-physical) under `config`,
