@@ -106,6 +106,8 @@ pub struct PerCpu {
     pub armed_deadline: AtomicU64,
     /// Timer interrupts taken.
     pub ticks: AtomicU64,
+    /// Nub calls that armed, moved or disarmed the timer.
+    pub deadline_writes: AtomicU64,
     /// Non-zero while the idle loop is about to halt or halted.
     pub halted: AtomicU64,
     /// Index of the running task (see `sched`).
@@ -153,6 +155,7 @@ const EMPTY: PerCpu = PerCpu {
     tick_period: AtomicU64::new(0),
     armed_deadline: AtomicU64::new(0),
     ticks: AtomicU64::new(0),
+    deadline_writes: AtomicU64::new(0),
     halted: AtomicU64::new(0),
     current: AtomicUsize::new(0),
     pending_irqs: [const { AtomicU64::new(0) }; 4],

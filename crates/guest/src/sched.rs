@@ -396,13 +396,20 @@ extern "C" fn preempt_irq() {
 /// This vCPU's idle loop: run whatever is runnable, otherwise halt (or spin
 /// with `idle=poll`) until an interrupt says there is work.
 pub fn idle_loop(poll: bool) -> ! {
+    let me = idle_of(this_cpu().index());
+    let mut switched_in = runs(me);
     loop {
         schedule(Reason::Idle);
         let pc = this_cpu();
         if pc.need_resched.load(Ordering::SeqCst) != 0 {
             continue;
         }
-        timer::program_idle(pc);
+        // A task ran since the last pass exactly when the idle context was
+        // switched back in (its run count moved).
+        let now_in = runs(me);
+        let after_task = now_in != switched_in;
+        switched_in = now_in;
+        timer::program_idle(pc, after_task);
         if poll {
             while pc.need_resched.load(Ordering::Relaxed) == 0 {
                 core::hint::spin_loop();

@@ -50,16 +50,48 @@ pub fn ensure_tick(pc: &PerCpu) {
     let want = clock::now() + pc.tick_period.load(Ordering::Relaxed);
     let armed = pc.armed_deadline.load(Ordering::Relaxed);
     if armed == 0 || armed > want {
-        nub::set_deadline(want);
+        set_deadline(pc, want);
     }
 }
 
 /// Before idling: arm the timer for the earliest sleeper only, or disarm it.
-pub fn program_idle(pc: &PerCpu) {
-    let want = SLEEPERS[pc.index()].lock().earliest().unwrap_or(0);
-    if pc.armed_deadline.load(Ordering::Relaxed) != want {
-        nub::set_deadline(want);
+///
+/// `lazy` (the first idle pass after a task ran) keeps a pending tick armed
+/// and only moves it earlier for a sleeper: a vCPU idle for less than a tick
+/// (waiting for an I/O completion, say) then saves the two emulated nub
+/// calls of disarming and re-arming. If the tick fires while idle, the next
+/// pass is not lazy and disarms, so a long idle costs one extra interrupt.
+pub fn program_idle(pc: &PerCpu, lazy: bool) {
+    let sleeper = SLEEPERS[pc.index()].lock().earliest();
+    let armed = pc.armed_deadline.load(Ordering::Relaxed);
+    let want = match sleeper {
+        Some(s) if lazy && armed != 0 => s.min(armed),
+        Some(s) => s,
+        None if lazy => armed,
+        None => 0,
+    };
+    if armed != want {
+        set_deadline(pc, want);
     }
+}
+
+fn set_deadline(pc: &PerCpu, deadline: u64) {
+    pc.deadline_writes.fetch_add(1, Ordering::Relaxed);
+    nub::set_deadline(deadline);
+}
+
+/// Add the timer's counters (all vCPUs) to `r`: interrupts taken and nub
+/// calls spent on programming the timer.
+pub fn report(r: &mut crate::kernel::Reports, vcpus: usize) {
+    let sum = |f: fn(&PerCpu) -> u64| (0..vcpus).map(|c| f(crate::percpu::of(c))).sum::<u64>();
+    r.u64(
+        format_args!("runtime.timer_irqs"),
+        sum(|p| p.ticks.load(Ordering::Relaxed)),
+    );
+    r.u64(
+        format_args!("runtime.deadline_writes"),
+        sum(|p| p.deadline_writes.load(Ordering::Relaxed)),
+    );
 }
 
 /// Block the current task until the TSC reaches `deadline`.
@@ -77,7 +109,7 @@ pub fn sleep_until(deadline: u64) {
         }
         let armed = pc.armed_deadline.load(Ordering::Relaxed);
         if armed == 0 || deadline < armed {
-            nub::set_deadline(deadline);
+            set_deadline(pc, deadline);
         }
         sched::block();
     }

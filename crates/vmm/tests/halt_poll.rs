@@ -73,6 +73,14 @@ fn polling_on_catches_wakeups_and_off_never_polls() {
     );
     assert_eq!(sum(&off, "halt_successful_poll"), 0);
     assert_eq!(sum(&off, "halt_attempted_poll"), 0);
+    // Idle periods shorter than a tick leave the tick armed: disarming and
+    // re-arming around each of them would take two timer writes per halt.
+    let writes = report(&off, "runtime.deadline_writes");
+    assert!(
+        writes * 4 < sum(&off, "halt_exits"),
+        "{writes} timer writes for {} halts",
+        sum(&off, "halt_exits")
+    );
     std::fs::remove_file(&f).unwrap();
 }
 

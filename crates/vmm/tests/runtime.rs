@@ -118,6 +118,23 @@ fn idle_vcpus_halt_unless_idle_poll() {
     );
 }
 
+/// An idle vCPU takes no scheduler ticks: at hz=1000, two vCPUs ticking
+/// through 1 s would take 2000 timer interrupts; a sleeper waking 10 times
+/// needs its 10 plus at most one tick after each (the lazy idle disarm).
+#[test]
+fn idle_vcpus_take_no_ticks() {
+    if !kvm_for_test("idle_vcpus_take_no_ticks") {
+        return;
+    }
+    let (o, _) = run_ok(2, "workload=timer interval_us=100000 seconds=1 hz=1000");
+    assert_eq!(report(&o, "timer.samples"), 10);
+    let irqs = report(&o, "runtime.timer_irqs");
+    assert!(
+        irqs < 100,
+        "{irqs} timer interrupts: the tick keeps running while idle"
+    );
+}
+
 /// Interrupts the monitor injects wake the task waiting for them.
 #[test]
 fn injected_msis_wake_the_waiting_task() {

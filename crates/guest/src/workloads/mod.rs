@@ -145,6 +145,7 @@ fn main_task(_: usize) {
     let mut r = crate::kernel::Reports::new();
     r.u64(format_args!("boot_tsc"), ctx.boot_tsc);
     crate::apf::report(&mut r, ctx.vcpus());
+    crate::timer::report(&mut r, ctx.vcpus());
     r.send();
     exit(code)
 }
