@@ -259,7 +259,7 @@ fn run(args: RunArgs) -> ExitCode {
         }),
         async_pf: args.async_pf == OnOff::On,
         halt_poll: match (args.halt_poll_ns, args.halt_poll) {
-            (Some(ns), _) => HaltPoll::Fixed(ns),
+            (Some(ns), _) => HaltPoll::Fixed { window_ns: ns },
             (None, Some(HaltPollArg::Auto)) => HaltPoll::Auto {
                 budget_pct: args.halt_poll_budget,
             },

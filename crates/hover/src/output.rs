@@ -18,7 +18,7 @@ macro_rules! out_part {
     }};
 }
 
-use hover_vmm::RunOutcome;
+use hover_vmm::{EndReason, RunOutcome};
 
 fn ms(us: u64) -> String {
     format!("{:.2} ms", us as f64 / 1000.0)
@@ -32,12 +32,31 @@ fn mib(bytes: u64) -> String {
 pub fn print_summary(o: &RunOutcome) {
     let mut w = std::io::stdout().lock();
     let t = &o.timings;
-    out!(
-        w,
-        "hover: guest exited with code {} (from vCPU {})",
-        o.exit_code,
-        o.exit_vcpu
-    );
+    match (o.ended, o.exit_vcpu) {
+        (EndReason::PowerOff, Some(vcpu)) => out!(
+            w,
+            "hover: guest exited with code {} (from vCPU {vcpu})",
+            o.exit_code
+        ),
+        (EndReason::Shutdown, _) => out!(w, "hover: the VM was shut down through its API"),
+        (EndReason::Snapshot, _) => {
+            out!(
+                w,
+                "hover: the VM was stopped after a snapshot: it lives on in the file"
+            )
+        }
+        (EndReason::PowerOff, None) => out!(w, "hover: guest exited with code {}", o.exit_code),
+    }
+    if let Some(r) = &o.restore {
+        out!(
+            w,
+            "restored from {} ({} memory restore, {} pages loaded up front): running {} after the restore began",
+            r.snapshot,
+            r.memory_restore,
+            r.pages_loaded,
+            ms(r.to_running_us)
+        );
+    }
     if !o.reports.is_empty() {
         out!(w, "reports:");
         for r in &o.reports {

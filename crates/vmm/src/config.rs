@@ -33,7 +33,8 @@ pub enum GuestImage {
 }
 
 /// How guest RAM is backed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum MemoryBackend {
     /// Private anonymous memory (the default).
     #[default]
@@ -243,7 +244,7 @@ impl VmConfig {
             check_builtin_cmdline(&self.cmdline)?;
         }
         match self.halt_poll {
-            HaltPoll::Fixed(ns) if ns > MAX_WINDOW_NS => {
+            HaltPoll::Fixed { window_ns: ns } if ns > MAX_WINDOW_NS => {
                 return Err(ConfigError::HaltPollTooLarge(ns))
             }
             HaltPoll::Auto { budget_pct } if !(budget_pct > 0.0 && budget_pct <= 100.0) => {
@@ -439,9 +440,11 @@ mod tests {
             }
             .validate()
         };
-        assert!(c(HaltPoll::Fixed(200_000)).is_ok());
+        assert!(c(HaltPoll::Fixed { window_ns: 200_000 }).is_ok());
         assert_eq!(
-            c(HaltPoll::Fixed(u64::MAX)),
+            c(HaltPoll::Fixed {
+                window_ns: u64::MAX
+            }),
             Err(ConfigError::HaltPollTooLarge(u64::MAX))
         );
         assert!(c(HaltPoll::Auto { budget_pct: 2.5 }).is_ok());

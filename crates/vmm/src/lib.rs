@@ -3,8 +3,10 @@
 //! memory, vCPUs and devices; the `hover` binary is its command line.
 //!
 //! A VM's life: [`VmConfig`] is validated, [`Vm::new`] builds memory, the
-//! irqchip, vCPUs and devices and loads the guest, [`Vm::run`] runs the vCPU
-//! threads until the guest powers off and returns a [`RunOutcome`].
+//! irqchip, vCPUs and devices and loads the guest (or [`Vm::restore`]
+//! builds it from a snapshot), [`Vm::run`] runs the vCPU threads and the
+//! control loop until the guest powers off or a command ([`Controller`])
+//! ends the run, and returns a [`RunOutcome`].
 //! docs/ARCHITECTURE.md walks the boot sequence step by step.
 #![deny(missing_docs)]
 
@@ -17,6 +19,7 @@ pub mod host;
 pub mod memory;
 pub mod report;
 pub mod sched;
+pub mod state;
 pub mod stats;
 pub mod vcpu;
 pub mod vm;
@@ -24,7 +27,10 @@ pub mod vm;
 pub use config::{ConsoleTarget, GuestImage, MemoryBackend, VmConfig};
 pub use report::{ReportEntry, ReportValue};
 pub use vcpu::{GuestCrash, RegisterDump};
-pub use vm::{BootTimings, MemoryUsage, RunOutcome, Vm};
+pub use vm::{
+    BootTimings, Command, CommandError, Controller, EndReason, Lifecycle, MemoryRestore,
+    MemoryUsage, RestoreOptions, RunOutcome, Vm,
+};
 
 /// A KVM operation, named for error messages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,6 +54,8 @@ pub enum KvmOp {
     EnableCap,
     RegisterIoevent,
     SetGsiRouting,
+    SetIrqchip,
+    SetClock,
     Run,
 }
 
@@ -109,6 +117,9 @@ pub enum Error {
     /// The API socket could not be set up.
     #[error(transparent)]
     Api(#[from] api::ApiError),
+    /// A snapshot could not be read or does not fit this host.
+    #[error(transparent)]
+    Snapshot(#[from] state::file::SnapshotError),
     /// The guest crashed (triple fault, unexpected exit).
     #[error("{0}")]
     GuestCrash(Box<GuestCrash>),
@@ -123,6 +134,7 @@ impl Error {
                 | Error::Image(_)
                 | Error::Pager(memory::paged::PagerError::Store(_))
                 | Error::Api(api::ApiError::Exists(_) | api::ApiError::Bind { .. })
+                | Error::Snapshot(_)
         )
     }
 }

@@ -20,10 +20,24 @@ pub enum ReportValue {
 impl ReportValue {
     /// Decode a record's value, or `None` for an unknown kind.
     pub fn from_record(r: &Report) -> Option<Self> {
-        match r.kind {
-            value_kind::U64 => Some(ReportValue::U64(r.value)),
-            value_kind::I64 => Some(ReportValue::I64(r.value as i64)),
-            value_kind::F64 => Some(ReportValue::F64(f64::from_bits(r.value))),
+        Self::from_raw(r.kind, r.value)
+    }
+
+    /// The ABI's encoding of the value: (kind, bits), as in a [`Report`].
+    pub fn to_raw(self) -> (u32, u64) {
+        match self {
+            ReportValue::U64(v) => (value_kind::U64, v),
+            ReportValue::I64(v) => (value_kind::I64, v as u64),
+            ReportValue::F64(v) => (value_kind::F64, v.to_bits()),
+        }
+    }
+
+    /// The value from the ABI's encoding, or `None` for an unknown kind.
+    pub fn from_raw(kind: u32, bits: u64) -> Option<Self> {
+        match kind {
+            value_kind::U64 => Some(ReportValue::U64(bits)),
+            value_kind::I64 => Some(ReportValue::I64(bits as i64)),
+            value_kind::F64 => Some(ReportValue::F64(f64::from_bits(bits))),
             _ => None,
         }
     }

@@ -152,6 +152,17 @@ impl KvmStats {
         })
     }
 
+    /// Another handle on the same statistics (reads use positioned I/O, so
+    /// handles can be read from different threads).
+    pub fn try_clone(&self) -> io::Result<Self> {
+        Ok(KvmStats {
+            file: self.file.try_clone()?,
+            data_offset: self.data_offset,
+            data_len: self.data_len,
+            descs: self.descs.clone(),
+        })
+    }
+
     /// The descriptors.
     pub fn descriptors(&self) -> &[StatDesc] {
         &self.descs
@@ -173,6 +184,11 @@ impl KvmStats {
 }
 
 impl StatsSnapshot {
+    /// The descriptors of the values.
+    pub fn descriptors(&self) -> &[StatDesc] {
+        &self.descs
+    }
+
     fn desc(&self, name: &str) -> Option<&StatDesc> {
         self.descs.iter().find(|d| d.name == name)
     }

@@ -52,7 +52,7 @@ fn polling_on_catches_wakeups_and_off_never_polls() {
     let _serial = serial();
     let f = io_file("poll");
     let on = run(
-        HaltPoll::Fixed(200_000),
+        HaltPoll::Fixed { window_ns: 200_000 },
         "workload=iolat seconds=1",
         Some(f.clone()),
     );
@@ -63,7 +63,7 @@ fn polling_on_catches_wakeups_and_off_never_polls() {
         on.vcpu_stats[0]
     );
     let off = run(
-        HaltPoll::Fixed(0),
+        HaltPoll::Fixed { window_ns: 0 },
         "workload=iolat seconds=1",
         Some(f.clone()),
     );

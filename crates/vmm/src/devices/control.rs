@@ -13,7 +13,8 @@ use hover_abi::control::{
     op, status, ControlRequest, Report, MAX_LOG_LEN, MAX_MSI_DELAY_NS, MAX_REPORTS_PER_REQUEST,
 };
 
-use super::msi::MsiInjector;
+use super::msi::{MsiInjector, PendingMsi};
+use serde::{Deserialize, Serialize};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::report::{ReportEntry, ReportValue};
@@ -30,6 +31,29 @@ pub enum ControlAction {
     Continue,
     /// Power off with this exit code.
     Exit(u32),
+}
+
+/// A report as saved: the ABI's encoding of its value.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SavedReport {
+    /// The vCPU that sent it.
+    pub vcpu: u32,
+    /// The key.
+    pub key: String,
+    /// `hover_abi::control::value_kind`.
+    pub kind: u32,
+    /// The value's bits.
+    pub bits: u64,
+}
+
+/// The control device's state: what the guest reported, and the MSIs it
+/// asked for that are still waiting.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ControlState {
+    /// Reports received, in order.
+    pub reports: Vec<SavedReport>,
+    /// Delayed MSIs not yet delivered.
+    pub pending_msis: Vec<PendingMsi>,
 }
 
 /// The control device.
@@ -88,6 +112,73 @@ impl ControlDevice {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Stop delivering delayed MSIs and serving I/O (the VM pauses).
+    pub fn pause(&self) {
+        if let Some(m) = &self.msi {
+            m.freeze();
+        }
+        if let Some(p) = &self.pvio {
+            p.pause();
+        }
+    }
+
+    /// Undo [`Self::pause`].
+    pub fn resume(&self) {
+        if let Some(p) = &self.pvio {
+            p.resume();
+        }
+        if let Some(m) = &self.msi {
+            m.thaw();
+        }
+    }
+
+    /// The device's state (the VM is paused).
+    pub fn state(&self) -> ControlState {
+        ControlState {
+            reports: self
+                .reports()
+                .into_iter()
+                .map(|r| {
+                    let (kind, bits) = r.value.to_raw();
+                    SavedReport {
+                        vcpu: r.vcpu as u32,
+                        key: r.key,
+                        kind,
+                        bits,
+                    }
+                })
+                .collect(),
+            pending_msis: self.msi.as_ref().map(|m| m.pending()).unwrap_or_default(),
+        }
+    }
+
+    /// Take up a saved state: its reports, and its MSIs re-armed with the
+    /// time they had left.
+    pub fn restore(&self, s: &ControlState) -> Result<(), String> {
+        let mut reports = Vec::with_capacity(s.reports.len());
+        for r in &s.reports {
+            let value = ReportValue::from_raw(r.kind, r.bits).ok_or_else(|| {
+                format!("report {:?} has an unknown value kind {}", r.key, r.kind)
+            })?;
+            reports.push(ReportEntry {
+                vcpu: r.vcpu as usize,
+                key: r.key.clone(),
+                value,
+            });
+        }
+        *self.reports.lock().unwrap_or_else(|p| p.into_inner()) = reports;
+        for m in &s.pending_msis {
+            if m.vector < 32 || m.dest as u32 >= self.vcpus || m.remaining_ns > MAX_MSI_DELAY_NS {
+                return Err(format!("a saved MSI is out of range: {m:?}"));
+            }
+            let msi = self.msi.as_ref().ok_or("no MSI injector")?;
+            // Zero would inject at once, before the vCPUs' state is loaded.
+            let delay = Duration::from_nanos(m.remaining_ns.max(1));
+            msi.inject_after(m.dest, m.vector, delay)?;
+        }
+        Ok(())
     }
 
     /// Carry out the request at `gpa` for vCPU `vcpu`.

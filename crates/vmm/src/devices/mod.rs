@@ -1,6 +1,7 @@
 //! Devices on the I/O port bus: the serial console and the control port.
 
 pub mod control;
+pub mod gate;
 pub mod msi;
 pub mod pvio;
 pub mod serial;

@@ -1,23 +1,57 @@
 //! Injecting MSIs into the guest (`KVM_SIGNAL_MSI`), now or after a delay.
-//! Delayed injections wait on one helper thread, ordered by due time.
+//! Delayed injections wait on one helper thread, ordered by due time. While
+//! the VM is paused the timers are frozen (nothing is delivered); their
+//! remaining delays are part of the VM's saved state.
 
-use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::sync::mpsc::{self, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use std::cmp::Reverse;
+
 use kvm_bindings::kvm_msi;
 use kvm_ioctls::VmFd;
+use serde::{Deserialize, Serialize};
 
 /// Base of the x86 MSI address window; the destination APIC id goes in bits 12-19.
 const MSI_ADDRESS_BASE: u32 = 0xfee0_0000;
 
+/// An MSI waiting for its time, as saved: how long it still had to wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingMsi {
+    /// Nanoseconds left until it is due.
+    pub remaining_ns: u64,
+    /// Destination vCPU.
+    pub dest: u8,
+    /// Vector.
+    pub vector: u8,
+}
+
+#[derive(Default)]
+struct Timers {
+    pending: BinaryHeap<Reverse<(Instant, u8, u8)>>,
+    frozen: bool,
+    stop: bool,
+    thread: bool,
+}
+
+#[derive(Default)]
+struct Shared {
+    timers: Mutex<Timers>,
+    changed: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Timers> {
+        self.timers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 /// Sends MSIs to vCPUs.
 pub struct MsiInjector {
     vm: Arc<VmFd>,
-    delayed: Mutex<Option<Sender<(Instant, u8, u8)>>>,
+    shared: Arc<Shared>,
 }
 
 /// Raise `vector` on the vCPU whose APIC id is `dest` (fixed delivery, physical destination).
@@ -36,7 +70,7 @@ impl MsiInjector {
     pub fn new(vm: Arc<VmFd>) -> Self {
         MsiInjector {
             vm,
-            delayed: Mutex::new(None),
+            shared: Arc::default(),
         }
     }
 
@@ -46,50 +80,84 @@ impl MsiInjector {
             return signal(&self.vm, dest, vector)
                 .map_err(|e| format!("KVM_SIGNAL_MSI failed: {e}"));
         }
-        let mut tx = self.delayed.lock().unwrap_or_else(|p| p.into_inner());
-        if tx.is_none() {
-            *tx = Some(
-                spawn_timer_thread(self.vm.clone())
-                    .map_err(|e| format!("cannot start the MSI thread: {e}"))?,
-            );
+        let mut t = self.shared.lock();
+        if !t.thread {
+            let (vm, shared) = (self.vm.clone(), self.shared.clone());
+            thread::Builder::new()
+                .name("msi-timer".into())
+                .spawn(move || timer_loop(&vm, &shared))
+                .map_err(|e| format!("cannot start the MSI thread: {e}"))?;
+            t.thread = true;
         }
-        let due = Instant::now() + delay;
-        tx.as_ref()
-            .expect("set above")
-            .send((due, dest, vector))
-            .map_err(|_| "the MSI thread has stopped".to_string())
+        t.pending
+            .push(Reverse((Instant::now() + delay, dest, vector)));
+        self.shared.changed.notify_all();
+        Ok(())
+    }
+
+    /// Stop delivering (the VM pauses); returns once no delivery is under way.
+    pub fn freeze(&self) {
+        self.shared.lock().frozen = true;
+    }
+
+    /// Deliver again; what fell due meanwhile is delivered at once.
+    pub fn thaw(&self) {
+        self.shared.lock().frozen = false;
+        self.shared.changed.notify_all();
+    }
+
+    /// The MSIs still waiting, with the time each has left.
+    pub fn pending(&self) -> Vec<PendingMsi> {
+        let now = Instant::now();
+        let mut v: Vec<PendingMsi> = self
+            .shared
+            .lock()
+            .pending
+            .iter()
+            .map(|Reverse((due, dest, vector))| PendingMsi {
+                remaining_ns: due.saturating_duration_since(now).as_nanos() as u64,
+                dest: *dest,
+                vector: *vector,
+            })
+            .collect();
+        v.sort_by_key(|p| p.remaining_ns);
+        v
     }
 }
 
-fn spawn_timer_thread(vm: Arc<VmFd>) -> std::io::Result<Sender<(Instant, u8, u8)>> {
-    let (tx, rx) = mpsc::channel::<(Instant, u8, u8)>();
-    thread::Builder::new()
-        .name("msi-timer".into())
-        .spawn(move || {
-            let mut pending: BinaryHeap<Reverse<(Instant, u8, u8)>> = BinaryHeap::new();
-            loop {
-                let wait = pending
-                    .peek()
-                    .map(|Reverse((due, _, _))| due.saturating_duration_since(Instant::now()));
-                let msg = match wait {
-                    Some(w) => rx.recv_timeout(w),
-                    None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
-                };
-                match msg {
-                    Ok(item) => pending.push(Reverse(item)),
-                    Err(RecvTimeoutError::Timeout) => {}
-                    Err(RecvTimeoutError::Disconnected) => return,
-                }
-                while pending
-                    .peek()
-                    .is_some_and(|Reverse((due, _, _))| *due <= Instant::now())
-                {
-                    let Reverse((_, dest, vector)) = pending.pop().expect("peeked");
-                    if let Err(e) = signal(&vm, dest, vector) {
-                        tracing::warn!("delayed MSI {vector:#x} to vCPU {dest} failed: {e}");
-                    }
-                }
+impl Drop for MsiInjector {
+    fn drop(&mut self) {
+        self.shared.lock().stop = true;
+        self.shared.changed.notify_all();
+    }
+}
+
+fn timer_loop(vm: &VmFd, shared: &Shared) {
+    let mut t = shared.lock();
+    loop {
+        if t.stop {
+            return;
+        }
+        let now = Instant::now();
+        // Delivery happens under the lock, so freeze() returning means none is under way.
+        while !t.frozen
+            && t.pending
+                .peek()
+                .is_some_and(|Reverse((due, _, _))| *due <= now)
+        {
+            let Reverse((_, dest, vector)) = t.pending.pop().expect("peeked");
+            if let Err(e) = signal(vm, dest, vector) {
+                tracing::warn!("delayed MSI {vector:#x} to vCPU {dest} failed: {e}");
             }
-        })?;
-    Ok(tx)
+        }
+        let wait = match t.pending.peek() {
+            Some(Reverse((due, _, _))) if !t.frozen => due.saturating_duration_since(now),
+            _ => Duration::from_secs(3600),
+        };
+        t = shared
+            .changed
+            .wait_timeout(t, wait)
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+    }
 }

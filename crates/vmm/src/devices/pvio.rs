@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use super::gate::Gate;
 use hover_abi::pvio::{
     io_op, io_status, COMPLETION_VECTOR, DOORBELL_PORT, MAX_ENTRIES, MAX_FILE_BYTES, MAX_LEN,
 };
@@ -23,7 +24,7 @@ use kvm_bindings::{
     KVM_IRQ_ROUTING_MSI,
 };
 use kvm_ioctls::{IoEventAddress, NoDatamatch, VmFd};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -55,13 +56,30 @@ pub struct PvioStats {
     pub bytes: u64,
 }
 
+/// The device's state, as saved in a snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PvioState {
+    /// The ring the guest set up: (guest-physical address, entries).
+    pub ring: Option<(u64, u64)>,
+    /// Requests completed.
+    pub requests: u64,
+    /// Requests refused as malformed.
+    pub bad_requests: u64,
+    /// Requests whose write failed.
+    pub io_errors: u64,
+    /// Bytes written.
+    pub bytes: u64,
+}
+
 /// The device.
 pub struct PvioDevice {
     memory: GuestMemoryMmap,
     doorbell: EventFd,
     irqfds: Vec<EventFd>,
-    /// Whether the guest has set the ring up (once per run).
-    ring: Mutex<bool>,
+    /// The ring, once the guest has set it up (once per run).
+    ring: Mutex<Option<(u64, u64)>>,
+    /// Closed while the VM is paused: no request is served.
+    gate: Gate,
     path: PathBuf,
     remove_at_exit: bool,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -149,7 +167,8 @@ impl PvioDevice {
             memory,
             doorbell,
             irqfds,
-            ring: Mutex::new(false),
+            ring: Mutex::new(None),
+            gate: Gate::default(),
             path,
             remove_at_exit,
             thread: Mutex::new(None),
@@ -165,57 +184,103 @@ impl PvioDevice {
     /// I/O thread. Returns a control status.
     pub fn setup(self: &Arc<Self>, gpa: u64, entries: u64) -> u32 {
         use hover_abi::control::status;
-        let len = HEADER + entries.saturating_mul(REQUEST);
-        let mut probe = vec![0u8; len as usize];
-        if entries == 0
-            || !entries.is_power_of_two()
-            || entries > MAX_ENTRIES as u64
-            || self
-                .memory
-                .read_slice(&mut probe, GuestAddress(gpa))
-                .is_err()
+        if entries == 0 || !entries.is_power_of_two() || entries > MAX_ENTRIES as u64 {
+            return status::BAD_RANGE;
+        }
+        let mut probe = vec![0u8; (HEADER + entries * REQUEST) as usize];
+        if self
+            .memory
+            .read_slice(&mut probe, GuestAddress(gpa))
+            .is_err()
         {
             return status::BAD_RANGE;
         }
         let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
-        if *ring {
+        if ring.is_some() {
             return status::BAD_OP;
         }
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .custom_flags(libc::O_DSYNC)
-            .open(&self.path);
-        let file = match file {
-            Ok(f) => f,
-            Err(e) => {
-                tracing::warn!("I/O device: cannot open {}: {e}", self.path.display());
-                return status::BAD_RANGE;
-            }
-        };
-        *ring = true;
-        let dev = self.clone();
-        let t = std::thread::Builder::new()
-            .name("pvio".into())
-            .spawn(move || dev.serve(file, gpa, entries));
-        match t {
-            Ok(t) => {
-                *self.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);
+        match self.start(gpa, entries, 0) {
+            Ok(()) => {
+                *ring = Some((gpa, entries));
                 status::OK
             }
             Err(e) => {
-                tracing::warn!("I/O device: cannot start its thread: {e}");
-                *ring = false;
-                status::BAD_OP
+                tracing::warn!("I/O device: {e}");
+                status::BAD_RANGE
             }
         }
     }
 
-    fn serve(&self, file: File, gpa: u64, entries: u64) {
-        let mut done = 0u64;
+    /// Open the file and start serving the ring at `gpa` from request `done` on.
+    fn start(self: &Arc<Self>, gpa: u64, entries: u64, done: u64) -> Result<(), String> {
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .custom_flags(libc::O_DSYNC)
+            .open(&self.path)
+            .map_err(|e| format!("cannot open {}: {e}", self.path.display()))?;
+        let dev = self.clone();
+        let t = std::thread::Builder::new()
+            .name("pvio".into())
+            .spawn(move || dev.serve(file, gpa, entries, done))
+            .map_err(|e| format!("cannot start its thread: {e}"))?;
+        *self.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);
+        Ok(())
+    }
+
+    /// The device's state (the VM is paused).
+    pub fn state(&self) -> PvioState {
+        PvioState {
+            ring: *self.ring.lock().unwrap_or_else(|p| p.into_inner()),
+            requests: self.requests.load(Ordering::Relaxed),
+            bad_requests: self.bad.load(Ordering::Relaxed),
+            io_errors: self.errors.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Take up a saved state: serve the saved ring again, from where the
+    /// saved device stopped (its completion count is in guest memory).
+    pub fn restore(self: &Arc<Self>, s: &PvioState) -> Result<(), String> {
+        self.requests.store(s.requests, Ordering::Relaxed);
+        self.bad.store(s.bad_requests, Ordering::Relaxed);
+        self.errors.store(s.io_errors, Ordering::Relaxed);
+        self.bytes.store(s.bytes, Ordering::Relaxed);
+        let Some((gpa, entries)) = s.ring else {
+            return Ok(());
+        };
+        if entries == 0 || !entries.is_power_of_two() || entries > MAX_ENTRIES as u64 {
+            return Err(format!("the saved I/O ring has {entries} entries"));
+        }
+        let done = self
+            .memory
+            .read_obj::<u64>(GuestAddress(gpa + 8))
+            .map_err(|e| format!("the saved I/O ring at {gpa:#x} is outside guest memory: {e}"))?;
+        self.start(gpa, entries, done)?;
+        *self.ring.lock().unwrap_or_else(|p| p.into_inner()) = Some((gpa, entries));
+        // Requests submitted before the snapshot rang a doorbell that is gone.
+        let _ = self.doorbell.write(1);
+        Ok(())
+    }
+
+    /// Serve no request until [`Self::resume`]; returns when none is being served.
+    pub fn pause(&self) {
+        self.gate.close();
+    }
+
+    /// Serve requests again.
+    pub fn resume(&self) {
+        self.gate.open();
+    }
+
+    fn serve(&self, file: File, gpa: u64, entries: u64, mut done: u64) {
         let mut buf = Vec::new();
         loop {
             if self.doorbell.read().is_err() || self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            let _pass = self.gate.enter();
+            if self.stop.load(Ordering::Acquire) {
                 return;
             }
             loop {
@@ -287,9 +352,10 @@ impl PvioDevice {
 
     /// What the device did, or `None` if the guest never set it up.
     pub fn stats(&self) -> Option<PvioStats> {
-        if !*self.ring.lock().unwrap_or_else(|p| p.into_inner()) {
-            return None;
-        }
+        self.ring
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()?;
         Some(PvioStats {
             file: self.path.display().to_string(),
             requests: self.requests.load(Ordering::Relaxed),
@@ -302,6 +368,7 @@ impl PvioDevice {
     /// Stop the I/O thread (the VM is stopping).
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
+        self.gate.open();
         let _ = self.doorbell.write(1);
         if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = t.join();
@@ -311,7 +378,7 @@ impl PvioDevice {
 
 impl Drop for PvioDevice {
     fn drop(&mut self) {
-        if self.remove_at_exit && self.ring.get_mut().map(|r| *r).unwrap_or(false) {
+        if self.remove_at_exit && self.ring.get_mut().map(|r| r.is_some()).unwrap_or(false) {
             let _ = std::fs::remove_file(&self.path);
         }
     }

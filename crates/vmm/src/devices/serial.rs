@@ -6,6 +6,8 @@ use std::io::{self, Write};
 use std::sync::Mutex;
 use std::time::Instant;
 
+use serde::{Deserialize, Serialize};
+use vm_superio::serial::{NoEvents, SerialState};
 use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -97,8 +99,35 @@ impl Write for ConsoleSink {
     }
 }
 
+/// The UART's registers and receive FIFO, as saved in a snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UartState {
+    /// Divisor latch, low byte.
+    pub baud_divisor_low: u8,
+    /// Divisor latch, high byte.
+    pub baud_divisor_high: u8,
+    /// Interrupt enable register.
+    pub interrupt_enable: u8,
+    /// Interrupt identification register.
+    pub interrupt_identification: u8,
+    /// Line control register.
+    pub line_control: u8,
+    /// Line status register.
+    pub line_status: u8,
+    /// Modem control register.
+    pub modem_control: u8,
+    /// Modem status register.
+    pub modem_status: u8,
+    /// Scratch register.
+    pub scratch: u8,
+    /// Bytes received and not yet read by the guest.
+    pub in_buffer: Vec<u8>,
+}
+
+type Uart = Serial<IrqTrigger, NoEvents, ConsoleSink>;
+
 /// COM1 with its console.
-pub struct SerialConsole(Mutex<Serial<IrqTrigger, vm_superio::serial::NoEvents, ConsoleSink>>);
+pub struct SerialConsole(Mutex<Uart>);
 
 impl SerialConsole {
     /// A UART that raises `irq` and writes to `sink`.
@@ -106,10 +135,43 @@ impl SerialConsole {
         SerialConsole(Mutex::new(Serial::new(IrqTrigger(irq), sink)))
     }
 
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, Serial<IrqTrigger, vm_superio::serial::NoEvents, ConsoleSink>>
-    {
+    /// A UART in the saved state `s`.
+    pub fn from_state(s: &UartState, irq: EventFd, sink: ConsoleSink) -> Result<Self, String> {
+        let st = SerialState {
+            baud_divisor_low: s.baud_divisor_low,
+            baud_divisor_high: s.baud_divisor_high,
+            interrupt_enable: s.interrupt_enable,
+            interrupt_identification: s.interrupt_identification,
+            line_control: s.line_control,
+            line_status: s.line_status,
+            modem_control: s.modem_control,
+            modem_status: s.modem_status,
+            scratch: s.scratch,
+            in_buffer: s.in_buffer.clone(),
+        };
+        Serial::from_state(&st, IrqTrigger(irq), NoEvents, sink)
+            .map(|u| SerialConsole(Mutex::new(u)))
+            .map_err(|e| format!("the saved serial port state is invalid: {e:?}"))
+    }
+
+    /// The UART's state.
+    pub fn state(&self) -> UartState {
+        let s = self.lock().state();
+        UartState {
+            baud_divisor_low: s.baud_divisor_low,
+            baud_divisor_high: s.baud_divisor_high,
+            interrupt_enable: s.interrupt_enable,
+            interrupt_identification: s.interrupt_identification,
+            line_control: s.line_control,
+            line_status: s.line_status,
+            modem_control: s.modem_control,
+            modem_status: s.modem_status,
+            scratch: s.scratch,
+            in_buffer: s.in_buffer,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Uart> {
         // A vCPU thread that panicked while holding the lock leaves the UART
         // state intact (each access is one register), so keep using it.
         self.0.lock().unwrap_or_else(|p| p.into_inner())
@@ -160,5 +222,23 @@ mod tests {
         assert_eq!(&buf.lock().unwrap()[..], b"hi\n");
         assert!(s.first_byte_at().is_some());
         assert_eq!(s.bytes_written(), 3);
+    }
+
+    #[test]
+    fn state_round_trips() {
+        let sink = || ConsoleSink::open(&ConsoleTarget::Off).unwrap();
+        let s = SerialConsole::new(EventFd::new(0).unwrap(), sink());
+        s.write(7, 0x5a); // scratch
+        s.write(3, 0x80); // DLAB
+        s.write(0, 0x0c); // divisor low
+        let st = s.state();
+        let back = SerialConsole::from_state(&st, EventFd::new(0).unwrap(), sink()).unwrap();
+        assert_eq!(back.state(), st);
+        assert_eq!(st.scratch, 0x5a);
+        let bad = UartState {
+            in_buffer: vec![0; 1 << 16],
+            ..st
+        };
+        assert!(SerialConsole::from_state(&bad, EventFd::new(0).unwrap(), sink()).is_err());
     }
 }

@@ -1,11 +1,13 @@
-//! The pager: guest RAM larger than what the host gives it.
+//! The pager: guest RAM larger than what the host gives it, or guest RAM
+//! whose content arrives only when the guest touches it.
 //!
 //! The pageable part of guest RAM (everything above the guest image: the
 //! boot area and the guest's own code, data and stacks are never evicted) is
 //! registered with userfaultfd in MISSING mode. A fault thread reads fault
 //! addresses and queues fetches; a pool of fetch workers serves them, so many
 //! faults are in flight at once (KVM queues async page faults per vCPU):
-//! - a page never touched is zero-filled;
+//! - a page never touched comes from the [`PageSource`]: a snapshot file
+//!   for a lazy restore (later: a migration connection), or zeros;
 //! - a page evicted earlier is read back from the page store (after the
 //!   configured extra latency, which models a slower device);
 //! - before bringing a page in over the budget, the worker evicts the oldest
@@ -23,7 +25,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -55,6 +57,27 @@ pub const MIN_BUDGET_PAGES: u64 = 1024;
 const HIST_BUCKETS: usize = 20;
 /// Eviction attempts per page-in before going over budget instead.
 const MAX_EVICT_ATTEMPTS: usize = 64;
+
+/// Where the first content of a guest page comes from.
+pub trait PageSource: Send + Sync {
+    /// Fill `buf` with the page at guest-physical `gpa`; `Ok(false)` if the
+    /// page is all zeros (`buf` is then left as it was).
+    fn read(&self, gpa: u64, buf: &mut PageBuf) -> io::Result<bool>;
+}
+
+/// What a page holds, for whoever saves guest memory.
+pub enum PageContent {
+    /// Resident in guest RAM: read it there.
+    Resident,
+    /// Not resident; its content is in the buffer given.
+    Copied,
+    /// All zeros.
+    Zero,
+}
+
+/// Reads a guest page for [`Pager::with_pages_still`]: `None` if the
+/// pager does not serve that address.
+pub type PageReader<'a> = dyn Fn(u64, &mut PageBuf) -> io::Result<Option<PageContent>> + 'a;
 
 /// How guest memory is overcommitted.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -112,6 +135,8 @@ pub struct PagerStats {
     pub fetch_latency_avg_us: f64,
     /// Whether the store bypasses the page cache (O_DIRECT).
     pub store_direct: bool,
+    /// Pages read from the page source (a snapshot file on a lazy restore).
+    pub source_reads: u64,
 }
 
 /// A pageable range of host memory.
@@ -128,11 +153,17 @@ struct Shared {
     states: Vec<AtomicU8>,
     stored: Vec<AtomicBool>,
     fifo: Mutex<VecDeque<u32>>,
+    /// Held (shared) by a worker serving a fault; held exclusively while
+    /// guest memory is read for a snapshot, so no page moves meanwhile.
+    busy: RwLock<()>,
+    source: Option<Arc<dyn PageSource>>,
+    source_reads: AtomicU64,
     queue: Mutex<VecDeque<(u32, Instant)>>,
     queued: Condvar,
     resident: AtomicU64,
     budget: u64,
-    store: PageStore,
+    /// `None` when the budget covers all pageable memory (nothing is evicted).
+    store: Option<PageStore>,
     latency: Duration,
     stop: AtomicBool,
     faults: AtomicU64,
@@ -175,6 +206,13 @@ impl Shared {
     fn host_of(&self, page: usize) -> u64 {
         let (r, off) = self.locate(page);
         r.host + off
+    }
+
+    fn page_of_gpa(&self, gpa: u64) -> Option<usize> {
+        self.ranges
+            .iter()
+            .find(|r| gpa >= r.gpa && gpa < r.gpa + r.len)
+            .map(|r| r.first_page + ((gpa - r.gpa) / PAGE_SIZE) as usize)
     }
 
     fn gpa_of(&self, page: usize) -> u64 {
@@ -226,6 +264,9 @@ impl Shared {
     /// Evict the oldest resident page into `staging`. `false`: nothing more
     /// can be evicted now.
     fn evict_one(&self, staging: u64) -> bool {
+        let Some(store) = &self.store else {
+            return false;
+        };
         let Some(v) = self
             .fifo
             .lock()
@@ -255,7 +296,7 @@ impl Shared {
         }
         // SAFETY: staging is this worker's page-aligned staging page, which
         // now holds the moved page.
-        if let Err(e) = unsafe { self.store.write_raw(v as u64, staging as *const u8) } {
+        if let Err(e) = unsafe { store.write_raw(v as u64, staging as *const u8) } {
             // Put the page back: its only copy is in staging.
             let back = self.uffd.move_pages(host, staging, PAGE_SIZE);
             st.store(RESIDENT, Ordering::Release);
@@ -303,20 +344,16 @@ impl Shared {
             attempts += 1;
         }
         let from_store = self.stored[page].load(Ordering::Acquire);
-        if from_store {
-            if !self.latency.is_zero() {
-                thread::sleep(self.latency);
-            }
-            if let Err(e) = self.store.read(page as u64, buf) {
-                // The faulting access stays blocked; the VM is stopped.
-                self.fail(format!(
-                    "page store read of guest page {:#x} failed: {e}",
-                    self.gpa_of(page)
-                ));
-                return;
-            }
-        } else {
-            buf.0.fill(0);
+        if from_store && !self.latency.is_zero() {
+            thread::sleep(self.latency);
+        }
+        if let Err(e) = self.initial_or_stored(page, buf) {
+            // The faulting access stays blocked; the VM is stopped.
+            self.fail(format!(
+                "cannot read guest page {:#x}: {e}",
+                self.gpa_of(page)
+            ));
+            return;
         }
         match self
             .uffd
@@ -348,9 +385,33 @@ impl Shared {
                 (64 - us.leading_zeros() as usize).min(HIST_BUCKETS - 1)
             };
             self.hist[bucket].fetch_add(1, Ordering::Relaxed);
-        } else {
+        } else if self.source.is_none() {
             self.zero_fills.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Fill `buf` with `page` as it is when not resident: from the store if
+    /// it was evicted, else from the source (or zeros). `Ok(false)`: zeros.
+    fn initial_or_stored(&self, page: usize, buf: &mut PageBuf) -> io::Result<bool> {
+        if self.stored[page].load(Ordering::Acquire) {
+            let store = self
+                .store
+                .as_ref()
+                .expect("pages are stored only with a store");
+            store.read(page as u64, buf)?;
+            return Ok(true);
+        }
+        let filled = match &self.source {
+            Some(src) => {
+                self.source_reads.fetch_add(1, Ordering::Relaxed);
+                src.read(self.gpa_of(page), buf)?
+            }
+            None => false,
+        };
+        if !filled {
+            buf.0.fill(0);
+        }
+        Ok(filled)
     }
 }
 
@@ -361,6 +422,7 @@ impl Pager {
         ram: &GuestRam,
         pinned_end: u64,
         config: &PagingConfig,
+        source: Option<Arc<dyn PageSource>>,
         on_failure: Box<dyn Fn(String) + Send + Sync>,
     ) -> Result<Pager, PagerError> {
         let uffd_err = |what| move |source| PagerError::Uffd { what, source };
@@ -403,7 +465,11 @@ impl Pager {
             .saturating_sub(pinned_pages)
             .max(1);
         let evictable = (pages as u64).saturating_sub(budget) * PAGE_SIZE;
-        let store = PageStore::create(config.store.as_deref(), evictable)?;
+        let store = if evictable > 0 {
+            Some(PageStore::create(config.store.as_deref(), evictable)?)
+        } else {
+            None
+        };
         // One staging page per worker, registered too (UFFDIO_MOVE's destination must be).
         let staging_len = WORKERS * PAGE_SIZE as usize;
         // SAFETY: a fresh anonymous mapping, checked below.
@@ -439,6 +505,9 @@ impl Pager {
                 states: (0..pages).map(|_| AtomicU8::new(ABSENT)).collect(),
                 stored: (0..pages).map(|_| AtomicBool::new(false)).collect(),
                 fifo: Mutex::new(VecDeque::new()),
+                busy: RwLock::new(()),
+                source,
+                source_reads: AtomicU64::new(0),
                 queue: Mutex::new(VecDeque::new()),
                 queued: Condvar::new(),
                 resident: AtomicU64::new(0),
@@ -482,7 +551,7 @@ impl Pager {
                     .map_err(PagerError::Thread)?,
             );
         }
-        tracing::debug!(pages, budget, store = %pager.shared.store.path().display(), "pager started");
+        tracing::debug!(pages, budget, store = ?pager.shared.store.as_ref().map(|s| s.path().to_path_buf()), "pager started");
         Ok(pager)
     }
 
@@ -518,12 +587,34 @@ impl Shared {
             } else {
                 load(&sh.latency_sum_us) as f64 / reads as f64
             },
-            store_direct: sh.store.is_direct(),
+            store_direct: sh.store.as_ref().is_some_and(|s| s.is_direct()),
+            source_reads: load(&sh.source_reads),
         }
     }
 }
 
 impl Pager {
+    /// Run `f` with every page held still (no fault served meanwhile), giving
+    /// it a way to read any guest page: for saving guest memory.
+    pub fn with_pages_still<R>(&self, f: impl FnOnce(&PageReader<'_>) -> R) -> R {
+        let _still = self.shared.busy.write().unwrap_or_else(|p| p.into_inner());
+        let sh = &self.shared;
+        let content = |gpa: u64, buf: &mut PageBuf| -> io::Result<Option<PageContent>> {
+            let Some(page) = sh.page_of_gpa(gpa) else {
+                return Ok(None);
+            };
+            if sh.states[page].load(Ordering::Acquire) & STATE == RESIDENT {
+                return Ok(Some(PageContent::Resident));
+            }
+            Ok(Some(if sh.initial_or_stored(page, buf)? {
+                PageContent::Copied
+            } else {
+                PageContent::Zero
+            }))
+        };
+        f(&content)
+    }
+
     /// Stop the pager's threads (faults still pending stay unserved).
     pub fn stop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);

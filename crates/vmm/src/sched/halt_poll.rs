@@ -61,12 +61,16 @@ const CANDIDATES: [u64; 15] = [
 ];
 
 /// How halt polling is set for a VM.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, serde::Deserialize)]
+#[serde(tag = "mode", rename_all = "snake_case")]
 pub enum HaltPoll {
     /// Leave KVM's default (its module parameter) alone.
     KvmDefault,
     /// A fixed maximum window, nanoseconds (0 = no polling).
-    Fixed(u64),
+    Fixed {
+        /// The window.
+        window_ns: u64,
+    },
     /// The governor, with a CPU budget in percent of one CPU per vCPU.
     Auto {
         /// Budget for failed polls, in (0, 100].
@@ -77,6 +81,15 @@ pub enum HaltPoll {
 /// Whether this KVM lets a VM set its own halt-poll window.
 pub fn supported(vm: &VmFd) -> bool {
     vm.check_extension_raw(KVM_CAP_HALT_POLL as libc::c_ulong) > 0
+}
+
+/// KVM's module-wide default window (`halt_poll_ns`), what a VM polls for
+/// when it sets no window of its own.
+pub fn kvm_default_window() -> std::io::Result<u64> {
+    let s = std::fs::read_to_string("/sys/module/kvm/parameters/halt_poll_ns")?;
+    s.trim()
+        .parse()
+        .map_err(|e| std::io::Error::other(format!("halt_poll_ns {s:?}: {e}")))
 }
 
 /// Set the VM's maximum halt-poll window.

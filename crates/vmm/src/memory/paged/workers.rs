@@ -91,6 +91,7 @@ pub(super) fn worker_loop(sh: Arc<Shared>, staging: u64) {
                 q = sh.queued.wait(q).unwrap_or_else(|p| p.into_inner());
             }
         };
+        let _busy = sh.busy.read().unwrap_or_else(|p| p.into_inner());
         sh.fetch(item.0 as usize, item.1, &mut buf, staging);
     }
 }

@@ -1,0 +1,204 @@
+//! `GET /metrics`: the VM's figures in the Prometheus text exposition
+//! (OpenMetrics), encoded by the `prometheus-client` crate. Everything is
+//! read at scrape time: KVM's statistics of the VM and each vCPU (counters
+//! for cumulative ones, gauges for instant and peak ones; histograms are
+//! left to `GET /vm/stats`), the pager, the halt-poll governor and the I/O
+//! device. Names: `hover_vcpu_<kvm name>{vcpu="N"}`, `hover_vm_<kvm name>`,
+//! `hover_pager_*`, `hover_halt_poll_window_ns`, `hover_io_*`, `hover_up`.
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+
+use super::LiveSources;
+use crate::stats::StatKind;
+use crate::vm::{Controller, Lifecycle};
+
+/// The content type of the exposition.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Everything one scrape reports, read at once.
+#[derive(Debug)]
+struct Scrape {
+    /// (name, help, counter?, [(labels, value)])
+    families: Vec<Family>,
+}
+
+#[derive(Debug)]
+struct Family {
+    name: String,
+    help: String,
+    counter: bool,
+    samples: Vec<(Vec<(String, String)>, u64)>,
+}
+
+impl Family {
+    fn one(name: &str, help: &str, counter: bool, value: u64) -> Family {
+        Family {
+            name: name.into(),
+            help: help.into(),
+            counter,
+            samples: vec![(Vec::new(), value)],
+        }
+    }
+}
+
+impl Collector for Scrape {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for f in &self.families {
+            let kind = if f.counter {
+                MetricType::Counter
+            } else {
+                MetricType::Gauge
+            };
+            let mut m = encoder.encode_descriptor(&f.name, &f.help, None, kind)?;
+            for (labels, v) in &f.samples {
+                let e = m.encode_family(labels)?;
+                if f.counter {
+                    ConstCounter::new(*v).encode(e)?;
+                } else {
+                    ConstGauge::new(*v as i64).encode(e)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn kvm_families(
+    prefix: &str,
+    snaps: &[(Option<usize>, crate::stats::StatsSnapshot)],
+) -> Vec<Family> {
+    let Some((_, first)) = snaps.first() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for d in first.descriptors() {
+        let counter = match d.kind {
+            StatKind::Cumulative => true,
+            StatKind::Instant | StatKind::Peak => false,
+            _ => continue,
+        };
+        let samples = snaps
+            .iter()
+            .filter_map(|(vcpu, s)| {
+                let labels = vcpu
+                    .map(|i| vec![("vcpu".to_string(), i.to_string())])
+                    .unwrap_or_default();
+                s.get(&d.name).map(|v| (labels, v))
+            })
+            .collect();
+        out.push(Family {
+            name: format!("{prefix}_{}", d.name),
+            help: format!("KVM statistic {} ({prefix})", d.name),
+            counter,
+            samples,
+        });
+    }
+    out
+}
+
+/// Read every source now and encode the exposition.
+pub fn render(src: &LiveSources, controller: &Controller) -> String {
+    let mut families = vec![Family::one(
+        "up",
+        "1 while the guest runs, 0 when paused or stopped",
+        false,
+        (controller.info().state == Lifecycle::Running) as u64,
+    )];
+    let vcpus: Vec<_> = src
+        .vcpu_stats
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| s.read().ok().map(|s| (Some(i), s)))
+        .collect();
+    families.extend(kvm_families("vcpu", &vcpus));
+    let vm: Vec<_> = src
+        .vm_stats
+        .iter()
+        .filter_map(|s| s.read().ok().map(|s| (None, s)))
+        .collect();
+    families.extend(kvm_families("vm", &vm));
+    if let Some(p) = src.pager.as_ref().map(|f| f()) {
+        for (name, help, counter, v) in [
+            (
+                "pager_faults",
+                "guest page faults the pager heard",
+                true,
+                p.faults,
+            ),
+            (
+                "pager_zero_fills",
+                "first touches served with zeros",
+                true,
+                p.zero_fills,
+            ),
+            (
+                "pager_store_reads",
+                "pages read back from the page store",
+                true,
+                p.store_reads,
+            ),
+            (
+                "pager_source_reads",
+                "pages read from the page source (snapshot)",
+                true,
+                p.source_reads,
+            ),
+            (
+                "pager_evictions",
+                "pages evicted to the page store",
+                true,
+                p.evictions,
+            ),
+            (
+                "pager_resident_pages",
+                "pageable pages resident now",
+                false,
+                p.resident_pages,
+            ),
+            (
+                "pager_budget_pages",
+                "pageable pages the budget allows",
+                false,
+                p.budget_pages,
+            ),
+        ] {
+            families.push(Family::one(name, help, counter, v));
+        }
+    }
+    let governor = src.governor.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(g) = governor.as_ref().map(|f| f()) {
+        families.push(Family::one(
+            "halt_poll_window_ns",
+            "the halt-poll window the governor set",
+            false,
+            g.final_window_ns,
+        ));
+    }
+    drop(governor);
+    if let Some(io) = src.io.stats() {
+        for (name, help, v) in [
+            ("io_requests", "I/O requests completed", io.requests),
+            (
+                "io_bad_requests",
+                "I/O requests refused as malformed",
+                io.bad_requests,
+            ),
+            ("io_errors", "I/O requests whose write failed", io.io_errors),
+            ("io_bytes", "bytes written by the I/O device", io.bytes),
+        ] {
+            families.push(Family::one(name, help, true, v));
+        }
+    }
+    let mut registry = Registry::with_prefix("hover");
+    registry.register_collector(Box::new(Scrape { families }));
+    let mut out = String::new();
+    if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
+        out = "# the metrics could not be encoded\n# EOF\n".into();
+    }
+    out
+}

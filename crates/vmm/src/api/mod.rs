@@ -1,0 +1,535 @@
+//! The control API: HTTP/1.1 and JSON on the Unix socket of `--api-socket`
+//! (docs/api.yaml is the contract; a test walks it against this server).
+//!
+//! | request | does |
+//! |---|---|
+//! | `GET /vm` | state, configuration, uptime |
+//! | `PUT /vm/pause`, `PUT /vm/resume`, `PUT /vm/shutdown` | lifecycle |
+//! | `PUT /vm/snapshot` `{"path": ..., "stop": bool}` | snapshot to a new file |
+//! | `GET /vm/stats` | live figures (what `hover stats` shows) |
+//! | `PUT /vm/halt-poll` `{"mode": ..., ...}` | change halt polling live |
+//! | `GET /metrics` | Prometheus text exposition |
+//!
+//! HTTP parsing is tiny_http's. Each request is answered on its own short
+//! thread, so a client that stalls (sends nothing, or half a body) holds
+//! only its own thread: the VM and other clients go on. Commands reach the
+//! VM through its [`Controller`], which carries them out one at a time. The
+//! socket file is created here with mode 0600 (an existing path is refused,
+//! never replaced) and removed when the VM stops.
+
+pub mod client;
+mod metrics;
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tiny_http::{Header, Method, Response, Server};
+
+use crate::devices::pvio::{PvioDevice, PvioStats};
+use crate::memory::paged::PagerStats;
+use crate::sched::halt_poll::{GovernorReport, HaltPoll};
+use crate::stats::KvmStats;
+use crate::vm::{Command, CommandError, Controller};
+
+pub use client::{query, ApiClient};
+
+/// Largest request body accepted.
+pub const MAX_BODY: usize = 64 << 10;
+/// How long a command may take (a snapshot of a large VM takes a while).
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Why the API socket failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The path exists already.
+    #[error("--api-socket {}: already exists; give a new path (a stale socket from a stopped VM can be removed)", .0.display())]
+    Exists(PathBuf),
+    /// Binding failed.
+    #[error("--api-socket {}: cannot listen there: {source}", .path.display())]
+    Bind {
+        /// The path.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Connecting failed.
+    #[error("cannot reach a VM at {}: {source} (is `hover run --api-socket` running there?)", .path.display())]
+    Connect {
+        /// The path.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The VM's answer could not be read or was an error.
+    #[error("the VM at {} answered badly: {reason}", .path.display())]
+    BadReply {
+        /// The path.
+        path: PathBuf,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The VM refused the request.
+    #[error("the VM at {} refused: {message} (HTTP {status})", .path.display())]
+    Refused {
+        /// The path.
+        path: PathBuf,
+        /// The HTTP status.
+        status: u16,
+        /// The VM's error message.
+        message: String,
+    },
+}
+
+/// Reads the report of a running governor.
+pub type GovernorSource = Box<dyn Fn() -> GovernorReport + Send + Sync>;
+
+/// Where live figures come from.
+pub struct LiveSources {
+    /// One stats fd per vCPU.
+    pub vcpu_stats: Vec<KvmStats>,
+    /// The VM's stats fd.
+    pub vm_stats: Option<KvmStats>,
+    /// The pager's counters, if paging.
+    pub pager: Option<Box<dyn Fn() -> PagerStats + Send + Sync>>,
+    /// The report of the governor running now, if any.
+    pub governor: Arc<Mutex<Option<GovernorSource>>>,
+    /// The I/O device.
+    pub io: Arc<PvioDevice>,
+    /// When the vCPUs started.
+    pub started: Instant,
+}
+
+/// The answer to `GET /vm/stats`.
+#[derive(Serialize)]
+pub struct LiveStats {
+    /// Milliseconds since the vCPUs started.
+    pub uptime_ms: u64,
+    /// KVM's single-valued statistics of each vCPU.
+    pub vcpu_stats: Vec<BTreeMap<String, u64>>,
+    /// KVM's histograms of each vCPU.
+    pub vcpu_histograms: Vec<BTreeMap<String, Vec<u64>>>,
+    /// KVM's statistics of the VM.
+    pub vm_stats: BTreeMap<String, u64>,
+    /// The pager, if paging.
+    pub pager: Option<PagerStats>,
+    /// The halt-poll governor, if governing.
+    pub halt_poll: Option<GovernorReport>,
+    /// The I/O device, once the guest has set it up.
+    pub io: Option<PvioStats>,
+}
+
+impl LiveSources {
+    fn snapshot(&self) -> LiveStats {
+        let snaps: Vec<_> = self
+            .vcpu_stats
+            .iter()
+            .filter_map(|s| s.read().ok())
+            .collect();
+        LiveStats {
+            uptime_ms: self.started.elapsed().as_millis() as u64,
+            vcpu_stats: snaps.iter().map(|s| s.scalars()).collect(),
+            vcpu_histograms: snaps.iter().map(|s| s.histograms()).collect(),
+            vm_stats: self
+                .vm_stats
+                .as_ref()
+                .and_then(|s| s.read().ok())
+                .map(|s| s.scalars())
+                .unwrap_or_default(),
+            pager: self.pager.as_ref().map(|f| f()),
+            halt_poll: self
+                .governor
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .map(|f| f()),
+            io: self.io.stats(),
+        }
+    }
+}
+
+/// The body of `PUT /vm/snapshot`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SnapshotRequest {
+    path: PathBuf,
+    #[serde(default)]
+    stop: bool,
+}
+
+/// The body of `PUT /vm/halt-poll`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HaltPollRequest {
+    mode: String,
+    window_ns: Option<u64>,
+    budget_pct: Option<f64>,
+}
+
+impl HaltPollRequest {
+    fn setting(&self) -> Result<HaltPoll, ApiFailure> {
+        let unexpected = |field: &'static str| {
+            ApiFailure::bad(
+                field,
+                format!("{field} does not go with mode {:?}", self.mode),
+            )
+        };
+        match self.mode.as_str() {
+            "fixed" => {
+                if self.budget_pct.is_some() {
+                    return Err(unexpected("budget_pct"));
+                }
+                let window_ns = self.window_ns.ok_or_else(|| {
+                    ApiFailure::bad("window_ns", "mode fixed needs window_ns".into())
+                })?;
+                Ok(HaltPoll::Fixed { window_ns })
+            }
+            "auto" => {
+                if self.window_ns.is_some() {
+                    return Err(unexpected("window_ns"));
+                }
+                Ok(HaltPoll::Auto {
+                    budget_pct: self
+                        .budget_pct
+                        .unwrap_or(crate::sched::halt_poll::DEFAULT_BUDGET_PCT),
+                })
+            }
+            "kvm_default" => match (self.window_ns, self.budget_pct) {
+                (Some(_), _) => Err(unexpected("window_ns")),
+                (_, Some(_)) => Err(unexpected("budget_pct")),
+                _ => Ok(HaltPoll::KvmDefault),
+            },
+            other => Err(ApiFailure::bad(
+                "mode",
+                format!("unknown mode {other:?}: use fixed, auto or kvm_default"),
+            )),
+        }
+    }
+}
+
+/// An error answer: HTTP status, message, and the request field at fault.
+#[derive(Debug)]
+struct ApiFailure {
+    status: u16,
+    message: String,
+    field: Option<String>,
+}
+
+impl ApiFailure {
+    fn new(status: u16, message: String) -> Self {
+        ApiFailure {
+            status,
+            message,
+            field: None,
+        }
+    }
+
+    fn bad(field: &str, message: String) -> Self {
+        ApiFailure {
+            status: 400,
+            message,
+            field: Some(field.into()),
+        }
+    }
+}
+
+impl From<CommandError> for ApiFailure {
+    fn from(e: CommandError) -> Self {
+        use crate::state::file::SnapshotError;
+        let message = e.to_string();
+        match e {
+            CommandError::WrongState { .. } => ApiFailure::new(409, message),
+            CommandError::Invalid { field, .. } => ApiFailure::bad(field, message),
+            CommandError::Snapshot(SnapshotError::Exists(_)) => ApiFailure {
+                status: 409,
+                message,
+                field: Some("path".into()),
+            },
+            CommandError::Snapshot(SnapshotError::Io { .. }) => ApiFailure {
+                status: 400,
+                message,
+                field: Some("path".into()),
+            },
+            CommandError::Gone => ApiFailure::new(503, message),
+            _ => ApiFailure::new(500, message),
+        }
+    }
+}
+
+/// Parse a JSON body into `T`, naming the field at fault.
+fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiFailure> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let v: Result<T, _> = serde_path_to_error::deserialize(&mut de);
+    if v.is_ok() {
+        if let Err(e) = de.end() {
+            return Err(ApiFailure {
+                status: 400,
+                message: format!("invalid request body: {e}"),
+                field: Some("body".into()),
+            });
+        }
+    }
+    v.map_err(|e| {
+        let path = e.path().to_string();
+        let msg = e.inner().to_string();
+        // A wrong value is named by its path; a missing or unknown field
+        // only in serde's message, in backquotes; bad JSON by neither.
+        let field = if path != "." && path != "?" {
+            path
+        } else {
+            msg.split('`').nth(1).unwrap_or("body").to_string()
+        };
+        ApiFailure {
+            status: 400,
+            message: format!("invalid request body: {msg}"),
+            field: Some(field),
+        }
+    })
+}
+
+struct Ctx {
+    sources: LiveSources,
+    controller: Controller,
+}
+
+/// An answer: status, content type, body.
+type Answer = (u16, &'static str, String);
+
+const JSON: &str = "application/json";
+
+fn json<T: Serialize>(status: u16, v: &T) -> Answer {
+    match serde_json::to_string(v) {
+        Ok(s) => (status, JSON, s),
+        Err(e) => failure(ApiFailure::new(
+            500,
+            format!("cannot encode the answer: {e}"),
+        )),
+    }
+}
+
+fn failure(f: ApiFailure) -> Answer {
+    let mut v = serde_json::json!({ "error": f.message });
+    if let Some(field) = f.field {
+        v["field"] = field.into();
+    }
+    (f.status, JSON, v.to_string())
+}
+
+fn route(ctx: &Ctx, method: &Method, url: &str, body: &[u8]) -> Result<Answer, ApiFailure> {
+    let path = url.split('?').next().unwrap_or(url);
+    let command = |cmd| -> Result<Answer, ApiFailure> {
+        let reply = ctx.controller.request(cmd, COMMAND_TIMEOUT)?;
+        Ok(json(200, &reply))
+    };
+    let no_body = || -> Result<(), ApiFailure> {
+        let blank = body.iter().all(|b| b.is_ascii_whitespace());
+        if blank || body == b"{}" {
+            Ok(())
+        } else {
+            Err(ApiFailure::bad("body", "this request takes no body".into()))
+        }
+    };
+    match (method, path) {
+        (Method::Get, "/vm") => Ok(json(200, &ctx.controller.info())),
+        (Method::Put, "/vm/pause") => {
+            no_body()?;
+            command(Command::Pause)
+        }
+        (Method::Put, "/vm/resume") => {
+            no_body()?;
+            command(Command::Resume)
+        }
+        (Method::Put, "/vm/shutdown") => {
+            no_body()?;
+            command(Command::Shutdown)
+        }
+        (Method::Put, "/vm/snapshot") => {
+            let r: SnapshotRequest = parse_body(body)?;
+            if r.path.as_os_str().is_empty() {
+                return Err(ApiFailure::bad("path", "path is empty".into()));
+            }
+            command(Command::Snapshot {
+                path: r.path,
+                stop: r.stop,
+            })
+        }
+        (Method::Put, "/vm/halt-poll") => {
+            let r: HaltPollRequest = parse_body(body)?;
+            command(Command::HaltPoll(r.setting()?))
+        }
+        (Method::Get, "/vm/stats") => Ok(json(200, &ctx.sources.snapshot())),
+        (Method::Get, "/metrics") => Ok((
+            200,
+            metrics::CONTENT_TYPE,
+            metrics::render(&ctx.sources, &ctx.controller),
+        )),
+        (_, "/vm" | "/vm/stats" | "/metrics") => Err(ApiFailure::new(
+            405,
+            format!("{path} takes GET, not {method}"),
+        )),
+        (_, "/vm/pause" | "/vm/resume" | "/vm/shutdown" | "/vm/snapshot" | "/vm/halt-poll") => Err(
+            ApiFailure::new(405, format!("{path} takes PUT, not {method}")),
+        ),
+        _ => Err(ApiFailure::new(
+            404,
+            format!("no such endpoint: {method} {path} (see docs/api.yaml)"),
+        )),
+    }
+}
+
+fn handle(ctx: &Ctx, mut req: tiny_http::Request) {
+    let too_big = req.body_length().is_some_and(|n| n > MAX_BODY);
+    let mut body = Vec::new();
+    let answer = if too_big {
+        failure(ApiFailure::new(
+            413,
+            format!("the request body is over {MAX_BODY} bytes"),
+        ))
+    } else {
+        match req
+            .as_reader()
+            .take(MAX_BODY as u64 + 1)
+            .read_to_end(&mut body)
+        {
+            Ok(_) if body.len() > MAX_BODY => failure(ApiFailure::new(
+                413,
+                format!("the request body is over {MAX_BODY} bytes"),
+            )),
+            Ok(_) => route(ctx, req.method(), req.url(), &body).unwrap_or_else(failure),
+            // The client went away mid-request: nobody to answer.
+            Err(_) => return,
+        }
+    };
+    let (status, content_type, text) = answer;
+    let header = Header::from_bytes("Content-Type", content_type).expect("a valid header");
+    let _ = req.respond(
+        Response::from_string(text)
+            .with_status_code(status)
+            .with_header(header),
+    );
+}
+
+/// The listening socket and its thread.
+pub struct ApiServer {
+    path: PathBuf,
+    server: Arc<Server>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ApiServer {
+    /// Listen at `path` and serve `sources` and `controller` until stopped.
+    pub fn start(
+        path: &Path,
+        sources: LiveSources,
+        controller: Controller,
+    ) -> Result<ApiServer, ApiError> {
+        if path.symlink_metadata().is_ok() {
+            return Err(ApiError::Exists(path.into()));
+        }
+        let bind = |source| ApiError::Bind {
+            path: path.into(),
+            source,
+        };
+        let listener = UnixListener::bind(path).map_err(bind)?;
+        // Only the owner may steer the VM.
+        if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)) {
+            let _ = std::fs::remove_file(path);
+            return Err(bind(e));
+        }
+        let server = match Server::from_listener(listener, None) {
+            Ok(s) => Arc::new(s),
+            Err(e) => {
+                let _ = std::fs::remove_file(path);
+                return Err(bind(std::io::Error::other(e.to_string())));
+            }
+        };
+        let ctx = Arc::new(Ctx {
+            sources,
+            controller,
+        });
+        let s = server.clone();
+        let thread = std::thread::Builder::new()
+            .name("api".into())
+            .spawn(move || {
+                while let Ok(req) = s.recv() {
+                    let ctx = ctx.clone();
+                    let spawned = std::thread::Builder::new()
+                        .name("api-request".into())
+                        .spawn(move || handle(&ctx, req));
+                    if let Err(e) = spawned {
+                        tracing::warn!("API: cannot start a request thread: {e}");
+                    }
+                }
+            })
+            .map_err(|e| {
+                let _ = std::fs::remove_file(path);
+                bind(e)
+            })?;
+        Ok(ApiServer {
+            path: path.into(),
+            server,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stop serving and remove the socket.
+    pub fn stop(&mut self) {
+        if let Some(t) = self.thread.take() {
+            self.server.unblock();
+            let _ = t.join();
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn halt_poll_requests_name_the_bad_field() {
+        let parse = |s: &str| parse_body::<HaltPollRequest>(s.as_bytes()).and_then(|r| r.setting());
+        assert_eq!(
+            parse(r#"{"mode":"fixed","window_ns":5}"#).unwrap(),
+            HaltPoll::Fixed { window_ns: 5 }
+        );
+        assert_eq!(
+            parse(r#"{"mode":"auto"}"#).unwrap(),
+            HaltPoll::Auto { budget_pct: 2.5 }
+        );
+        let e = parse(r#"{"mode":"fixed"}"#).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("window_ns"));
+        let e = parse(r#"{"mode":"auto","window_ns":1}"#).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("window_ns"));
+        let e = parse(r#"{"mode":"sometimes"}"#).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("mode"));
+        let e = parse(r#"{"mode":"fixed","window_ns":1,"colour":2}"#).unwrap_err();
+        assert_eq!((e.status, e.field.as_deref()), (400, Some("colour")));
+        let e = parse(r#"{"mode":"fixed","window_ns":-1}"#).unwrap_err();
+        assert_eq!((e.status, e.field.as_deref()), (400, Some("window_ns")));
+        let e = parse("{not json").unwrap_err();
+        assert_eq!((e.status, e.field.as_deref()), (400, Some("body")));
+    }
+
+    #[test]
+    fn snapshot_requests_are_checked() {
+        let r: SnapshotRequest = parse_body(br#"{"path":"/tmp/x"}"#).unwrap();
+        assert!(!r.stop);
+        let e = parse_body::<SnapshotRequest>(br#"{"stop":true}"#).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("path"));
+        let e = parse_body::<SnapshotRequest>(br#"{"path":"/x","stop":"yes"}"#).unwrap_err();
+        assert_eq!((e.status, e.field.as_deref()), (400, Some("stop")));
+    }
+}

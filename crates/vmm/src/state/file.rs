@@ -1,0 +1,553 @@
+//! The snapshot file: a header page, guest memory, then the state sections.
+//!
+//! ```text
+//! 0       header (64 bytes, own CRC), padded to 4096
+//! 4096    guest pages, 4096 bytes each, in the order of the memory index
+//! S       sections: each a 24-byte header (tag, version, length, CRC32)
+//!         and a postcard-encoded payload: CONF, VCPU, MACH, DEVS, MEMI
+//! ```
+//! Only pages that hold something are written (sparse). Page data comes
+//! first so it stays page-aligned for reading on demand (lazy restore); the
+//! sections come last because the memory index is known only once every
+//! page is written. Every page has its own CRC32 in the index, checked when
+//! it is read: up front for an eager restore, at first touch for a lazy one.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufWriter, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use hover_abi::layout::PAGE_SIZE;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::{DevicesState, MachineState, SavedConfig, VmState};
+use crate::memory::paged::PageSource;
+use crate::memory::store::PageBuf;
+use crate::vcpu::state::VcpuState;
+
+/// The file's magic.
+pub const MAGIC: [u8; 8] = *b"HOVERSNP";
+/// The format version this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+const HEADER_LEN: usize = 64;
+const SECTION_HEADER_LEN: usize = 24;
+/// Where page data starts.
+const DATA_OFFSET: u64 = PAGE_SIZE;
+/// Largest section accepted (a corrupt length must not make us allocate).
+const MAX_SECTION: u64 = 256 << 20;
+
+/// Why a snapshot could not be written or read. Every variant names the
+/// file; those about its content name the section and offset.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// The path exists already.
+    #[error("snapshot {}: already exists; give a new path (a snapshot never overwrites a file)", .0.display())]
+    Exists(PathBuf),
+    /// Reading or writing the file failed.
+    #[error("snapshot {}: {what}: {source}", .path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What was being done.
+        what: &'static str,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// Not a Hover snapshot.
+    #[error("snapshot {}: not a Hover snapshot (no HOVERSNP magic at offset 0)", .0.display())]
+    NotSnapshot(PathBuf),
+    /// Written by another format version.
+    #[error("snapshot {}: format version {found} at offset 8; this Hover reads version {FORMAT_VERSION}", .path.display())]
+    Version {
+        /// The file.
+        path: PathBuf,
+        /// Its version.
+        found: u32,
+    },
+    /// Shorter than its header or sections say.
+    #[error("snapshot {}: truncated: {what} at offset {offset} needs {need} bytes, the file has {len}", .path.display())]
+    Truncated {
+        /// The file.
+        path: PathBuf,
+        /// The header or section.
+        what: String,
+        /// Where it starts.
+        offset: u64,
+        /// Bytes it needs.
+        need: u64,
+        /// The file's length.
+        len: u64,
+    },
+    /// A CRC does not match.
+    #[error("snapshot {}: {what} at offset {offset} is corrupted (CRC mismatch)", .path.display())]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// The header, section or page.
+        what: String,
+        /// Where it starts.
+        offset: u64,
+    },
+    /// A section is not what this build expects.
+    #[error("snapshot {}: section {section} at offset {offset}: {reason}", .path.display())]
+    BadSection {
+        /// The file.
+        path: PathBuf,
+        /// The section's tag.
+        section: String,
+        /// Where it starts.
+        offset: u64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The saved VM does not fit this host or this build.
+    #[error("snapshot {}: section {section}: {reason}", .path.display())]
+    Unfit {
+        /// The file.
+        path: PathBuf,
+        /// The section whose content does not fit.
+        section: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The memory index: which pages the file holds, where, and their CRCs.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MemoryIndex {
+    /// Runs of consecutive guest pages: (first guest-physical address, pages),
+    /// ascending; their pages are stored in this order from the data offset.
+    pub runs: Vec<(u64, u32)>,
+    /// CRC32 of each stored page, in storage order.
+    pub crcs: Vec<u32>,
+}
+
+impl MemoryIndex {
+    /// Pages stored.
+    pub fn pages(&self) -> u64 {
+        self.crcs.len() as u64
+    }
+
+    fn push(&mut self, gpa: u64, crc: u32) {
+        match self.runs.last_mut() {
+            Some((start, n)) if *start + *n as u64 * PAGE_SIZE == gpa && *n < u32::MAX => *n += 1,
+            _ => self.runs.push((gpa, 1)),
+        }
+        self.crcs.push(crc);
+    }
+
+    /// Check the runs are ascending, in `memory` bytes of RAM, and match
+    /// the CRC count; returns each run's first storage slot.
+    fn check(&self, contains: impl Fn(u64, u64) -> bool) -> Result<Vec<u64>, String> {
+        let mut slots = Vec::with_capacity(self.runs.len());
+        let (mut slot, mut end) = (0u64, 0u64);
+        for &(gpa, n) in &self.runs {
+            let len = n as u64 * PAGE_SIZE;
+            if !gpa.is_multiple_of(PAGE_SIZE) || gpa < end || n == 0 || !contains(gpa, len) {
+                return Err(format!(
+                    "page run {gpa:#x} (+{n} pages) is unaligned, out of order or outside guest RAM"
+                ));
+            }
+            slots.push(slot);
+            slot += n as u64;
+            end = gpa + len;
+        }
+        if slot != self.pages() {
+            return Err(format!(
+                "the runs hold {slot} pages but {} CRCs are stored",
+                self.pages()
+            ));
+        }
+        Ok(slots)
+    }
+}
+
+fn crc(b: &[u8]) -> u32 {
+    crc32fast::hash(b)
+}
+
+/// Writes a snapshot: memory first, then [`SnapshotWriter::finish`] with the state.
+pub struct SnapshotWriter {
+    path: PathBuf,
+    out: BufWriter<File>,
+    index: MemoryIndex,
+    offset: u64,
+}
+
+impl SnapshotWriter {
+    /// Create the file (never an existing one).
+    pub fn create(path: &Path) -> Result<SnapshotWriter, SnapshotError> {
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .map_err(|source| match source.kind() {
+                io::ErrorKind::AlreadyExists => SnapshotError::Exists(path.into()),
+                _ => SnapshotError::Io {
+                    path: path.into(),
+                    what: "cannot create it",
+                    source,
+                },
+            })?;
+        let mut out = BufWriter::with_capacity(1 << 20, file);
+        let r = out.write_all(&[0u8; DATA_OFFSET as usize]);
+        let mut w = SnapshotWriter {
+            path: path.into(),
+            out,
+            index: MemoryIndex::default(),
+            offset: DATA_OFFSET,
+        };
+        r.map_err(|e| w.io("cannot write it", e))?;
+        Ok(w)
+    }
+
+    /// The file being written.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn io(&mut self, what: &'static str, source: io::Error) -> SnapshotError {
+        SnapshotError::Io {
+            path: self.path.clone(),
+            what,
+            source,
+        }
+    }
+
+    /// Add the page at `gpa` (ascending order).
+    pub fn page(&mut self, gpa: u64, data: &[u8]) -> Result<(), SnapshotError> {
+        debug_assert_eq!(data.len(), PAGE_SIZE as usize);
+        self.index.push(gpa, crc(data));
+        let r = self.out.write_all(data);
+        r.map_err(|e| self.io("cannot write guest memory", e))?;
+        self.offset += PAGE_SIZE;
+        Ok(())
+    }
+
+    /// Write the sections and the header, and make the file durable.
+    /// Returns the file's size.
+    pub fn finish(mut self, state: &VmState) -> Result<u64, SnapshotError> {
+        let sections_at = self.offset;
+        let index = std::mem::take(&mut self.index);
+        let mut count = 0u32;
+        let mut section = |w: &mut Self, tag: &[u8; 4], payload: Vec<u8>| {
+            let mut h = Vec::with_capacity(SECTION_HEADER_LEN);
+            h.extend_from_slice(tag);
+            h.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+            h.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+            h.extend_from_slice(&crc(&payload).to_le_bytes());
+            h.extend_from_slice(&0u32.to_le_bytes());
+            count += 1;
+            w.offset += (h.len() + payload.len()) as u64;
+            let r = w.out.write_all(&h).and_then(|_| w.out.write_all(&payload));
+            r.map_err(|e| w.io("cannot write the state", e))
+        };
+        section(&mut self, b"CONF", encode(&state.config))?;
+        section(&mut self, b"VCPU", encode(&state.vcpus))?;
+        section(&mut self, b"MACH", encode(&state.machine))?;
+        section(&mut self, b"DEVS", encode(&state.devices))?;
+        section(&mut self, b"MEMI", encode(&index))?;
+        let size = self.offset;
+        let mut h = Vec::with_capacity(HEADER_LEN);
+        h.extend_from_slice(&MAGIC);
+        h.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        h.extend_from_slice(&count.to_le_bytes());
+        h.extend_from_slice(&DATA_OFFSET.to_le_bytes());
+        h.extend_from_slice(&sections_at.to_le_bytes());
+        h.extend_from_slice(&size.to_le_bytes());
+        h.resize(HEADER_LEN - 4, 0);
+        let c = crc(&h);
+        h.extend_from_slice(&c.to_le_bytes());
+        let r = self.out.flush();
+        r.map_err(|e| self.io("cannot write the state", e))?;
+        let file = self.out.get_ref();
+        let r = file.write_all_at(&h, 0).and_then(|_| file.sync_all());
+        r.map_err(|e| self.io("cannot write the header", e))?;
+        Ok(size)
+    }
+}
+
+fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    postcard::to_allocvec(v).expect("state types always encode")
+}
+
+/// An open snapshot: its state, and its memory to read.
+pub struct Snapshot {
+    path: PathBuf,
+    file: File,
+    /// The saved state.
+    pub state: VmState,
+    index: MemoryIndex,
+    slots: Vec<u64>,
+    /// The file's size.
+    pub size: u64,
+}
+
+impl Snapshot {
+    /// Open and check `path`: header, every section's CRC and decoding,
+    /// and the memory index against the saved memory size.
+    pub fn open(path: &Path) -> Result<Snapshot, SnapshotError> {
+        let io = |what, source| SnapshotError::Io {
+            path: path.into(),
+            what,
+            source,
+        };
+        let file = File::open(path).map_err(|e| io("cannot open it", e))?;
+        let len = file.metadata().map_err(|e| io("cannot read it", e))?.len();
+        let truncated = |what: String, offset: u64, need: u64| SnapshotError::Truncated {
+            path: path.into(),
+            what,
+            offset,
+            need,
+            len,
+        };
+        let mut h = [0u8; HEADER_LEN];
+        if len < HEADER_LEN as u64 {
+            if len >= 8 && read_at(&file, 0, 8).is_ok_and(|m| m != MAGIC) {
+                return Err(SnapshotError::NotSnapshot(path.into()));
+            }
+            return Err(truncated("the header".into(), 0, HEADER_LEN as u64));
+        }
+        file.read_exact_at(&mut h, 0)
+            .map_err(|e| io("cannot read it", e))?;
+        if h[..8] != MAGIC {
+            return Err(SnapshotError::NotSnapshot(path.into()));
+        }
+        let u32_at = |o: usize| u32::from_le_bytes(h[o..o + 4].try_into().expect("4 bytes"));
+        let u64_at = |o: usize| u64::from_le_bytes(h[o..o + 8].try_into().expect("8 bytes"));
+        let version = u32_at(8);
+        if version != FORMAT_VERSION {
+            return Err(SnapshotError::Version {
+                path: path.into(),
+                found: version,
+            });
+        }
+        if crc(&h[..HEADER_LEN - 4]) != u32_at(HEADER_LEN - 4) {
+            return Err(SnapshotError::Corrupt {
+                path: path.into(),
+                what: "the header".into(),
+                offset: 0,
+            });
+        }
+        let (count, data_at, sections_at, size) = (u32_at(12), u64_at(16), u64_at(24), u64_at(32));
+        if size > len {
+            return Err(truncated("the file".into(), 0, size));
+        }
+        if data_at != DATA_OFFSET || sections_at < data_at || count != 5 {
+            return Err(SnapshotError::Corrupt {
+                path: path.into(),
+                what: "the header".into(),
+                offset: 0,
+            });
+        }
+        let mut at = sections_at;
+        let mut next = |tag: &'static str| -> Result<(u64, Vec<u8>), SnapshotError> {
+            let sh = read_at(&file, at, SECTION_HEADER_LEN)
+                .map_err(|_| truncated(format!("section {tag}"), at, SECTION_HEADER_LEN as u64))?;
+            let bad = |reason: String| SnapshotError::BadSection {
+                path: path.into(),
+                section: tag.into(),
+                offset: at,
+                reason,
+            };
+            if &sh[..4] != tag.as_bytes() {
+                return Err(bad(format!(
+                    "found tag {:?} where {tag} belongs",
+                    String::from_utf8_lossy(&sh[..4])
+                )));
+            }
+            let version = u32::from_le_bytes(sh[4..8].try_into().expect("4 bytes"));
+            if version != FORMAT_VERSION {
+                return Err(bad(format!(
+                    "section version {version}; this Hover reads {FORMAT_VERSION}"
+                )));
+            }
+            let plen = u64::from_le_bytes(sh[8..16].try_into().expect("8 bytes"));
+            let want = u32::from_le_bytes(sh[16..20].try_into().expect("4 bytes"));
+            let body = at + SECTION_HEADER_LEN as u64;
+            if plen > MAX_SECTION || body.saturating_add(plen) > len {
+                return Err(truncated(
+                    format!("section {tag}"),
+                    at,
+                    SECTION_HEADER_LEN as u64 + plen,
+                ));
+            }
+            let payload =
+                read_at(&file, body, plen as usize).map_err(|e| io("cannot read it", e))?;
+            if crc(&payload) != want {
+                return Err(SnapshotError::Corrupt {
+                    path: path.into(),
+                    what: format!("section {tag}"),
+                    offset: at,
+                });
+            }
+            let start = at;
+            at = body + plen;
+            Ok((start, payload))
+        };
+        let decode_err = |tag: &str, offset: u64, e: postcard::Error| SnapshotError::BadSection {
+            path: path.into(),
+            section: tag.into(),
+            offset,
+            reason: format!("cannot be decoded: {e}"),
+        };
+        fn dec<T: DeserializeOwned>(b: &[u8]) -> Result<T, postcard::Error> {
+            postcard::from_bytes(b)
+        }
+        let (o, b) = next("CONF")?;
+        let config: SavedConfig = dec(&b).map_err(|e| decode_err("CONF", o, e))?;
+        let (o, b) = next("VCPU")?;
+        let vcpus: Vec<VcpuState> = dec(&b).map_err(|e| decode_err("VCPU", o, e))?;
+        let (o, b) = next("MACH")?;
+        let machine: MachineState = dec(&b).map_err(|e| decode_err("MACH", o, e))?;
+        let (o, b) = next("DEVS")?;
+        let devices: DevicesState = dec(&b).map_err(|e| decode_err("DEVS", o, e))?;
+        let (mo, b) = next("MEMI")?;
+        let index: MemoryIndex = dec(&b).map_err(|e| decode_err("MEMI", mo, e))?;
+        let ranges = crate::memory::ram_ranges(config.memory);
+        let slots = index
+            .check(|gpa, l| {
+                ranges
+                    .iter()
+                    .any(|&(b, s)| gpa >= b && gpa.checked_add(l).is_some_and(|e| e <= b + s))
+            })
+            .map_err(|reason| SnapshotError::BadSection {
+                path: path.into(),
+                section: "MEMI".into(),
+                offset: mo,
+                reason,
+            })?;
+        if data_at + index.pages() * PAGE_SIZE > sections_at {
+            return Err(SnapshotError::BadSection {
+                path: path.into(),
+                section: "MEMI".into(),
+                offset: mo,
+                reason: format!(
+                    "{} pages do not fit before the sections at offset {sections_at}",
+                    index.pages()
+                ),
+            });
+        }
+        if vcpus.len() != config.vcpus as usize {
+            return Err(SnapshotError::BadSection {
+                path: path.into(),
+                section: "VCPU".into(),
+                offset: 0,
+                reason: format!("{} vCPU states for {} vCPUs", vcpus.len(), config.vcpus),
+            });
+        }
+        Ok(Snapshot {
+            path: path.into(),
+            file,
+            state: VmState {
+                config,
+                vcpus,
+                machine,
+                devices,
+            },
+            index,
+            slots,
+            size,
+        })
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Pages the file holds.
+    pub fn pages(&self) -> u64 {
+        self.index.pages()
+    }
+
+    /// The storage slot of the page at `gpa`, if the file holds it.
+    fn slot(&self, gpa: u64) -> Option<u64> {
+        let i = self.index.runs.partition_point(|&(start, _)| start <= gpa);
+        let (start, n) = *self.index.runs.get(i.checked_sub(1)?)?;
+        let k = (gpa - start) / PAGE_SIZE;
+        (k < n as u64).then(|| self.slots[i - 1] + k)
+    }
+
+    fn read_slot(&self, slot: u64, buf: &mut [u8]) -> io::Result<()> {
+        let offset = DATA_OFFSET + slot * PAGE_SIZE;
+        self.file.read_exact_at(buf, offset)?;
+        if crc(buf) != self.index.crcs[slot as usize] {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "snapshot {}: the page at offset {offset} is corrupted (CRC mismatch)",
+                    self.path.display()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Every stored page, in order: (guest-physical address, storage slot).
+    pub fn stored_pages(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.index
+            .runs
+            .iter()
+            .zip(&self.slots)
+            .flat_map(|(&(gpa, n), &slot)| {
+                (0..n as u64).map(move |k| (gpa + k * PAGE_SIZE, slot + k))
+            })
+    }
+
+    /// Read the page in storage slot `slot` into `buf`, checking its CRC.
+    pub fn read_stored(&self, slot: u64, buf: &mut [u8]) -> Result<(), SnapshotError> {
+        self.read_slot(slot, buf)
+            .map_err(|source| match source.kind() {
+                io::ErrorKind::InvalidData => SnapshotError::Corrupt {
+                    path: self.path.clone(),
+                    what: format!("guest page in slot {slot}"),
+                    offset: DATA_OFFSET + slot * PAGE_SIZE,
+                },
+                _ => SnapshotError::Io {
+                    path: self.path.clone(),
+                    what: "cannot read guest memory",
+                    source,
+                },
+            })
+    }
+}
+
+impl PageSource for Snapshot {
+    fn read(&self, gpa: u64, buf: &mut PageBuf) -> io::Result<bool> {
+        match self.slot(gpa) {
+            Some(slot) => self.read_slot(slot, &mut buf.0).map(|_| true),
+            None => Ok(false),
+        }
+    }
+}
+
+fn read_at(file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+    let mut b = vec![0u8; len];
+    file.read_exact_at(&mut b, offset)?;
+    Ok(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn index_merges_runs_and_finds_pages() {
+        let mut ix = MemoryIndex::default();
+        for gpa in [0x1000u64, 0x2000, 0x3000, 0x10_0000, 0x10_1000] {
+            ix.push(gpa, 7);
+        }
+        assert_eq!(ix.runs, vec![(0x1000, 3), (0x10_0000, 2)]);
+        let slots = ix.check(|_, _| true).unwrap();
+        assert_eq!(slots, vec![0, 3]);
+        assert!(ix.check(|g, _| g < 0x10_0000).is_err(), "outside RAM");
+        let mut bad = ix.clone();
+        bad.crcs.pop();
+        assert!(bad.check(|_, _| true).is_err(), "count mismatch");
+        let mut bad = ix;
+        bad.runs.swap(0, 1);
+        assert!(bad.check(|_, _| true).is_err(), "out of order");
+    }
+}

@@ -1,0 +1,147 @@
+//! Guest memory into and out of a snapshot.
+//!
+//! Saving writes only pages that hold something: a page the guest never
+//! touched is not resident (mincore), and a resident page of zeros is
+//! skipped too. Under the pager, a page that is not resident is read from
+//! where it lives (the page store, or the snapshot a lazy restore came
+//! from), with every page held still meanwhile.
+
+use std::io;
+
+use hover_abi::layout::PAGE_SIZE;
+use vm_memory::{GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
+
+use super::file::{Snapshot, SnapshotError, SnapshotWriter};
+use crate::memory::paged::{PageContent, PageReader, Pager};
+use crate::memory::store::PageBuf;
+use crate::memory::GuestRam;
+
+/// Pages written.
+pub type PageCount = u64;
+
+/// One region of guest RAM, as host memory.
+struct Region {
+    gpa: u64,
+    host: *mut u8,
+    len: u64,
+}
+
+fn regions(ram: &GuestRam) -> io::Result<Vec<Region>> {
+    ram.memory()
+        .iter()
+        .map(|r| {
+            let host = r
+                .get_host_address(MemoryRegionAddress(0))
+                .map_err(|e| io::Error::other(e.to_string()))?;
+            Ok(Region {
+                gpa: r.start_addr().0,
+                host,
+                len: r.len(),
+            })
+        })
+        .collect()
+}
+
+/// Which pages of `r` are resident, one bool per page.
+fn resident(r: &Region) -> io::Result<Vec<bool>> {
+    let pages = (r.len / PAGE_SIZE) as usize;
+    let mut vec = vec![0u8; pages];
+    // SAFETY: host..host+len is the region's live mapping; vec has one byte per page.
+    let rc = unsafe { libc::mincore(r.host.cast(), r.len as usize, vec.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(vec.into_iter().map(|b| b & 1 != 0).collect())
+}
+
+fn is_zero(page: &[u8]) -> bool {
+    page.iter().all(|&b| b == 0)
+}
+
+/// Write every page of guest memory that holds something to `w` (the VM is
+/// paused). With a pager, pages are read wherever they live.
+pub fn save(
+    ram: &GuestRam,
+    pager: Option<&Pager>,
+    w: &mut SnapshotWriter,
+) -> Result<PageCount, SnapshotError> {
+    let io_err = |w: &SnapshotWriter, source| SnapshotError::Io {
+        path: w.path().into(),
+        what: "cannot read guest memory",
+        source,
+    };
+    let regions = regions(ram).map_err(|e| io_err(w, e))?;
+    let mut buf = PageBuf::new();
+    let mut written = 0;
+    let mut walk =
+        |content: Option<&PageReader<'_>>, w: &mut SnapshotWriter| -> Result<(), SnapshotError> {
+            for r in &regions {
+                let present = resident(r).map_err(|e| io_err(w, e))?;
+                for (i, &is_resident) in present.iter().enumerate() {
+                    let gpa = r.gpa + i as u64 * PAGE_SIZE;
+                    let what = match content {
+                        Some(c) => c(gpa, &mut buf).map_err(|e| io_err(w, e))?,
+                        None => None,
+                    };
+                    let data: &[u8] = match what {
+                        Some(PageContent::Copied) => &buf.0,
+                        Some(PageContent::Zero) => continue,
+                        // Resident, or outside the pager's range (always resident).
+                        Some(PageContent::Resident) | None => {
+                            if !is_resident {
+                                continue;
+                            }
+                            // SAFETY: the page lies inside the region's live
+                            // mapping and is resident, so reading it neither
+                            // faults to the pager nor races a guest write (the
+                            // VM is paused and its devices frozen).
+                            unsafe {
+                                std::slice::from_raw_parts(
+                                    r.host.add(i * PAGE_SIZE as usize),
+                                    PAGE_SIZE as usize,
+                                )
+                            }
+                        }
+                    };
+                    if is_zero(data) {
+                        continue;
+                    }
+                    w.page(gpa, data)?;
+                    written += 1;
+                }
+            }
+            Ok(())
+        };
+    match pager {
+        Some(p) => p.with_pages_still(|c| walk(Some(c), w))?,
+        None => walk(None, w)?,
+    }
+    Ok(written)
+}
+
+/// Copy the pages `snap` holds below guest-physical `end` into guest RAM:
+/// all of them for an eager restore (`end` = `u64::MAX`), the part the
+/// pager never serves (boot area, guest image) for a lazy one. Each page's
+/// CRC is checked before the guest can see it.
+pub fn load(snap: &Snapshot, ram: &GuestRam, end: u64) -> Result<PageCount, SnapshotError> {
+    let regions = regions(ram).map_err(|source| SnapshotError::Io {
+        path: snap.path().into(),
+        what: "cannot map guest memory",
+        source,
+    })?;
+    let mut n = 0;
+    for (gpa, slot) in snap.stored_pages().take_while(|&(gpa, _)| gpa < end) {
+        let r = regions
+            .iter()
+            .find(|r| gpa >= r.gpa && gpa < r.gpa + r.len)
+            .expect("the index was checked against the RAM layout");
+        // SAFETY: the page lies inside the region's live mapping, which no
+        // vCPU runs on yet.
+        let page = unsafe {
+            std::slice::from_raw_parts_mut(r.host.add((gpa - r.gpa) as usize), PAGE_SIZE as usize)
+        };
+        snap.read_stored(slot, page)?;
+        n += 1;
+    }
+    Ok(n)
+}

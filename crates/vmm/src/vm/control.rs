@@ -1,0 +1,197 @@
+//! Steering a running VM: the commands its control loop takes, and the
+//! [`Controller`] that sends them (the API server, tests, the migration
+//! engine). Commands are carried out one at a time by the VM's own loop,
+//! between vCPU events, so they never race each other or the guest's end.
+
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::sched::halt_poll::HaltPoll;
+use crate::state::file::SnapshotError;
+use crate::vcpu::thread::RunState;
+use crate::vcpu::VcpuEvent;
+
+/// A command to a running VM.
+#[derive(Debug)]
+pub enum Command {
+    /// Stop every vCPU and freeze the devices.
+    Pause,
+    /// Undo a pause.
+    Resume,
+    /// End the run (the guest does not get to power off).
+    Shutdown,
+    /// Save state and memory to a new file, pausing meanwhile; then resume,
+    /// or end the run if `stop`.
+    Snapshot {
+        /// The file to create.
+        path: PathBuf,
+        /// End the run once the snapshot is written.
+        stop: bool,
+    },
+    /// Change halt polling.
+    HaltPoll(HaltPoll),
+}
+
+/// What a command did.
+#[derive(Clone, Debug, Serialize)]
+#[serde(untagged)]
+pub enum Reply {
+    /// Paused: how long it took until every vCPU had stopped.
+    Paused {
+        /// Microseconds from the command to the last vCPU stopped.
+        pause_us: u64,
+    },
+    /// The state the VM is in now.
+    State {
+        /// `running`, `paused` or `exited`.
+        state: Lifecycle,
+    },
+    /// A snapshot was written.
+    Snapshot(SnapshotInfo),
+    /// Halt polling as now set.
+    HaltPoll {
+        /// The setting.
+        halt_poll: HaltPoll,
+    },
+}
+
+/// A snapshot, once written.
+#[derive(Clone, Debug, Serialize)]
+pub struct SnapshotInfo {
+    /// The file.
+    pub path: String,
+    /// Its size, bytes.
+    pub bytes: u64,
+    /// Guest pages it holds.
+    pub pages: u64,
+    /// Microseconds to stop the vCPUs (0 if the VM was paused already).
+    pub pause_us: u64,
+    /// Microseconds the VM was paused for the snapshot (state and memory).
+    pub paused_us: u64,
+    /// Whether the VM ended with it.
+    pub stopped: bool,
+}
+
+/// Why a command failed. The VM is as it was before the command.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    /// The command does not fit the VM's state (resume a running VM).
+    #[error("the VM is {state:?}: {action} needs a {needs} VM")]
+    WrongState {
+        /// The VM's state.
+        state: Lifecycle,
+        /// What was asked.
+        action: &'static str,
+        /// The state it needs.
+        needs: &'static str,
+    },
+    /// A value is out of range.
+    #[error("{field}: {reason}")]
+    Invalid {
+        /// The request field.
+        field: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// The snapshot could not be written (the file is removed; the VM runs on).
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
+    /// The VM has ended.
+    #[error("the VM has stopped")]
+    Gone,
+    /// A host-side failure.
+    #[error("{0}")]
+    Host(String),
+}
+
+/// The VM's state as the API shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Lifecycle {
+    /// The vCPUs have not started yet.
+    Created,
+    /// The guest runs.
+    Running,
+    /// Every vCPU is stopped and the devices frozen.
+    Paused,
+    /// The run has ended.
+    Exited,
+}
+
+impl From<RunState> for Lifecycle {
+    fn from(s: RunState) -> Self {
+        match s {
+            RunState::Running => Lifecycle::Running,
+            RunState::Paused => Lifecycle::Paused,
+            RunState::Exited => Lifecycle::Exited,
+        }
+    }
+}
+
+/// What a VM is, for `GET /vm`.
+#[derive(Clone, Debug, Serialize)]
+pub struct VmInfo {
+    /// Its state.
+    pub state: Lifecycle,
+    /// Milliseconds since the vCPUs started.
+    pub uptime_ms: u64,
+    /// What it was built from.
+    pub config: crate::state::SavedConfig,
+    /// The snapshot it was restored from, if any.
+    pub restored_from: Option<String>,
+}
+
+/// The VM's status, shared with readers that must not wait for its loop.
+pub(crate) struct Status {
+    pub(crate) state: Lifecycle,
+    pub(crate) started: Option<Instant>,
+    pub(crate) config: crate::state::SavedConfig,
+    pub(crate) restored_from: Option<String>,
+}
+
+/// What the VM's control loop hears.
+pub(crate) enum VmEvent {
+    Vcpu(VcpuEvent),
+    PagerFailed(String),
+    Command(Command, Sender<Result<Reply, CommandError>>),
+}
+
+/// Sends commands to a VM and reads its status; cheap to clone.
+#[derive(Clone)]
+pub struct Controller {
+    pub(crate) tx: Sender<VmEvent>,
+    pub(crate) status: Arc<Mutex<Status>>,
+}
+
+impl Controller {
+    /// Carry out `cmd` and wait for its result. Commands wait for the one
+    /// before them, so this can take as long as a snapshot; `timeout` bounds it.
+    pub fn request(&self, cmd: Command, timeout: Duration) -> Result<Reply, CommandError> {
+        let (tx, rx) = mpsc::channel();
+        self.tx
+            .send(VmEvent::Command(cmd, tx))
+            .map_err(|_| CommandError::Gone)?;
+        match rx.recv_timeout(timeout) {
+            Ok(r) => r,
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(CommandError::Host(format!(
+                "the VM did not answer within {timeout:?}; the command may still complete"
+            ))),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(CommandError::Gone),
+        }
+    }
+
+    /// The VM's state and configuration, without waiting for its loop.
+    pub fn info(&self) -> VmInfo {
+        let s = self.status.lock().unwrap_or_else(|p| p.into_inner());
+        VmInfo {
+            state: s.state,
+            uptime_ms: s.started.map_or(0, |t| t.elapsed().as_millis() as u64),
+            config: s.config.clone(),
+            restored_from: s.restored_from.clone(),
+        }
+    }
+}

@@ -1,0 +1,396 @@
+//! The VM: built from a [`VmConfig`] ([`Vm::new`]) or from a snapshot
+//! ([`Vm::restore`]), then run by its control loop ([`Vm::run`], in
+//! `run.rs`) until the guest powers off or a command ends it; `outcome.rs`
+//! says how it ended, `control.rs` how it is steered meanwhile.
+
+mod control;
+mod outcome;
+mod restore;
+mod run;
+
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use kvm_bindings::{kvm_userspace_memory_region, CpuId, KVM_MAX_CPUID_ENTRIES};
+use kvm_ioctls::{Kvm, VmFd};
+use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::arch::x86_64::{cpuid, tables};
+use crate::boot::{self, ImageLayout};
+use crate::config::{ConfigError, GuestImage, VmConfig};
+use crate::devices::control::ControlDevice;
+use crate::devices::msi::MsiInjector;
+use crate::devices::pvio::PvioDevice;
+use crate::devices::serial::{ConsoleSink, SerialConsole, UartState};
+use crate::devices::Devices;
+use crate::memory::paged::{PageSource, Pager, MIN_BUDGET_PAGES};
+use crate::memory::GuestRam;
+use crate::sched::halt_poll::{self, HaltPoll};
+use crate::state::{SavedConfig, SavedPaging};
+use crate::stats::KvmStats;
+use crate::vcpu::state::StateLayout;
+use crate::vcpu::Vcpu;
+use crate::{Error, KvmOp};
+use hover_abi::layout::PAGE_SIZE;
+use hover_abi::pv::{FEATURE_ASYNC_PF, FEATURE_ASYNC_PF_INT, FEATURE_ASYNC_PF_VMEXIT};
+
+pub use control::{Command, CommandError, Controller, Lifecycle, Reply, SnapshotInfo, VmInfo};
+pub(crate) use control::{Status, VmEvent};
+pub use outcome::{thread_cpu_us, BootTimings, EndReason, MemoryUsage, RestoreReport, RunOutcome};
+pub use restore::{MemoryRestore, RestoreOptions};
+
+/// The COM1 interrupt line on the IOAPIC.
+const COM1_GSI: u32 = 4;
+/// Where KVM may put its real-mode TSS (in the MMIO hole, as Firecracker does).
+const KVM_TSS_ADDRESS: usize = 0xfffb_d000;
+
+/// A built VM, ready to run.
+pub struct Vm {
+    _kvm: Kvm,
+    fd: Arc<VmFd>,
+    ram: GuestRam,
+    vcpus: Vec<Vcpu>,
+    devices: Arc<Devices>,
+    tsc_khz: u32,
+    image_end: u64,
+    created_at: Instant,
+    vcpu_stats: Vec<KvmStats>,
+    vm_stats: Option<KvmStats>,
+    pager: Option<Pager>,
+    halt_poll: HaltPoll,
+    api_socket: Option<std::path::PathBuf>,
+    pvio: Arc<PvioDevice>,
+    saved: SavedConfig,
+    restored: Option<RestoreReport>,
+    events: Sender<VmEvent>,
+    events_rx: Receiver<VmEvent>,
+    status: Arc<Mutex<Status>>,
+}
+
+/// What boot and restore need from the VM's environment.
+struct Machine {
+    kvm: Kvm,
+    fd: Arc<VmFd>,
+    ram: GuestRam,
+    supported: CpuId,
+    layout: Arc<StateLayout>,
+}
+
+/// What a device set is built from: the console sink, and the UART's saved
+/// state on a restore.
+struct DeviceSetup<'a> {
+    sink: ConsoleSink,
+    uart: Option<&'a UartState>,
+}
+
+impl Vm {
+    /// Build a VM from `config`: validate it, map RAM, create the irqchip and
+    /// vCPUs, load the guest and write the boot area. Nothing runs yet.
+    pub fn new(config: &VmConfig) -> Result<Vm, Error> {
+        let created_at = Instant::now();
+        config.validate()?;
+        let image = boot::read_image(&config.guest)?;
+        let layout = boot::inspect(&image)?;
+        boot::check_fits(&image, &layout, config.memory)?;
+        check_budget(config, layout.end)?;
+        let m = Machine::create(config)?;
+        boot::load(&image, &layout, &m.ram)?;
+        tables::write_page_tables(m.ram.memory(), m.ram.end())?;
+        tables::write_descriptor_tables(m.ram.memory(), config.vcpus)?;
+
+        let apf_bits = FEATURE_ASYNC_PF | FEATURE_ASYNC_PF_INT;
+        let apf_offered = cpuid::pv_features(&m.supported) & apf_bits == apf_bits;
+        if config.async_pf && !apf_offered {
+            return Err(ConfigError::AsyncPfUnsupported.into());
+        }
+        let vcpus = m.create_vcpus(config.vcpus)?;
+        for v in &vcpus {
+            v.configure(&m.vcpu_cpuid(config, v.index()), layout.entry)?;
+        }
+        let tsc_khz = vcpus[0]
+            .fd()
+            .get_tsc_khz()
+            .map_err(KvmOp::GetTscKhz.err())?;
+        boot::write_boot_info(
+            &m.ram,
+            config.vcpus,
+            tsc_khz as u64,
+            cpuid::pv_features(&m.supported) & !pv_withheld(config.async_pf),
+            &config.cmdline,
+            &layout,
+        )?;
+        let saved = saved_config(config, &layout);
+        let sink = open_console(config)?;
+        Vm::assemble(
+            m,
+            config,
+            saved,
+            vcpus,
+            tsc_khz,
+            DeviceSetup { sink, uart: None },
+            None,
+            created_at,
+        )
+    }
+
+    /// The last steps of building, shared by boot and restore: devices,
+    /// the pager, statistics.
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        m: Machine,
+        config: &VmConfig,
+        saved: SavedConfig,
+        vcpus: Vec<Vcpu>,
+        tsc_khz: u32,
+        dev: DeviceSetup<'_>,
+        source: Option<Arc<dyn PageSource>>,
+        created_at: Instant,
+    ) -> Result<Vm, Error> {
+        let fd = m.fd.clone();
+        // Binary stats need Linux 5.14; without them the run still works.
+        let vcpu_stats = vcpus
+            .iter()
+            .map(|v| KvmStats::open(v.fd()))
+            .collect::<Result<Vec<_>, _>>();
+        let vcpu_stats = vcpu_stats.unwrap_or_else(|e| {
+            tracing::warn!("KVM binary statistics unavailable: {e}");
+            Vec::new()
+        });
+        let vm_stats = KvmStats::open(fd.as_ref()).ok();
+        let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|source| Error::Host {
+            what: "create an eventfd",
+            source,
+        })?;
+        fd.register_irqfd(&irq, COM1_GSI)
+            .map_err(KvmOp::RegisterIrqfd.err())?;
+        let serial = match dev.uart {
+            None => SerialConsole::new(irq, dev.sink),
+            Some(s) => SerialConsole::from_state(s, irq, dev.sink).map_err(|e| Error::Host {
+                what: "restore the serial port",
+                source: std::io::Error::other(e),
+            })?,
+        };
+        let pvio = PvioDevice::new(&fd, m.ram.memory().clone(), config.vcpus, &config.pvio)?;
+        let devices = Arc::new(Devices {
+            serial,
+            control: ControlDevice::new(
+                m.ram.memory().clone(),
+                Some(MsiInjector::new(fd.clone())),
+                config.vcpus,
+            )
+            .with_pvio(pvio.clone()),
+        });
+        let (events, events_rx) = mpsc::channel();
+        let paging = match (&config.paging, &source) {
+            (Some(p), _) => Some(p.clone()),
+            // A lazy restore without overcommit: the pager only brings pages in.
+            (None, Some(_)) => Some(crate::memory::paged::PagingConfig {
+                budget: m.ram.size(),
+                store: None,
+                store_latency: std::time::Duration::ZERO,
+            }),
+            (None, None) => None,
+        };
+        let pager = match paging {
+            Some(p) => {
+                let tx = Mutex::new(events.clone());
+                let on_failure = Box::new(move |msg: String| {
+                    let _ = tx
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .send(VmEvent::PagerFailed(msg));
+                });
+                Some(Pager::start(
+                    &m.ram,
+                    saved.image_end,
+                    &p,
+                    source,
+                    on_failure,
+                )?)
+            }
+            None => None,
+        };
+        tracing::debug!(vcpus = config.vcpus, memory = config.memory, "VM built");
+        let status = Arc::new(Mutex::new(Status {
+            state: Lifecycle::Created,
+            started: None,
+            config: saved.clone(),
+            restored_from: None,
+        }));
+        Ok(Vm {
+            _kvm: m.kvm,
+            fd,
+            ram: m.ram,
+            vcpus,
+            devices,
+            tsc_khz,
+            image_end: saved.image_end,
+            created_at,
+            vcpu_stats,
+            vm_stats,
+            pager,
+            halt_poll: config.halt_poll,
+            api_socket: config.api_socket.clone(),
+            pvio,
+            saved,
+            restored: None,
+            events,
+            events_rx,
+            status,
+        })
+    }
+
+    /// Guest RAM.
+    pub fn ram(&self) -> &GuestRam {
+        &self.ram
+    }
+
+    /// One past the guest image: memory below it stays resident.
+    pub fn image_end(&self) -> u64 {
+        self.image_end
+    }
+
+    /// The VM's KVM handle.
+    pub fn fd(&self) -> &VmFd {
+        &self.fd
+    }
+
+    /// A controller for this VM: commands sent before [`Vm::run`] starts
+    /// wait for it.
+    pub fn controller(&self) -> Controller {
+        Controller {
+            tx: self.events.clone(),
+            status: self.status.clone(),
+        }
+    }
+}
+
+impl Machine {
+    /// Open KVM and create the VM with its RAM, irqchip and halt-poll settings.
+    fn create(config: &VmConfig) -> Result<Machine, Error> {
+        // A write past a file-size limit (page store, I/O device file) must
+        // fail with EFBIG and be reported, not kill the process.
+        // SAFETY: setting a signal's disposition to "ignore" is always sound.
+        unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+        let kvm = Kvm::new().map_err(Error::KvmUnavailable)?;
+        let kvm_max = kvm.get_max_vcpus() as u32;
+        if config.vcpus > kvm_max {
+            return Err(ConfigError::VcpusOverKvm {
+                given: config.vcpus,
+                max: kvm_max,
+            }
+            .into());
+        }
+        let fd = Arc::new(kvm.create_vm().map_err(KvmOp::CreateVm.err())?);
+        let ram = GuestRam::new(config.memory, config.memory_backend)?;
+        register_memory(&fd, &ram)?;
+        fd.set_tss_address(KVM_TSS_ADDRESS)
+            .map_err(KvmOp::SetTssAddress.err())?;
+        fd.create_irq_chip().map_err(KvmOp::CreateIrqchip.err())?;
+        if config.halt_poll != HaltPoll::KvmDefault && !halt_poll::supported(&fd) {
+            return Err(ConfigError::HaltPollUnsupported.into());
+        }
+        if let HaltPoll::Fixed { window_ns } = config.halt_poll {
+            halt_poll::set_window(&fd, window_ns).map_err(KvmOp::EnableCap.err())?;
+        }
+        // KVM accepts this only before vCPUs exist.
+        if !config.hlt_exits {
+            halt_poll::disable_hlt_exits(&fd).map_err(KvmOp::EnableCap.err())?;
+        }
+        let supported = kvm
+            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+            .map_err(KvmOp::GetSupportedCpuid.err())?;
+        let layout = StateLayout::probe(&kvm, &fd).map_err(|e| Error::Host {
+            what: "learn this KVM's vCPU state layout",
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        Ok(Machine {
+            kvm,
+            fd,
+            ram,
+            supported,
+            layout: Arc::new(layout),
+        })
+    }
+
+    fn create_vcpus(&self, n: u32) -> Result<Vec<Vcpu>, Error> {
+        (0..n)
+            .map(|i| Vcpu::new(&self.fd, i, self.layout.clone()))
+            .collect()
+    }
+
+    /// The CPUID table vCPU `index` gets on this host under `config`.
+    fn vcpu_cpuid(&self, config: &VmConfig, index: u32) -> CpuId {
+        cpuid::for_vcpu(&self.supported, index, pv_withheld(config.async_pf))
+    }
+}
+
+/// PV features kept from the guest: async PF when it is off.
+fn pv_withheld(async_pf: bool) -> u32 {
+    if async_pf {
+        0
+    } else {
+        FEATURE_ASYNC_PF | FEATURE_ASYNC_PF_INT | FEATURE_ASYNC_PF_VMEXIT
+    }
+}
+
+fn check_budget(config: &VmConfig, image_end: u64) -> Result<(), ConfigError> {
+    if let Some(p) = &config.paging {
+        let minimum = image_end + MIN_BUDGET_PAGES * PAGE_SIZE;
+        if p.budget < minimum {
+            return Err(ConfigError::BudgetTooSmall {
+                budget: p.budget,
+                minimum,
+            });
+        }
+    }
+    Ok(())
+}
+
+fn open_console(config: &VmConfig) -> Result<ConsoleSink, Error> {
+    ConsoleSink::open(&config.console).map_err(|source| Error::Console {
+        target: format!("{:?}", config.console),
+        source,
+    })
+}
+
+fn saved_config(config: &VmConfig, layout: &ImageLayout) -> SavedConfig {
+    SavedConfig {
+        vcpus: config.vcpus,
+        memory: config.memory,
+        memory_backend: config.memory_backend,
+        guest: match &config.guest {
+            GuestImage::Builtin => "builtin".into(),
+            GuestImage::Path(p) => p.display().to_string(),
+        },
+        cmdline: config.cmdline.clone(),
+        image_end: layout.end,
+        async_pf: config.async_pf,
+        halt_poll: config.halt_poll,
+        hlt_exits: config.hlt_exits,
+        paging: config.paging.as_ref().map(|p| SavedPaging {
+            budget: p.budget,
+            store_latency_ns: p.store_latency.as_nanos() as u64,
+        }),
+        io_file: config.pvio.file.clone(),
+    }
+}
+
+fn register_memory(fd: &VmFd, ram: &GuestRam) -> Result<(), Error> {
+    for (slot, region) in ram.memory().iter().enumerate() {
+        let host = region.get_host_address(vm_memory::MemoryRegionAddress(0))?;
+        let r = kvm_userspace_memory_region {
+            slot: slot as u32,
+            guest_phys_addr: region.start_addr().0,
+            memory_size: region.len(),
+            userspace_addr: host as u64,
+            flags: 0,
+        };
+        // SAFETY: the region's mapping lives as long as `ram`, which the Vm
+        // owns and drops after the VM fd.
+        unsafe { fd.set_user_memory_region(r) }.map_err(KvmOp::SetMemoryRegion.err())?;
+    }
+    Ok(())
+}

@@ -1,0 +1,144 @@
+//! How a run ended: the outcome `hover run` and `hover restore` print.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::devices::pvio::PvioStats;
+use crate::memory::paged::PagerStats;
+use crate::memory::GuestRam;
+use crate::report::ReportEntry;
+use crate::sched::halt_poll::GovernorReport;
+
+/// Boot timings, in microseconds from the start of [`super::Vm::new`] (or
+/// of [`super::Vm::restore`]).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct BootTimings {
+    /// Until the VM was built and its vCPUs were about to start.
+    pub setup_us: u64,
+    /// Until the guest's first instruction, from the guest's own TSC reading
+    /// (the `boot_tsc` report); `None` if the guest did not report it, or
+    /// for a restored VM (its guest booted in another process).
+    pub first_instruction_us: Option<u64>,
+    /// Until the first byte on the serial console (in this process).
+    pub first_console_byte_us: Option<u64>,
+    /// Until the run ended.
+    pub exit_us: u64,
+}
+
+/// Memory use at exit.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct MemoryUsage {
+    /// Guest RAM configured, bytes.
+    pub guest_memory: u64,
+    /// Guest RAM resident (touched by guest or monitor), bytes.
+    pub guest_resident: u64,
+    /// Resident memory of the whole process, bytes.
+    pub process_resident: u64,
+    /// Process resident memory beyond resident guest RAM: the monitor's own cost.
+    pub vmm_overhead: u64,
+}
+
+/// Why the run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndReason {
+    /// The guest powered off.
+    PowerOff,
+    /// The API asked the VM to shut down.
+    Shutdown,
+    /// A snapshot was taken with `stop`: the VM lives on in the file.
+    Snapshot,
+}
+
+/// How a restored VM came back.
+#[derive(Clone, Debug, Serialize)]
+pub struct RestoreReport {
+    /// The snapshot file.
+    pub snapshot: String,
+    /// `eager` or `lazy`.
+    pub memory_restore: &'static str,
+    /// Microseconds from the start of the restore until the vCPUs ran.
+    pub to_running_us: u64,
+    /// Guest memory pages read from the snapshot before the vCPUs ran.
+    pub pages_loaded: u64,
+}
+
+/// How a run ended, when it ended cleanly (power-off, shutdown, snapshot).
+#[derive(Clone, Debug, Serialize)]
+pub struct RunOutcome {
+    /// Why the run ended.
+    pub ended: EndReason,
+    /// The guest's exit code (0 unless the guest powered off).
+    pub exit_code: u32,
+    /// The vCPU that asked to power off.
+    pub exit_vcpu: Option<usize>,
+    /// Everything the guest reported, in order (on a restored VM, what it
+    /// reported before the snapshot too).
+    pub reports: Vec<ReportEntry>,
+    /// Boot timings.
+    pub timings: BootTimings,
+    /// For a restored VM: how it came back.
+    pub restore: Option<RestoreReport>,
+    /// Memory use.
+    pub memory: MemoryUsage,
+    /// Bytes the guest wrote to its console (in this process).
+    pub console_bytes: u64,
+    /// KVM's statistics of each vCPU at exit (single-valued ones; empty if
+    /// this KVM has no binary stats).
+    pub vcpu_stats: Vec<BTreeMap<String, u64>>,
+    /// KVM's statistics of the VM at exit.
+    pub vm_stats: BTreeMap<String, u64>,
+    /// KVM's histograms of each vCPU at exit (bucket counts; log histograms:
+    /// bucket 0 holds 0, bucket i values in [2^(i-1), 2^i)).
+    pub vcpu_histograms: Vec<BTreeMap<String, Vec<u64>>>,
+    /// What the pager did (with --memory-budget, or a lazy restore).
+    pub pager: Option<PagerStats>,
+    /// What the halt-poll governor did (with --halt-poll auto).
+    pub halt_poll: Option<GovernorReport>,
+    /// Host CPU time each vCPU thread used, microseconds.
+    pub vcpu_cpu_us: Vec<u64>,
+    /// What the paravirtual I/O device did, if the guest used it.
+    pub io: Option<PvioStats>,
+}
+
+/// Memory use now.
+pub fn memory_usage(ram: &GuestRam) -> MemoryUsage {
+    let guest_resident = ram.resident_bytes().unwrap_or(0);
+    let process_resident = process_resident_bytes().unwrap_or(0);
+    MemoryUsage {
+        guest_memory: ram.size(),
+        guest_resident,
+        process_resident,
+        vmm_overhead: process_resident.saturating_sub(guest_resident),
+    }
+}
+
+/// Microseconds from `since` to `t`.
+pub fn us_since(since: Instant, t: Instant) -> u64 {
+    t.saturating_duration_since(since).as_micros() as u64
+}
+
+/// CPU time (user + system) the calling thread has used, microseconds.
+pub fn thread_cpu_us() -> u64 {
+    // SAFETY: getrusage fills the struct it is given; the result is checked.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) } != 0 {
+        return 0;
+    }
+    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    us(u.ru_utime) + us(u.ru_stime)
+}
+
+fn process_resident_bytes() -> std::io::Result<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm")?;
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other("unexpected /proc/self/statm format"))?;
+    // SAFETY: sysconf has no side effects.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
+    Ok(pages * page)
+}

@@ -1,0 +1,243 @@
+//! Building a VM from a snapshot: the same machine as at boot, then the
+//! saved memory and state, loaded in the order measured to work on this
+//! KVM (../shared/platform/README.md): memory, irqchip, each vCPU
+//! (`vcpu::state`), the clock, the devices.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvm_bindings::{kvm_cpuid_entry2, CpuId, KVM_CLOCK_REALTIME};
+
+use super::outcome::{us_since, RestoreReport};
+use super::{open_console, DeviceSetup, Machine, Vm};
+use crate::config::{ConsoleTarget, GuestImage, PagingConfig, PvioConfig, VmConfig};
+use crate::memory::paged::PageSource;
+use crate::state::file::{Snapshot, SnapshotError};
+use crate::state::memory;
+use crate::state::SavedConfig;
+use crate::vcpu::state::StateError;
+use crate::{Error, KvmOp};
+
+/// How guest memory comes back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MemoryRestore {
+    /// Read every saved page before the guest runs.
+    #[default]
+    Eager,
+    /// Map nothing up front: each page comes from the snapshot file when the
+    /// guest first touches it, through the pager (with async PF on, the
+    /// guest runs other tasks meanwhile).
+    Lazy,
+}
+
+impl MemoryRestore {
+    fn name(self) -> &'static str {
+        match self {
+            MemoryRestore::Eager => "eager",
+            MemoryRestore::Lazy => "lazy",
+        }
+    }
+}
+
+/// What a restore takes besides the snapshot: the run's own settings.
+#[derive(Clone, Debug, Default)]
+pub struct RestoreOptions {
+    /// How memory comes back.
+    pub memory: MemoryRestore,
+    /// Where the console goes.
+    pub console: ConsoleTarget,
+    /// Serve the API here.
+    pub api_socket: Option<PathBuf>,
+    /// Page store for an overcommitted VM (`None`: a temporary file).
+    pub page_store: Option<PathBuf>,
+}
+
+/// Leaves and registers whose feature bits the guest may rely on, and bits
+/// KVM sets at run time (OSXSAVE, OSPKE), which are not host features.
+const FEATURE_REGS: [(u32, u32, usize, u32); 7] = [
+    (0x1, 0, 2, !(1 << 27)),
+    (0x1, 0, 3, !0),
+    (0x7, 0, 1, !0),
+    (0x7, 0, 2, !(1 << 4)),
+    (0x7, 0, 3, !0),
+    (0x8000_0001, 0, 2, !0),
+    (0x8000_0001, 0, 3, !0),
+];
+
+fn regs(e: &kvm_cpuid_entry2) -> [u32; 4] {
+    [e.eax, e.ebx, e.ecx, e.edx]
+}
+
+/// Whether a vCPU that saw `saved` can run on a host offering `host`: every
+/// feature bit it saw must be offered here.
+fn check_cpuid(vcpu: usize, saved: &[kvm_cpuid_entry2], host: &CpuId) -> Result<(), String> {
+    let find = |t: &[kvm_cpuid_entry2], f: u32, i: u32| {
+        t.iter().find(|e| e.function == f && e.index == i).copied()
+    };
+    for (f, i, r, mask) in FEATURE_REGS {
+        let Some(s) = find(saved, f, i) else { continue };
+        let h = find(host.as_slice(), f, i).map_or(0, |h| regs(&h)[r]);
+        let missing = regs(&s)[r] & mask & !h;
+        if missing != 0 {
+            let reg = ["eax", "ebx", "ecx", "edx"][r];
+            return Err(format!(
+                "vCPU {vcpu} saw CPUID leaf {f:#x}.{i} {reg} bits {missing:#x} that this host does not offer"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn config_from(saved: &SavedConfig, opts: &RestoreOptions) -> VmConfig {
+    VmConfig {
+        vcpus: saved.vcpus,
+        memory: saved.memory,
+        memory_backend: saved.memory_backend,
+        guest: if saved.guest == "builtin" {
+            GuestImage::Builtin
+        } else {
+            GuestImage::Path(saved.guest.clone().into())
+        },
+        cmdline: saved.cmdline.clone(),
+        console: opts.console.clone(),
+        paging: saved.paging.as_ref().map(|p| PagingConfig {
+            budget: p.budget,
+            store: opts.page_store.clone(),
+            store_latency: Duration::from_nanos(p.store_latency_ns),
+        }),
+        async_pf: saved.async_pf,
+        halt_poll: saved.halt_poll,
+        hlt_exits: saved.hlt_exits,
+        pvio: PvioConfig {
+            file: saved.io_file.clone(),
+        },
+        api_socket: opts.api_socket.clone(),
+    }
+}
+
+impl Vm {
+    /// Build a VM from the snapshot at `path`. The file is checked whole
+    /// first (header, sections, CRCs, fit to this host): a bad one is
+    /// refused with an error naming the section and offset, and nothing
+    /// starts. Nothing runs until [`Vm::run`].
+    pub fn restore(path: &Path, opts: &RestoreOptions) -> Result<Vm, Error> {
+        let created_at = Instant::now();
+        let snap = Arc::new(Snapshot::open(path)?);
+        let s = &snap.state;
+        let unfit = |section, reason: String| {
+            Error::Snapshot(SnapshotError::Unfit {
+                path: path.into(),
+                section,
+                reason,
+            })
+        };
+        let config = config_from(&s.config, opts);
+        config
+            .validate()
+            .map_err(|e| unfit("CONF", e.to_string()))?;
+        if s.config.image_end >= config.memory || s.config.image_end % 4096 != 0 {
+            return Err(unfit(
+                "CONF",
+                format!(
+                    "the guest image end {:#x} is outside guest memory",
+                    s.config.image_end
+                ),
+            ));
+        }
+        let m = Machine::create(&config).map_err(|e| match e {
+            Error::Config(c) => unfit("CONF", c.to_string()),
+            other => other,
+        })?;
+        for (i, v) in s.vcpus.iter().enumerate() {
+            check_cpuid(i, &v.cpuid, &m.supported).map_err(|r| unfit("VCPU", r))?;
+        }
+        let vcpus = m.create_vcpus(config.vcpus)?;
+        let lazy = opts.memory == MemoryRestore::Lazy || config.paging.is_some();
+        // Under the pager only the pinned part is loaded now; eagerly, all.
+        let end = if lazy { s.config.image_end } else { u64::MAX };
+        let pages_loaded = memory::load(&snap, &m.ram, end)?;
+        let source = lazy.then(|| snap.clone() as Arc<dyn PageSource>);
+        let sink = open_console(&config)?;
+        let tsc_khz = s.vcpus[0].tsc_khz;
+        let mut vm = Vm::assemble(
+            m,
+            &config,
+            s.config.clone(),
+            vcpus,
+            tsc_khz,
+            DeviceSetup {
+                sink,
+                uart: Some(&s.devices.serial),
+            },
+            source,
+            created_at,
+        )?;
+        // The pager runs from here on, so KVM may touch any guest page.
+        for chip in &s.machine.irqchip {
+            vm.fd.set_irqchip(chip).map_err(KvmOp::SetIrqchip.err())?;
+        }
+        for (v, st) in vm.vcpus.iter().zip(&s.vcpus) {
+            v.restore_state(st).map_err(|e| match e {
+                StateError::Mismatch(r) => unfit("VCPU", format!("vCPU {}: {r}", v.index())),
+                other => Error::Host {
+                    what: "restore a vCPU",
+                    source: std::io::Error::other(other.to_string()),
+                },
+            })?;
+        }
+        // Keep kvmclock in step with wall time across the gap, where KVM can.
+        let mut clock = s.machine.clock;
+        clock.flags &= KVM_CLOCK_REALTIME;
+        vm.fd.set_clock(&clock).map_err(KvmOp::SetClock.err())?;
+        let host = |what, e: String| Error::Host {
+            what,
+            source: std::io::Error::other(e),
+        };
+        vm.devices
+            .control
+            .restore(&s.devices.control)
+            .map_err(|e| unfit("DEVS", e))?;
+        vm.pvio
+            .restore(&s.devices.pvio)
+            .map_err(|e| host("restore the I/O device", e))?;
+        vm.restored = Some(RestoreReport {
+            snapshot: path.display().to_string(),
+            memory_restore: if config.paging.is_some() {
+                "lazy"
+            } else {
+                opts.memory.name()
+            },
+            to_running_us: us_since(created_at, Instant::now()),
+            pages_loaded,
+        });
+        vm.status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .restored_from = Some(path.display().to_string());
+        Ok(vm)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leaf(function: u32, ecx: u32) -> kvm_cpuid_entry2 {
+        kvm_cpuid_entry2 {
+            function,
+            ecx,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn cpuid_features_must_be_offered() {
+        let host = CpuId::from_entries(&[leaf(1, 0b1011)]).unwrap();
+        assert!(check_cpuid(0, &[leaf(1, 0b0011)], &host).is_ok());
+        let e = check_cpuid(1, &[leaf(1, 0b0111)], &host).unwrap_err();
+        assert!(e.contains("vCPU 1") && e.contains("0x4"), "{e}");
+        // OSXSAVE is set by KVM at run time, not a host feature.
+        assert!(check_cpuid(0, &[leaf(1, 1 << 27)], &host).is_ok());
+    }
+}

@@ -1,0 +1,531 @@
+//! Running a VM: its vCPU threads, and the control loop that hears vCPU
+//! events and commands until the run ends.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kvm_bindings::{kvm_irqchip, kvm_msr_entry, Msrs};
+
+use super::control::{Command, CommandError, Lifecycle, Reply, SnapshotInfo, VmEvent};
+use super::outcome::{memory_usage, us_since, BootTimings, EndReason, RunOutcome};
+use super::Vm;
+use crate::api::{ApiServer, GovernorSource, LiveSources};
+use crate::memory::paged::PagerStats;
+use crate::report;
+use crate::sched::halt_poll::{self, Governor, GovernorReport, HaltPoll, MAX_WINDOW_NS};
+use crate::state::file::SnapshotWriter;
+use crate::state::{self, DevicesState, MachineState, VmState};
+use crate::stats::KvmStats;
+use crate::vcpu::thread::{VcpuHandle, VcpuMsg, VcpuReply};
+use crate::vcpu::{GuestCrash, VcpuEvent};
+use crate::{Error, KvmOp};
+
+const MSR_IA32_TSC: u32 = 0x10;
+/// Chips of `KVM_GET_IRQCHIP`: PIC master, PIC slave, IOAPIC.
+const IRQCHIPS: u32 = 3;
+
+/// How a run ended, before it is turned into an outcome or an error.
+enum End {
+    PowerOff { vcpu: usize, code: u32 },
+    Crash(GuestCrash),
+    Failed(kvm_ioctls::Error),
+    Pager(String),
+    VcpuGone(usize),
+    Shutdown,
+    Snapshot,
+}
+
+/// A VM whose vCPU threads run.
+struct Running {
+    vm: Vm,
+    vcpus: Vec<VcpuHandle>,
+    state: Lifecycle,
+    governor: Option<Governor>,
+    /// Spare statistics handles for starting a governor later.
+    governor_stats: Vec<KvmStats>,
+    governor_reports: Vec<GovernorReport>,
+    /// What the API reads for the governor now running, if any.
+    governor_live: Arc<Mutex<Option<GovernorSource>>>,
+}
+
+impl Vm {
+    /// Run every vCPU on its own thread until the guest powers off or a
+    /// command ends the run (returns the outcome), or the guest crashes
+    /// (returns [`Error::GuestCrash`] with a register dump). Every thread
+    /// of the VM has ended when this returns.
+    pub fn run(self) -> Result<RunOutcome, Error> {
+        let tsc_ref = match self.restored {
+            None => Some(self.read_guest_tsc()?),
+            Some(_) => None,
+        };
+        let governor_stats = self
+            .vcpu_stats
+            .iter()
+            .map(KvmStats::try_clone)
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap_or_default();
+        let mut r = Running {
+            vm: self,
+            vcpus: Vec::new(),
+            state: Lifecycle::Created,
+            governor: None,
+            governor_stats,
+            governor_reports: Vec::new(),
+            governor_live: Arc::default(),
+        };
+        if let HaltPoll::Auto { budget_pct } = r.vm.halt_poll {
+            r.start_governor(budget_pct)?;
+        }
+        let started_at = Instant::now();
+        let api = match r.vm.api_socket.clone() {
+            Some(path) => Some(r.start_api(&path, started_at)?),
+            None => None,
+        };
+        let spawned = r.spawn_vcpus();
+        let end = match spawned {
+            Ok(()) => {
+                if let Some(rep) = r.vm.restored.as_mut() {
+                    rep.to_running_us = us_since(r.vm.created_at, Instant::now());
+                }
+                r.set_state(Lifecycle::Running, Some(started_at));
+                r.serve()
+            }
+            Err(e) => Err(e),
+        };
+        let exited_at = Instant::now();
+        r.set_state(Lifecycle::Exited, None);
+        let cpu_us: Vec<u64> = r.vcpus.drain(..).map(|h| h.stop().unwrap_or(0)).collect();
+        drop(api);
+        r.vm.devices.serial.flush();
+        if let Some(p) = r.vm.pager.as_mut() {
+            p.stop();
+        }
+        if let Some(mut g) = r.governor.take() {
+            g.stop();
+            r.governor_reports.push(g.report());
+        }
+        r.vm.pvio.stop();
+        let end = end?;
+        let (ended, exit_code, exit_vcpu) = match end {
+            End::PowerOff { vcpu, code } => (EndReason::PowerOff, code, Some(vcpu)),
+            End::Shutdown => (EndReason::Shutdown, 0, None),
+            End::Snapshot => (EndReason::Snapshot, 0, None),
+            End::Crash(crash) => return Err(Error::GuestCrash(Box::new(crash))),
+            End::Failed(error) => return Err(KvmOp::Run.err()(error)),
+            End::Pager(msg) => return Err(Error::PagerFailed(msg)),
+            End::VcpuGone(vcpu) => {
+                return Err(Error::Host {
+                    what: "run the vCPUs",
+                    source: std::io::Error::other(format!("the thread of vCPU {vcpu} panicked")),
+                })
+            }
+        };
+        Ok(r.outcome(
+            ended, exit_code, exit_vcpu, tsc_ref, started_at, exited_at, cpu_us,
+        ))
+    }
+
+    /// The guest's TSC now, paired with the host instant: lets the guest's
+    /// own `boot_tsc` report be placed on the host's clock.
+    fn read_guest_tsc(&self) -> Result<(Instant, u64), Error> {
+        let mut msrs = Msrs::from_entries(&[kvm_msr_entry {
+            index: MSR_IA32_TSC,
+            ..Default::default()
+        }])
+        .map_err(|e| Error::Host {
+            what: "build an MSR list",
+            source: std::io::Error::other(format!("{e:?}")),
+        })?;
+        let now = Instant::now();
+        self.vcpus[0]
+            .fd()
+            .get_msrs(&mut msrs)
+            .map_err(KvmOp::GetMsrs.err())?;
+        Ok((now, msrs.as_slice()[0].data))
+    }
+}
+
+impl Running {
+    fn spawn_vcpus(&mut self) -> Result<(), Error> {
+        for vcpu in self.vm.vcpus.drain(..) {
+            let tx = std::sync::Mutex::new(self.vm.events.clone());
+            let index = vcpu.index() as usize;
+            let sink = Box::new(move |e: VcpuEvent| {
+                let _ = tx
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .send(VmEvent::Vcpu(e));
+            });
+            let h = VcpuHandle::spawn(vcpu, self.vm.devices.clone(), false, sink).map_err(
+                |source| Error::Host {
+                    what: "start a vCPU thread",
+                    source,
+                },
+            )?;
+            debug_assert_eq!(h.index(), index);
+            self.vcpus.push(h);
+        }
+        Ok(())
+    }
+
+    fn set_state(&mut self, state: Lifecycle, started: Option<Instant>) {
+        self.state = state;
+        let mut s = self.vm.status.lock().unwrap_or_else(|p| p.into_inner());
+        s.state = state;
+        if started.is_some() {
+            s.started = started;
+        }
+    }
+
+    /// The control loop: until a vCPU ends the run or a command does.
+    fn serve(&mut self) -> Result<End, Error> {
+        loop {
+            let event = self
+                .vm
+                .events_rx
+                .recv()
+                .expect("the Vm holds a sender, so the channel stays open");
+            match event {
+                VmEvent::Vcpu(VcpuEvent::Exit { vcpu, code }) => {
+                    return Ok(End::PowerOff { vcpu, code })
+                }
+                VmEvent::Vcpu(VcpuEvent::Crash(c)) => return Ok(End::Crash(c)),
+                VmEvent::Vcpu(VcpuEvent::Failed { error, .. }) => return Ok(End::Failed(error)),
+                VmEvent::Vcpu(VcpuEvent::Panicked { vcpu }) => return Ok(End::VcpuGone(vcpu)),
+                VmEvent::PagerFailed(msg) => return Ok(End::Pager(msg)),
+                VmEvent::Command(cmd, reply) => {
+                    let (result, end) = self.command(cmd);
+                    let _ = reply.send(result);
+                    if let Some(end) = end {
+                        return Ok(end);
+                    }
+                }
+            }
+        }
+    }
+
+    fn command(&mut self, cmd: Command) -> (Result<Reply, CommandError>, Option<End>) {
+        let state = |s: Lifecycle| Reply::State { state: s };
+        match cmd {
+            Command::Pause => (
+                self.pause().map(|d| Reply::Paused {
+                    pause_us: d.as_micros() as u64,
+                }),
+                None,
+            ),
+            Command::Resume => (self.resume().map(|_| state(self.state)), None),
+            Command::Shutdown => (Ok(state(Lifecycle::Exited)), Some(End::Shutdown)),
+            Command::Snapshot { path, stop } => match self.snapshot(&path, stop) {
+                Ok(info) => {
+                    let end = info.stopped.then_some(End::Snapshot);
+                    (Ok(Reply::Snapshot(info)), end)
+                }
+                Err(e) => (Err(e), None),
+            },
+            Command::HaltPoll(h) => (
+                self.set_halt_poll(h)
+                    .map(|_| Reply::HaltPoll { halt_poll: h }),
+                None,
+            ),
+        }
+    }
+
+    /// Tell every vCPU `msg` at once, then collect every reply.
+    fn broadcast(&self, msg: impl Fn() -> VcpuMsg) -> Result<Vec<VcpuReply>, CommandError> {
+        for h in &self.vcpus {
+            h.send(msg());
+        }
+        self.vcpus
+            .iter()
+            .map(|h| {
+                h.reply().ok_or_else(|| {
+                    CommandError::Host(format!("the thread of vCPU {} has ended", h.index()))
+                })
+            })
+            .collect()
+    }
+
+    fn wrong_state(&self, action: &'static str, needs: &'static str) -> CommandError {
+        CommandError::WrongState {
+            state: self.state,
+            action,
+            needs,
+        }
+    }
+
+    fn pause(&mut self) -> Result<Duration, CommandError> {
+        if self.state != Lifecycle::Running {
+            return Err(self.wrong_state("pause", "running"));
+        }
+        let t0 = Instant::now();
+        self.broadcast(|| VcpuMsg::Pause)?;
+        let took = t0.elapsed();
+        self.vm.devices.control.pause();
+        self.set_state(Lifecycle::Paused, None);
+        Ok(took)
+    }
+
+    fn resume(&mut self) -> Result<(), CommandError> {
+        if self.state != Lifecycle::Paused {
+            return Err(self.wrong_state("resume", "paused"));
+        }
+        self.vm.devices.control.resume();
+        self.broadcast(|| VcpuMsg::Resume)?;
+        self.set_state(Lifecycle::Running, None);
+        Ok(())
+    }
+
+    fn snapshot(
+        &mut self,
+        path: &std::path::Path,
+        stop: bool,
+    ) -> Result<SnapshotInfo, CommandError> {
+        if !matches!(self.state, Lifecycle::Running | Lifecycle::Paused) {
+            return Err(self.wrong_state("snapshot", "running or paused"));
+        }
+        let mut w = SnapshotWriter::create(path)?;
+        let was_running = self.state == Lifecycle::Running;
+        let pause = if was_running {
+            match self.pause() {
+                Ok(d) => d,
+                Err(e) => {
+                    let _ = std::fs::remove_file(path);
+                    return Err(e);
+                }
+            }
+        } else {
+            Duration::ZERO
+        };
+        let t0 = Instant::now();
+        let written = self.save(&mut w).and_then(|(state, pages)| {
+            let bytes = w.finish(&state)?;
+            Ok((bytes, pages))
+        });
+        let paused_us = (pause + t0.elapsed()).as_micros() as u64;
+        let result = match written {
+            Ok((bytes, pages)) => Ok(SnapshotInfo {
+                path: path.display().to_string(),
+                bytes,
+                pages,
+                pause_us: pause.as_micros() as u64,
+                paused_us,
+                stopped: stop,
+            }),
+            Err(e) => {
+                // Never leave a partial snapshot that looks like one.
+                let _ = std::fs::remove_file(path);
+                Err(e)
+            }
+        };
+        if was_running && !(stop && result.is_ok()) {
+            if let Err(e) = self.resume() {
+                tracing::error!("cannot resume the VM after a snapshot: {e}");
+            }
+        }
+        result
+    }
+
+    /// Save everything but memory into a state document, and memory into `w`.
+    fn save(&self, w: &mut SnapshotWriter) -> Result<(VmState, u64), CommandError> {
+        let mut vcpus = Vec::with_capacity(self.vcpus.len());
+        for (i, reply) in self.broadcast(|| VcpuMsg::Save)?.into_iter().enumerate() {
+            match reply {
+                VcpuReply::Saved(Ok(s)) => vcpus.push(*s),
+                VcpuReply::Saved(Err(e)) => {
+                    return Err(CommandError::Host(format!("cannot save vCPU {i}: {e}")))
+                }
+                _ => return Err(CommandError::Host(format!("vCPU {i} answered out of turn"))),
+            }
+        }
+        let kvm_err = |what: &str, e: kvm_ioctls::Error| CommandError::Host(format!("{what}: {e}"));
+        let mut irqchip = Vec::new();
+        for chip_id in 0..IRQCHIPS {
+            let mut c = kvm_irqchip {
+                chip_id,
+                ..Default::default()
+            };
+            self.vm
+                .fd
+                .get_irqchip(&mut c)
+                .map_err(|e| kvm_err("KVM_GET_IRQCHIP", e))?;
+            irqchip.push(c);
+        }
+        let clock = self
+            .vm
+            .fd
+            .get_clock()
+            .map_err(|e| kvm_err("KVM_GET_CLOCK", e))?;
+        let pages = state::memory::save(&self.vm.ram, self.vm.pager.as_ref(), w)?;
+        let mut config = self.vm.saved.clone();
+        config.halt_poll = self.vm.halt_poll;
+        Ok((
+            VmState {
+                config,
+                vcpus,
+                machine: MachineState {
+                    irqchip,
+                    clock,
+                    host_tsc: state::host_tsc(),
+                },
+                devices: DevicesState {
+                    serial: self.vm.devices.serial.state(),
+                    control: self.vm.devices.control.state(),
+                    pvio: self.vm.pvio.state(),
+                },
+            },
+            pages,
+        ))
+    }
+
+    fn start_governor(&mut self, budget_pct: f64) -> Result<(), Error> {
+        let stats = self
+            .governor_stats
+            .iter()
+            .map(KvmStats::try_clone)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|source| Error::Host {
+                what: "open KVM statistics for the halt-poll governor",
+                source,
+            })?;
+        let gov = Governor::start(self.vm.fd.clone(), stats, budget_pct).map_err(|source| {
+            Error::Host {
+                what: "start the halt-poll governor",
+                source,
+            }
+        })?;
+        *self.governor_live.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(Box::new(gov.report_source()));
+        self.governor = Some(gov);
+        Ok(())
+    }
+
+    fn set_halt_poll(&mut self, h: HaltPoll) -> Result<(), CommandError> {
+        let invalid = |field, reason: String| CommandError::Invalid { field, reason };
+        match h {
+            HaltPoll::Fixed { window_ns } if window_ns > MAX_WINDOW_NS => {
+                return Err(invalid(
+                    "window_ns",
+                    format!("{window_ns} is too large: at most {MAX_WINDOW_NS} (10 ms)"),
+                ))
+            }
+            HaltPoll::Auto { budget_pct } if !(budget_pct > 0.0 && budget_pct <= 100.0) => {
+                return Err(invalid(
+                    "budget_pct",
+                    format!("{budget_pct} is out of range: give a share of one CPU in (0, 100]"),
+                ))
+            }
+            _ => {}
+        }
+        if !halt_poll::supported(&self.vm.fd) {
+            return Err(invalid(
+                "mode",
+                "this KVM cannot set halt polling per VM (no KVM_CAP_HALT_POLL)".into(),
+            ));
+        }
+        if let Some(mut g) = self.governor.take() {
+            g.stop();
+            self.governor_reports.push(g.report());
+            *self.governor_live.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
+        let set = |ns| {
+            halt_poll::set_window(&self.vm.fd, ns)
+                .map_err(|e| CommandError::Host(format!("KVM_CAP_HALT_POLL: {e}")))
+        };
+        match h {
+            HaltPoll::Fixed { window_ns } => set(window_ns)?,
+            HaltPoll::KvmDefault => set(halt_poll::kvm_default_window()
+                .map_err(|e| invalid("mode", format!("cannot read KVM's default window: {e}")))?)?,
+            HaltPoll::Auto { budget_pct } => self
+                .start_governor(budget_pct)
+                .map_err(|e| CommandError::Host(e.to_string()))?,
+        }
+        self.vm.halt_poll = h;
+        self.vm
+            .status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .config
+            .halt_poll = h;
+        Ok(())
+    }
+
+    fn start_api(&self, path: &std::path::Path, started: Instant) -> Result<ApiServer, Error> {
+        let vcpu_stats = self
+            .vm
+            .vcpu_stats
+            .iter()
+            .map(KvmStats::try_clone)
+            .collect::<Result<Vec<_>, _>>();
+        let sources =
+            LiveSources {
+                vcpu_stats: vcpu_stats.unwrap_or_default(),
+                vm_stats: KvmStats::open(self.vm.fd.as_ref()).ok(),
+                pager: self.vm.pager.as_ref().map(|p| {
+                    Box::new(p.stats_source()) as Box<dyn Fn() -> PagerStats + Send + Sync>
+                }),
+                governor: self.governor_live.clone(),
+                io: self.vm.pvio.clone(),
+                started,
+            };
+        Ok(ApiServer::start(path, sources, self.vm.controller())?)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn outcome(
+        &self,
+        ended: EndReason,
+        code: u32,
+        vcpu: Option<usize>,
+        tsc_ref: Option<(Instant, u64)>,
+        started: Instant,
+        exited: Instant,
+        vcpu_cpu_us: Vec<u64>,
+    ) -> RunOutcome {
+        let vm = &self.vm;
+        let us = |t: Instant| us_since(vm.created_at, t);
+        let reports = vm.devices.control.reports();
+        let first_instruction_us = tsc_ref.and_then(|(at, tsc0)| {
+            report::find(&reports, "boot_tsc")
+                .and_then(|r| r.value.as_u64())
+                .and_then(|tsc| tsc.checked_sub(tsc0))
+                .map(|ticks| us(at) + ticks * 1000 / vm.tsc_khz.max(1) as u64)
+        });
+        let snaps: Vec<_> = vm.vcpu_stats.iter().filter_map(|s| s.read().ok()).collect();
+        RunOutcome {
+            ended,
+            exit_code: code,
+            exit_vcpu: vcpu,
+            reports,
+            timings: BootTimings {
+                setup_us: us(started),
+                first_instruction_us,
+                first_console_byte_us: vm.devices.serial.first_byte_at().map(us),
+                exit_us: us(exited),
+            },
+            restore: vm.restored.clone(),
+            memory: memory_usage(&vm.ram),
+            console_bytes: vm.devices.serial.bytes_written(),
+            vcpu_stats: snaps.iter().map(|s| s.scalars()).collect(),
+            vcpu_histograms: snaps.iter().map(|s| s.histograms()).collect(),
+            pager: vm.pager.as_ref().map(|p| p.stats()),
+            halt_poll: self.governor_reports.last().cloned(),
+            vcpu_cpu_us,
+            io: vm.pvio.stats(),
+            vm_stats: vm
+                .vm_stats
+                .as_ref()
+                .and_then(|s| s.read().ok())
+                .map(|s| s.scalars())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        // Whatever went wrong, no vCPU thread outlives the VM.
+        for h in self.vcpus.drain(..) {
+            let _ = h.stop();
+        }
+    }
+}
