@@ -124,6 +124,7 @@ pub const WORKLOADS: &[WorkloadSpec] = &[
             },
             num("tasks", "tasks sharing the buffer", 1, 60, 1),
             num("seed", "pattern seed", 0, u64::MAX, 0x5eed),
+            num("rounds", "write-and-verify passes (round r uses seed + r)", 1, 1_000_000, 1),
         ],
     },
     WorkloadSpec {

@@ -12,12 +12,13 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use hover_vmm::api::{ApiClient, ApiError};
 use hover_vmm::config::{
     parse_console, parse_duration, parse_size, ConsoleTarget, GuestImage, MemoryBackend,
     PagingConfig, VmConfig,
 };
 use hover_vmm::config::{HaltPoll, PvioConfig};
-use hover_vmm::{Error, Vm};
+use hover_vmm::{Error, MemoryRestore, RestoreOptions, Vm};
 
 /// Exit status for bad input.
 const EXIT_BAD_INPUT: u8 = 2;
@@ -43,8 +44,99 @@ enum Command {
     Run(RunArgs),
     /// Run a benchmark scenario and print its table.
     Bench(BenchArgs),
-    /// Show the live figures of a VM started with `hover run --api-socket`.
+    /// Show the live figures of a VM started with `hover run --api-socket`
+    /// (the same as `hover ctl --api-socket PATH stats`).
     Stats(StatsArgs),
+    /// Steer a running VM through its API socket.
+    Ctl(CtlArgs),
+    /// Boot a new VM from a snapshot; the guest continues where it was.
+    Restore(RestoreArgs),
+}
+
+#[derive(Args)]
+struct CtlArgs {
+    /// The VM's API socket (`hover run --api-socket`).
+    #[arg(long)]
+    api_socket: PathBuf,
+    /// Print the VM's JSON answer instead of a summary.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    action: CtlAction,
+}
+
+#[derive(Subcommand)]
+enum CtlAction {
+    /// The VM's state, configuration and uptime.
+    Get,
+    /// Stop every vCPU and freeze the devices.
+    Pause,
+    /// Let a paused VM run again.
+    Resume,
+    /// End the VM now (the guest does not power off itself).
+    Shutdown,
+    /// Write the VM's state and memory to a new file (pausing it meanwhile),
+    /// then let it run on, or end it with --stop.
+    Snapshot {
+        /// The file to create (an existing path is refused).
+        path: PathBuf,
+        /// End the VM once the snapshot is written.
+        #[arg(long)]
+        stop: bool,
+    },
+    /// Live figures: KVM statistics, pager, governor, I/O device.
+    Stats,
+    /// The Prometheus text exposition (`GET /metrics`).
+    Metrics,
+    /// Change halt polling: `--window-ns N`, `--auto [--budget PCT]` or `--kvm-default`.
+    HaltPoll {
+        /// A fixed maximum window, nanoseconds (0: no polling; at most 10 ms).
+        #[arg(long, conflicts_with_all = ["auto", "kvm_default"])]
+        window_ns: Option<u64>,
+        /// The governor.
+        #[arg(long, conflicts_with = "kvm_default")]
+        auto: bool,
+        /// The governor's CPU budget, percent of one CPU per vCPU.
+        #[arg(long, requires = "auto")]
+        budget: Option<f64>,
+        /// KVM's module-wide default window.
+        #[arg(long)]
+        kvm_default: bool,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum MemoryRestoreArg {
+    /// Read every saved page before the guest runs.
+    Eager,
+    /// Bring each page in from the file when the guest first touches it.
+    Lazy,
+}
+
+#[derive(Args)]
+struct RestoreArgs {
+    /// The snapshot file (`hover ctl snapshot`).
+    path: PathBuf,
+    /// How guest memory comes back (a VM with a memory budget is always
+    /// restored lazily, through its pager).
+    #[arg(long, value_enum, default_value = "eager")]
+    memory_restore: MemoryRestoreArg,
+    /// Page store for a VM with a memory budget [default: a temporary file in /var/tmp].
+    #[arg(long)]
+    page_store: Option<PathBuf>,
+    /// Serve the control API on this Unix socket while the VM runs.
+    #[arg(long)]
+    api_socket: Option<PathBuf>,
+    /// Where the guest console goes: stdout, stderr, off or file:PATH
+    /// [default: stdout, or stderr with --json].
+    #[arg(long, value_parser = parse_console)]
+    console: Option<ConsoleTarget>,
+    /// Print the outcome as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Also print KVM's statistics at exit (always included in --json).
+    #[arg(long)]
+    stats: bool,
 }
 
 #[derive(Args)]
@@ -124,8 +216,9 @@ struct RunArgs {
     /// Default: a file on tmpfs (/dev/shm), removed at exit.
     #[arg(long)]
     io_file: Option<PathBuf>,
-    /// Serve live figures on this Unix socket while the VM runs (read them
-    /// with `hover stats --api-socket PATH`); created here, removed at exit.
+    /// Serve the control API (HTTP on a Unix socket, mode 0600) while the VM
+    /// runs: `hover ctl --api-socket PATH ...`; created here (an existing
+    /// path is refused), removed at exit.
     #[arg(long)]
     api_socket: Option<PathBuf>,
     /// Let guest HLT run without exiting to KVM (KVM_CAP_X86_DISABLE_EXITS):
@@ -228,16 +321,156 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run(args) => run(args),
         Command::Bench(args) => bench(args),
-        Command::Stats(args) => stats(args),
+        Command::Stats(args) => ctl(CtlArgs {
+            api_socket: args.api_socket,
+            json: args.json,
+            action: CtlAction::Stats,
+        }),
+        Command::Ctl(args) => ctl(args),
+        Command::Restore(args) => restore(args),
     }
 }
 
-fn run(args: RunArgs) -> ExitCode {
-    let console = args.console.unwrap_or(if args.json {
+fn console_for(console: Option<ConsoleTarget>, json: bool) -> ConsoleTarget {
+    console.unwrap_or(if json {
         ConsoleTarget::Stderr
     } else {
         ConsoleTarget::Stdout
-    });
+    })
+}
+
+/// Print a finished run's outcome and turn it into the exit status.
+fn finish(result: Result<hover_vmm::RunOutcome, Error>, json: bool, stats: bool) -> ExitCode {
+    match result {
+        Ok(outcome) => {
+            if json {
+                output::print_json(&outcome);
+            } else {
+                output::print_summary(&outcome);
+                if stats {
+                    output::print_stats(&outcome);
+                }
+            }
+            // Process exit statuses are 8 bits; the full code is in the summary.
+            ExitCode::from(u8::try_from(outcome.exit_code).unwrap_or(u8::MAX))
+        }
+        Err(e) => fail(&e),
+    }
+}
+
+fn restore(args: RestoreArgs) -> ExitCode {
+    let opts = RestoreOptions {
+        memory: match args.memory_restore {
+            MemoryRestoreArg::Eager => MemoryRestore::Eager,
+            MemoryRestoreArg::Lazy => MemoryRestore::Lazy,
+        },
+        console: console_for(args.console, args.json),
+        api_socket: args.api_socket,
+        page_store: args.page_store,
+    };
+    finish(
+        Vm::restore(&args.path, &opts).and_then(Vm::run),
+        args.json,
+        args.stats,
+    )
+}
+
+fn ctl(args: CtlArgs) -> ExitCode {
+    die_on_broken_pipe();
+    let client = ApiClient::new(&args.api_socket, Duration::from_secs(600));
+    let (method, path, body) = match &args.action {
+        CtlAction::Get => ("GET", "/vm", None),
+        CtlAction::Pause => ("PUT", "/vm/pause", None),
+        CtlAction::Resume => ("PUT", "/vm/resume", None),
+        CtlAction::Shutdown => ("PUT", "/vm/shutdown", None),
+        CtlAction::Stats => ("GET", "/vm/stats", None),
+        CtlAction::Metrics => ("GET", "/metrics", None),
+        CtlAction::Snapshot { path, stop } => {
+            // The VM resolves paths from its own directory: send an absolute one.
+            let path = std::env::current_dir()
+                .map(|d| d.join(path))
+                .unwrap_or_else(|_| path.clone());
+            let body = serde_json::json!({ "path": path, "stop": stop });
+            ("PUT", "/vm/snapshot", Some(body.to_string()))
+        }
+        CtlAction::HaltPoll {
+            window_ns,
+            auto,
+            budget,
+            kvm_default,
+        } => {
+            let body = match (window_ns, auto, kvm_default) {
+                (Some(ns), _, _) => serde_json::json!({ "mode": "fixed", "window_ns": ns }),
+                (None, true, _) => match budget {
+                    Some(b) => serde_json::json!({ "mode": "auto", "budget_pct": b }),
+                    None => serde_json::json!({ "mode": "auto" }),
+                },
+                (None, false, true) => serde_json::json!({ "mode": "kvm_default" }),
+                (None, false, false) => {
+                    eprintln!(
+                        "hover: error: halt-poll needs --window-ns N, --auto or --kvm-default"
+                    );
+                    return ExitCode::from(EXIT_BAD_INPUT);
+                }
+            };
+            ("PUT", "/vm/halt-poll", Some(body.to_string()))
+        }
+    };
+    if let CtlAction::Metrics = args.action {
+        return match client.call(method, path, None) {
+            Ok(r) if r.status == 200 => {
+                print!("{}", r.body);
+                ExitCode::SUCCESS
+            }
+            Ok(r) => {
+                eprintln!(
+                    "hover: error: the VM answered HTTP {}: {}",
+                    r.status, r.body
+                );
+                ExitCode::from(EXIT_HOST_FAILURE)
+            }
+            Err(e) => ctl_error(&e),
+        };
+    }
+    match client.json(method, path, body.as_deref()) {
+        Ok(v) if args.json => {
+            println!("{v}");
+            ExitCode::SUCCESS
+        }
+        Ok(v) => {
+            output::print_ctl(&args.action_name(), &v);
+            ExitCode::SUCCESS
+        }
+        Err(e) => ctl_error(&e),
+    }
+}
+
+impl CtlArgs {
+    fn action_name(&self) -> &'static str {
+        match self.action {
+            CtlAction::Get => "get",
+            CtlAction::Pause => "pause",
+            CtlAction::Resume => "resume",
+            CtlAction::Shutdown => "shutdown",
+            CtlAction::Snapshot { .. } => "snapshot",
+            CtlAction::Stats => "stats",
+            CtlAction::Metrics => "metrics",
+            CtlAction::HaltPoll { .. } => "halt-poll",
+        }
+    }
+}
+
+fn ctl_error(e: &ApiError) -> ExitCode {
+    eprintln!("hover: error: {e}");
+    ExitCode::from(match e {
+        ApiError::Connect { .. } => EXIT_BAD_INPUT,
+        ApiError::Refused { status, .. } if (400..500).contains(status) => EXIT_BAD_INPUT,
+        _ => EXIT_HOST_FAILURE,
+    })
+}
+
+fn run(args: RunArgs) -> ExitCode {
+    let console = console_for(args.console, args.json);
     let config = VmConfig {
         vcpus: args.vcpus,
         memory: args.memory,
@@ -271,21 +504,7 @@ fn run(args: RunArgs) -> ExitCode {
         },
         api_socket: args.api_socket.clone(),
     };
-    match Vm::new(&config).and_then(Vm::run) {
-        Ok(outcome) => {
-            if args.json {
-                output::print_json(&outcome);
-            } else {
-                output::print_summary(&outcome);
-                if args.stats {
-                    output::print_stats(&outcome);
-                }
-            }
-            // Process exit statuses are 8 bits; the full code is in the summary.
-            ExitCode::from(u8::try_from(outcome.exit_code).unwrap_or(u8::MAX))
-        }
-        Err(e) => fail(&e),
-    }
+    finish(Vm::new(&config).and_then(Vm::run), args.json, args.stats)
 }
 
 fn fail(e: &Error) -> ExitCode {
@@ -302,27 +521,6 @@ fn fail(e: &Error) -> ExitCode {
 fn die_on_broken_pipe() {
     // SAFETY: restoring a signal's default disposition is always sound.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
-}
-
-fn stats(args: StatsArgs) -> ExitCode {
-    die_on_broken_pipe();
-    match hover_vmm::api::query(&args.api_socket) {
-        Ok(v) if args.json => {
-            println!("{v}");
-            ExitCode::SUCCESS
-        }
-        Ok(v) => {
-            output::print_live(&v);
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("hover: error: {e}");
-            ExitCode::from(match e {
-                hover_vmm::api::ApiError::Connect { .. } => EXIT_BAD_INPUT,
-                _ => EXIT_HOST_FAILURE,
-            })
-        }
-    }
 }
 
 fn bench(args: BenchArgs) -> ExitCode {

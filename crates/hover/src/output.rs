@@ -173,6 +173,57 @@ pub fn print_stats(o: &RunOutcome) {
     }
 }
 
+/// Print the answer to a `hover ctl` action for a person.
+pub fn print_ctl(action: &str, v: &serde_json::Value) {
+    let mut w = std::io::stdout().lock();
+    match action {
+        "stats" => {
+            drop(w);
+            print_live(v);
+        }
+        "get" => {
+            let c = &v["config"];
+            out!(
+                w,
+                "state: {}, up {:.1} s; {} vCPUs, {} MiB, cmdline {:?}{}",
+                v["state"].as_str().unwrap_or("?"),
+                v["uptime_ms"].as_f64().unwrap_or(0.0) / 1000.0,
+                c["vcpus"],
+                c["memory"].as_u64().unwrap_or(0) >> 20,
+                c["cmdline"].as_str().unwrap_or(""),
+                v["restored_from"]
+                    .as_str()
+                    .map(|p| format!("; restored from {p}"))
+                    .unwrap_or_default()
+            );
+        }
+        "pause" => out!(
+            w,
+            "paused: every vCPU stopped {:.3} ms after the request",
+            v["pause_us"].as_f64().unwrap_or(0.0) / 1000.0
+        ),
+        "snapshot" => out!(
+            w,
+            "snapshot {}: {}, {} guest pages; the VM was paused {:.2} ms{}",
+            v["path"].as_str().unwrap_or("?"),
+            mib(v["bytes"].as_u64().unwrap_or(0)),
+            v["pages"],
+            v["paused_us"].as_f64().unwrap_or(0.0) / 1000.0,
+            if v["stopped"].as_bool() == Some(true) {
+                " and has stopped"
+            } else {
+                ", and runs on"
+            }
+        ),
+        "halt-poll" => out!(w, "halt polling: {}", v["halt_poll"]),
+        _ => out!(
+            w,
+            "{action}: the VM is {}",
+            v["state"].as_str().unwrap_or("?")
+        ),
+    }
+}
+
 /// Print a live snapshot (the API socket's answer) for a person.
 pub fn print_live(v: &serde_json::Value) {
     let mut w = std::io::stdout().lock();

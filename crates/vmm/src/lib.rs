@@ -43,6 +43,7 @@ pub enum KvmOp {
     GetSupportedCpuid,
     CreateVcpu,
     SetCpuid,
+    GetCpuid,
     GetSregs,
     SetSregs,
     SetRegs,

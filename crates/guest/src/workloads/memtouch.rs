@@ -1,7 +1,8 @@
 //! `memtouch`: tasks write a pattern over `size` bytes of guest memory, then
-//! read it back and verify it. Reports the pages touched, a checksum of what
-//! was read (the host can recompute it from `memtouch.base` and the seed) and
-//! the number of wrong words.
+//! read it back and verify it, `rounds` times (round r uses seed + r, so
+//! every round rewrites every word). Reports the pages touched, a checksum of
+//! what the last round read (the host can recompute it from `memtouch.base`
+//! and the seed) and the number of wrong words over all rounds.
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
@@ -19,6 +20,7 @@ static BASE: AtomicU64 = AtomicU64::new(0);
 static CHUNK: AtomicU64 = AtomicU64::new(0);
 static SIZE: AtomicU64 = AtomicU64::new(0);
 static SEED: AtomicU64 = AtomicU64::new(0);
+static ROUNDS: AtomicU64 = AtomicU64::new(1);
 static SUMS: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
 static ERRORS: AtomicU64 = AtomicU64::new(0);
 
@@ -42,16 +44,20 @@ fn toucher(i: usize) {
             a += 8;
         }
     };
-    // SAFETY: [base, base + size) was allocated for this workload and is
-    // identity-mapped; tasks write disjoint chunks.
-    words(&mut |p| unsafe { p.write_volatile(pattern(p as u64, seed)) });
     let (mut sum, mut errors) = (0u64, 0u64);
-    words(&mut |p| {
-        // SAFETY: as above.
-        let v = unsafe { p.read_volatile() };
-        sum = sum.wrapping_add(v);
-        errors += u64::from(v != pattern(p as u64, seed));
-    });
+    for round in 0..ROUNDS.load(Ordering::Relaxed) {
+        let seed = seed.wrapping_add(round);
+        // SAFETY: [base, base + size) was allocated for this workload and is
+        // identity-mapped; tasks write disjoint chunks.
+        words(&mut |p| unsafe { p.write_volatile(pattern(p as u64, seed)) });
+        sum = 0;
+        words(&mut |p| {
+            // SAFETY: as above.
+            let v = unsafe { p.read_volatile() };
+            sum = sum.wrapping_add(v);
+            errors += u64::from(v != pattern(p as u64, seed));
+        });
+    }
     SUMS[i].store(sum, Ordering::Relaxed);
     ERRORS.fetch_add(errors, Ordering::Relaxed);
 }
@@ -70,6 +76,7 @@ pub fn run(ctx: &Context) -> u32 {
         Ordering::Relaxed,
     );
     SEED.store(ctx.number("seed"), Ordering::Relaxed);
+    ROUNDS.store(ctx.number("rounds"), Ordering::Relaxed);
     let Some(ids) = spawn_all(tasks, toucher, |_| Placement::Any) else {
         return exit_code::WORKLOAD_FAILED;
     };

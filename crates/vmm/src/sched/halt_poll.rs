@@ -62,7 +62,7 @@ const CANDIDATES: [u64; 15] = [
 
 /// How halt polling is set for a VM.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, serde::Deserialize)]
-#[serde(tag = "mode", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum HaltPoll {
     /// Leave KVM's default (its module parameter) alone.
     KvmDefault,
@@ -76,6 +76,23 @@ pub enum HaltPoll {
         /// Budget for failed polls, in (0, 100].
         budget_pct: f64,
     },
+}
+
+impl HaltPoll {
+    /// The setting in the API's request form: `{"mode": "fixed",
+    /// "window_ns": N}`, `{"mode": "auto", "budget_pct": P}` or
+    /// `{"mode": "kvm_default"}`.
+    pub fn to_json(self) -> serde_json::Value {
+        match self {
+            HaltPoll::KvmDefault => serde_json::json!({ "mode": "kvm_default" }),
+            HaltPoll::Fixed { window_ns } => {
+                serde_json::json!({ "mode": "fixed", "window_ns": window_ns })
+            }
+            HaltPoll::Auto { budget_pct } => {
+                serde_json::json!({ "mode": "auto", "budget_pct": budget_pct })
+            }
+        }
+    }
 }
 
 /// Whether this KVM lets a VM set its own halt-poll window.

@@ -52,10 +52,10 @@ pub enum Reply {
     },
     /// A snapshot was written.
     Snapshot(SnapshotInfo),
-    /// Halt polling as now set.
+    /// Halt polling as now set, in the request's form ([`HaltPoll::to_json`]).
     HaltPoll {
         /// The setting.
-        halt_poll: HaltPoll,
+        halt_poll: serde_json::Value,
     },
 }
 
@@ -80,7 +80,7 @@ pub struct SnapshotInfo {
 #[derive(Debug, thiserror::Error)]
 pub enum CommandError {
     /// The command does not fit the VM's state (resume a running VM).
-    #[error("the VM is {state:?}: {action} needs a {needs} VM")]
+    #[error("the VM is {}: {action} needs a {needs} VM", state.name())]
     WrongState {
         /// The VM's state.
         state: Lifecycle,
@@ -120,6 +120,18 @@ pub enum Lifecycle {
     Paused,
     /// The run has ended.
     Exited,
+}
+
+impl Lifecycle {
+    /// The state's name, as the API spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Lifecycle::Created => "created",
+            Lifecycle::Running => "running",
+            Lifecycle::Paused => "paused",
+            Lifecycle::Exited => "exited",
+        }
+    }
 }
 
 impl From<RunState> for Lifecycle {

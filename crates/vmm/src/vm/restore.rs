@@ -7,7 +7,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvm_bindings::{kvm_cpuid_entry2, CpuId, KVM_CLOCK_REALTIME};
+use kvm_bindings::{
+    kvm_cpuid_entry2, CpuId, KVM_CLOCK_REALTIME, KVM_CPUID_FLAG_SIGNIFCANT_INDEX,
+    KVM_MAX_CPUID_ENTRIES,
+};
 
 use super::outcome::{us_since, RestoreReport};
 use super::{open_console, DeviceSetup, Machine, Vm};
@@ -72,8 +75,13 @@ fn regs(e: &kvm_cpuid_entry2) -> [u32; 4] {
 /// Whether a vCPU that saw `saved` can run on a host offering `host`: every
 /// feature bit it saw must be offered here.
 fn check_cpuid(vcpu: usize, saved: &[kvm_cpuid_entry2], host: &CpuId) -> Result<(), String> {
+    // The index counts only for leaves that have sub-leaves.
     let find = |t: &[kvm_cpuid_entry2], f: u32, i: u32| {
-        t.iter().find(|e| e.function == f && e.index == i).copied()
+        t.iter()
+            .find(|e| {
+                e.function == f && (e.flags & KVM_CPUID_FLAG_SIGNIFCANT_INDEX == 0 || e.index == i)
+            })
+            .copied()
     };
     for (f, i, r, mask) in FEATURE_REGS {
         let Some(s) = find(saved, f, i) else { continue };
@@ -149,10 +157,18 @@ impl Vm {
             Error::Config(c) => unfit("CONF", c.to_string()),
             other => other,
         })?;
-        for (i, v) in s.vcpus.iter().enumerate() {
-            check_cpuid(i, &v.cpuid, &m.supported).map_err(|r| unfit("VCPU", r))?;
-        }
         let vcpus = m.create_vcpus(config.vcpus)?;
+        // What a vCPU booted here would see (KVM adds bits of its own to
+        // the table it is given): the saved vCPUs must have seen no more.
+        for (v, st) in vcpus.iter().zip(&s.vcpus) {
+            let fd = v.fd();
+            fd.set_cpuid2(&m.vcpu_cpuid(&config, v.index()))
+                .map_err(KvmOp::SetCpuid.err())?;
+            let here = fd
+                .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
+                .map_err(KvmOp::GetCpuid.err())?;
+            check_cpuid(v.index() as usize, &st.cpuid, &here).map_err(|r| unfit("VCPU", r))?;
+        }
         let lazy = opts.memory == MemoryRestore::Lazy || config.paging.is_some();
         // Under the pager only the pinned part is loaded now; eagerly, all.
         let end = if lazy { s.config.image_end } else { u64::MAX };

@@ -223,8 +223,9 @@ impl Running {
                 Err(e) => (Err(e), None),
             },
             Command::HaltPoll(h) => (
-                self.set_halt_poll(h)
-                    .map(|_| Reply::HaltPoll { halt_poll: h }),
+                self.set_halt_poll(h).map(|_| Reply::HaltPoll {
+                    halt_poll: h.to_json(),
+                }),
                 None,
             ),
         }

@@ -1,0 +1,119 @@
+//! Running `hover` as a user would, for the integration tests: VMs in child
+//! processes with an API socket in a scratch directory of their own.
+
+#![allow(dead_code)] // not every test file uses every helper
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use hover_vmm::api::ApiClient;
+
+/// The hover binary under test.
+pub fn hover_cmd() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_hover"))
+}
+
+/// Run hover to completion.
+pub fn hover(args: &[&str]) -> Output {
+    hover_cmd().args(args).output().expect("hover runs")
+}
+
+/// Bytes as text.
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// A scratch directory, removed when dropped.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    /// A new empty directory named after the test.
+    pub fn new(test: &str) -> Scratch {
+        let d = std::env::temp_dir().join(format!("hover-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Scratch(d)
+    }
+
+    /// A path inside it.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A `hover run` or `hover restore` in a child process, with its API socket.
+pub struct Vm {
+    pub child: Child,
+    pub socket: PathBuf,
+}
+
+impl Vm {
+    /// Start `hover <args> --api-socket SOCKET --json --console off` and wait
+    /// for its socket to appear.
+    pub fn spawn(args: &[&str], socket: &Path) -> Vm {
+        let child = hover_cmd()
+            .args(args)
+            .args([
+                "--api-socket",
+                socket.to_str().unwrap(),
+                "--json",
+                "--console",
+                "off",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("hover starts");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !socket.exists() {
+            assert!(Instant::now() < deadline, "{socket:?} never appeared");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Vm {
+            child,
+            socket: socket.into(),
+        }
+    }
+
+    /// A client of its API.
+    pub fn api(&self) -> ApiClient {
+        ApiClient::new(&self.socket, Duration::from_secs(120))
+    }
+
+    /// Wait for the process: its exit status, its JSON outcome (or Null) and stderr.
+    pub fn wait(self) -> (Option<i32>, serde_json::Value, String) {
+        let out = self.child.wait_with_output().unwrap();
+        let v = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+        (out.status.code(), v, text(&out.stderr))
+    }
+}
+
+/// The unsigned report `key` of a JSON outcome.
+pub fn report(outcome: &serde_json::Value, key: &str) -> u64 {
+    outcome["reports"]
+        .as_array()
+        .and_then(|r| r.iter().find(|e| e["key"] == key))
+        .and_then(|e| e["value"].as_u64())
+        .unwrap_or_else(|| panic!("no report {key} in {outcome}"))
+}
+
+/// The sorted report keys of a JSON outcome.
+pub fn report_keys(outcome: &serde_json::Value) -> Vec<String> {
+    let mut k: Vec<String> = outcome["reports"]
+        .as_array()
+        .map(|r| {
+            r.iter()
+                .map(|e| e["key"].as_str().unwrap().to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    k.sort();
+    k
+}

@@ -1,0 +1,225 @@
+//! Snapshots and restores across processes: a running guest is snapshotted
+//! through the API and restored by `hover restore` in a new process, where
+//! its workload finishes with its own verification passing and the same
+//! reports as an uninterrupted run.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{hover, report, report_keys, text, Scratch, Vm};
+use hover_vmm::host::kvm_for_test;
+
+/// An uninterrupted run of `args`: its JSON outcome.
+fn reference(args: &[&str]) -> serde_json::Value {
+    let mut a = vec!["run", "--json", "--console", "off"];
+    a.extend_from_slice(args);
+    let out = hover(&a);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Start `args`, snapshot it with stop after `after`, return the snapshot path.
+fn snapshot_midway(
+    dir: &Scratch,
+    name: &str,
+    args: &[&str],
+    after: Duration,
+) -> std::path::PathBuf {
+    let mut a = vec!["run"];
+    a.extend_from_slice(args);
+    let vm = Vm::spawn(&a, &dir.path(&format!("{name}.sock")));
+    std::thread::sleep(after);
+    let snap = dir.path(&format!("{name}.snap"));
+    let body = serde_json::json!({ "path": snap, "stop": true }).to_string();
+    let info = vm
+        .api()
+        .json("PUT", "/vm/snapshot", Some(&body))
+        .unwrap_or_else(|e| panic!("{name}: snapshot failed (did the guest end first?): {e}"));
+    assert_eq!(info["stopped"], true);
+    assert!(info["pages"].as_u64().unwrap() > 0);
+    let (code, outcome, stderr) = vm.wait();
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(outcome["ended"], "snapshot", "{outcome}");
+    snap
+}
+
+/// `hover restore` of `snap`: its JSON outcome, checked to have powered off cleanly.
+fn restore(snap: &std::path::Path, mode: &str) -> serde_json::Value {
+    let out = hover(&[
+        "restore",
+        snap.to_str().unwrap(),
+        "--memory-restore",
+        mode,
+        "--json",
+        "--console",
+        "off",
+    ]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "restore {mode}: {stderr}");
+    let o: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(o["ended"], "power_off", "{o}");
+    assert_eq!(o["exit_code"], 0);
+    o
+}
+
+#[test]
+fn restored_workloads_finish_as_if_uninterrupted() {
+    if !kvm_for_test("restored_workloads_finish_as_if_uninterrupted") {
+        return;
+    }
+    let dir = Scratch::new("restored-workloads");
+    let cases = [
+        ("memtouch", "workload=memtouch size=32M tasks=2 rounds=150"),
+        ("spin", "workload=spin tasks=4 seconds=3"),
+        ("timer", "workload=timer interval_us=1000 seconds=3"),
+    ];
+    for (name, cmdline) in cases {
+        let args = ["--cmdline", cmdline];
+        let want = reference(&args);
+        let snap = snapshot_midway(&dir, name, &args, Duration::from_millis(400));
+        let mut loaded = Vec::new();
+        for mode in ["eager", "lazy"] {
+            let got = restore(&snap, mode);
+            assert_eq!(report_keys(&got), report_keys(&want), "{name} {mode}");
+            assert_eq!(got["restore"]["memory_restore"], mode);
+            loaded.push(got["restore"]["pages_loaded"].as_u64().unwrap());
+            match name {
+                "memtouch" => {
+                    assert_eq!(report(&got, "memtouch.errors"), 0, "{name} {mode}");
+                    assert_eq!(
+                        report(&got, "memtouch.checksum"),
+                        report(&want, "memtouch.checksum"),
+                        "{name} {mode}: the pattern read back differs"
+                    );
+                    assert_eq!(
+                        report(&got, "memtouch.pages"),
+                        report(&want, "memtouch.pages")
+                    );
+                    let pager = &got["pager"];
+                    if mode == "lazy" {
+                        assert!(
+                            pager["source_reads"].as_u64().unwrap() > 1000,
+                            "lazy: pages come from the snapshot on touch: {pager}"
+                        );
+                    }
+                }
+                "spin" => {
+                    let tasks: u64 = (0..4)
+                        .map(|i| report(&got, &format!("spin.task.{i}")))
+                        .sum();
+                    assert!((0..4).all(|i| report(&got, &format!("spin.task.{i}")) > 0));
+                    assert_eq!(report(&got, "spin.total"), tasks);
+                }
+                _ => assert_eq!(
+                    report(&got, "timer.samples"),
+                    report(&want, "timer.samples"),
+                    "every deadline gives one wake-up, across the restore"
+                ),
+            }
+        }
+        // Only memtouch's buffer lies beyond the guest image, which a lazy
+        // restore loads up front too.
+        if name == "memtouch" {
+            assert!(
+                loaded[1] < loaded[0],
+                "{name}: lazy loads fewer pages up front ({loaded:?})"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_overcommitted_vm_restores_through_its_pager() {
+    if !kvm_for_test("an_overcommitted_vm_restores_through_its_pager") {
+        return;
+    }
+    let dir = Scratch::new("restore-paged");
+    let args = [
+        "--memory",
+        "96M",
+        "--memory-budget",
+        "32M",
+        "--cmdline",
+        "workload=memtouch size=40M tasks=2 rounds=3",
+    ];
+    let want = reference(&args);
+    let snap = snapshot_midway(&dir, "paged", &args, Duration::from_millis(300));
+    let got = restore(&snap, "eager");
+    assert_eq!(report(&got, "memtouch.errors"), 0);
+    assert_eq!(
+        report(&got, "memtouch.checksum"),
+        report(&want, "memtouch.checksum")
+    );
+    assert_eq!(
+        got["restore"]["memory_restore"], "lazy",
+        "paged VMs restore lazily"
+    );
+    let pager = &got["pager"];
+    assert!(
+        pager["evictions"].as_u64().unwrap() > 0,
+        "the budget still holds: {pager}"
+    );
+}
+
+#[test]
+fn pause_resume_and_state_through_ctl() {
+    if !kvm_for_test("pause_resume_and_state_through_ctl") {
+        return;
+    }
+    let dir = Scratch::new("ctl");
+    let sock = dir.path("vm.sock");
+    let vm = Vm::spawn(
+        &["run", "--cmdline", "workload=spin tasks=2 seconds=2"],
+        &sock,
+    );
+    let s = sock.to_str().unwrap();
+    let ctl = |args: &[&str]| {
+        let mut a = vec!["ctl", "--api-socket", s];
+        a.extend_from_slice(args);
+        hover(&a)
+    };
+    let out = ctl(&["get"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("state: running"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = ctl(&["pause"]);
+    assert!(
+        text(&out.stdout).contains("paused"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = ctl(&["--json", "get"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["state"], "paused");
+    // Pausing twice is refused, and says why.
+    let out = ctl(&["pause"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("needs a running VM"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(ctl(&["resume"]).status.code(), Some(0));
+    let out = ctl(&["metrics"]);
+    assert!(
+        text(&out.stdout).contains("hover_up 1"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = ctl(&["halt-poll", "--window-ns", "50000"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // `hover stats` stays as an alias of `hover ctl stats`.
+    let out = hover(&["stats", "--api-socket", s]);
+    assert!(
+        text(&out.stdout).contains("halt_exits"),
+        "{}",
+        text(&out.stdout)
+    );
+    let (code, outcome, stderr) = vm.wait();
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(report(&outcome, "spin.total") > 0);
+}
