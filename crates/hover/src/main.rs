@@ -438,7 +438,7 @@ fn ctl(args: CtlArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Ok(v) => {
-            output::print_ctl(&args.action_name(), &v);
+            output::print_ctl(args.action_name(), &v);
             ExitCode::SUCCESS
         }
         Err(e) => ctl_error(&e),
