@@ -7,7 +7,7 @@
 //! `hover_pager_*`, `hover_halt_poll_window_ns`, `hover_io_*`, `hover_up`.
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
@@ -55,12 +55,21 @@ impl Collector for Scrape {
                 MetricType::Gauge
             };
             let mut m = encoder.encode_descriptor(&f.name, &f.help, None, kind)?;
-            for (labels, v) in &f.samples {
-                let e = m.encode_family(labels)?;
+            let value = |v: u64, e: MetricEncoder| {
                 if f.counter {
-                    ConstCounter::new(*v).encode(e)?;
+                    ConstCounter::new(v).encode(e)
                 } else {
-                    ConstGauge::new(*v as i64).encode(e)?;
+                    ConstGauge::new(v as i64).encode(e)
+                }
+            };
+            match f.samples.as_slice() {
+                // Without labels: an empty label set would print as `name{}`,
+                // which some parsers refuse.
+                [(labels, v)] if labels.is_empty() => value(*v, m)?,
+                samples => {
+                    for (labels, v) in samples {
+                        value(*v, m.encode_family(labels)?)?;
+                    }
                 }
             }
         }

@@ -40,6 +40,19 @@ use crate::vm::{Command, CommandError, Controller};
 
 pub use client::{query, ApiClient};
 
+/// Every endpoint the server answers: (method, path). docs/api.yaml
+/// documents exactly these (a test checks both ways).
+pub const ENDPOINTS: [(&str, &str); 8] = [
+    ("GET", "/vm"),
+    ("PUT", "/vm/pause"),
+    ("PUT", "/vm/resume"),
+    ("PUT", "/vm/shutdown"),
+    ("PUT", "/vm/snapshot"),
+    ("GET", "/vm/stats"),
+    ("PUT", "/vm/halt-poll"),
+    ("GET", "/metrics"),
+];
+
 /// Largest request body accepted.
 pub const MAX_BODY: usize = 64 << 10;
 /// How long a command may take (a snapshot of a large VM takes a while).
@@ -408,16 +421,22 @@ fn handle(ctx: &Ctx, mut req: tiny_http::Request) {
     };
     let (status, content_type, text) = answer;
     let header = Header::from_bytes("Content-Type", content_type).expect("a valid header");
-    let _ = req.respond(
-        Response::from_string(text)
-            .with_status_code(status)
-            .with_header(header),
-    );
+    let mut response = Response::from_string(text)
+        .with_status_code(status)
+        .with_header(header);
+    if status == 413 {
+        // The body was not read: the connection cannot carry another request.
+        response.add_header(Header::from_bytes("Connection", "close").expect("a valid header"));
+    }
+    let _ = req.respond(response);
 }
 
 /// The listening socket and its thread.
 pub struct ApiServer {
     path: PathBuf,
+    /// The socket file's (device, inode): removed at the end only if the
+    /// path still names it (a user may have put something else there).
+    inode: Option<(u64, u64)>,
     server: Arc<Server>,
     thread: Option<JoinHandle<()>>,
 }
@@ -471,8 +490,11 @@ impl ApiServer {
                 let _ = std::fs::remove_file(path);
                 bind(e)
             })?;
+        use std::os::unix::fs::MetadataExt;
+        let inode = std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
         Ok(ApiServer {
             path: path.into(),
+            inode,
             server,
             thread: Some(thread),
         })
@@ -483,7 +505,12 @@ impl ApiServer {
         if let Some(t) = self.thread.take() {
             self.server.unblock();
             let _ = t.join();
-            let _ = std::fs::remove_file(&self.path);
+            use std::os::unix::fs::MetadataExt;
+            let still_ours = std::fs::symlink_metadata(&self.path)
+                .is_ok_and(|m| Some((m.dev(), m.ino())) == self.inode);
+            if still_ours {
+                let _ = std::fs::remove_file(&self.path);
+            }
         }
     }
 }

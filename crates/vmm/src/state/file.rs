@@ -397,8 +397,8 @@ impl Snapshot {
         }
         let (o, b) = next("CONF")?;
         let config: SavedConfig = dec(&b).map_err(|e| decode_err("CONF", o, e))?;
-        let (o, b) = next("VCPU")?;
-        let vcpus: Vec<VcpuState> = dec(&b).map_err(|e| decode_err("VCPU", o, e))?;
+        let (vo, b) = next("VCPU")?;
+        let vcpus: Vec<VcpuState> = dec(&b).map_err(|e| decode_err("VCPU", vo, e))?;
         let (o, b) = next("MACH")?;
         let machine: MachineState = dec(&b).map_err(|e| decode_err("MACH", o, e))?;
         let (o, b) = next("DEVS")?;
@@ -433,7 +433,7 @@ impl Snapshot {
             return Err(SnapshotError::BadSection {
                 path: path.into(),
                 section: "VCPU".into(),
-                offset: 0,
+                offset: vo,
                 reason: format!("{} vCPU states for {} vCPUs", vcpus.len(), config.vcpus),
             });
         }

@@ -1,0 +1,141 @@
+//! Bad snapshot files given to `hover restore`: truncated, corrupted,
+//! another format version, not a snapshot at all, or a VM that does not fit
+//! this host. Each gets a one-line error naming the section (and offset),
+//! exit status 2, and nothing starts.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::{hover, text, Scratch, Vm};
+use hover_vmm::host::kvm_for_test;
+use hover_vmm::state::file::{Snapshot, SnapshotWriter};
+use hover_vmm::state::VmState;
+
+/// A real snapshot of a running guest.
+fn good_snapshot(dir: &Scratch) -> PathBuf {
+    let vm = Vm::spawn(
+        &["run", "--cmdline", "workload=memtouch size=8M rounds=400"],
+        &dir.path("vm.sock"),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let snap = dir.path("good.snap");
+    let body = serde_json::json!({ "path": snap, "stop": true }).to_string();
+    vm.api().json("PUT", "/vm/snapshot", Some(&body)).unwrap();
+    let (code, _, stderr) = vm.wait();
+    assert_eq!(code, Some(0), "{stderr}");
+    snap
+}
+
+/// Copy `from` to a new file with `edit` applied to the bytes.
+fn variant(dir: &Scratch, from: &Path, name: &str, edit: impl FnOnce(&mut Vec<u8>)) -> PathBuf {
+    let mut b = std::fs::read(from).unwrap();
+    edit(&mut b);
+    let p = dir.path(name);
+    std::fs::write(&p, b).unwrap();
+    p
+}
+
+/// Rewrite `from` with its state changed by `edit` (valid CRCs throughout).
+fn restate(dir: &Scratch, from: &Path, name: &str, edit: impl FnOnce(&mut VmState)) -> PathBuf {
+    let snap = Snapshot::open(from).unwrap();
+    let mut state = snap.state.clone();
+    edit(&mut state);
+    let p = dir.path(name);
+    let mut w = SnapshotWriter::create(&p).unwrap();
+    let mut page = vec![0u8; 4096];
+    for (gpa, slot) in snap.stored_pages() {
+        snap.read_stored(slot, &mut page).unwrap();
+        w.page(gpa, &page).unwrap();
+    }
+    w.finish(&state).unwrap();
+    p
+}
+
+/// Restore `path`: refused with exit 2 and one line that contains every `needle`.
+fn refused(path: &Path, needles: &[&str]) {
+    for mode in ["eager", "lazy"] {
+        let out = hover(&["restore", path.to_str().unwrap(), "--memory-restore", mode]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{path:?} {mode}: {stderr}");
+        assert!(
+            out.stdout.is_empty(),
+            "nothing started: {}",
+            text(&out.stdout)
+        );
+        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+        for n in needles {
+            assert!(stderr.contains(n), "{path:?} {mode}: {n:?} not in {stderr}");
+        }
+    }
+}
+
+fn u64_at(b: &[u8], o: usize) -> u64 {
+    u64::from_le_bytes(b[o..o + 8].try_into().unwrap())
+}
+
+#[test]
+fn bad_snapshot_files_are_refused_and_nothing_starts() {
+    if !kvm_for_test("bad_snapshot_files_are_refused_and_nothing_starts") {
+        return;
+    }
+    let dir = Scratch::new("bad-snapshots");
+    let good = good_snapshot(&dir);
+    let bytes = std::fs::read(&good).unwrap();
+    let sections_at = u64_at(&bytes, 24) as usize;
+
+    let p = variant(&dir, &good, "truncated.snap", |b| b.truncate(b.len() / 2));
+    refused(&p, &["truncated", "offset"]);
+    let p = variant(&dir, &good, "tail-cut.snap", |b| b.truncate(b.len() - 10));
+    refused(&p, &["truncated"]);
+    let p = variant(&dir, &good, "empty.snap", |b| b.clear());
+    refused(&p, &["truncated", "header"]);
+    // A flipped byte in the first section (CONF's payload starts 24 bytes in).
+    let p = variant(&dir, &good, "conf-crc.snap", |b| {
+        b[sections_at + 30] ^= 0x40
+    });
+    refused(
+        &p,
+        &["section CONF", &format!("offset {sections_at}"), "CRC"],
+    );
+    let p = variant(&dir, &good, "header-crc.snap", |b| b[20] ^= 1);
+    refused(&p, &["header", "offset 0", "CRC"]);
+    let p = variant(&dir, &good, "version.snap", |b| b[8] = 99);
+    refused(&p, &["format version 99", "offset 8"]);
+    let p = variant(&dir, &good, "foreign.snap", |b| {
+        *b = b"#!/bin/sh\necho this is not a snapshot\n".repeat(100)
+    });
+    refused(&p, &["not a Hover snapshot"]);
+    refused(&dir.path("missing.snap"), &["cannot open"]);
+
+    // A guest page that does not match its CRC: refused up front when eager.
+    let p = variant(&dir, &good, "page-crc.snap", |b| b[4096 + 100] ^= 0xff);
+    let out = hover(&["restore", p.to_str().unwrap()]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("offset 4096") && stderr.contains("CRC"),
+        "{stderr}"
+    );
+
+    // VMs that do not fit: too much memory, CPUID features this host lacks.
+    let p = restate(&dir, &good, "huge.snap", |s| s.config.memory = 1 << 40);
+    refused(&p, &["section CONF", "too large"]);
+    let p = restate(&dir, &good, "cpuid.snap", |s| {
+        for e in s.vcpus[0].cpuid.iter_mut().filter(|e| e.function == 7) {
+            e.ebx = u32::MAX;
+            e.ecx = u32::MAX;
+            e.edx = u32::MAX;
+        }
+    });
+    refused(&p, &["section VCPU", "CPUID leaf 0x7"]);
+    let p = restate(&dir, &good, "vcpus.snap", |s| {
+        s.config.vcpus = 1;
+    });
+    refused(&p, &["section VCPU", "2 vCPU states for 1 vCPUs"]);
+
+    // The good file still restores after all that.
+    let out = hover(&["restore", good.to_str().unwrap(), "--console", "off"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
