@@ -168,6 +168,7 @@ pub const WORKLOADS: &[WorkloadSpec] = &[
                 kind: ParamKind::Size { min: 1 << 20, max: 64 << 30, default: 256 << 20 },
             },
             num("seconds", "how long the tasks run (after prefaulting)", 1, 3600, 10),
+            num("timeline_ms", "also report work per bucket of this many ms (bm.t.K; 0: off)", 0, 10_000, 0),
         ],
     },
     WorkloadSpec {

@@ -9,6 +9,7 @@ pub mod halt_poll;
 pub mod plot;
 pub mod runner;
 pub mod runtime;
+pub mod snapshot;
 pub mod stats;
 pub mod table;
 

@@ -298,6 +298,26 @@ enum Scenario {
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
     },
+    /// Pause latency, snapshot time and size, and restore (eager vs lazy):
+    /// time to the vCPUs running and the guest's work in its first second,
+    /// across guest memory sizes at a fixed working set.
+    Snapshot {
+        /// Guest memory sizes (comma-separated).
+        #[arg(long, default_value = "256M,1G,4G", value_delimiter = ',')]
+        memories: Vec<String>,
+        /// The guest's working set (bm's array).
+        #[arg(long, default_value = "64M")]
+        working_set: String,
+        /// Rounds (sizes and modes interleaved within each).
+        #[arg(long, default_value_t = 3)]
+        runs: u32,
+        /// Directory for the snapshot files (removed after each sample).
+        #[arg(long, default_value = "/var/tmp")]
+        dir: PathBuf,
+        /// Directory for the JSON results and the plot.
+        #[arg(long, default_value = "bench-results")]
+        out: PathBuf,
+    },
     /// The guest runtime's costs: task switches (voluntary, preemptive), a
     /// nub trip, timer and interrupt wake-up latency, cross-vCPU wake-ups.
     Runtime {
@@ -536,6 +556,27 @@ fn bench(args: BenchArgs) -> ExitCode {
     bench_result(match args.scenario {
         Scenario::Boot { runs, vcpus, out } => hover_bench::boot::run(&exe, runs, vcpus, &out),
         Scenario::Runtime { runs, out } => hover_bench::runtime::run(&exe, runs, &out),
+        Scenario::Snapshot {
+            memories,
+            working_set,
+            runs,
+            dir,
+            out,
+        } => {
+            for m in &memories {
+                if let Err(e) = parse_size(m) {
+                    eprintln!("hover: error: --memories: {e}");
+                    return ExitCode::from(EXIT_BAD_INPUT);
+                }
+            }
+            let b = hover_bench::snapshot::SnapshotBench {
+                memories,
+                working_set,
+                runs,
+                dir,
+            };
+            hover_bench::snapshot::run(&exe, &b, &out)
+        }
         Scenario::HaltPoll {
             seconds,
             runs,

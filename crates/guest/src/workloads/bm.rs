@@ -6,6 +6,11 @@
 //! writes touch a page the host has evicted. Reports each worker's count and
 //! the total: with async page faults, a vCPU whose faulting task waits for a
 //! page runs a working task meanwhile; without, the whole vCPU waits.
+//!
+//! With `timeline_ms=N`, working tasks also add their progress to buckets
+//! of N ms of TSC time from the start (`bm.t.K`, with
+//! `bm.timeline.start_tsc` and `bm.timeline.bucket_us`), so the host can see
+//! when work was done: e.g. in the first second after a restore.
 
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -24,6 +29,11 @@ static GO: AtomicBool = AtomicBool::new(false);
 static STOP: AtomicBool = AtomicBool::new(false);
 static WORK: [AtomicU64; 30] = [const { AtomicU64::new(0) }; 30];
 static WRITES: [AtomicU64; 30] = [const { AtomicU64::new(0) }; 30];
+/// Buckets of the timeline (one report batch's worth).
+const BUCKETS: usize = 200;
+static TIMELINE: [AtomicU64; BUCKETS] = [const { AtomicU64::new(0) }; BUCKETS];
+static GO_TSC: AtomicU64 = AtomicU64::new(0);
+static BUCKET_TICKS: AtomicU64 = AtomicU64::new(0);
 
 fn prefault(i: usize) {
     let (base, pages, tasks) = (
@@ -63,8 +73,26 @@ fn worker(i: usize) {
         core::hint::spin_loop();
     }
     let mut n = 0u64;
-    while !STOP.load(Ordering::Relaxed) {
-        n = core::hint::black_box(n + 1);
+    let bucket = BUCKET_TICKS.load(Ordering::Relaxed);
+    if bucket == 0 {
+        while !STOP.load(Ordering::Relaxed) {
+            n = core::hint::black_box(n + 1);
+        }
+    } else {
+        // Look at the clock every 2^16 iterations: a few ns in ~20 us of work.
+        let (go, mut counted) = (GO_TSC.load(Ordering::Relaxed), 0u64);
+        let mut record = |n: u64| {
+            let b = ((now().saturating_sub(go)) / bucket).min(BUCKETS as u64 - 1);
+            TIMELINE[b as usize].fetch_add(n - counted, Ordering::Relaxed);
+            counted = n;
+        };
+        while !STOP.load(Ordering::Relaxed) {
+            n = core::hint::black_box(n + 1);
+            if n & 0xffff == 0 {
+                record(n);
+            }
+        }
+        record(n);
     }
     WORK[i].store(n, Ordering::Relaxed);
 }
@@ -105,6 +133,9 @@ pub fn run(ctx: &Context) -> u32 {
         return exit_code::WORKLOAD_FAILED;
     };
     crate::apf::reset_parked_time();
+    let timeline_ms = ctx.number("timeline_ms");
+    BUCKET_TICKS.store(timeline_ms * ticks_per_sec() / 1000, Ordering::Relaxed);
+    GO_TSC.store(now(), Ordering::Relaxed);
     GO.store(true, Ordering::Release);
     sleep_until(now() + seconds * ticks_per_sec());
     STOP.store(true, Ordering::Relaxed);
@@ -127,5 +158,20 @@ pub fn run(ctx: &Context) -> u32 {
     r.u64(format_args!("bm.fault_writes"), writes);
     r.u64(format_args!("bm.seconds"), seconds);
     r.send();
+    if timeline_ms > 0 {
+        let mut t = Reports::new();
+        t.u64(
+            format_args!("bm.timeline.start_tsc"),
+            GO_TSC.load(Ordering::Relaxed),
+        );
+        t.u64(format_args!("bm.timeline.bucket_us"), timeline_ms * 1000);
+        for (k, b) in TIMELINE.iter().enumerate() {
+            let v = b.load(Ordering::Relaxed);
+            if v > 0 {
+                t.u64(format_args!("bm.t.{k}"), v);
+            }
+        }
+        t.send();
+    }
     exit_code::OK
 }

@@ -61,6 +61,9 @@ pub struct RestoreReport {
     pub memory_restore: &'static str,
     /// Microseconds from the start of the restore until the vCPUs ran.
     pub to_running_us: u64,
+    /// The host TSC when the vCPUs started (the guest's TSC too: this
+    /// host's TSC cannot be offset), to place guest timestamps.
+    pub running_tsc: u64,
     /// Guest memory pages read from the snapshot before the vCPUs ran.
     pub pages_loaded: u64,
 }

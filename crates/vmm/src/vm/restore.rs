@@ -225,6 +225,7 @@ impl Vm {
                 opts.memory.name()
             },
             to_running_us: us_since(created_at, Instant::now()),
+            running_tsc: 0,
             pages_loaded,
         });
         vm.status

@@ -86,6 +86,7 @@ impl Vm {
             Ok(()) => {
                 if let Some(rep) = r.vm.restored.as_mut() {
                     rep.to_running_us = us_since(r.vm.created_at, Instant::now());
+                    rep.running_tsc = state::host_tsc();
                 }
                 r.set_state(Lifecycle::Running, Some(started_at));
                 r.serve()

@@ -1,0 +1,395 @@
+//! `hover bench snapshot`: what pausing, snapshotting and restoring cost,
+//! and how soon a restored guest works at full speed, eager vs lazy.
+//!
+//! For each guest memory size (default 256M, 1G, 4G) with a fixed working
+//! set (`bm` with 2 faulting tasks writing random pages of a 64 MiB array
+//! and 2 working tasks counting, reporting work per 50 ms bucket), one
+//! sample is: boot `hover run`; after the array is prefaulted, pause and
+//! resume through the API (pause latency); snapshot with stop (time paused,
+//! file size); then `hover restore` in a new process, eager or lazy. From
+//! the host TSC (which the guest shares here) it takes the time from
+//! starting `hover restore` to the vCPUs running, and the guest's work in
+//! the first second after starting it, as a share of its work in the
+//! second before the snapshot (so host speed cancels out). Sizes and modes
+//! are interleaved within each round.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hover_vmm::api::ApiClient;
+use hover_vmm::state::file::Snapshot;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::stats::{summarize, Summary};
+use crate::{plot, table, BenchError};
+
+/// The scenario's knobs.
+#[derive(Clone, Debug)]
+pub struct SnapshotBench {
+    /// Guest memory sizes (`256M`, `1G`, ...).
+    pub memories: Vec<String>,
+    /// The working set: bm's array.
+    pub working_set: String,
+    /// Rounds.
+    pub runs: u32,
+    /// Where snapshot files are written (a real disk by default).
+    pub dir: PathBuf,
+}
+
+impl Default for SnapshotBench {
+    fn default() -> Self {
+        SnapshotBench {
+            memories: vec!["256M".into(), "1G".into(), "4G".into()],
+            working_set: "64M".into(),
+            runs: 3,
+            dir: PathBuf::from("/var/tmp"),
+        }
+    }
+}
+
+/// How long the guest runs before its snapshot (the array is prefaulted by then).
+const BEFORE_SNAPSHOT: Duration = Duration::from_millis(1500);
+/// bm's run: long enough for the second after the restore.
+const BM_SECONDS: u32 = 4;
+const BUCKET_MS: u64 = 50;
+
+/// One sample.
+#[derive(Clone, Debug, Serialize)]
+pub struct Sample {
+    /// Guest memory.
+    pub memory: String,
+    /// `eager` or `lazy`.
+    pub mode: &'static str,
+    /// Round.
+    pub round: u32,
+    /// Pause: request to every vCPU stopped, microseconds.
+    pub pause_us: f64,
+    /// Time the VM was paused for the snapshot, milliseconds.
+    pub snapshot_ms: f64,
+    /// Snapshot file size, MiB.
+    pub snapshot_mib: f64,
+    /// Guest pages in the snapshot.
+    pub snapshot_pages: u64,
+    /// `hover restore` started to vCPUs running, milliseconds.
+    pub restore_to_running_ms: f64,
+    /// Inside the process: restore began to vCPUs running, milliseconds.
+    pub restore_in_process_ms: f64,
+    /// Guest work in the first second after `hover restore` started, as a
+    /// percentage of its work in the second before the snapshot.
+    pub first_second_work_pct: f64,
+    /// Pages the restored pager read from the snapshot on demand.
+    pub pages_on_demand: u64,
+}
+
+fn rdtsc() -> u64 {
+    hover_vmm::state::host_tsc()
+}
+
+fn guest(m: &str) -> BenchError {
+    BenchError::Guest(m.to_string())
+}
+
+fn wait_json(child: Child, what: &str) -> Result<Value, BenchError> {
+    let out = child
+        .wait_with_output()
+        .map_err(|e| guest(&format!("{what}: {e}")))?;
+    if !out.status.success() {
+        return Err(guest(&format!(
+            "{what} exited with {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| guest(&format!("{what} --json: {e}")))
+}
+
+/// Work per bucket from an outcome's `bm.t.K` reports: (start TSC, ticks per bucket, counts).
+fn timeline(outcome: &Value, tsc_khz: u64) -> Result<(u64, u64, Vec<(u64, f64)>), BenchError> {
+    let reports = outcome["reports"]
+        .as_array()
+        .ok_or_else(|| guest("no reports"))?;
+    let get = |k: &str| {
+        reports
+            .iter()
+            .find(|r| r["key"] == k)
+            .and_then(|r| r["value"].as_u64())
+            .ok_or_else(|| guest(&format!("the guest did not report {k}")))
+    };
+    let start = get("bm.timeline.start_tsc")?;
+    let ticks = get("bm.timeline.bucket_us")? * tsc_khz / 1000;
+    let buckets = reports
+        .iter()
+        .filter_map(|r| {
+            let k = r["key"].as_str()?.strip_prefix("bm.t.")?.parse().ok()?;
+            Some((k, r["value"].as_f64()?))
+        })
+        .collect();
+    Ok((start, ticks, buckets))
+}
+
+/// Work done in buckets that start within [from, to) (TSC).
+fn work_between(t: &(u64, u64, Vec<(u64, f64)>), from: u64, to: u64) -> f64 {
+    let (start, ticks, buckets) = t;
+    buckets
+        .iter()
+        .filter(|(k, _)| {
+            let at = start + k * ticks;
+            at >= from && at < to
+        })
+        .map(|(_, v)| v)
+        .sum()
+}
+
+fn one(
+    exe: &Path,
+    b: &SnapshotBench,
+    memory: &str,
+    mode: &'static str,
+    round: u32,
+) -> Result<Sample, BenchError> {
+    let id = format!("{}-{memory}-{mode}-{round}", std::process::id());
+    let sock = std::env::temp_dir().join(format!("hover-bench-{id}.sock"));
+    let snap = b.dir.join(format!("hover-bench-{id}.snap"));
+    let _ = std::fs::remove_file(&sock);
+    let cmdline = format!(
+        "workload=bm faulting=2 working=2 memory={} seconds={BM_SECONDS} timeline_ms={BUCKET_MS}",
+        b.working_set
+    );
+    let child = Command::new(exe)
+        .args([
+            "run",
+            "--memory",
+            memory,
+            "--cmdline",
+            &cmdline,
+            "--json",
+            "--console",
+            "off",
+        ])
+        .arg("--api-socket")
+        .arg(&sock)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| guest(&format!("cannot start {}: {e}", exe.display())))?;
+    let started = Instant::now();
+    while !sock.exists() {
+        if started.elapsed() > Duration::from_secs(30) {
+            return Err(guest("hover run never opened its API socket"));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    std::thread::sleep(BEFORE_SNAPSHOT);
+    let api = ApiClient::new(&sock, Duration::from_secs(600));
+    let api_err = |e: hover_vmm::api::ApiError| guest(&e.to_string());
+    let paused = api.json("PUT", "/vm/pause", None).map_err(api_err)?;
+    api.json("PUT", "/vm/resume", None).map_err(api_err)?;
+    let snapshot_tsc = rdtsc();
+    let body = serde_json::json!({ "path": snap, "stop": true }).to_string();
+    let info = api
+        .json("PUT", "/vm/snapshot", Some(&body))
+        .map_err(api_err)?;
+    wait_json(child, "hover run")?;
+    let tsc_khz = Snapshot::open(&snap)
+        .map_err(|e| guest(&e.to_string()))?
+        .state
+        .vcpus[0]
+        .tsc_khz as u64;
+    let t0 = rdtsc();
+    let restore = Command::new(exe)
+        .arg("restore")
+        .arg(&snap)
+        .args(["--memory-restore", mode, "--json", "--console", "off"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| guest(&format!("cannot start hover restore: {e}")))?;
+    let outcome = wait_json(restore, "hover restore");
+    let _ = std::fs::remove_file(&snap);
+    let outcome = outcome?;
+    let t = timeline(&outcome, tsc_khz)?;
+    let second = tsc_khz * 1000;
+    let before = work_between(&t, snapshot_tsc.saturating_sub(second), snapshot_tsc);
+    let after = work_between(&t, t0, t0 + second);
+    if before <= 0.0 {
+        return Err(guest(
+            "the guest did no work in the second before the snapshot",
+        ));
+    }
+    let num = |v: &Value| v.as_f64().unwrap_or(0.0);
+    let r = &outcome["restore"];
+    Ok(Sample {
+        memory: memory.into(),
+        mode,
+        round,
+        pause_us: num(&paused["pause_us"]),
+        snapshot_ms: num(&info["paused_us"]) / 1000.0,
+        snapshot_mib: num(&info["bytes"]) / (1 << 20) as f64,
+        snapshot_pages: info["pages"].as_u64().unwrap_or(0),
+        restore_to_running_ms: (r["running_tsc"].as_u64().unwrap_or(t0).saturating_sub(t0)) as f64
+            / tsc_khz as f64,
+        restore_in_process_ms: num(&r["to_running_us"]) / 1000.0,
+        first_second_work_pct: 100.0 * after / before,
+        pages_on_demand: outcome["pager"]["source_reads"].as_u64().unwrap_or(0),
+    })
+}
+
+/// The summaries of one memory size and mode.
+#[derive(Serialize)]
+struct Row {
+    memory: String,
+    mode: &'static str,
+    pause_us: Summary,
+    snapshot_ms: Summary,
+    snapshot_mib: Summary,
+    restore_to_running_ms: Summary,
+    first_second_work_pct: Summary,
+    /// Per round: eager's restore-to-running time over lazy's.
+    eager_over_lazy_restore: Option<Summary>,
+}
+
+/// Run the scenario: table on stdout, `OUT/snapshot.json`, `OUT/snapshot.svg`.
+pub fn run(exe: &Path, b: &SnapshotBench, out: &Path) -> Result<(), BenchError> {
+    let _ = exe.metadata().map_err(|e| guest(&e.to_string()))?;
+    let mut samples = Vec::new();
+    for round in 0..b.runs {
+        for k in 0..b.memories.len() {
+            // Rotate the order of sizes and modes from round to round.
+            let memory = &b.memories[(k + round as usize) % b.memories.len()];
+            let modes: [&'static str; 2] = if round % 2 == 0 {
+                ["eager", "lazy"]
+            } else {
+                ["lazy", "eager"]
+            };
+            for mode in modes {
+                let s = one(exe, b, memory, mode, round)?;
+                eprintln!(
+                    "round {round} {memory} {mode}: pause {:.0} us, snapshot {:.1} ms {:.1} MiB, running {:.2} ms after start, first second {:.0}%",
+                    s.pause_us, s.snapshot_ms, s.snapshot_mib, s.restore_to_running_ms, s.first_second_work_pct
+                );
+                samples.push(s);
+            }
+        }
+    }
+    let mut rows = Vec::new();
+    let mut table_rows = Vec::new();
+    for memory in &b.memories {
+        for mode in ["eager", "lazy"] {
+            let of: Vec<&Sample> = samples
+                .iter()
+                .filter(|s| &s.memory == memory && s.mode == mode)
+                .collect();
+            let sum = |f: fn(&Sample) -> f64| {
+                summarize(&of.iter().map(|s| f(s)).collect::<Vec<_>>()).expect("runs >= 1")
+            };
+            let ratios: Vec<f64> = (0..b.runs)
+                .filter_map(|r| {
+                    let at = |m: &str| {
+                        samples
+                            .iter()
+                            .find(|s| &s.memory == memory && s.mode == m && s.round == r)
+                            .map(|s| s.restore_to_running_ms)
+                    };
+                    Some(at("eager")? / at("lazy")?.max(1e-3))
+                })
+                .collect();
+            let row = Row {
+                memory: memory.clone(),
+                mode,
+                pause_us: sum(|s| s.pause_us),
+                snapshot_ms: sum(|s| s.snapshot_ms),
+                snapshot_mib: sum(|s| s.snapshot_mib),
+                restore_to_running_ms: sum(|s| s.restore_to_running_ms),
+                first_second_work_pct: sum(|s| s.first_second_work_pct),
+                eager_over_lazy_restore: summarize(&ratios),
+            };
+            let spread =
+                |s: &Summary, p: usize| format!("{:.p$} ({:.p$}-{:.p$})", s.p50, s.min, s.max);
+            table_rows.push(vec![
+                memory.clone(),
+                mode.to_string(),
+                spread(&row.pause_us, 0),
+                spread(&row.snapshot_ms, 1),
+                format!("{:.1}", row.snapshot_mib.p50),
+                spread(&row.restore_to_running_ms, 2),
+                spread(&row.first_second_work_pct, 0),
+                row.eager_over_lazy_restore
+                    .map(|r| spread(&r, 2))
+                    .unwrap_or_default(),
+            ]);
+            rows.push(row);
+        }
+    }
+    println!(
+        "snapshot and restore, bm on {} of {} working set, {} rounds (median (min-max))",
+        b.memories.join("/"),
+        b.working_set,
+        b.runs
+    );
+    table::print(
+        &[
+            "guest memory",
+            "restore",
+            "pause us",
+            "snapshot ms (paused)",
+            "snapshot MiB",
+            "hover restore -> vCPUs running, ms",
+            "work in 1st s, % of before",
+            "eager/lazy restore time, per round",
+        ],
+        &table_rows,
+    );
+    table::write_json(
+        out,
+        "snapshot.json",
+        &serde_json::json!({ "rows": rows, "samples": samples }),
+    )?;
+    let series = ["eager", "lazy"]
+        .iter()
+        .map(|&mode| plot::Series {
+            label: format!("{mode} restore"),
+            points: rows
+                .iter()
+                .filter(|r| r.mode == mode)
+                .enumerate()
+                .map(|(i, r)| (i as f64, r.restore_to_running_ms.p50))
+                .collect(),
+        })
+        .collect::<Vec<_>>();
+    plot::lines(
+        &out.join("snapshot.svg"),
+        "hover restore: process start to vCPUs running (median)",
+        "guest memory",
+        "ms",
+        &b.memories,
+        &series,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn work_is_counted_by_bucket_start() {
+        let t = (1000, 100, vec![(0, 1.0), (1, 2.0), (5, 4.0), (9, 8.0)]);
+        assert_eq!(work_between(&t, 1000, 1200), 3.0);
+        assert_eq!(work_between(&t, 1100, 1600), 6.0);
+        assert_eq!(work_between(&t, 0, u64::MAX), 15.0);
+    }
+
+    #[test]
+    fn timelines_are_read_from_reports() {
+        let o = serde_json::json!({"reports": [
+            {"key": "bm.timeline.start_tsc", "value": 5000},
+            {"key": "bm.timeline.bucket_us", "value": 50000},
+            {"key": "bm.t.3", "value": 7},
+            {"key": "bm.work_total", "value": 9},
+        ]});
+        let (start, ticks, b) = timeline(&o, 2000).unwrap();
+        assert_eq!((start, ticks, b), (5000, 100_000, vec![(3, 7.0)]));
+        assert!(timeline(&serde_json::json!({"reports": []}), 1).is_err());
+    }
+}
