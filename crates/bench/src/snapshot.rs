@@ -105,8 +105,12 @@ fn wait_json(child: Child, what: &str) -> Result<Value, BenchError> {
     serde_json::from_slice(&out.stdout).map_err(|e| guest(&format!("{what} --json: {e}")))
 }
 
-/// Work per bucket from an outcome's `bm.t.K` reports: (start TSC, ticks per bucket, counts).
-fn timeline(outcome: &Value, tsc_khz: u64) -> Result<(u64, u64, Vec<(u64, f64)>), BenchError> {
+/// The guest's work over time: start TSC, TSC ticks per bucket, and the
+/// work done in each non-empty bucket (index, count).
+type Timeline = (u64, u64, Vec<(u64, f64)>);
+
+/// The timeline in an outcome's `bm.t.K` reports.
+fn timeline(outcome: &Value, tsc_khz: u64) -> Result<Timeline, BenchError> {
     let reports = outcome["reports"]
         .as_array()
         .ok_or_else(|| guest("no reports"))?;
@@ -130,7 +134,7 @@ fn timeline(outcome: &Value, tsc_khz: u64) -> Result<(u64, u64, Vec<(u64, f64)>)
 }
 
 /// Work done in buckets that start within [from, to) (TSC).
-fn work_between(t: &(u64, u64, Vec<(u64, f64)>), from: u64, to: u64) -> f64 {
+fn work_between(t: &Timeline, from: u64, to: u64) -> f64 {
     let (start, ticks, buckets) = t;
     buckets
         .iter()
