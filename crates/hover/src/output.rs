@@ -73,18 +73,29 @@ pub fn print_summary(o: &RunOutcome) {
         ms(t.exit_us)
     );
     if let Some(p) = &o.pager {
+        let from_snapshot = if p.source_reads > 0 {
+            format!(", {} read from the snapshot", p.source_reads)
+        } else {
+            String::new()
+        };
+        let store = match (p.evictions, p.store_direct) {
+            (0, _) => "",
+            (_, true) => "",
+            (_, false) => " (store without O_DIRECT)",
+        };
         out!(
-        w,
-            "pager: budget {} ({} pageable pages), {} resident; {} faults: {} zero-filled, {} read from the store (mean {:.1} us); {} evicted{}",
+            w,
+            "pager: budget {} ({} pageable pages), {} resident; {} faults: {} zero-filled{}, {} read from the store (mean {:.1} us); {} evicted{}",
             mib(p.budget_pages * 4096),
             p.budget_pages,
             mib(p.resident_pages * 4096),
             p.faults,
             p.zero_fills,
+            from_snapshot,
             p.store_reads,
             p.fetch_latency_avg_us,
             p.evictions,
-            if p.store_direct { "" } else { " (store without O_DIRECT)" }
+            store
         );
     }
     if let Some(h) = &o.halt_poll {
