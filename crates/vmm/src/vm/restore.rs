@@ -131,7 +131,11 @@ impl Vm {
     /// starts. Nothing runs until [`Vm::run`].
     pub fn restore(path: &Path, opts: &RestoreOptions) -> Result<Vm, Error> {
         let created_at = Instant::now();
+        let phase = |what: &str| {
+            tracing::debug!(us = us_since(created_at, Instant::now()), "restore: {what}")
+        };
         let snap = Arc::new(Snapshot::open(path)?);
+        phase("snapshot checked");
         let s = &snap.state;
         let unfit = |section, reason: String| {
             Error::Snapshot(SnapshotError::Unfit {
@@ -157,6 +161,7 @@ impl Vm {
             Error::Config(c) => unfit("CONF", c.to_string()),
             other => other,
         })?;
+        phase("machine created");
         let vcpus = m.create_vcpus(config.vcpus)?;
         // What a vCPU booted here would see (KVM adds bits of its own to
         // the table it is given): the saved vCPUs must have seen no more.
@@ -172,7 +177,9 @@ impl Vm {
         let lazy = opts.memory == MemoryRestore::Lazy || config.paging.is_some();
         // Under the pager only the pinned part is loaded now; eagerly, all.
         let end = if lazy { s.config.image_end } else { u64::MAX };
+        phase("vCPUs created, CPUID checked");
         let pages_loaded = memory::load(&snap, &m.ram, end)?;
+        phase("memory loaded");
         let source = lazy.then(|| snap.clone() as Arc<dyn PageSource>);
         let sink = open_console(&config)?;
         let tsc_khz = s.vcpus[0].tsc_khz;
@@ -189,6 +196,7 @@ impl Vm {
             source,
             created_at,
         )?;
+        phase("devices and pager started");
         // The pager runs from here on, so KVM may touch any guest page.
         for chip in &s.machine.irqchip {
             vm.fd.set_irqchip(chip).map_err(KvmOp::SetIrqchip.err())?;
@@ -217,6 +225,7 @@ impl Vm {
         vm.pvio
             .restore(&s.devices.pvio)
             .map_err(|e| host("restore the I/O device", e))?;
+        phase("state loaded");
         vm.restored = Some(RestoreReport {
             snapshot: path.display().to_string(),
             memory_restore: if config.paging.is_some() {
