@@ -284,8 +284,12 @@ impl Machine {
             .into());
         }
         let fd = Arc::new(kvm.create_vm().map_err(KvmOp::CreateVm.err())?);
+        let t = Instant::now();
         let ram = GuestRam::new(config.memory, config.memory_backend)?;
         register_memory(&fd, &ram)?;
+        // KVM's per-slot metadata grows with guest memory: the one part of
+        // building a VM that does (docs/BENCHMARKS.md, snapshot).
+        tracing::debug!(us = t.elapsed().as_micros() as u64, "guest RAM mapped and registered");
         fd.set_tss_address(KVM_TSS_ADDRESS)
             .map_err(KvmOp::SetTssAddress.err())?;
         fd.create_irq_chip().map_err(KvmOp::CreateIrqchip.err())?;
