@@ -5,6 +5,7 @@
 //! (flags, configuration, guest image); 3 when the guest crashes; 1 for any
 //! other failure of the host.
 
+mod ctl;
 mod output;
 
 use std::path::PathBuf;
@@ -12,7 +13,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use hover_vmm::api::{ApiClient, ApiError};
+use ctl::{CtlAction, CtlArgs};
 use hover_vmm::config::{
     parse_console, parse_duration, parse_size, ConsoleTarget, GuestImage, MemoryBackend,
     PagingConfig, VmConfig,
@@ -21,11 +22,11 @@ use hover_vmm::config::{HaltPoll, PvioConfig};
 use hover_vmm::{Error, MemoryRestore, RestoreOptions, Vm};
 
 /// Exit status for bad input.
-const EXIT_BAD_INPUT: u8 = 2;
+pub(crate) const EXIT_BAD_INPUT: u8 = 2;
 /// Exit status when the guest crashed.
 const EXIT_GUEST_CRASH: u8 = 3;
 /// Exit status for a host-side failure.
-const EXIT_HOST_FAILURE: u8 = 1;
+pub(crate) const EXIT_HOST_FAILURE: u8 = 1;
 
 #[derive(Parser)]
 #[command(
@@ -51,58 +52,6 @@ enum Command {
     Ctl(CtlArgs),
     /// Boot a new VM from a snapshot; the guest continues where it was.
     Restore(RestoreArgs),
-}
-
-#[derive(Args)]
-struct CtlArgs {
-    /// The VM's API socket (`hover run --api-socket`).
-    #[arg(long)]
-    api_socket: PathBuf,
-    /// Print the VM's JSON answer instead of a summary.
-    #[arg(long, global = true)]
-    json: bool,
-    #[command(subcommand)]
-    action: CtlAction,
-}
-
-#[derive(Subcommand)]
-enum CtlAction {
-    /// The VM's state, configuration and uptime.
-    Get,
-    /// Stop every vCPU and freeze the devices.
-    Pause,
-    /// Let a paused VM run again.
-    Resume,
-    /// End the VM now (the guest does not power off itself).
-    Shutdown,
-    /// Write the VM's state and memory to a new file (pausing it meanwhile),
-    /// then let it run on, or end it with --stop.
-    Snapshot {
-        /// The file to create (an existing path is refused).
-        path: PathBuf,
-        /// End the VM once the snapshot is written.
-        #[arg(long)]
-        stop: bool,
-    },
-    /// Live figures: KVM statistics, pager, governor, I/O device.
-    Stats,
-    /// The Prometheus text exposition (`GET /metrics`).
-    Metrics,
-    /// Change halt polling: `--window-ns N`, `--auto [--budget PCT]` or `--kvm-default`.
-    HaltPoll {
-        /// A fixed maximum window, nanoseconds (0: no polling; at most 10 ms).
-        #[arg(long, conflicts_with_all = ["auto", "kvm_default"])]
-        window_ns: Option<u64>,
-        /// The governor.
-        #[arg(long, conflicts_with = "kvm_default")]
-        auto: bool,
-        /// The governor's CPU budget, percent of one CPU per vCPU.
-        #[arg(long, requires = "auto")]
-        budget: Option<f64>,
-        /// KVM's module-wide default window.
-        #[arg(long)]
-        kvm_default: bool,
-    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -341,12 +290,12 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run(args) => run(args),
         Command::Bench(args) => bench(args),
-        Command::Stats(args) => ctl(CtlArgs {
+        Command::Stats(args) => ctl::ctl(CtlArgs {
             api_socket: args.api_socket,
             json: args.json,
             action: CtlAction::Stats,
         }),
-        Command::Ctl(args) => ctl(args),
+        Command::Ctl(args) => ctl::ctl(args),
         Command::Restore(args) => restore(args),
     }
 }
@@ -393,100 +342,6 @@ fn restore(args: RestoreArgs) -> ExitCode {
         args.json,
         args.stats,
     )
-}
-
-fn ctl(args: CtlArgs) -> ExitCode {
-    die_on_broken_pipe();
-    let client = ApiClient::new(&args.api_socket, Duration::from_secs(600));
-    let (method, path, body) = match &args.action {
-        CtlAction::Get => ("GET", "/vm", None),
-        CtlAction::Pause => ("PUT", "/vm/pause", None),
-        CtlAction::Resume => ("PUT", "/vm/resume", None),
-        CtlAction::Shutdown => ("PUT", "/vm/shutdown", None),
-        CtlAction::Stats => ("GET", "/vm/stats", None),
-        CtlAction::Metrics => ("GET", "/metrics", None),
-        CtlAction::Snapshot { path, stop } => {
-            // The VM resolves paths from its own directory: send an absolute one.
-            let path = std::env::current_dir()
-                .map(|d| d.join(path))
-                .unwrap_or_else(|_| path.clone());
-            let body = serde_json::json!({ "path": path, "stop": stop });
-            ("PUT", "/vm/snapshot", Some(body.to_string()))
-        }
-        CtlAction::HaltPoll {
-            window_ns,
-            auto,
-            budget,
-            kvm_default,
-        } => {
-            let body = match (window_ns, auto, kvm_default) {
-                (Some(ns), _, _) => serde_json::json!({ "mode": "fixed", "window_ns": ns }),
-                (None, true, _) => match budget {
-                    Some(b) => serde_json::json!({ "mode": "auto", "budget_pct": b }),
-                    None => serde_json::json!({ "mode": "auto" }),
-                },
-                (None, false, true) => serde_json::json!({ "mode": "kvm_default" }),
-                (None, false, false) => {
-                    eprintln!(
-                        "hover: error: halt-poll needs --window-ns N, --auto or --kvm-default"
-                    );
-                    return ExitCode::from(EXIT_BAD_INPUT);
-                }
-            };
-            ("PUT", "/vm/halt-poll", Some(body.to_string()))
-        }
-    };
-    if let CtlAction::Metrics = args.action {
-        return match client.call(method, path, None) {
-            Ok(r) if r.status == 200 => {
-                print!("{}", r.body);
-                ExitCode::SUCCESS
-            }
-            Ok(r) => {
-                eprintln!(
-                    "hover: error: the VM answered HTTP {}: {}",
-                    r.status, r.body
-                );
-                ExitCode::from(EXIT_HOST_FAILURE)
-            }
-            Err(e) => ctl_error(&e),
-        };
-    }
-    match client.json(method, path, body.as_deref()) {
-        Ok(v) if args.json => {
-            println!("{v}");
-            ExitCode::SUCCESS
-        }
-        Ok(v) => {
-            output::print_ctl(args.action_name(), &v);
-            ExitCode::SUCCESS
-        }
-        Err(e) => ctl_error(&e),
-    }
-}
-
-impl CtlArgs {
-    fn action_name(&self) -> &'static str {
-        match self.action {
-            CtlAction::Get => "get",
-            CtlAction::Pause => "pause",
-            CtlAction::Resume => "resume",
-            CtlAction::Shutdown => "shutdown",
-            CtlAction::Snapshot { .. } => "snapshot",
-            CtlAction::Stats => "stats",
-            CtlAction::Metrics => "metrics",
-            CtlAction::HaltPoll { .. } => "halt-poll",
-        }
-    }
-}
-
-fn ctl_error(e: &ApiError) -> ExitCode {
-    eprintln!("hover: error: {e}");
-    ExitCode::from(match e {
-        ApiError::Connect { .. } => EXIT_BAD_INPUT,
-        ApiError::Refused { status, .. } if (400..500).contains(status) => EXIT_BAD_INPUT,
-        _ => EXIT_HOST_FAILURE,
-    })
 }
 
 fn run(args: RunArgs) -> ExitCode {
@@ -538,7 +393,7 @@ fn fail(e: &Error) -> ExitCode {
 
 /// For commands that only print: end quietly when stdout is a closed pipe
 /// (`hover stats | head`), as Unix tools do, instead of failing to print.
-fn die_on_broken_pipe() {
+pub(crate) fn die_on_broken_pipe() {
     // SAFETY: restoring a signal's default disposition is always sound.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
 }

@@ -39,7 +39,10 @@ use super::uffd::{Uffd, FEATURE_MOVE};
 use super::GuestRam;
 use workers::{fault_loop, worker_loop, RawEventFd};
 
+mod source;
 mod workers;
+
+pub use source::{PageContent, PageReader, PageSource};
 
 const ABSENT: u8 = 0;
 const RESIDENT: u8 = 1;
@@ -57,27 +60,6 @@ pub const MIN_BUDGET_PAGES: u64 = 1024;
 const HIST_BUCKETS: usize = 20;
 /// Eviction attempts per page-in before going over budget instead.
 const MAX_EVICT_ATTEMPTS: usize = 64;
-
-/// Where the first content of a guest page comes from.
-pub trait PageSource: Send + Sync {
-    /// Fill `buf` with the page at guest-physical `gpa`; `Ok(false)` if the
-    /// page is all zeros (`buf` is then left as it was).
-    fn read(&self, gpa: u64, buf: &mut PageBuf) -> io::Result<bool>;
-}
-
-/// What a page holds, for whoever saves guest memory.
-pub enum PageContent {
-    /// Resident in guest RAM: read it there.
-    Resident,
-    /// Not resident; its content is in the buffer given.
-    Copied,
-    /// All zeros.
-    Zero,
-}
-
-/// Reads a guest page for [`Pager::with_pages_still`]: `None` if the
-/// pager does not serve that address.
-pub type PageReader<'a> = dyn Fn(u64, &mut PageBuf) -> io::Result<Option<PageContent>> + 'a;
 
 /// How guest memory is overcommitted.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -389,30 +371,6 @@ impl Shared {
             self.zero_fills.fetch_add(1, Ordering::Relaxed);
         }
     }
-
-    /// Fill `buf` with `page` as it is when not resident: from the store if
-    /// it was evicted, else from the source (or zeros). `Ok(false)`: zeros.
-    fn initial_or_stored(&self, page: usize, buf: &mut PageBuf) -> io::Result<bool> {
-        if self.stored[page].load(Ordering::Acquire) {
-            let store = self
-                .store
-                .as_ref()
-                .expect("pages are stored only with a store");
-            store.read(page as u64, buf)?;
-            return Ok(true);
-        }
-        let filled = match &self.source {
-            Some(src) => {
-                self.source_reads.fetch_add(1, Ordering::Relaxed);
-                src.read(self.gpa_of(page), buf)?
-            }
-            None => false,
-        };
-        if !filled {
-            buf.0.fill(0);
-        }
-        Ok(filled)
-    }
 }
 
 impl Pager {
@@ -589,39 +547,6 @@ impl Shared {
             },
             store_direct: sh.store.as_ref().is_some_and(|s| s.is_direct()),
             source_reads: load(&sh.source_reads),
-        }
-    }
-}
-
-impl Pager {
-    /// Run `f` with every page held still (no fault served meanwhile), giving
-    /// it a way to read any guest page: for saving guest memory.
-    pub fn with_pages_still<R>(&self, f: impl FnOnce(&PageReader<'_>) -> R) -> R {
-        let _still = self.shared.busy.write().unwrap_or_else(|p| p.into_inner());
-        let sh = &self.shared;
-        let content = |gpa: u64, buf: &mut PageBuf| -> io::Result<Option<PageContent>> {
-            let Some(page) = sh.page_of_gpa(gpa) else {
-                return Ok(None);
-            };
-            if sh.states[page].load(Ordering::Acquire) & STATE == RESIDENT {
-                return Ok(Some(PageContent::Resident));
-            }
-            Ok(Some(if sh.initial_or_stored(page, buf)? {
-                PageContent::Copied
-            } else {
-                PageContent::Zero
-            }))
-        };
-        f(&content)
-    }
-
-    /// Stop the pager's threads (faults still pending stay unserved).
-    pub fn stop(&mut self) {
-        self.shared.stop.store(true, Ordering::Release);
-        let _ = self.wake.write(1);
-        self.shared.queued.notify_all();
-        for t in self.threads.drain(..) {
-            let _ = t.join();
         }
     }
 }

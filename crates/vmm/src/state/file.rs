@@ -19,8 +19,10 @@ use std::path::{Path, PathBuf};
 
 use hover_abi::layout::PAGE_SIZE;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
+pub use super::error::SnapshotError;
+pub use super::index::MemoryIndex;
 use super::{DevicesState, MachineState, SavedConfig, VmState};
 use crate::memory::paged::PageSource;
 use crate::memory::store::PageBuf;
@@ -36,132 +38,6 @@ const SECTION_HEADER_LEN: usize = 24;
 const DATA_OFFSET: u64 = PAGE_SIZE;
 /// Largest section accepted (a corrupt length must not make us allocate).
 const MAX_SECTION: u64 = 256 << 20;
-
-/// Why a snapshot could not be written or read. Every variant names the
-/// file; those about its content name the section and offset.
-#[derive(Debug, thiserror::Error)]
-pub enum SnapshotError {
-    /// The path exists already.
-    #[error("snapshot {}: already exists; give a new path (a snapshot never overwrites a file)", .0.display())]
-    Exists(PathBuf),
-    /// Reading or writing the file failed.
-    #[error("snapshot {}: {what}: {source}", .path.display())]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// What was being done.
-        what: &'static str,
-        /// The OS error.
-        source: io::Error,
-    },
-    /// Not a Hover snapshot.
-    #[error("snapshot {}: not a Hover snapshot (no HOVERSNP magic at offset 0)", .0.display())]
-    NotSnapshot(PathBuf),
-    /// Written by another format version.
-    #[error("snapshot {}: format version {found} at offset 8; this Hover reads version {FORMAT_VERSION}", .path.display())]
-    Version {
-        /// The file.
-        path: PathBuf,
-        /// Its version.
-        found: u32,
-    },
-    /// Shorter than its header or sections say.
-    #[error("snapshot {}: truncated: {what} at offset {offset} needs {need} bytes, the file has {len}", .path.display())]
-    Truncated {
-        /// The file.
-        path: PathBuf,
-        /// The header or section.
-        what: String,
-        /// Where it starts.
-        offset: u64,
-        /// Bytes it needs.
-        need: u64,
-        /// The file's length.
-        len: u64,
-    },
-    /// A CRC does not match.
-    #[error("snapshot {}: {what} at offset {offset} is corrupted (CRC mismatch)", .path.display())]
-    Corrupt {
-        /// The file.
-        path: PathBuf,
-        /// The header, section or page.
-        what: String,
-        /// Where it starts.
-        offset: u64,
-    },
-    /// A section is not what this build expects.
-    #[error("snapshot {}: section {section} at offset {offset}: {reason}", .path.display())]
-    BadSection {
-        /// The file.
-        path: PathBuf,
-        /// The section's tag.
-        section: String,
-        /// Where it starts.
-        offset: u64,
-        /// What is wrong.
-        reason: String,
-    },
-    /// The saved VM does not fit this host or this build.
-    #[error("snapshot {}: section {section}: {reason}", .path.display())]
-    Unfit {
-        /// The file.
-        path: PathBuf,
-        /// The section whose content does not fit.
-        section: &'static str,
-        /// Why.
-        reason: String,
-    },
-}
-
-/// The memory index: which pages the file holds, where, and their CRCs.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct MemoryIndex {
-    /// Runs of consecutive guest pages: (first guest-physical address, pages),
-    /// ascending; their pages are stored in this order from the data offset.
-    pub runs: Vec<(u64, u32)>,
-    /// CRC32 of each stored page, in storage order.
-    pub crcs: Vec<u32>,
-}
-
-impl MemoryIndex {
-    /// Pages stored.
-    pub fn pages(&self) -> u64 {
-        self.crcs.len() as u64
-    }
-
-    fn push(&mut self, gpa: u64, crc: u32) {
-        match self.runs.last_mut() {
-            Some((start, n)) if *start + *n as u64 * PAGE_SIZE == gpa && *n < u32::MAX => *n += 1,
-            _ => self.runs.push((gpa, 1)),
-        }
-        self.crcs.push(crc);
-    }
-
-    /// Check the runs are ascending, in `memory` bytes of RAM, and match
-    /// the CRC count; returns each run's first storage slot.
-    fn check(&self, contains: impl Fn(u64, u64) -> bool) -> Result<Vec<u64>, String> {
-        let mut slots = Vec::with_capacity(self.runs.len());
-        let (mut slot, mut end) = (0u64, 0u64);
-        for &(gpa, n) in &self.runs {
-            let len = n as u64 * PAGE_SIZE;
-            if !gpa.is_multiple_of(PAGE_SIZE) || gpa < end || n == 0 || !contains(gpa, len) {
-                return Err(format!(
-                    "page run {gpa:#x} (+{n} pages) is unaligned, out of order or outside guest RAM"
-                ));
-            }
-            slots.push(slot);
-            slot += n as u64;
-            end = gpa + len;
-        }
-        if slot != self.pages() {
-            return Err(format!(
-                "the runs hold {slot} pages but {} CRCs are stored",
-                self.pages()
-            ));
-        }
-        Ok(slots)
-    }
-}
 
 fn crc(b: &[u8]) -> u32 {
     crc32fast::hash(b)
@@ -658,23 +534,5 @@ mod tests {
         assert_eq!(refused, 400, "every damaged file is refused");
         let _ = std::fs::remove_file(&q);
         std::fs::remove_file(&p).unwrap();
-    }
-
-    #[test]
-    fn index_merges_runs_and_finds_pages() {
-        let mut ix = MemoryIndex::default();
-        for gpa in [0x1000u64, 0x2000, 0x3000, 0x10_0000, 0x10_1000] {
-            ix.push(gpa, 7);
-        }
-        assert_eq!(ix.runs, vec![(0x1000, 3), (0x10_0000, 2)]);
-        let slots = ix.check(|_, _| true).unwrap();
-        assert_eq!(slots, vec![0, 3]);
-        assert!(ix.check(|g, _| g < 0x10_0000).is_err(), "outside RAM");
-        let mut bad = ix.clone();
-        bad.crcs.pop();
-        assert!(bad.check(|_, _| true).is_err(), "count mismatch");
-        let mut bad = ix;
-        bad.runs.swap(0, 1);
-        assert!(bad.check(|_, _| true).is_err(), "out of order");
     }
 }

@@ -5,7 +5,9 @@
 //! same sections, so `hover restore` and the migration receiver build a VM
 //! through one path ([`crate::Vm::restore`]).
 
+mod error;
 pub mod file;
+mod index;
 pub mod memory;
 
 use std::path::PathBuf;

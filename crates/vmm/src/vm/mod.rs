@@ -289,7 +289,10 @@ impl Machine {
         register_memory(&fd, &ram)?;
         // KVM's per-slot metadata grows with guest memory: the one part of
         // building a VM that does (docs/BENCHMARKS.md, snapshot).
-        tracing::debug!(us = t.elapsed().as_micros() as u64, "guest RAM mapped and registered");
+        tracing::debug!(
+            us = t.elapsed().as_micros() as u64,
+            "guest RAM mapped and registered"
+        );
         fd.set_tss_address(KVM_TSS_ADDRESS)
             .map_err(KvmOp::SetTssAddress.err())?;
         fd.create_irq_chip().map_err(KvmOp::CreateIrqchip.err())?;
