@@ -73,17 +73,28 @@ struct RestoreArgs {
     /// Page store for a VM with a memory budget [default: a temporary file in /var/tmp].
     #[arg(long)]
     page_store: Option<PathBuf>,
-    /// Serve the control API on this Unix socket while the VM runs.
+    #[command(flatten)]
+    out: RunOutput,
+}
+
+/// What `hover run` and `hover restore` share: the API socket, the console
+/// and how the outcome is printed.
+#[derive(Args)]
+struct RunOutput {
+    /// Serve the control API (HTTP on a Unix socket, mode 0600) while the VM
+    /// runs: `hover ctl --api-socket PATH ...`; created here (an existing
+    /// path is refused), removed at exit.
     #[arg(long)]
     api_socket: Option<PathBuf>,
     /// Where the guest console goes: stdout, stderr, off or file:PATH
     /// [default: stdout, or stderr with --json].
     #[arg(long, value_parser = parse_console)]
     console: Option<ConsoleTarget>,
-    /// Print the outcome as JSON on stdout.
+    /// Print the outcome (exit code, reports, timings, memory) as JSON on stdout.
     #[arg(long)]
     json: bool,
-    /// Also print KVM's statistics at exit (always included in --json).
+    /// Also print KVM's statistics of the VM and of each vCPU at exit (always
+    /// included in --json).
     #[arg(long)]
     stats: bool,
 }
@@ -165,11 +176,6 @@ struct RunArgs {
     /// Default: a file on tmpfs (/dev/shm), removed at exit.
     #[arg(long)]
     io_file: Option<PathBuf>,
-    /// Serve the control API (HTTP on a Unix socket, mode 0600) while the VM
-    /// runs: `hover ctl --api-socket PATH ...`; created here (an existing
-    /// path is refused), removed at exit.
-    #[arg(long)]
-    api_socket: Option<PathBuf>,
     /// Let guest HLT run without exiting to KVM (KVM_CAP_X86_DISABLE_EXITS):
     /// wake-ups cost nothing, but each vCPU keeps a host CPU busy.
     #[arg(long)]
@@ -180,17 +186,8 @@ struct RunArgs {
     /// Guest command line, e.g. "workload=hello".
     #[arg(long, default_value = hover_vmm::config::DEFAULT_CMDLINE)]
     cmdline: String,
-    /// Where the guest console goes: stdout, stderr, off or file:PATH
-    /// [default: stdout, or stderr with --json].
-    #[arg(long, value_parser = parse_console)]
-    console: Option<ConsoleTarget>,
-    /// Print the outcome (exit code, reports, timings, memory) as JSON on stdout.
-    #[arg(long)]
-    json: bool,
-    /// Also print KVM's statistics of the VM and of each vCPU at exit (always
-    /// included in --json).
-    #[arg(long)]
-    stats: bool,
+    #[command(flatten)]
+    out: RunOutput,
 }
 
 #[derive(Args)]
@@ -333,19 +330,19 @@ fn restore(args: RestoreArgs) -> ExitCode {
             MemoryRestoreArg::Eager => MemoryRestore::Eager,
             MemoryRestoreArg::Lazy => MemoryRestore::Lazy,
         },
-        console: console_for(args.console, args.json),
-        api_socket: args.api_socket,
+        console: console_for(args.out.console, args.out.json),
+        api_socket: args.out.api_socket,
         page_store: args.page_store,
     };
     finish(
         Vm::restore(&args.path, &opts).and_then(Vm::run),
-        args.json,
-        args.stats,
+        args.out.json,
+        args.out.stats,
     )
 }
 
 fn run(args: RunArgs) -> ExitCode {
-    let console = console_for(args.console, args.json);
+    let console = console_for(args.out.console, args.out.json);
     let config = VmConfig {
         vcpus: args.vcpus,
         memory: args.memory,
@@ -377,9 +374,13 @@ fn run(args: RunArgs) -> ExitCode {
         pvio: PvioConfig {
             file: args.io_file.clone(),
         },
-        api_socket: args.api_socket.clone(),
+        api_socket: args.out.api_socket.clone(),
     };
-    finish(Vm::new(&config).and_then(Vm::run), args.json, args.stats)
+    finish(
+        Vm::new(&config).and_then(Vm::run),
+        args.out.json,
+        args.out.stats,
+    )
 }
 
 fn fail(e: &Error) -> ExitCode {

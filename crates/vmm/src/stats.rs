@@ -183,6 +183,29 @@ impl KvmStats {
     }
 }
 
+/// Single-valued statistics by name.
+pub type Scalars = BTreeMap<String, u64>;
+/// Histograms (bucket counts) by name.
+pub type Histograms = BTreeMap<String, Vec<u64>>;
+
+/// KVM's single-valued statistics and histograms of each vCPU, read now
+/// (a vCPU whose stats cannot be read is left out).
+pub fn read_vcpus(stats: &[KvmStats]) -> (Vec<Scalars>, Vec<Histograms>) {
+    let snaps: Vec<StatsSnapshot> = stats.iter().filter_map(|s| s.read().ok()).collect();
+    (
+        snaps.iter().map(|s| s.scalars()).collect(),
+        snaps.iter().map(|s| s.histograms()).collect(),
+    )
+}
+
+/// KVM's single-valued statistics of the VM, read now (empty if none).
+pub fn read_vm(stats: Option<&KvmStats>) -> Scalars {
+    stats
+        .and_then(|s| s.read().ok())
+        .map(|s| s.scalars())
+        .unwrap_or_default()
+}
+
 impl StatsSnapshot {
     /// The descriptors of the values.
     pub fn descriptors(&self) -> &[StatDesc] {

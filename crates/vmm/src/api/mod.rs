@@ -140,21 +140,12 @@ pub struct LiveStats {
 
 impl LiveSources {
     fn snapshot(&self) -> LiveStats {
-        let snaps: Vec<_> = self
-            .vcpu_stats
-            .iter()
-            .filter_map(|s| s.read().ok())
-            .collect();
+        let (vcpu_stats, vcpu_histograms) = crate::stats::read_vcpus(&self.vcpu_stats);
         LiveStats {
             uptime_ms: self.started.elapsed().as_millis() as u64,
-            vcpu_stats: snaps.iter().map(|s| s.scalars()).collect(),
-            vcpu_histograms: snaps.iter().map(|s| s.histograms()).collect(),
-            vm_stats: self
-                .vm_stats
-                .as_ref()
-                .and_then(|s| s.read().ok())
-                .map(|s| s.scalars())
-                .unwrap_or_default(),
+            vcpu_stats,
+            vcpu_histograms,
+            vm_stats: crate::stats::read_vm(self.vm_stats.as_ref()),
             pager: self.pager.as_ref().map(|f| f()),
             halt_poll: self
                 .governor

@@ -492,7 +492,7 @@ impl Running {
                 .and_then(|tsc| tsc.checked_sub(tsc0))
                 .map(|ticks| us(at) + ticks * 1000 / vm.tsc_khz.max(1) as u64)
         });
-        let snaps: Vec<_> = vm.vcpu_stats.iter().filter_map(|s| s.read().ok()).collect();
+        let (vcpu_stats, vcpu_histograms) = crate::stats::read_vcpus(&vm.vcpu_stats);
         RunOutcome {
             ended,
             exit_code: code,
@@ -507,18 +507,13 @@ impl Running {
             restore: vm.restored.clone(),
             memory: memory_usage(&vm.ram),
             console_bytes: vm.devices.serial.bytes_written(),
-            vcpu_stats: snaps.iter().map(|s| s.scalars()).collect(),
-            vcpu_histograms: snaps.iter().map(|s| s.histograms()).collect(),
+            vcpu_stats,
+            vcpu_histograms,
             pager: vm.pager.as_ref().map(|p| p.stats()),
             halt_poll: self.governor_reports.last().cloned(),
             vcpu_cpu_us,
             io: vm.pvio.stats(),
-            vm_stats: vm
-                .vm_stats
-                .as_ref()
-                .and_then(|s| s.read().ok())
-                .map(|s| s.scalars())
-                .unwrap_or_default(),
+            vm_stats: crate::stats::read_vm(vm.vm_stats.as_ref()),
         }
     }
 }
