@@ -223,3 +223,44 @@ fn pause_resume_and_state_through_ctl() {
     assert_eq!(code, Some(0), "{stderr}");
     assert!(report(&outcome, "spin.total") > 0);
 }
+
+#[test]
+fn a_lazily_restored_vm_snapshots_pages_it_has_not_fetched() {
+    if !kvm_for_test("a_lazily_restored_vm_snapshots_pages_it_has_not_fetched") {
+        return;
+    }
+    let dir = Scratch::new("resnapshot");
+    let args = ["--cmdline", "workload=memtouch size=32M tasks=2 rounds=150"];
+    let want = reference(&args);
+    let first = snapshot_midway(&dir, "first", &args, Duration::from_millis(400));
+    // Restore lazily and snapshot again at once: most pages are still only
+    // in the first file, and must be read from there into the second.
+    let vm = Vm::spawn(
+        &[
+            "restore",
+            first.to_str().unwrap(),
+            "--memory-restore",
+            "lazy",
+        ],
+        &dir.path("restored.sock"),
+    );
+    let info = vm.api().json("GET", "/vm", None).unwrap();
+    assert_eq!(info["restored_from"], first.to_str().unwrap());
+    let second = dir.path("second.snap");
+    let body = serde_json::json!({ "path": second, "stop": true }).to_string();
+    let snap = vm.api().json("PUT", "/vm/snapshot", Some(&body)).unwrap();
+    let (code, outcome, stderr) = vm.wait();
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(outcome["ended"], "snapshot");
+    assert!(
+        snap["pages"].as_u64().unwrap() >= 8192,
+        "the 32 MiB buffer is in the second snapshot: {snap}"
+    );
+    std::fs::remove_file(&first).unwrap();
+    let got = restore(&second, "eager");
+    assert_eq!(report(&got, "memtouch.errors"), 0);
+    assert_eq!(
+        report(&got, "memtouch.checksum"),
+        report(&want, "memtouch.checksum")
+    );
+}
