@@ -1,7 +1,7 @@
 //! A VM's saved state: one versioned document of typed sections, each
 //! CRC-checked, plus guest memory (docs/SNAPSHOT.md).
 //!
-//! A snapshot file ([`file`]) carries it; a migration stream will carry the
+//! A snapshot file ([`mod@file`]) carries it; a migration stream will carry the
 //! same sections, so `hover restore` and the migration receiver build a VM
 //! through one path ([`crate::Vm::restore`]).
 
