@@ -172,6 +172,20 @@ pub const WORKLOADS: &[WorkloadSpec] = &[
         ],
     },
     WorkloadSpec {
+        name: "kvstore",
+        help: "a key-value store over wss bytes: random verified writes at rate ops/s; reports kvstore.ops.K per 100 ms and kvstore.errors",
+        params: &[
+            ParamSpec {
+                name: "wss",
+                help: "working set: bytes of records (K, M, G suffixes)",
+                kind: ParamKind::Size { min: 64 << 10, max: 64 << 30, default: 64 << 20 },
+            },
+            num("rate", "operations per second over all tasks (0: as fast as possible)", 0, 1_000_000_000, 0),
+            num("tasks", "tasks, each with its own keys", 1, 16, 2),
+            num("seconds", "how long it runs", 1, 3600, 5),
+        ],
+    },
+    WorkloadSpec {
         name: "iolat",
         help: "queue-depth-1 synchronous writes through the paravirtual I/O device; reports IOPS and latency avg/p50/p99",
         params: &[

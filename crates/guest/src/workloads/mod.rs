@@ -12,6 +12,7 @@ mod exception;
 mod hello;
 mod iolat;
 mod irq;
+mod kvstore;
 mod memtouch;
 mod nubcall;
 mod pingpong;
@@ -122,6 +123,7 @@ fn main_task(_: usize) {
         "bm" => bm::run(&ctx),
         "spin" => spin::run(&ctx),
         "memtouch" => memtouch::run(&ctx),
+        "kvstore" => kvstore::run(&ctx),
         "timer" => timer::run(&ctx),
         "ctxsw" => ctxsw::run(&ctx),
         "nubcall" => nubcall::run(&ctx),
