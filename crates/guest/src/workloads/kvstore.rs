@@ -73,11 +73,7 @@ fn task(i: usize) {
     let first = i as u64 * mine;
     let rate = RATE.load(Ordering::Relaxed);
     // Each task paces itself to its share of the rate.
-    let per_op = if rate == 0 {
-        0
-    } else {
-        ticks_per_sec() * tasks / rate
-    };
+    let per_op = (ticks_per_sec() * tasks).checked_div(rate).unwrap_or(0);
     let bucket = ticks_per_sec() * BUCKET_MS / 1000;
     let mut x = 0x2545_f491_4f6c_dd1du64 ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9);
     let (mut ops, mut errors, mut counted, mut n) = (0u64, 0u64, 0u64, 0u64);
