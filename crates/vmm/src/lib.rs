@@ -17,6 +17,7 @@ pub mod config;
 pub mod devices;
 pub mod host;
 pub mod memory;
+pub mod migration;
 pub mod report;
 pub mod sched;
 pub mod state;

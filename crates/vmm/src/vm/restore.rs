@@ -18,8 +18,9 @@ use crate::config::{ConsoleTarget, GuestImage, PagingConfig, PvioConfig, VmConfi
 use crate::memory::paged::PageSource;
 use crate::state::file::{Snapshot, SnapshotError};
 use crate::state::memory;
-use crate::state::SavedConfig;
+use crate::state::{SavedConfig, VmState};
 use crate::vcpu::state::StateError;
+use crate::vcpu::state::VcpuState;
 use crate::{Error, KvmOp};
 
 /// How guest memory comes back.
@@ -124,7 +125,124 @@ fn config_from(saved: &SavedConfig, opts: &RestoreOptions) -> VmConfig {
     }
 }
 
+/// Why a saved configuration or state could not be taken up.
+pub(crate) enum LoadError {
+    /// Its section does not fit this host or build.
+    Unfit(&'static str, String),
+    /// The host failed.
+    Host(Error),
+}
+
+impl From<Error> for LoadError {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Config(c) => LoadError::Unfit("CONF", c.to_string()),
+            other => LoadError::Host(other),
+        }
+    }
+}
+
+/// The machine for a saved configuration, its vCPUs created: what restore
+/// and receive build before memory and state arrive.
+pub(crate) struct Prepared {
+    pub(crate) machine: Machine,
+    pub(crate) config: VmConfig,
+    pub(crate) vcpus: Vec<crate::vcpu::Vcpu>,
+}
+
+/// Check `saved` and build its machine and vCPUs.
+pub(crate) fn prepare(saved: &SavedConfig, opts: &RestoreOptions) -> Result<Prepared, LoadError> {
+    let config = config_from(saved, opts);
+    config
+        .validate()
+        .map_err(|e| LoadError::Unfit("CONF", e.to_string()))?;
+    if saved.image_end >= config.memory || saved.image_end % 4096 != 0 {
+        return Err(LoadError::Unfit(
+            "CONF",
+            format!(
+                "the guest image end {:#x} is outside guest memory",
+                saved.image_end
+            ),
+        ));
+    }
+    let machine = Machine::create(&config)?;
+    let vcpus = machine.create_vcpus(config.vcpus)?;
+    Ok(Prepared {
+        machine,
+        config,
+        vcpus,
+    })
+}
+
+impl Prepared {
+    /// Whether the saved vCPUs can run here: each must have seen no CPUID
+    /// feature that a vCPU booted here would not see (KVM adds bits of its
+    /// own to the table it is given, so ask a vCPU, not the supported list).
+    pub(crate) fn check_vcpus(&self, states: &[VcpuState]) -> Result<(), LoadError> {
+        if states.len() != self.vcpus.len() {
+            return Err(LoadError::Unfit(
+                "VCPU",
+                format!(
+                    "{} vCPU states for {} vCPUs",
+                    states.len(),
+                    self.vcpus.len()
+                ),
+            ));
+        }
+        for (v, st) in self.vcpus.iter().zip(states) {
+            let fd = v.fd();
+            fd.set_cpuid2(&self.machine.vcpu_cpuid(&self.config, v.index()))
+                .map_err(|e| LoadError::Host(KvmOp::SetCpuid.err()(e)))?;
+            let here = fd
+                .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
+                .map_err(|e| LoadError::Host(KvmOp::GetCpuid.err()(e)))?;
+            check_cpuid(v.index() as usize, &st.cpuid, &here)
+                .map_err(|r| LoadError::Unfit("VCPU", r))?;
+        }
+        Ok(())
+    }
+}
+
 impl Vm {
+    /// Load a saved state into this built VM, in the order that works:
+    /// irqchip, each vCPU, the clock, the devices.
+    pub(crate) fn load_state(&mut self, s: &VmState) -> Result<(), LoadError> {
+        let host = |e: Error| LoadError::Host(e);
+        for chip in &s.machine.irqchip {
+            self.fd
+                .set_irqchip(chip)
+                .map_err(|e| host(KvmOp::SetIrqchip.err()(e)))?;
+        }
+        for (v, st) in self.vcpus.iter().zip(&s.vcpus) {
+            v.restore_state(st).map_err(|e| match e {
+                StateError::Mismatch(r) => {
+                    LoadError::Unfit("VCPU", format!("vCPU {}: {r}", v.index()))
+                }
+                other => host(Error::Host {
+                    what: "restore a vCPU",
+                    source: std::io::Error::other(other.to_string()),
+                }),
+            })?;
+        }
+        // Keep kvmclock in step with wall time across the gap, where KVM can.
+        let mut clock = s.machine.clock;
+        clock.flags &= KVM_CLOCK_REALTIME;
+        self.fd
+            .set_clock(&clock)
+            .map_err(|e| host(KvmOp::SetClock.err()(e)))?;
+        self.devices
+            .control
+            .restore(&s.devices.control)
+            .map_err(|e| LoadError::Unfit("DEVS", e))?;
+        self.pvio.restore(&s.devices.pvio).map_err(|e| {
+            host(Error::Host {
+                what: "restore the I/O device",
+                source: std::io::Error::other(e),
+            })
+        })?;
+        Ok(())
+    }
+
     /// Build a VM from the snapshot at `path`. The file is checked whole
     /// first (header, sections, CRCs, fit to this host): a bad one is
     /// refused with an error naming the section and offset, and nothing
@@ -137,58 +255,32 @@ impl Vm {
         let snap = Arc::new(Snapshot::open(path)?);
         phase("snapshot checked");
         let s = &snap.state;
-        let unfit = |section, reason: String| {
-            Error::Snapshot(SnapshotError::Unfit {
+        let unfit = |e: LoadError| match e {
+            LoadError::Unfit(section, reason) => Error::Snapshot(SnapshotError::Unfit {
                 path: path.into(),
                 section,
                 reason,
-            })
+            }),
+            LoadError::Host(e) => e,
         };
-        let config = config_from(&s.config, opts);
-        config
-            .validate()
-            .map_err(|e| unfit("CONF", e.to_string()))?;
-        if s.config.image_end >= config.memory || s.config.image_end % 4096 != 0 {
-            return Err(unfit(
-                "CONF",
-                format!(
-                    "the guest image end {:#x} is outside guest memory",
-                    s.config.image_end
-                ),
-            ));
-        }
-        let m = Machine::create(&config).map_err(|e| match e {
-            Error::Config(c) => unfit("CONF", c.to_string()),
-            other => other,
-        })?;
+        let p = prepare(&s.config, opts).map_err(unfit)?;
         phase("machine created");
-        let vcpus = m.create_vcpus(config.vcpus)?;
-        // What a vCPU booted here would see (KVM adds bits of its own to
-        // the table it is given): the saved vCPUs must have seen no more.
-        for (v, st) in vcpus.iter().zip(&s.vcpus) {
-            let fd = v.fd();
-            fd.set_cpuid2(&m.vcpu_cpuid(&config, v.index()))
-                .map_err(KvmOp::SetCpuid.err())?;
-            let here = fd
-                .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
-                .map_err(KvmOp::GetCpuid.err())?;
-            check_cpuid(v.index() as usize, &st.cpuid, &here).map_err(|r| unfit("VCPU", r))?;
-        }
-        let lazy = opts.memory == MemoryRestore::Lazy || config.paging.is_some();
+        p.check_vcpus(&s.vcpus).map_err(unfit)?;
+        phase("vCPUs created, CPUID checked");
+        let lazy = opts.memory == MemoryRestore::Lazy || p.config.paging.is_some();
         // Under the pager only the pinned part is loaded now; eagerly, all.
         let end = if lazy { s.config.image_end } else { u64::MAX };
-        phase("vCPUs created, CPUID checked");
-        let pages_loaded = memory::load(&snap, &m.ram, end)?;
+        let pages_loaded = memory::load(&snap, &p.machine.ram, end)?;
         phase("memory loaded");
         let source = lazy.then(|| snap.clone() as Arc<dyn PageSource>);
-        let sink = open_console(&config)?;
-        let tsc_khz = s.vcpus[0].tsc_khz;
+        let sink = open_console(&p.config)?;
+        let config = p.config;
         let mut vm = Vm::assemble(
-            m,
+            p.machine,
             &config,
             s.config.clone(),
-            vcpus,
-            tsc_khz,
+            p.vcpus,
+            s.vcpus[0].tsc_khz,
             DeviceSetup {
                 sink,
                 uart: Some(&s.devices.serial),
@@ -198,33 +290,7 @@ impl Vm {
         )?;
         phase("devices and pager started");
         // The pager runs from here on, so KVM may touch any guest page.
-        for chip in &s.machine.irqchip {
-            vm.fd.set_irqchip(chip).map_err(KvmOp::SetIrqchip.err())?;
-        }
-        for (v, st) in vm.vcpus.iter().zip(&s.vcpus) {
-            v.restore_state(st).map_err(|e| match e {
-                StateError::Mismatch(r) => unfit("VCPU", format!("vCPU {}: {r}", v.index())),
-                other => Error::Host {
-                    what: "restore a vCPU",
-                    source: std::io::Error::other(other.to_string()),
-                },
-            })?;
-        }
-        // Keep kvmclock in step with wall time across the gap, where KVM can.
-        let mut clock = s.machine.clock;
-        clock.flags &= KVM_CLOCK_REALTIME;
-        vm.fd.set_clock(&clock).map_err(KvmOp::SetClock.err())?;
-        let host = |what, e: String| Error::Host {
-            what,
-            source: std::io::Error::other(e),
-        };
-        vm.devices
-            .control
-            .restore(&s.devices.control)
-            .map_err(|e| unfit("DEVS", e))?;
-        vm.pvio
-            .restore(&s.devices.pvio)
-            .map_err(|e| host("restore the I/O device", e))?;
+        vm.load_state(s).map_err(unfit)?;
         phase("state loaded");
         vm.restored = Some(RestoreReport {
             snapshot: path.display().to_string(),

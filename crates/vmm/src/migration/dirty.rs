@@ -1,0 +1,286 @@
+//! Which guest pages changed since the last look: the dirty trackers the
+//! pre-copy engine drives, behind one trait, and the record of the
+//! monitor's own writes to guest memory (KVM logs only the guest's).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use hover_abi::layout::PAGE_SIZE;
+use kvm_bindings::{kvm_userspace_memory_region, KVM_MEM_LOG_DIRTY_PAGES};
+use kvm_ioctls::VmFd;
+use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+
+use crate::memory::GuestRam;
+
+/// Why dirty tracking failed.
+#[derive(Debug, thiserror::Error)]
+#[error("dirty tracking ({tracker}): {what}: {source}")]
+pub struct DirtyError {
+    /// The tracker.
+    pub tracker: &'static str,
+    /// What failed.
+    pub what: &'static str,
+    /// KVM's error.
+    pub source: kvm_ioctls::Error,
+}
+
+/// Tracks the pages the guest writes.
+pub trait DirtyTracker: Send {
+    /// The tracker's name (`bitmap`, ...).
+    fn name(&self) -> &'static str;
+    /// Start tracking: writes from now on are reported by [`Self::harvest`].
+    fn start(&mut self) -> Result<(), DirtyError>;
+    /// The guest-physical addresses of the pages written since the last
+    /// harvest (or since start), ascending; tracking goes on.
+    fn harvest(&mut self) -> Result<Vec<u64>, DirtyError>;
+    /// Stop tracking (also after a failed migration: the guest runs on
+    /// without write faults).
+    fn stop(&mut self);
+}
+
+/// One memslot as the trackers see it.
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    index: u32,
+    gpa: u64,
+    len: u64,
+    host: u64,
+}
+
+fn slots(ram: &GuestRam) -> Vec<Slot> {
+    ram.memory()
+        .iter()
+        .enumerate()
+        .map(|(i, r)| Slot {
+            index: i as u32,
+            gpa: r.start_addr().0,
+            len: r.len(),
+            host: r
+                .get_host_address(vm_memory::MemoryRegionAddress(0))
+                .map(|p| p as u64)
+                .unwrap_or(0),
+        })
+        .collect()
+}
+
+fn set_logging(vm: &VmFd, s: &Slot, on: bool) -> Result<(), kvm_ioctls::Error> {
+    let r = kvm_userspace_memory_region {
+        slot: s.index,
+        guest_phys_addr: s.gpa,
+        memory_size: s.len,
+        userspace_addr: s.host,
+        flags: if on { KVM_MEM_LOG_DIRTY_PAGES } else { 0 },
+    };
+    // SAFETY: the same slot, address and mapping as registered at build
+    // time (the Vm owns the mapping); only the logging flag changes.
+    unsafe { vm.set_user_memory_region(r) }
+}
+
+/// Append the addresses of the set bits of `bitmap` (one bit per page from `base`).
+pub fn bits_to_gpas(bitmap: &[u64], base: u64, out: &mut Vec<u64>) {
+    for (w, &word) in bitmap.iter().enumerate() {
+        let mut bits = word;
+        while bits != 0 {
+            let b = bits.trailing_zeros() as u64;
+            out.push(base + (w as u64 * 64 + b) * PAGE_SIZE);
+            bits &= bits - 1;
+        }
+    }
+}
+
+/// `KVM_GET_DIRTY_LOG`: KVM returns and clears each slot's bitmap and
+/// write-protects the pages again, in one call per slot. Its cost grows
+/// with guest memory (the whole bitmap is copied every round).
+pub struct BitmapTracker {
+    vm: Arc<VmFd>,
+    slots: Vec<Slot>,
+    on: bool,
+}
+
+impl BitmapTracker {
+    /// A tracker for `vm`'s RAM.
+    pub fn new(vm: Arc<VmFd>, ram: &GuestRam) -> Self {
+        BitmapTracker {
+            vm,
+            slots: slots(ram),
+            on: false,
+        }
+    }
+}
+
+impl DirtyTracker for BitmapTracker {
+    fn name(&self) -> &'static str {
+        "bitmap"
+    }
+
+    fn start(&mut self) -> Result<(), DirtyError> {
+        for s in &self.slots {
+            set_logging(&self.vm, s, true).map_err(|source| DirtyError {
+                tracker: "bitmap",
+                what: "enable logging on a memslot",
+                source,
+            })?;
+        }
+        self.on = true;
+        Ok(())
+    }
+
+    fn harvest(&mut self) -> Result<Vec<u64>, DirtyError> {
+        let mut out = Vec::new();
+        for s in &self.slots {
+            let bitmap = self
+                .vm
+                .get_dirty_log(s.index, s.len as usize)
+                .map_err(|source| DirtyError {
+                    tracker: "bitmap",
+                    what: "KVM_GET_DIRTY_LOG",
+                    source,
+                })?;
+            bits_to_gpas(&bitmap, s.gpa, &mut out);
+        }
+        Ok(out)
+    }
+
+    fn stop(&mut self) {
+        if std::mem::take(&mut self.on) {
+            for s in &self.slots {
+                if let Err(e) = set_logging(&self.vm, s, false) {
+                    tracing::warn!("cannot turn dirty logging off on slot {}: {e}", s.index);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for BitmapTracker {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Pages the monitor itself wrote into guest memory (control request
+/// status, I/O completions) while recording is on: KVM's dirty log sees
+/// only the guest's writes, and a status the destination never got would
+/// leave the guest waiting forever.
+#[derive(Default)]
+pub struct HostWrites {
+    on: AtomicBool,
+    bits: Vec<AtomicU64>,
+}
+
+impl HostWrites {
+    /// A record for guest RAM ending at guest-physical `end`.
+    pub fn new(end: u64) -> Self {
+        HostWrites {
+            on: AtomicBool::new(false),
+            bits: (0..(end / PAGE_SIZE).div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+        }
+    }
+
+    /// Note a write of `len` bytes at `gpa` (cheap when recording is off).
+    pub fn mark(&self, gpa: u64, len: u64) {
+        if !self.on.load(Ordering::Acquire) || len == 0 {
+            return;
+        }
+        for page in gpa / PAGE_SIZE..=gpa.saturating_add(len - 1) / PAGE_SIZE {
+            if let Some(w) = self.bits.get((page / 64) as usize) {
+                w.fetch_or(1 << (page % 64), Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Start or stop recording (stopping forgets what was recorded).
+    pub fn record(&self, on: bool) {
+        self.on.store(on, Ordering::Release);
+        if !on {
+            for w in &self.bits {
+                w.store(0, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Take the pages written since the last call, as addresses, ascending.
+    pub fn take(&self) -> Vec<u64> {
+        let words: Vec<u64> = self
+            .bits
+            .iter()
+            .map(|w| w.swap(0, Ordering::AcqRel))
+            .collect();
+        let mut out = Vec::new();
+        bits_to_gpas(&words, 0, &mut out);
+        out
+    }
+}
+
+/// Merge two ascending address lists into one, without duplicates.
+pub fn merge(a: Vec<u64>, b: Vec<u64>) -> Vec<u64> {
+    if b.is_empty() {
+        return a;
+    }
+    let mut out = Vec::with_capacity(a.len() + b.len());
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() || j < b.len() {
+        let next = match (a.get(i), b.get(j)) {
+            (Some(&x), Some(&y)) if x == y => {
+                i += 1;
+                j += 1;
+                x
+            }
+            (Some(&x), Some(&y)) if x < y => {
+                i += 1;
+                x
+            }
+            (_, Some(&y)) => {
+                j += 1;
+                y
+            }
+            (Some(&x), None) => {
+                i += 1;
+                x
+            }
+            (None, None) => unreachable!(),
+        };
+        out.push(next);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bitmaps_become_addresses() {
+        let mut out = Vec::new();
+        bits_to_gpas(&[0b1011, 1 << 63], 0x10_0000, &mut out);
+        assert_eq!(
+            out,
+            vec![0x10_0000, 0x10_1000, 0x10_3000, 0x10_0000 + 127 * 4096]
+        );
+    }
+
+    #[test]
+    fn host_writes_are_recorded_only_while_on() {
+        let h = HostWrites::new(1 << 20);
+        h.mark(0x2000, 8);
+        assert!(h.take().is_empty());
+        h.record(true);
+        h.mark(0x2ffc, 8); // straddles two pages
+        h.mark(0x8_0000, 1);
+        h.mark(u64::MAX - 8, 8); // outside RAM: ignored, no panic
+        assert_eq!(h.take(), vec![0x2000, 0x3000, 0x8_0000]);
+        assert!(h.take().is_empty(), "taking clears");
+        h.mark(0x5000, 1);
+        h.record(false);
+        assert!(h.take().is_empty());
+    }
+
+    #[test]
+    fn merging_keeps_order_and_drops_duplicates() {
+        assert_eq!(merge(vec![1, 3, 5], vec![2, 3, 6]), vec![1, 2, 3, 5, 6]);
+        assert_eq!(merge(vec![], vec![4]), vec![4]);
+        assert_eq!(merge(vec![4], vec![]), vec![4]);
+    }
+}

@@ -1,0 +1,249 @@
+//! Live migration (pre-copy): the source keeps its guest running while it
+//! sends memory in rounds, each round the pages the guest wrote during the
+//! last one, until what is left fits the downtime target; then it pauses,
+//! sends the rest and the state, and the destination runs the guest.
+//!
+//! `dirty` tracks what the guest (and the monitor) wrote, `wire` is the
+//! stream format, `transport` the connections. The source side runs in the
+//! VM's control loop (`vm/migrate.rs`), the destination side is
+//! [`crate::Vm::receive`] (`vm/receive.rs`). docs/MIGRATION.md.
+
+pub mod dirty;
+pub mod transport;
+pub mod wire;
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+pub use transport::Addr;
+use wire::WireError;
+
+/// How dirty pages are found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tracker {
+    /// `KVM_GET_DIRTY_LOG`.
+    #[default]
+    Bitmap,
+    /// `KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2` with chunked `KVM_CLEAR_DIRTY_LOG`.
+    Manual,
+    /// Per-vCPU dirty rings.
+    Ring,
+    /// Sections that stay hot are not re-protected (seed 4).
+    Hybrid,
+}
+
+impl std::str::FromStr for Tracker {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Tracker, String> {
+        Ok(match s {
+            "bitmap" => Tracker::Bitmap,
+            "manual" => Tracker::Manual,
+            "ring" => Tracker::Ring,
+            "hybrid" => Tracker::Hybrid,
+            _ => {
+                return Err(format!(
+                    "unknown dirty tracking '{s}': use bitmap, manual, ring or hybrid"
+                ))
+            }
+        })
+    }
+}
+
+/// Default downtime target.
+pub const DEFAULT_DOWNTIME: Duration = Duration::from_millis(100);
+/// Default pages per batch.
+pub const DEFAULT_BATCH_PAGES: usize = 256;
+/// Default time a migration may take before it gives up.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// What a migration is asked to do.
+#[derive(Clone, Debug)]
+pub struct MigrateOptions {
+    /// The destination (`hover receive --listen` there).
+    pub to: Addr,
+    /// How dirty pages are found.
+    pub tracker: Tracker,
+    /// The longest pause the final round may take.
+    pub downtime: Duration,
+    /// Pages per batch (1: a frame per page, the baseline).
+    pub batch_pages: usize,
+    /// Bytes per second the sender may use (`None`: as fast as it can).
+    pub bandwidth: Option<u64>,
+    /// Give up (and resume) after this long.
+    pub timeout: Duration,
+    /// Send a digest of memory for the destination to check before it runs.
+    pub verify: bool,
+}
+
+impl MigrateOptions {
+    /// Options with defaults, to `to`.
+    pub fn to(to: Addr) -> Self {
+        MigrateOptions {
+            to,
+            tracker: Tracker::default(),
+            downtime: DEFAULT_DOWNTIME,
+            batch_pages: DEFAULT_BATCH_PAGES,
+            bandwidth: None,
+            timeout: DEFAULT_TIMEOUT,
+            verify: false,
+        }
+    }
+
+    /// Check the values: `(field, reason)` of the first bad one.
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
+        if self.batch_pages == 0 || self.batch_pages > wire::MAX_BATCH {
+            return Err((
+                "batch_pages",
+                format!(
+                    "{} is out of range: 1 to {}",
+                    self.batch_pages,
+                    wire::MAX_BATCH
+                ),
+            ));
+        }
+        if self.downtime.is_zero() || self.downtime > Duration::from_secs(60) {
+            return Err((
+                "downtime_ms",
+                format!("{:?} is out of range: 1 ms to 60 s", self.downtime),
+            ));
+        }
+        if self.bandwidth == Some(0) {
+            return Err(("bandwidth", "0 bytes per second moves nothing".into()));
+        }
+        if self.timeout.is_zero() {
+            return Err(("timeout_s", "a migration needs some time".into()));
+        }
+        if self.tracker != Tracker::Bitmap {
+            return Err((
+                "dirty_tracking",
+                format!(
+                    "{:?} tracking is not built yet; bitmap is (issue: live migration)",
+                    self.tracker
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What a migration did.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct MigrationReport {
+    /// The destination.
+    pub to: String,
+    /// The tracker.
+    pub tracker: String,
+    /// Pages per batch.
+    pub batch_pages: usize,
+    /// From the request to the destination confirming, milliseconds.
+    pub total_ms: f64,
+    /// The source's pause (final round, state, confirmation), milliseconds.
+    pub downtime_ms: f64,
+    /// The gap the guest saw: its TSC from the pause on the source to its
+    /// vCPUs starting on the destination, milliseconds.
+    pub guest_downtime_ms: f64,
+    /// Rounds, the final one included.
+    pub rounds: u32,
+    /// Pages sent in each round.
+    pub round_pages: Vec<u64>,
+    /// Pages sent in all.
+    pub pages_sent: u64,
+    /// Bytes sent in all (frames included).
+    pub bytes_sent: u64,
+    /// Whether the sender held back to respect the bandwidth limit.
+    pub throttled: bool,
+}
+
+/// Why a migration failed. The source runs on.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrationError {
+    /// The destination could not be reached.
+    #[error("cannot reach the destination {to}: {source}")]
+    Connect {
+        /// Where.
+        to: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The destination refused.
+    #[error("the destination refused: {0}")]
+    Refused(String),
+    /// The stream broke or was malformed.
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    /// Dirty tracking failed.
+    #[error(transparent)]
+    Dirty(#[from] dirty::DirtyError),
+    /// The guest dirties memory faster than the link moves it.
+    #[error("{0}")]
+    NoConvergence(String),
+    /// The migration cannot be done for this VM.
+    #[error("{0}")]
+    Unsupported(String),
+    /// The guest powered off or crashed while migrating.
+    #[error("the guest stopped while migrating")]
+    GuestEnded,
+    /// A section of the stream does not fit this host or build.
+    #[error("{section} frame at offset {offset}: {reason}")]
+    Unfit {
+        /// The frame.
+        section: &'static str,
+        /// Where it started.
+        offset: u64,
+        /// Why.
+        reason: String,
+    },
+    /// A host-side failure.
+    #[error("{0}")]
+    Host(String),
+}
+
+impl MigrationError {
+    /// Whether the other side or its input is at fault (bad stream,
+    /// unfit VM, refusal), rather than this host.
+    pub fn is_bad_input(&self) -> bool {
+        matches!(
+            self,
+            MigrationError::Wire(_) | MigrationError::Unfit { .. } | MigrationError::Refused(_)
+        )
+    }
+}
+
+/// Transfer time of `pages` at `bytes_per_sec`.
+pub fn transfer_time(pages: u64, bytes_per_sec: f64) -> Duration {
+    if bytes_per_sec <= 0.0 {
+        return Duration::MAX;
+    }
+    Duration::from_secs_f64(pages as f64 * 4096.0 / bytes_per_sec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_checked() {
+        let o = MigrateOptions::to("unix:/x".parse().unwrap());
+        assert!(o.check().is_ok());
+        let bad = |f: &dyn Fn(&mut MigrateOptions)| {
+            let mut o = o.clone();
+            f(&mut o);
+            o.check().unwrap_err().0
+        };
+        assert_eq!(bad(&|o| o.batch_pages = 0), "batch_pages");
+        assert_eq!(bad(&|o| o.batch_pages = 1 << 20), "batch_pages");
+        assert_eq!(bad(&|o| o.downtime = Duration::ZERO), "downtime_ms");
+        assert_eq!(bad(&|o| o.bandwidth = Some(0)), "bandwidth");
+        assert_eq!(bad(&|o| o.timeout = Duration::ZERO), "timeout_s");
+        assert_eq!("ring".parse::<Tracker>().unwrap(), Tracker::Ring);
+        assert!("often".parse::<Tracker>().is_err());
+    }
+
+    #[test]
+    fn transfer_time_scales() {
+        assert_eq!(transfer_time(256, 4096.0 * 256.0), Duration::from_secs(1));
+        assert_eq!(transfer_time(1, 0.0), Duration::MAX);
+    }
+}

@@ -1,0 +1,379 @@
+//! The migration stream (docs/MIGRATION.md): a hello, then frames, each a
+//! 24-byte header (kind, length, CRC32 of the payload) and its payload.
+//!
+//! ```text
+//! source -> destination: HELLO, CONF, PAGES..., STATE, [DIGEST], END
+//! destination -> source: READY after CONF, RUNNING after END
+//!                        (or ERROR with a message, at any point)
+//! ```
+//! State payloads are the snapshot file's section types, encoded the same
+//! way (postcard); a PAGES payload is a page count, the pages' guest
+//! addresses and their contents.
+
+use std::io::{self, IoSlice, Read, Write};
+
+use hover_abi::layout::PAGE_SIZE;
+
+/// The stream's magic.
+pub const MAGIC: [u8; 8] = *b"HOVERMIG";
+/// The stream version this build speaks.
+pub const VERSION: u32 = 1;
+/// Largest page batch.
+pub const MAX_BATCH: usize = 4096;
+/// Largest frame payload: a full page batch, or a state document.
+pub const MAX_FRAME: u64 = 8 + MAX_BATCH as u64 * (8 + PAGE_SIZE);
+const HEADER: usize = 24;
+
+/// What a frame carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Kind {
+    /// `SavedConfig`: what to build.
+    Conf = 1,
+    /// A batch of pages.
+    Pages = 2,
+    /// `VmState`: vCPUs, irqchip, clock, devices.
+    State = 3,
+    /// A digest of every page that holds something (with `--verify`).
+    Digest = 4,
+    /// Nothing more: run the VM.
+    End = 5,
+    /// Destination: the VM is built, send memory.
+    Ready = 16,
+    /// Destination: the guest runs here now.
+    Running = 17,
+    /// Either side: a UTF-8 reason, then the connection closes.
+    Error = 18,
+}
+
+impl Kind {
+    fn from(v: u32) -> Option<Kind> {
+        Some(match v {
+            1 => Kind::Conf,
+            2 => Kind::Pages,
+            3 => Kind::State,
+            4 => Kind::Digest,
+            5 => Kind::End,
+            16 => Kind::Ready,
+            17 => Kind::Running,
+            18 => Kind::Error,
+            _ => return None,
+        })
+    }
+}
+
+/// Why the stream could not be read. Offsets count bytes from the stream's start.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// The connection failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The peer is not a Hover migration source or speaks another version.
+    #[error("not a Hover migration stream of version {VERSION} at offset {offset}: {found}")]
+    Hello {
+        /// Where.
+        offset: u64,
+        /// What was there.
+        found: String,
+    },
+    /// A frame's header is wrong.
+    #[error("frame at offset {offset}: {reason}")]
+    Frame {
+        /// Where.
+        offset: u64,
+        /// Why.
+        reason: String,
+    },
+    /// A frame's payload does not match its CRC.
+    #[error("{kind:?} frame at offset {offset} is corrupted (CRC mismatch)")]
+    Crc {
+        /// The frame's kind.
+        kind: Kind,
+        /// Where.
+        offset: u64,
+    },
+    /// The stream ended early.
+    #[error("the stream ended at offset {offset}, inside {what}")]
+    Truncated {
+        /// Where.
+        offset: u64,
+        /// Inside what.
+        what: String,
+    },
+}
+
+/// Reads frames, counting the offset for error messages.
+pub struct FrameReader<R> {
+    inner: R,
+    offset: u64,
+}
+
+/// A frame read: its kind, where it started, its payload.
+#[derive(Debug)]
+pub struct Frame {
+    /// The kind.
+    pub kind: Kind,
+    /// The stream offset of its header.
+    pub offset: u64,
+    /// The payload.
+    pub payload: Vec<u8>,
+}
+
+impl<R: Read> FrameReader<R> {
+    /// Read from `inner`.
+    pub fn new(inner: R) -> Self {
+        FrameReader { inner, offset: 0 }
+    }
+
+    fn exact(&mut self, buf: &mut [u8], what: impl Fn() -> String) -> Result<(), WireError> {
+        match self.inner.read_exact(buf) {
+            Ok(()) => {
+                self.offset += buf.len() as u64;
+                Ok(())
+            }
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(WireError::Truncated {
+                offset: self.offset,
+                what: what(),
+            }),
+            Err(source) => Err(WireError::Io {
+                what: "reading the stream",
+                source,
+            }),
+        }
+    }
+
+    /// Read and check the hello.
+    pub fn hello(&mut self) -> Result<(), WireError> {
+        let mut h = [0u8; 16];
+        self.exact(&mut h, || "the hello".into())?;
+        let version = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
+        if h[..8] != MAGIC || version != VERSION {
+            return Err(WireError::Hello {
+                offset: 0,
+                found: format!(
+                    "magic {:?}, version {version}",
+                    String::from_utf8_lossy(&h[..8])
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Read the next frame, checking its kind, length and CRC.
+    pub fn frame(&mut self) -> Result<Frame, WireError> {
+        let at = self.offset;
+        let mut h = [0u8; HEADER];
+        self.exact(&mut h, || format!("a frame header at offset {at}"))?;
+        let raw = u32::from_le_bytes(h[0..4].try_into().expect("4 bytes"));
+        let len = u64::from_le_bytes(h[8..16].try_into().expect("8 bytes"));
+        let crc = u32::from_le_bytes(h[16..20].try_into().expect("4 bytes"));
+        let kind = Kind::from(raw).ok_or_else(|| WireError::Frame {
+            offset: at,
+            reason: format!("unknown frame kind {raw}"),
+        })?;
+        if len > MAX_FRAME {
+            return Err(WireError::Frame {
+                offset: at,
+                reason: format!("{kind:?} frame of {len} bytes is over the {MAX_FRAME}-byte limit"),
+            });
+        }
+        let mut payload = vec![0u8; len as usize];
+        self.exact(&mut payload, || {
+            format!("the {kind:?} frame at offset {at}")
+        })?;
+        if crc32fast::hash(&payload) != crc {
+            return Err(WireError::Crc { kind, offset: at });
+        }
+        Ok(Frame {
+            kind,
+            offset: at,
+            payload,
+        })
+    }
+
+    /// Bytes read so far.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+}
+
+/// Writes frames; counts bytes sent.
+pub struct FrameWriter<W> {
+    inner: W,
+    /// Bytes written so far.
+    pub bytes: u64,
+}
+
+impl<W: Write> FrameWriter<W> {
+    /// Write to `inner`.
+    pub fn new(inner: W) -> Self {
+        FrameWriter { inner, bytes: 0 }
+    }
+
+    /// The hello.
+    pub fn hello(&mut self) -> io::Result<()> {
+        let mut h = MAGIC.to_vec();
+        h.extend_from_slice(&VERSION.to_le_bytes());
+        h.extend_from_slice(&0u32.to_le_bytes());
+        self.inner.write_all(&h)?;
+        self.bytes += h.len() as u64;
+        Ok(())
+    }
+
+    /// One frame whose payload is the concatenation of `parts`, written
+    /// with vectored writes (no copy into one buffer).
+    pub fn frame(&mut self, kind: Kind, parts: &[&[u8]]) -> io::Result<()> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let mut crc = crc32fast::Hasher::new();
+        for p in parts {
+            crc.update(p);
+        }
+        let mut h = [0u8; HEADER];
+        h[0..4].copy_from_slice(&(kind as u32).to_le_bytes());
+        h[8..16].copy_from_slice(&(len as u64).to_le_bytes());
+        h[16..20].copy_from_slice(&crc.finalize().to_le_bytes());
+        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(parts.len() + 1);
+        slices.push(IoSlice::new(&h));
+        slices.extend(parts.iter().map(|p| IoSlice::new(p)));
+        write_all_vectored(&mut self.inner, &mut slices)?;
+        self.bytes += (HEADER + len) as u64;
+        Ok(())
+    }
+
+    /// Push buffered bytes out.
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// `write_all` for vectored writes (std's is unstable).
+fn write_all_vectored(w: &mut impl Write, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+    IoSlice::advance_slices(&mut bufs, 0);
+    while !bufs.is_empty() {
+        match w.write_vectored(bufs) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Split a PAGES payload into its addresses and page contents, checking it.
+pub fn split_pages(p: &[u8]) -> Result<(Vec<u64>, &[u8]), String> {
+    if p.len() < 8 {
+        return Err("a page batch without its count".into());
+    }
+    let n = u32::from_le_bytes(p[0..4].try_into().expect("4 bytes")) as usize;
+    if n == 0 || n > MAX_BATCH {
+        return Err(format!("a page batch of {n} pages (1 to {MAX_BATCH})"));
+    }
+    let want = 8 + n * (8 + PAGE_SIZE as usize);
+    if p.len() != want {
+        return Err(format!(
+            "a batch of {n} pages is {} bytes, not {want}",
+            p.len()
+        ));
+    }
+    let gpas = p[8..8 + n * 8]
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect::<Vec<_>>();
+    if gpas.iter().any(|g| g % PAGE_SIZE != 0) {
+        return Err("a page address is not page-aligned".into());
+    }
+    Ok((gpas, &p[8 + n * 8..]))
+}
+
+/// The header of a PAGES payload for `gpas`.
+pub fn pages_header(gpas: &[u64]) -> Vec<u8> {
+    let mut h = Vec::with_capacity(8 + gpas.len() * 8);
+    h.extend_from_slice(&(gpas.len() as u32).to_le_bytes());
+    h.extend_from_slice(&0u32.to_le_bytes());
+    for g in gpas {
+        h.extend_from_slice(&g.to_le_bytes());
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stream(frames: &[(Kind, Vec<u8>)]) -> Vec<u8> {
+        let mut w = FrameWriter::new(Vec::new());
+        w.hello().unwrap();
+        for (k, p) in frames {
+            w.frame(*k, &[&p[..p.len() / 2], &p[p.len() / 2..]])
+                .unwrap();
+        }
+        w.inner
+    }
+
+    #[test]
+    fn frames_round_trip() {
+        let page = vec![7u8; 4096];
+        let pages = [pages_header(&[0x1000]), page.clone()].concat();
+        let s = stream(&[(Kind::Conf, b"conf".to_vec()), (Kind::Pages, pages)]);
+        let mut r = FrameReader::new(&s[..]);
+        r.hello().unwrap();
+        let f = r.frame().unwrap();
+        assert_eq!(
+            (f.kind, f.offset, &f.payload[..]),
+            (Kind::Conf, 16, &b"conf"[..])
+        );
+        let f = r.frame().unwrap();
+        let (gpas, data) = split_pages(&f.payload).unwrap();
+        assert_eq!((gpas, data), (vec![0x1000], &page[..]));
+        assert!(matches!(r.frame(), Err(WireError::Truncated { .. })));
+    }
+
+    #[test]
+    fn damage_is_named_with_its_offset() {
+        let s = stream(&[(Kind::Conf, b"configuration".to_vec())]);
+        let mut bad = s.clone();
+        bad[16 + 24 + 3] ^= 1;
+        let mut r = FrameReader::new(&bad[..]);
+        r.hello().unwrap();
+        let e = r.frame().unwrap_err();
+        assert!(matches!(e, WireError::Crc { offset: 16, .. }), "{e}");
+        let mut bad = s.clone();
+        bad[0] = b'X';
+        assert!(FrameReader::new(&bad[..]).hello().is_err());
+        let mut bad = s.clone();
+        bad[16] = 99;
+        let mut r = FrameReader::new(&bad[..]);
+        r.hello().unwrap();
+        assert!(r
+            .frame()
+            .unwrap_err()
+            .to_string()
+            .contains("unknown frame kind 99"));
+        let mut bad = s.clone();
+        bad[16 + 8..16 + 16].copy_from_slice(&u64::MAX.to_le_bytes());
+        let mut r = FrameReader::new(&bad[..]);
+        r.hello().unwrap();
+        assert!(r.frame().unwrap_err().to_string().contains("over the"));
+        let mut r = FrameReader::new(&s[..s.len() - 2]);
+        r.hello().unwrap();
+        assert!(matches!(r.frame(), Err(WireError::Truncated { .. })));
+    }
+
+    #[test]
+    fn page_batches_are_checked() {
+        assert!(split_pages(&[0; 4]).is_err());
+        assert!(split_pages(&pages_header(&[])).is_err());
+        let mut p = pages_header(&[0x1001]);
+        p.extend_from_slice(&[0; 4096]);
+        assert!(split_pages(&p).unwrap_err().contains("aligned"));
+        let mut p = pages_header(&[0x1000, 0x2000]);
+        p.extend_from_slice(&[0; 4096]);
+        assert!(split_pages(&p).unwrap_err().contains("not"));
+    }
+}
