@@ -41,6 +41,31 @@ pub enum CtlAction {
         #[arg(long)]
         stop: bool,
     },
+    /// Move the running VM to `hover receive` at ADDR (live, pre-copy). The
+    /// VM here ends once the guest runs there; on any failure it runs on here.
+    Migrate {
+        /// Where: tcp:HOST:PORT or unix:PATH.
+        #[arg(long)]
+        to: String,
+        /// How dirty pages are found.
+        #[arg(long, default_value = "bitmap")]
+        dirty_tracking: String,
+        /// The longest pause allowed for the final round, milliseconds.
+        #[arg(long, default_value_t = 100)]
+        downtime_ms: u64,
+        /// Pages per batch sent (1: one frame per page, the baseline).
+        #[arg(long, default_value_t = hover_vmm::migration::DEFAULT_BATCH_PAGES)]
+        batch_pages: usize,
+        /// Bytes per second the migration may use (e.g. 100M) [default: no limit].
+        #[arg(long, value_parser = hover_vmm::config::parse_size)]
+        bandwidth: Option<u64>,
+        /// Give up (and keep running here) after this many seconds.
+        #[arg(long, default_value_t = 120)]
+        timeout: u64,
+        /// Send a digest of memory for the destination to check before running.
+        #[arg(long)]
+        verify: bool,
+    },
     /// Live figures: KVM statistics, pager, governor, I/O device.
     Stats,
     /// The Prometheus text exposition (`GET /metrics`).
@@ -72,6 +97,26 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
         CtlAction::Resume => ("PUT", "/vm/resume", None),
         CtlAction::Shutdown => ("PUT", "/vm/shutdown", None),
         CtlAction::Stats => ("GET", "/vm/stats", None),
+        CtlAction::Migrate {
+            to,
+            dirty_tracking,
+            downtime_ms,
+            batch_pages,
+            bandwidth,
+            timeout,
+            verify,
+        } => {
+            let body = serde_json::json!({
+                "to": to,
+                "dirty_tracking": dirty_tracking,
+                "downtime_ms": downtime_ms,
+                "batch_pages": batch_pages,
+                "bandwidth": bandwidth,
+                "timeout_s": timeout,
+                "verify": verify,
+            });
+            ("PUT", "/vm/migrate", Some(body.to_string()))
+        }
         CtlAction::Metrics => ("GET", "/metrics", None),
         CtlAction::Snapshot { path, stop } => {
             // The VM resolves paths from its own directory: send an absolute one.
@@ -143,6 +188,7 @@ impl CtlArgs {
             CtlAction::Snapshot { .. } => "snapshot",
             CtlAction::Stats => "stats",
             CtlAction::Metrics => "metrics",
+            CtlAction::Migrate { .. } => "migrate",
             CtlAction::HaltPoll { .. } => "halt-poll",
         }
     }

@@ -52,6 +52,18 @@ enum Command {
     Ctl(CtlArgs),
     /// Boot a new VM from a snapshot; the guest continues where it was.
     Restore(RestoreArgs),
+    /// Wait for one VM migrating here (`hover ctl migrate --to`) and run it.
+    Receive(ReceiveArgs),
+}
+
+#[derive(Args)]
+struct ReceiveArgs {
+    /// Where to listen: tcp:HOST:PORT (port 0: any; the address chosen is
+    /// printed on stderr) or unix:PATH.
+    #[arg(long)]
+    listen: String,
+    #[command(flatten)]
+    out: RunOutput,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -294,6 +306,7 @@ fn main() -> ExitCode {
         }),
         Command::Ctl(args) => ctl::ctl(args),
         Command::Restore(args) => restore(args),
+        Command::Receive(args) => receive(args),
     }
 }
 
@@ -322,6 +335,27 @@ fn finish(result: Result<hover_vmm::RunOutcome, Error>, json: bool, stats: bool)
         }
         Err(e) => fail(&e),
     }
+}
+
+fn receive(args: ReceiveArgs) -> ExitCode {
+    let listen: hover_vmm::migration::Addr = match args.listen.parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("hover: error: --listen: {e}");
+            return ExitCode::from(EXIT_BAD_INPUT);
+        }
+    };
+    let opts = RestoreOptions {
+        console: console_for(args.out.console, args.out.json),
+        api_socket: args.out.api_socket,
+        ..Default::default()
+    };
+    let announce = |at: &str| eprintln!("hover: waiting for a migrating VM on {at}");
+    finish(
+        Vm::receive(&listen, &opts, announce).and_then(Vm::run),
+        args.out.json,
+        args.out.stats,
+    )
 }
 
 fn restore(args: RestoreArgs) -> ExitCode {

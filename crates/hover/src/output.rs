@@ -45,6 +45,10 @@ pub fn print_summary(o: &RunOutcome) {
                 "hover: the VM was stopped after a snapshot: it lives on in the file"
             )
         }
+        (EndReason::Migrated, _) => out!(
+            w,
+            "hover: the VM migrated: its guest runs at the destination"
+        ),
         (EndReason::PowerOff, None) => out!(w, "hover: guest exited with code {}", o.exit_code),
     }
     if let Some(r) = &o.restore {
@@ -227,6 +231,17 @@ pub fn print_ctl(action: &str, v: &serde_json::Value) {
             }
         ),
         "halt-poll" => out!(w, "halt polling: {}", v["halt_poll"]),
+        "migrate" => out!(
+            w,
+            "migrated to {}: {} rounds, {} pages ({:.1} MiB) in {:.1} ms; downtime {:.2} ms (the guest saw {:.2} ms)",
+            v["to"].as_str().unwrap_or("?"),
+            v["rounds"],
+            v["pages_sent"],
+            v["bytes_sent"].as_f64().unwrap_or(0.0) / (1 << 20) as f64,
+            v["total_ms"].as_f64().unwrap_or(0.0),
+            v["downtime_ms"].as_f64().unwrap_or(0.0),
+            v["guest_downtime_ms"].as_f64().unwrap_or(0.0)
+        ),
         _ => out!(
             w,
             "{action}: the VM is {}",

@@ -122,6 +122,9 @@ pub enum Error {
     /// A snapshot could not be read or does not fit this host.
     #[error(transparent)]
     Snapshot(#[from] state::file::SnapshotError),
+    /// A migration could not be received.
+    #[error("migration: {0}")]
+    Migration(migration::MigrationError),
     /// The guest crashed (triple fault, unexpected exit).
     #[error("{0}")]
     GuestCrash(Box<GuestCrash>),
@@ -130,6 +133,9 @@ pub enum Error {
 impl Error {
     /// Whether the user gave bad input (configuration or guest image).
     pub fn is_bad_input(&self) -> bool {
+        if let Error::Migration(m) = self {
+            return m.is_bad_input();
+        }
         matches!(
             self,
             Error::Config(_)

@@ -8,6 +8,7 @@
 //! | `PUT /vm/snapshot` `{"path": ..., "stop": bool}` | snapshot to a new file |
 //! | `GET /vm/stats` | live figures (what `hover stats` shows) |
 //! | `PUT /vm/halt-poll` `{"mode": ..., ...}` | change halt polling live |
+//! | `PUT /vm/migrate` `{"to": ..., ...}` | live migration to `hover receive` |
 //! | `GET /metrics` | Prometheus text exposition |
 //!
 //! HTTP parsing is tiny_http's. Each request is answered on its own short
@@ -42,7 +43,7 @@ pub use client::{query, ApiClient};
 
 /// Every endpoint the server answers: (method, path). docs/api.yaml
 /// documents exactly these (a test checks both ways).
-pub const ENDPOINTS: [(&str, &str); 8] = [
+pub const ENDPOINTS: [(&str, &str); 9] = [
     ("GET", "/vm"),
     ("PUT", "/vm/pause"),
     ("PUT", "/vm/resume"),
@@ -50,6 +51,7 @@ pub const ENDPOINTS: [(&str, &str); 8] = [
     ("PUT", "/vm/snapshot"),
     ("GET", "/vm/stats"),
     ("PUT", "/vm/halt-poll"),
+    ("PUT", "/vm/migrate"),
     ("GET", "/metrics"),
 ];
 
@@ -167,6 +169,47 @@ struct SnapshotRequest {
     stop: bool,
 }
 
+/// The body of `PUT /vm/migrate`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MigrateRequest {
+    to: String,
+    dirty_tracking: Option<String>,
+    downtime_ms: Option<u64>,
+    batch_pages: Option<usize>,
+    bandwidth: Option<u64>,
+    timeout_s: Option<u64>,
+    #[serde(default)]
+    verify: bool,
+}
+
+impl MigrateRequest {
+    fn options(&self) -> Result<crate::migration::MigrateOptions, ApiFailure> {
+        use crate::migration::{MigrateOptions, Tracker};
+        let to = self.to.parse().map_err(|e| ApiFailure::bad("to", e))?;
+        let mut o = MigrateOptions::to(to);
+        if let Some(t) = &self.dirty_tracking {
+            o.tracker = t
+                .parse::<Tracker>()
+                .map_err(|e| ApiFailure::bad("dirty_tracking", e))?;
+        }
+        if let Some(ms) = self.downtime_ms {
+            o.downtime = Duration::from_millis(ms);
+        }
+        if let Some(b) = self.batch_pages {
+            o.batch_pages = b;
+        }
+        o.bandwidth = self.bandwidth;
+        if let Some(s) = self.timeout_s {
+            o.timeout = Duration::from_secs(s);
+        }
+        o.verify = self.verify;
+        o.check()
+            .map_err(|(field, reason)| ApiFailure::bad(field, reason))?;
+        Ok(o)
+    }
+}
+
 /// The body of `PUT /vm/halt-poll`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -261,6 +304,18 @@ impl From<CommandError> for ApiFailure {
                 field: Some("path".into()),
             },
             CommandError::Gone => ApiFailure::new(503, message),
+            CommandError::Migration(ref m) => {
+                use crate::migration::MigrationError as M;
+                ApiFailure::new(
+                    match m {
+                        M::Connect { .. } | M::Refused(_) | M::Wire(_) => 502,
+                        M::NoConvergence(_) => 504,
+                        M::Unsupported(_) | M::GuestEnded => 409,
+                        _ => 500,
+                    },
+                    message,
+                )
+            }
             _ => ApiFailure::new(500, message),
         }
     }
@@ -366,6 +421,10 @@ fn route(ctx: &Ctx, method: &Method, url: &str, body: &[u8]) -> Result<Answer, A
         (Method::Put, "/vm/halt-poll") => {
             let r: HaltPollRequest = parse_body(body)?;
             command(Command::HaltPoll(r.setting()?))
+        }
+        (Method::Put, "/vm/migrate") => {
+            let r: MigrateRequest = parse_body(body)?;
+            command(Command::Migrate(r.options()?))
         }
         (Method::Get, "/vm/stats") => Ok(json(200, &ctx.sources.snapshot())),
         (Method::Get, "/metrics") => Ok((

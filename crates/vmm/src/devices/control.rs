@@ -63,6 +63,7 @@ pub struct ControlDevice {
     msi: Option<MsiInjector>,
     vcpus: u32,
     pvio: Option<std::sync::Arc<super::pvio::PvioDevice>>,
+    host_writes: std::sync::Arc<crate::migration::dirty::HostWrites>,
 }
 
 fn decode_request(b: &[u8; REQUEST_SIZE]) -> ControlRequest {
@@ -97,7 +98,17 @@ impl ControlDevice {
             msi,
             vcpus,
             pvio: None,
+            host_writes: Default::default(),
         }
+    }
+
+    /// Record the device's writes to guest memory in `w` (for migration).
+    pub fn with_host_writes(
+        mut self,
+        w: std::sync::Arc<crate::migration::dirty::HostWrites>,
+    ) -> Self {
+        self.host_writes = w;
+        self
     }
 
     /// Attach the I/O device that IO_SETUP requests set up.
@@ -217,6 +228,7 @@ impl ControlDevice {
         }
         // The request was readable, so its status field is writable.
         let _ = self.memory.write_obj(st, GuestAddress(gpa + STATUS_OFFSET));
+        self.host_writes.mark(gpa + STATUS_OFFSET, 4);
         action
     }
 

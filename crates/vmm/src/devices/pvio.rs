@@ -84,6 +84,7 @@ pub struct PvioDevice {
     remove_at_exit: bool,
     thread: Mutex<Option<JoinHandle<()>>>,
     stop: AtomicBool,
+    host_writes: Arc<crate::migration::dirty::HostWrites>,
     requests: AtomicU64,
     bad: AtomicU64,
     errors: AtomicU64,
@@ -123,6 +124,7 @@ impl PvioDevice {
         memory: GuestMemoryMmap,
         vcpus: u32,
         config: &PvioConfig,
+        host_writes: Arc<crate::migration::dirty::HostWrites>,
     ) -> Result<Arc<Self>, crate::Error> {
         let host = |what, source| crate::Error::Host { what, source };
         let doorbell = EventFd::new(0).map_err(|e| host("create the I/O doorbell", e))?;
@@ -173,6 +175,7 @@ impl PvioDevice {
             remove_at_exit,
             thread: Mutex::new(None),
             stop: AtomicBool::new(false),
+            host_writes,
             requests: AtomicU64::new(0),
             bad: AtomicU64::new(0),
             errors: AtomicU64::new(0),
@@ -294,14 +297,17 @@ impl PvioDevice {
                     tracing::warn!("I/O device: the guest overran its ring ({submitted} submitted, {done} done); skipping");
                     done = submitted;
                     let _ = self.memory.write_obj(done, GuestAddress(gpa + 8));
+                    self.host_writes.mark(gpa + 8, 8);
                     break;
                 }
                 let at = gpa + HEADER + (done % entries) * REQUEST;
                 let (st, err, vcpu) = self.perform(&file, at, &mut buf);
                 let _ = self.memory.write_obj(st, GuestAddress(at + 28));
                 let _ = self.memory.write_obj(err, GuestAddress(at + 32));
+                self.host_writes.mark(at + 28, 8);
                 done += 1;
                 let _ = self.memory.write_obj(done, GuestAddress(gpa + 8));
+                self.host_writes.mark(gpa + 8, 8);
                 self.requests.fetch_add(1, Ordering::Relaxed);
                 let target = self.irqfds.get(vcpu as usize).unwrap_or(&self.irqfds[0]);
                 let _ = target.write(1);

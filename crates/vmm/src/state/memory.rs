@@ -54,7 +54,46 @@ fn resident(r: &Region) -> io::Result<Vec<bool>> {
     Ok(vec.into_iter().map(|b| b & 1 != 0).collect())
 }
 
-fn is_zero(page: &[u8]) -> bool {
+/// The resident pages of guest RAM (those the guest or the monitor ever
+/// touched), ascending.
+pub fn resident_pages(ram: &GuestRam) -> io::Result<Vec<u64>> {
+    let mut out = Vec::new();
+    for r in regions(ram)? {
+        for (i, present) in resident(&r)?.into_iter().enumerate() {
+            if present {
+                out.push(r.gpa + i as u64 * PAGE_SIZE);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A digest of guest memory: CRC32 over every resident page that is not all
+/// zeros, with its address, ascending. Two VMs whose memory holds the same
+/// have the same digest, whatever pages each has touched.
+pub fn digest(ram: &GuestRam) -> io::Result<u32> {
+    let mut h = crc32fast::Hasher::new();
+    let mut buf = PageBuf::new();
+    for gpa in resident_pages(ram)? {
+        read_page(ram, gpa, &mut buf.0)?;
+        if !is_zero(&buf.0) {
+            h.update(&gpa.to_le_bytes());
+            h.update(&buf.0);
+        }
+    }
+    Ok(h.finalize())
+}
+
+/// Copy the page at `gpa` out of guest RAM (it must not be under a pager).
+pub fn read_page(ram: &GuestRam, gpa: u64, out: &mut [u8]) -> io::Result<()> {
+    use vm_memory::{Bytes, GuestAddress};
+    ram.memory()
+        .read_slice(&mut out[..PAGE_SIZE as usize], GuestAddress(gpa))
+        .map_err(|e| io::Error::other(e.to_string()))
+}
+
+/// Whether a page is all zeros.
+pub fn is_zero(page: &[u8]) -> bool {
     page.iter().all(|&b| b == 0)
 }
 

@@ -34,6 +34,8 @@ pub enum Command {
     },
     /// Change halt polling.
     HaltPoll(HaltPoll),
+    /// Move the running VM to another host (`hover receive` there).
+    Migrate(crate::migration::MigrateOptions),
 }
 
 /// What a command did.
@@ -52,6 +54,8 @@ pub enum Reply {
     },
     /// A snapshot was written.
     Snapshot(SnapshotInfo),
+    /// The VM moved; the run ends.
+    Migrated(crate::migration::MigrationReport),
     /// Halt polling as now set, in the request's form ([`HaltPoll::to_json`]).
     HaltPoll {
         /// The setting.
@@ -100,6 +104,9 @@ pub enum CommandError {
     /// The snapshot could not be written (the file is removed; the VM runs on).
     #[error(transparent)]
     Snapshot(#[from] SnapshotError),
+    /// A migration failed (the VM runs on here).
+    #[error("migration failed, the VM runs on here: {0}")]
+    Migration(#[from] crate::migration::MigrationError),
     /// The VM has ended.
     #[error("the VM has stopped")]
     Gone,

@@ -4,7 +4,9 @@
 //! says how it ended, `control.rs` how it is steered meanwhile.
 
 mod control;
+mod migrate;
 mod outcome;
+mod receive;
 mod restore;
 mod run;
 
@@ -27,6 +29,7 @@ use crate::devices::serial::{ConsoleSink, SerialConsole, UartState};
 use crate::devices::Devices;
 use crate::memory::paged::{PageSource, Pager, MIN_BUDGET_PAGES};
 use crate::memory::GuestRam;
+use crate::migration::dirty::HostWrites;
 use crate::sched::halt_poll::{self, HaltPoll};
 use crate::state::{SavedConfig, SavedPaging};
 use crate::stats::KvmStats;
@@ -64,6 +67,7 @@ pub struct Vm {
     pvio: Arc<PvioDevice>,
     saved: SavedConfig,
     restored: Option<RestoreReport>,
+    host_writes: Arc<HostWrites>,
     events: Sender<VmEvent>,
     events_rx: Receiver<VmEvent>,
     status: Arc<Mutex<Status>>,
@@ -172,7 +176,14 @@ impl Vm {
                 source: std::io::Error::other(e),
             })?,
         };
-        let pvio = PvioDevice::new(&fd, m.ram.memory().clone(), config.vcpus, &config.pvio)?;
+        let host_writes = Arc::new(HostWrites::new(m.ram.end()));
+        let pvio = PvioDevice::new(
+            &fd,
+            m.ram.memory().clone(),
+            config.vcpus,
+            &config.pvio,
+            host_writes.clone(),
+        )?;
         let devices = Arc::new(Devices {
             serial,
             control: ControlDevice::new(
@@ -180,7 +191,8 @@ impl Vm {
                 Some(MsiInjector::new(fd.clone())),
                 config.vcpus,
             )
-            .with_pvio(pvio.clone()),
+            .with_pvio(pvio.clone())
+            .with_host_writes(host_writes.clone()),
         });
         let (events, events_rx) = mpsc::channel();
         let paging = match (&config.paging, &source) {
@@ -236,6 +248,7 @@ impl Vm {
             pvio,
             saved,
             restored: None,
+            host_writes,
             events,
             events_rx,
             status,

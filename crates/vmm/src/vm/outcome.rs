@@ -50,6 +50,8 @@ pub enum EndReason {
     Shutdown,
     /// A snapshot was taken with `stop`: the VM lives on in the file.
     Snapshot,
+    /// The VM migrated: the guest runs at the destination.
+    Migrated,
 }
 
 /// How a restored VM came back.

@@ -1,6 +1,7 @@
 //! Running a VM: its vCPU threads, and the control loop that hears vCPU
 //! events and commands until the run ends.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -33,13 +34,16 @@ enum End {
     VcpuGone(usize),
     Shutdown,
     Snapshot,
+    Migrated,
 }
 
 /// A VM whose vCPU threads run.
-struct Running {
-    vm: Vm,
+pub(super) struct Running {
+    pub(super) vm: Vm,
     vcpus: Vec<VcpuHandle>,
-    state: Lifecycle,
+    pub(super) state: Lifecycle,
+    /// Events taken off the channel during a long command, to handle next.
+    pub(super) stashed: VecDeque<VmEvent>,
     governor: Option<Governor>,
     /// Spare statistics handles for starting a governor later.
     governor_stats: Vec<KvmStats>,
@@ -68,6 +72,7 @@ impl Vm {
             vm: self,
             vcpus: Vec::new(),
             state: Lifecycle::Created,
+            stashed: VecDeque::new(),
             governor: None,
             governor_stats,
             governor_reports: Vec::new(),
@@ -111,6 +116,7 @@ impl Vm {
             End::PowerOff { vcpu, code } => (EndReason::PowerOff, code, Some(vcpu)),
             End::Shutdown => (EndReason::Shutdown, 0, None),
             End::Snapshot => (EndReason::Snapshot, 0, None),
+            End::Migrated => (EndReason::Migrated, 0, None),
             End::Crash(crash) => return Err(Error::GuestCrash(Box::new(crash))),
             End::Failed(error) => return Err(KvmOp::Run.err()(error)),
             End::Pager(msg) => return Err(Error::PagerFailed(msg)),
@@ -181,11 +187,14 @@ impl Running {
     /// The control loop: until a vCPU ends the run or a command does.
     fn serve(&mut self) -> Result<End, Error> {
         loop {
-            let event = self
-                .vm
-                .events_rx
-                .recv()
-                .expect("the Vm holds a sender, so the channel stays open");
+            let event = match self.stashed.pop_front() {
+                Some(e) => e,
+                None => self
+                    .vm
+                    .events_rx
+                    .recv()
+                    .expect("the Vm holds a sender, so the channel stays open"),
+            };
             match event {
                 VmEvent::Vcpu(VcpuEvent::Exit { vcpu, code }) => {
                     return Ok(End::PowerOff { vcpu, code })
@@ -223,6 +232,10 @@ impl Running {
                 }
                 Err(e) => (Err(e), None),
             },
+            Command::Migrate(o) => match self.migrate(&o) {
+                Ok(report) => (Ok(Reply::Migrated(report)), Some(End::Migrated)),
+                Err(e) => (Err(e), None),
+            },
             Command::HaltPoll(h) => (
                 self.set_halt_poll(h).map(|_| Reply::HaltPoll {
                     halt_poll: h.to_json(),
@@ -255,7 +268,7 @@ impl Running {
         }
     }
 
-    fn pause(&mut self) -> Result<Duration, CommandError> {
+    pub(super) fn pause(&mut self) -> Result<Duration, CommandError> {
         if self.state != Lifecycle::Running {
             return Err(self.wrong_state("pause", "running"));
         }
@@ -267,7 +280,7 @@ impl Running {
         Ok(took)
     }
 
-    fn resume(&mut self) -> Result<(), CommandError> {
+    pub(super) fn resume(&mut self) -> Result<(), CommandError> {
         if self.state != Lifecycle::Paused {
             return Err(self.wrong_state("resume", "paused"));
         }
@@ -329,6 +342,13 @@ impl Running {
 
     /// Save everything but memory into a state document, and memory into `w`.
     fn save(&self, w: &mut SnapshotWriter) -> Result<(VmState, u64), CommandError> {
+        let state = self.collect_state()?;
+        let pages = state::memory::save(&self.vm.ram, self.vm.pager.as_ref(), w)?;
+        Ok((state, pages))
+    }
+
+    /// Everything but memory, as a state document (the VM is paused).
+    pub(super) fn collect_state(&self) -> Result<VmState, CommandError> {
         let mut vcpus = Vec::with_capacity(self.vcpus.len());
         for (i, reply) in self.broadcast(|| VcpuMsg::Save)?.into_iter().enumerate() {
             match reply {
@@ -357,26 +377,22 @@ impl Running {
             .fd
             .get_clock()
             .map_err(|e| kvm_err("KVM_GET_CLOCK", e))?;
-        let pages = state::memory::save(&self.vm.ram, self.vm.pager.as_ref(), w)?;
         let mut config = self.vm.saved.clone();
         config.halt_poll = self.vm.halt_poll;
-        Ok((
-            VmState {
-                config,
-                vcpus,
-                machine: MachineState {
-                    irqchip,
-                    clock,
-                    host_tsc: state::host_tsc(),
-                },
-                devices: DevicesState {
-                    serial: self.vm.devices.serial.state(),
-                    control: self.vm.devices.control.state(),
-                    pvio: self.vm.pvio.state(),
-                },
+        Ok(VmState {
+            config,
+            vcpus,
+            machine: MachineState {
+                irqchip,
+                clock,
+                host_tsc: state::host_tsc(),
             },
-            pages,
-        ))
+            devices: DevicesState {
+                serial: self.vm.devices.serial.state(),
+                control: self.vm.devices.control.state(),
+                pvio: self.vm.pvio.state(),
+            },
+        })
     }
 
     fn start_governor(&mut self, budget_pct: f64) -> Result<(), Error> {

@@ -1,0 +1,283 @@
+//! The source side of a live migration, run by the VM's control loop
+//! (`Command::Migrate`): connect, send the configuration, then memory in
+//! rounds while the guest runs, then pause for the last round and the
+//! state, and end the run once the destination says the guest runs there.
+//! Any failure turns dirty tracking off, resumes the guest (if this paused
+//! it) and leaves the VM as it was.
+
+use std::time::{Duration, Instant};
+
+use super::control::{CommandError, Lifecycle, VmEvent};
+use super::run::Running;
+use crate::migration::dirty::{merge, BitmapTracker, DirtyTracker};
+use crate::migration::transport::Conn;
+use crate::migration::wire::{pages_header, FrameReader, FrameWriter, Kind};
+use crate::migration::{transfer_time, MigrateOptions, MigrationError, MigrationReport};
+use crate::state::{self, memory};
+use crate::vcpu::VcpuEvent;
+use hover_abi::layout::PAGE_SIZE;
+
+/// How long connecting may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a read or write may stall before the peer counts as gone.
+const IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// A round smaller than this is not used to measure the link's rate.
+const MIN_RATE_BYTES: u64 = 1 << 20;
+
+type Writer = FrameWriter<Conn>;
+type Reader = FrameReader<Conn>;
+
+fn io(what: &'static str) -> impl Fn(std::io::Error) -> MigrationError {
+    move |e| MigrationError::Host(format!("{what}: {e}"))
+}
+
+/// Wait for `want` from the destination; its ERROR becomes a refusal.
+fn expect(r: &mut Reader, want: Kind) -> Result<Vec<u8>, MigrationError> {
+    let f = r.frame()?;
+    match f.kind {
+        k if k == want => Ok(f.payload),
+        Kind::Error => Err(MigrationError::Refused(
+            String::from_utf8_lossy(&f.payload).into_owned(),
+        )),
+        other => Err(MigrationError::Refused(format!(
+            "the destination answered {other:?} where {want:?} belongs"
+        ))),
+    }
+}
+
+/// Sends pages in batches, copying each batch out of guest memory first (a
+/// frame's CRC needs a copy the running guest cannot change under it).
+struct PageSender {
+    batch: usize,
+    bandwidth: Option<u64>,
+    started: Instant,
+    buf: Vec<u8>,
+    gpas: Vec<u64>,
+    pages: u64,
+    throttled: bool,
+}
+
+impl PageSender {
+    /// Send the pages of `ram` at `gpas`; in the first round, pages of
+    /// zeros are skipped (the destination's memory starts as zeros).
+    /// Returns pages sent.
+    fn send(
+        &mut self,
+        ram: &crate::memory::GuestRam,
+        w: &mut Writer,
+        gpas: &[u64],
+        skip_zero: bool,
+    ) -> Result<u64, MigrationError> {
+        let mut sent = 0;
+        let mut page = vec![0u8; PAGE_SIZE as usize];
+        for &gpa in gpas {
+            memory::read_page(ram, gpa, &mut page).map_err(io("reading guest memory"))?;
+            if skip_zero && memory::is_zero(&page) {
+                continue;
+            }
+            self.gpas.push(gpa);
+            self.buf.extend_from_slice(&page);
+            if self.gpas.len() == self.batch {
+                sent += self.flush(w)?;
+            }
+        }
+        sent += self.flush(w)?;
+        Ok(sent)
+    }
+
+    fn flush(&mut self, w: &mut Writer) -> Result<u64, MigrationError> {
+        if self.gpas.is_empty() {
+            return Ok(0);
+        }
+        let header = pages_header(&self.gpas);
+        w.frame(Kind::Pages, &[&header, &self.buf])
+            .map_err(io("sending memory"))?;
+        let n = self.gpas.len() as u64;
+        self.pages += n;
+        self.gpas.clear();
+        self.buf.clear();
+        if let Some(bw) = self.bandwidth {
+            let due = Duration::from_secs_f64(w.bytes as f64 / bw as f64);
+            if let Some(wait) = due.checked_sub(self.started.elapsed()) {
+                self.throttled = true;
+                std::thread::sleep(wait);
+            }
+        }
+        Ok(n)
+    }
+}
+
+impl Running {
+    /// Migrate the VM to `o.to`. On success the run is to end: the guest
+    /// runs at the destination.
+    pub(super) fn migrate(&mut self, o: &MigrateOptions) -> Result<MigrationReport, CommandError> {
+        if let Err((field, reason)) = o.check() {
+            return Err(CommandError::Invalid { field, reason });
+        }
+        if !matches!(self.state, Lifecycle::Running | Lifecycle::Paused) {
+            return Err(CommandError::WrongState {
+                state: self.state,
+                action: "migrate",
+                needs: "running or paused",
+            });
+        }
+        if self.vm.pager.is_some() {
+            return Err(MigrationError::Unsupported(
+                "a VM under a pager (a memory budget, or a lazy restore) cannot migrate yet; restore it eagerly to migrate it".into(),
+            )
+            .into());
+        }
+        let t0 = Instant::now();
+        let conn =
+            Conn::connect(&o.to, CONNECT_TIMEOUT).map_err(|source| MigrationError::Connect {
+                to: o.to.to_string(),
+                source,
+            })?;
+        let was_running = self.state == Lifecycle::Running;
+        let mut tracker = BitmapTracker::new(self.vm.fd.clone(), &self.vm.ram);
+        let result = self.send_vm(o, &conn, &mut tracker, t0);
+        tracker.stop();
+        self.vm.host_writes.record(false);
+        if result.is_err() {
+            conn.shutdown();
+            if was_running && self.state == Lifecycle::Paused {
+                if let Err(e) = self.resume() {
+                    tracing::error!("cannot resume the VM after a failed migration: {e}");
+                }
+            }
+        }
+        Ok(result?)
+    }
+
+    fn send_vm(
+        &mut self,
+        o: &MigrateOptions,
+        conn: &Conn,
+        tracker: &mut dyn DirtyTracker,
+        t0: Instant,
+    ) -> Result<MigrationReport, MigrationError> {
+        conn.set_timeout(Some(IO_TIMEOUT))
+            .map_err(io("setting the connection's timeout"))?;
+        let mut w = FrameWriter::new(conn.try_clone().map_err(io("cloning the connection"))?);
+        let mut r = FrameReader::new(conn.try_clone().map_err(io("cloning the connection"))?);
+        w.hello().map_err(io("sending the hello"))?;
+        let mut config = self.vm.saved.clone();
+        config.halt_poll = self.vm.halt_poll;
+        let conf = postcard::to_allocvec(&config).expect("state types always encode");
+        w.frame(Kind::Conf, &[&conf])
+            .map_err(io("sending the configuration"))?;
+        expect(&mut r, Kind::Ready)?;
+
+        tracker.start()?;
+        self.vm.host_writes.record(true);
+        let mut report = MigrationReport {
+            to: o.to.to_string(),
+            tracker: tracker.name().into(),
+            batch_pages: o.batch_pages,
+            ..Default::default()
+        };
+        let mut sender = PageSender {
+            batch: o.batch_pages,
+            bandwidth: o.bandwidth,
+            started: Instant::now(),
+            buf: Vec::with_capacity(o.batch_pages * PAGE_SIZE as usize),
+            gpas: Vec::with_capacity(o.batch_pages),
+            pages: 0,
+            throttled: false,
+        };
+        // Round 0: everything the guest has touched. Then what it dirtied.
+        let mut pending =
+            memory::resident_pages(&self.vm.ram).map_err(io("listing guest memory"))?;
+        let mut rate: Option<f64> = None;
+        loop {
+            if let Some(e) = self.guest_ended() {
+                self.stashed.push_back(e);
+                return Err(MigrationError::GuestEnded);
+            }
+            if t0.elapsed() > o.timeout {
+                return Err(MigrationError::NoConvergence(format!(
+                    "not done after {:?} ({} rounds; the last had {} dirty pages, the link moves {:.0} MB/s): raise --timeout or --downtime-ms, or lower the guest's write rate",
+                    o.timeout,
+                    report.rounds,
+                    pending.len(),
+                    rate.unwrap_or(0.0) / 1e6
+                )));
+            }
+            let (start, bytes0) = (Instant::now(), w.bytes);
+            let sent = sender.send(&self.vm.ram, &mut w, &pending, report.rounds == 0)?;
+            report.round_pages.push(sent);
+            report.rounds += 1;
+            let bytes = w.bytes - bytes0;
+            if bytes >= MIN_RATE_BYTES {
+                rate = Some(bytes as f64 / start.elapsed().as_secs_f64().max(1e-6));
+            }
+            pending = merge(tracker.harvest()?, self.vm.host_writes.take());
+            let left = transfer_time(pending.len() as u64, rate.unwrap_or(0.0));
+            tracing::debug!(
+                round = report.rounds,
+                sent,
+                dirty = pending.len(),
+                ?left,
+                "pre-copy round"
+            );
+            if left <= o.downtime {
+                break;
+            }
+        }
+
+        // The final round: the guest stops here.
+        let paused_at = Instant::now();
+        let pause_tsc = state::host_tsc();
+        if self.state == Lifecycle::Running {
+            self.pause()
+                .map_err(|e| MigrationError::Host(e.to_string()))?;
+        }
+        let last = merge(
+            merge(pending, tracker.harvest()?),
+            self.vm.host_writes.take(),
+        );
+        let sent = sender.send(&self.vm.ram, &mut w, &last, false)?;
+        report.round_pages.push(sent);
+        report.rounds += 1;
+        let st = self
+            .collect_state()
+            .map_err(|e| MigrationError::Host(e.to_string()))?;
+        let st = postcard::to_allocvec(&st).expect("state types always encode");
+        w.frame(Kind::State, &[&st])
+            .map_err(io("sending the state"))?;
+        if o.verify {
+            let d = memory::digest(&self.vm.ram).map_err(io("digesting guest memory"))?;
+            w.frame(Kind::Digest, &[&d.to_le_bytes()])
+                .map_err(io("sending the digest"))?;
+        }
+        w.frame(Kind::End, &[]).map_err(io("ending the stream"))?;
+        let running = expect(&mut r, Kind::Running)?;
+        let tsc_khz = self.vm.tsc_khz.max(1) as f64;
+        if let Ok(b) = <[u8; 8]>::try_from(running.as_slice()) {
+            let at = u64::from_le_bytes(b);
+            report.guest_downtime_ms = at.saturating_sub(pause_tsc) as f64 / tsc_khz;
+        }
+        report.downtime_ms = paused_at.elapsed().as_secs_f64() * 1e3;
+        report.total_ms = t0.elapsed().as_secs_f64() * 1e3;
+        report.pages_sent = sender.pages;
+        report.bytes_sent = w.bytes;
+        report.throttled = sender.throttled;
+        Ok(report)
+    }
+
+    /// A vCPU event that arrived meanwhile (the guest powered off or
+    /// crashed), if any; other events are kept for the control loop.
+    fn guest_ended(&mut self) -> Option<VmEvent> {
+        while let Ok(e) = self.vm.events_rx.try_recv() {
+            match e {
+                VmEvent::Vcpu(VcpuEvent::Exit { .. })
+                | VmEvent::Vcpu(VcpuEvent::Crash(_))
+                | VmEvent::Vcpu(VcpuEvent::Failed { .. })
+                | VmEvent::Vcpu(VcpuEvent::Panicked { .. })
+                | VmEvent::PagerFailed(_) => return Some(e),
+                other => self.stashed.push_back(other),
+            }
+        }
+        None
+    }
+}

@@ -1,0 +1,215 @@
+//! The destination side of a live migration (`hover receive`): wait for one
+//! source, build the VM from its configuration, place the pages it sends,
+//! load its state, and only then say READY... RUNNING. A stream that is
+//! truncated, corrupted or does not fit this host is refused with the frame
+//! and offset, and no half-built VM ever runs.
+
+use std::time::{Duration, Instant};
+
+use vm_memory::{Bytes, GuestAddress};
+
+use super::outcome::{us_since, RestoreReport};
+use super::restore::{prepare, LoadError, RestoreOptions};
+use super::{open_console, DeviceSetup, Vm};
+use crate::migration::transport::{Addr, Conn, Listener};
+use crate::migration::wire::{split_pages, FrameReader, FrameWriter, Kind};
+use crate::migration::MigrationError;
+use crate::state::{self, memory, SavedConfig, VmState};
+use crate::Error;
+use hover_abi::layout::PAGE_SIZE;
+
+/// How long the source may go quiet in the middle of a migration.
+const IO_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn unfit(section: &'static str, offset: u64, reason: String) -> MigrationError {
+    MigrationError::Unfit {
+        section,
+        offset,
+        reason,
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(
+    section: &'static str,
+    offset: u64,
+    b: &[u8],
+) -> Result<T, MigrationError> {
+    postcard::from_bytes(b).map_err(|e| unfit(section, offset, format!("cannot be decoded: {e}")))
+}
+
+impl Vm {
+    /// Listen at `listen`, call `on_listening` with the address (a TCP port
+    /// 0 is chosen by the system), take one incoming VM and build it. The
+    /// listener closes once a source connects, so a second connection is
+    /// refused. Nothing runs until [`Vm::run`].
+    pub fn receive(
+        listen: &Addr,
+        opts: &RestoreOptions,
+        on_listening: impl FnOnce(&str),
+    ) -> Result<Vm, Error> {
+        let listener = Listener::bind(listen).map_err(|e| {
+            Error::Migration(MigrationError::Host(format!(
+                "cannot listen at {listen}: {e}"
+            )))
+        })?;
+        on_listening(&listener.local());
+        let conn = listener.accept().map_err(|e| {
+            Error::Migration(MigrationError::Host(format!("accepting a connection: {e}")))
+        })?;
+        drop(listener);
+        let created_at = Instant::now();
+        let writer = conn
+            .try_clone()
+            .map_err(|e| Error::Migration(MigrationError::Host(e.to_string())))?;
+        let mut w = FrameWriter::new(writer);
+        match Vm::take_in(&conn, &mut w, opts, created_at) {
+            Ok(vm) => Ok(vm),
+            Err(e) => {
+                // Tell the source why, if it still listens.
+                let msg = match &e {
+                    Error::Migration(m) => m.to_string(),
+                    other => other.to_string(),
+                };
+                let _ = w.frame(Kind::Error, &[msg.as_bytes()]);
+                conn.shutdown();
+                Err(e)
+            }
+        }
+    }
+
+    fn take_in(
+        conn: &Conn,
+        w: &mut FrameWriter<Conn>,
+        opts: &RestoreOptions,
+        created_at: Instant,
+    ) -> Result<Vm, Error> {
+        let mig = |e: MigrationError| Error::Migration(e);
+        let host = |what: &str| {
+            let what = what.to_string();
+            move |e: std::io::Error| Error::Migration(MigrationError::Host(format!("{what}: {e}")))
+        };
+        conn.set_timeout(Some(IO_TIMEOUT))
+            .map_err(host("setting the connection's timeout"))?;
+        let mut r = FrameReader::new(conn.try_clone().map_err(host("cloning the connection"))?);
+        r.hello().map_err(|e| mig(e.into()))?;
+        let f = r.frame().map_err(|e| mig(e.into()))?;
+        if f.kind != Kind::Conf {
+            return Err(mig(unfit(
+                "CONF",
+                f.offset,
+                format!("found a {:?} frame", f.kind),
+            )));
+        }
+        let saved: SavedConfig = decode("CONF", f.offset, &f.payload).map_err(mig)?;
+        let conf_at = f.offset;
+        let load = |e: LoadError, section: &'static str, offset: u64| match e {
+            LoadError::Unfit(_, reason) => mig(unfit(section, offset, reason)),
+            LoadError::Host(e) => e,
+        };
+        // The machine and its memory now; devices once their state is here.
+        let p = prepare(&saved, opts).map_err(|e| load(e, "CONF", conf_at))?;
+        let ram = &p.machine.ram;
+        w.frame(Kind::Ready, &[])
+            .map_err(host("answering the source"))?;
+
+        let (mut state, mut digest, mut pages): (Option<(u64, VmState)>, Option<u32>, u64) =
+            (None, None, 0);
+        loop {
+            let f = r.frame().map_err(|e| mig(e.into()))?;
+            match f.kind {
+                Kind::Pages => {
+                    let (gpas, data) = split_pages(&f.payload)
+                        .map_err(|reason| mig(unfit("PAGES", f.offset, reason)))?;
+                    for (gpa, page) in gpas.iter().zip(data.chunks_exact(PAGE_SIZE as usize)) {
+                        if !ram.contains(*gpa, PAGE_SIZE) {
+                            return Err(mig(unfit(
+                                "PAGES",
+                                f.offset,
+                                format!("page {gpa:#x} is outside guest memory"),
+                            )));
+                        }
+                        ram.memory()
+                            .write_slice(page, GuestAddress(*gpa))
+                            .map_err(|e| mig(MigrationError::Host(e.to_string())))?;
+                    }
+                    pages += gpas.len() as u64;
+                }
+                Kind::State => {
+                    let s: VmState = decode("STATE", f.offset, &f.payload).map_err(mig)?;
+                    if s.config != saved {
+                        return Err(mig(unfit(
+                            "STATE",
+                            f.offset,
+                            "its configuration differs from the one sent first".into(),
+                        )));
+                    }
+                    state = Some((f.offset, s));
+                }
+                Kind::Digest => {
+                    let b: [u8; 4] = f.payload.as_slice().try_into().map_err(|_| {
+                        mig(unfit("DIGEST", f.offset, "not a 4-byte digest".into()))
+                    })?;
+                    digest = Some(u32::from_le_bytes(b));
+                }
+                Kind::End => break,
+                other => {
+                    return Err(mig(unfit(
+                        "stream",
+                        f.offset,
+                        format!("a {other:?} frame does not belong here"),
+                    )))
+                }
+            }
+        }
+        let end_at = r.offset();
+        let Some((state_at, s)) = state else {
+            return Err(mig(unfit(
+                "END",
+                end_at,
+                "the stream ended without the VM's state".into(),
+            )));
+        };
+        p.check_vcpus(&s.vcpus)
+            .map_err(|e| load(e, "STATE", state_at))?;
+        if let Some(want) = digest {
+            let got = memory::digest(&p.machine.ram).map_err(host("digesting guest memory"))?;
+            if got != want {
+                return Err(mig(unfit(
+                    "DIGEST",
+                    end_at,
+                    format!("guest memory here digests to {got:#x}, the source's to {want:#x}"),
+                )));
+            }
+        }
+        let sink = open_console(&p.config)?;
+        let config = p.config;
+        let mut vm = Vm::assemble(
+            p.machine,
+            &config,
+            saved,
+            p.vcpus,
+            s.vcpus[0].tsc_khz,
+            DeviceSetup {
+                sink,
+                uart: Some(&s.devices.serial),
+            },
+            None,
+            created_at,
+        )?;
+        vm.load_state(&s).map_err(|e| load(e, "STATE", state_at))?;
+        vm.restored = Some(RestoreReport {
+            snapshot: "a live migration".into(),
+            memory_restore: "eager",
+            to_running_us: us_since(created_at, Instant::now()),
+            running_tsc: 0,
+            pages_loaded: pages,
+        });
+        vm.status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .restored_from = Some("a live migration".into());
+        w.frame(Kind::Running, &[&state::host_tsc().to_le_bytes()])
+            .map_err(host("answering the source"))?;
+        Ok(vm)
+    }
+}
