@@ -285,7 +285,7 @@ pub fn split_pages(p: &[u8]) -> Result<(Vec<u64>, &[u8]), String> {
         .chunks_exact(8)
         .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
         .collect::<Vec<_>>();
-    if gpas.iter().any(|g| g % PAGE_SIZE != 0) {
+    if gpas.iter().any(|g| !g.is_multiple_of(PAGE_SIZE)) {
         return Err("a page address is not page-aligned".into());
     }
     Ok((gpas, &p[8 + n * 8..]))

@@ -156,7 +156,7 @@ pub(crate) fn prepare(saved: &SavedConfig, opts: &RestoreOptions) -> Result<Prep
     config
         .validate()
         .map_err(|e| LoadError::Unfit("CONF", e.to_string()))?;
-    if saved.image_end >= config.memory || saved.image_end % 4096 != 0 {
+    if saved.image_end >= config.memory || !saved.image_end.is_multiple_of(4096) {
         return Err(LoadError::Unfit(
             "CONF",
             format!(
