@@ -355,6 +355,9 @@ fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiFailu
 struct Ctx {
     sources: LiveSources,
     controller: Controller,
+    /// Requests read and not yet answered: the server waits for them when
+    /// the VM stops, so a command's answer is not lost to the exit.
+    answering: std::sync::atomic::AtomicUsize,
 }
 
 /// An answer: status, content type, body.
@@ -464,11 +467,23 @@ fn handle(ctx: &Ctx, mut req: tiny_http::Request) {
                 413,
                 format!("the request body is over {MAX_BODY} bytes"),
             )),
-            Ok(_) => route(ctx, req.method(), req.url(), &body).unwrap_or_else(failure),
+            Ok(_) => {
+                ctx.answering
+                    .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                let a = route(ctx, req.method(), req.url(), &body).unwrap_or_else(failure);
+                respond(req, a);
+                ctx.answering
+                    .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                return;
+            }
             // The client went away mid-request: nobody to answer.
             Err(_) => return,
         }
     };
+    respond(req, answer);
+}
+
+fn respond(req: tiny_http::Request, answer: Answer) {
     let (status, content_type, text) = answer;
     let header = Header::from_bytes("Content-Type", content_type).expect("a valid header");
     let mut response = Response::from_string(text)
@@ -484,6 +499,7 @@ fn handle(ctx: &Ctx, mut req: tiny_http::Request) {
 /// The listening socket and its thread.
 pub struct ApiServer {
     path: PathBuf,
+    ctx: Arc<Ctx>,
     /// The socket file's (device, inode): removed at the end only if the
     /// path still names it (a user may have put something else there).
     inode: Option<(u64, u64)>,
@@ -521,13 +537,14 @@ impl ApiServer {
         let ctx = Arc::new(Ctx {
             sources,
             controller,
+            answering: Default::default(),
         });
-        let s = server.clone();
+        let (s, c) = (server.clone(), ctx.clone());
         let thread = std::thread::Builder::new()
             .name("api".into())
             .spawn(move || {
                 while let Ok(req) = s.recv() {
-                    let ctx = ctx.clone();
+                    let ctx = c.clone();
                     let spawned = std::thread::Builder::new()
                         .name("api-request".into())
                         .spawn(move || handle(&ctx, req));
@@ -544,6 +561,7 @@ impl ApiServer {
         let inode = std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
         Ok(ApiServer {
             path: path.into(),
+            ctx,
             inode,
             server,
             thread: Some(thread),
@@ -555,6 +573,18 @@ impl ApiServer {
         if let Some(t) = self.thread.take() {
             self.server.unblock();
             let _ = t.join();
+            // Let answers being written go out (bounded: a slow client must
+            // not hold the VM's exit).
+            let until = Instant::now() + Duration::from_secs(2);
+            while self
+                .ctx
+                .answering
+                .load(std::sync::atomic::Ordering::Acquire)
+                > 0
+                && Instant::now() < until
+            {
+                std::thread::sleep(Duration::from_millis(1));
+            }
             use std::os::unix::fs::MetadataExt;
             let still_ours = std::fs::symlink_metadata(&self.path)
                 .is_ok_and(|m| Some((m.dev(), m.ino())) == self.inode);

@@ -156,7 +156,8 @@ impl Running {
         tracker: &mut dyn DirtyTracker,
         t0: Instant,
     ) -> Result<MigrationReport, MigrationError> {
-        conn.set_timeout(Some(IO_TIMEOUT))
+        // A stalled destination ends the migration within its timeout.
+        conn.set_timeout(Some(IO_TIMEOUT.min(o.timeout)))
             .map_err(io("setting the connection's timeout"))?;
         let mut w = FrameWriter::new(conn.try_clone().map_err(io("cloning the connection"))?);
         let mut r = FrameReader::new(conn.try_clone().map_err(io("cloning the connection"))?);

@@ -1,0 +1,256 @@
+//! Live migration between two `hover` processes on this machine: a running
+//! `kvstore` guest moves over a Unix socket and over TCP and finishes there
+//! with its own verification passing (and the memory digest checked before
+//! it runs); failures (no destination, a refusal, a stalled or vanishing
+//! peer) leave the source running; bad streams are refused by the receiver.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use common::{hover_cmd, report, text, Scratch, Vm};
+use hover_vmm::host::kvm_for_test;
+use hover_vmm::migration::wire::{FrameReader, FrameWriter, Kind};
+
+/// `hover receive --listen ADDR --json --console off`, and the address it listens on.
+fn receiver(listen: &str) -> (Child, String) {
+    let mut child = hover_cmd()
+        .args(["receive", "--listen", listen, "--json", "--console", "off"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stderr.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let at = line
+        .trim()
+        .rsplit(' ')
+        .next()
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    (child, at)
+}
+
+fn finish(child: Child) -> (Option<i32>, serde_json::Value, String) {
+    let out = child.wait_with_output().unwrap();
+    let v = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (out.status.code(), v, text(&out.stderr))
+}
+
+/// A kvstore guest writing at a rate a loaded host can migrate (at full
+/// speed it dirties all 16 MiB faster than a busy host sends it, and the
+/// migration rightly does not converge).
+fn kvstore(dir: &Scratch, name: &str) -> Vm {
+    Vm::spawn(
+        &[
+            "run",
+            "--cmdline",
+            "workload=kvstore wss=16M rate=1000 seconds=8",
+        ],
+        &dir.path(&format!("{name}.sock")),
+    )
+}
+
+#[test]
+fn kvstore_migrates_over_unix_and_tcp() {
+    if !kvm_for_test("kvstore_migrates_over_unix_and_tcp") {
+        return;
+    }
+    let dir = Scratch::new("migrate");
+    let unix = format!("unix:{}", dir.path("in.sock").display());
+    for listen in [unix.as_str(), "tcp:127.0.0.1:0"] {
+        let (dest, at) = receiver(listen);
+        let src = kvstore(&dir, "src");
+        std::thread::sleep(Duration::from_millis(500));
+        let body = serde_json::json!({ "to": at, "verify": true }).to_string();
+        let r = src
+            .api()
+            .json("PUT", "/vm/migrate", Some(&body))
+            .unwrap_or_else(|e| panic!("{listen}: {e}"));
+        for k in [
+            "total_ms",
+            "downtime_ms",
+            "rounds",
+            "pages_sent",
+            "bytes_sent",
+            "guest_downtime_ms",
+        ] {
+            assert!(r[k].as_f64().is_some(), "{listen}: {k} in {r}");
+        }
+        let per_round: u64 = r["round_pages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_u64().unwrap())
+            .sum();
+        assert_eq!(per_round, r["pages_sent"].as_u64().unwrap(), "{r}");
+        assert!(per_round > 100, "the guest's pages went: {r}");
+        let (code, o, stderr) = src.wait();
+        assert_eq!(code, Some(0), "{stderr}");
+        assert_eq!(o["ended"], "migrated");
+        let (code, o, stderr) = finish(dest);
+        assert_eq!(code, Some(0), "{listen}: {stderr}");
+        assert_eq!(report(&o, "kvstore.errors"), 0, "{listen}");
+        assert!(report(&o, "kvstore.ops") > 0);
+    }
+}
+
+/// A fake destination on a Unix socket: accepts once and runs `script`.
+fn fake_destination(path: &std::path::Path, script: impl FnOnce(UnixStream) + Send + 'static) {
+    let l = UnixListener::bind(path).unwrap();
+    std::thread::spawn(move || {
+        if let Ok((s, _)) = l.accept() {
+            script(s);
+        }
+    });
+}
+
+#[test]
+fn failed_migrations_leave_the_source_running() {
+    if !kvm_for_test("failed_migrations_leave_the_source_running") {
+        return;
+    }
+    let dir = Scratch::new("migrate-fail");
+    let src = kvstore(&dir, "src");
+    let api = src.api();
+    let migrate = |to: &std::path::Path, extra: serde_json::Value| {
+        let mut body = serde_json::json!({ "to": format!("unix:{}", to.display()) });
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        api.call("PUT", "/vm/migrate", Some(&body.to_string()))
+            .unwrap()
+    };
+    // Nobody there.
+    let r = migrate(&dir.path("nobody.sock"), serde_json::json!({}));
+    assert_eq!(r.status, 502, "{}", r.body);
+    assert!(r.body.contains("cannot reach"), "{}", r.body);
+    // A destination that refuses after the configuration.
+    let refuse = dir.path("refuse.sock");
+    fake_destination(&refuse, |s| {
+        let mut r = FrameReader::new(s.try_clone().unwrap());
+        r.hello().unwrap();
+        r.frame().unwrap();
+        let mut w = FrameWriter::new(s);
+        w.frame(Kind::Error, &[b"no room for this VM here"])
+            .unwrap();
+    });
+    let r = migrate(&refuse, serde_json::json!({}));
+    assert_eq!(r.status, 502, "{}", r.body);
+    assert!(r.body.contains("no room for this VM here"), "{}", r.body);
+    // One that accepts memory, then vanishes mid-stream.
+    let vanish = dir.path("vanish.sock");
+    fake_destination(&vanish, |s| {
+        let mut r = FrameReader::new(s.try_clone().unwrap());
+        r.hello().unwrap();
+        r.frame().unwrap();
+        FrameWriter::new(s.try_clone().unwrap())
+            .frame(Kind::Ready, &[])
+            .unwrap();
+        for _ in 0..3 {
+            r.frame().unwrap();
+        }
+        s.shutdown(std::net::Shutdown::Both).unwrap();
+    });
+    let r = migrate(&vanish, serde_json::json!({}));
+    assert!(r.status >= 500, "{}", r.body);
+    // One that stalls after the configuration.
+    let stall = dir.path("stall.sock");
+    fake_destination(&stall, |s| {
+        std::thread::sleep(Duration::from_secs(5));
+        drop(s);
+    });
+    let r = migrate(&stall, serde_json::json!({ "timeout_s": 1 }));
+    assert!(r.status >= 500, "{}", r.body);
+    // Bad requests name the field.
+    let r = migrate(&stall, serde_json::json!({ "batch_pages": 0 }));
+    assert_eq!(r.status, 400);
+    assert!(r.body.contains("batch_pages"), "{}", r.body);
+    // The source ran on through all of it and finishes its work intact.
+    let v = api.json("GET", "/vm", None).unwrap();
+    assert_eq!(v["state"], "running", "{v}");
+    let (code, o, stderr) = src.wait();
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(o["ended"], "power_off");
+    assert_eq!(report(&o, "kvstore.errors"), 0);
+}
+
+/// Send `bytes` to a fresh `hover receive`: it must refuse with exit 2 and
+/// one line that contains every `needle`.
+fn refused(dir: &Scratch, name: &str, bytes: &[u8], needles: &[&str]) {
+    let path = dir.path(&format!("{name}.sock"));
+    let (dest, _) = receiver(&format!("unix:{}", path.display()));
+    let mut s = UnixStream::connect(&path).unwrap();
+    let _ = s.write_all(bytes);
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let (code, o, stderr) = finish(dest);
+    assert_eq!(code, Some(2), "{name}: {stderr}");
+    assert!(o.is_null(), "{name}: nothing ran");
+    let err: Vec<&str> = stderr.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(err.len(), 1, "{name}: {stderr}");
+    for n in needles {
+        assert!(err[0].contains(n), "{name}: {n:?} not in {}", err[0]);
+    }
+}
+
+#[test]
+fn bad_streams_are_refused_and_nothing_runs() {
+    if !kvm_for_test("bad_streams_are_refused_and_nothing_runs") {
+        return;
+    }
+    let dir = Scratch::new("migrate-bad");
+    let stream = |frames: &[(Kind, Vec<u8>)]| {
+        let mut w = FrameWriter::new(Vec::new());
+        w.hello().unwrap();
+        for (k, p) in frames {
+            w.frame(*k, &[p]).unwrap();
+        }
+        let mut out = Vec::new();
+        // The writer owns its buffer: rebuild it by writing into `out`.
+        let mut w2 = FrameWriter::new(&mut out);
+        w2.hello().unwrap();
+        for (k, p) in frames {
+            w2.frame(*k, &[p]).unwrap();
+        }
+        drop(w);
+        out
+    };
+    refused(
+        &dir,
+        "magic",
+        b"NOTHOVER\x01\0\0\0\0\0\0\0",
+        &["not a Hover migration stream", "offset 0"],
+    );
+    refused(&dir, "empty", b"", &["ended at offset 0"]);
+    let good_conf = stream(&[(Kind::Conf, b"whatever".to_vec())]);
+    let mut bad = good_conf.clone();
+    let last = bad.len() - 1;
+    bad[last] ^= 1;
+    refused(&dir, "crc", &bad, &["Conf frame at offset 16", "CRC"]);
+    refused(
+        &dir,
+        "undecodable",
+        &good_conf,
+        &["CONF frame at offset 16", "decoded"],
+    );
+    refused(
+        &dir,
+        "truncated",
+        &good_conf[..good_conf.len() - 3],
+        &["ended at offset"],
+    );
+    let mut huge = stream(&[(Kind::Conf, vec![0; 8])]);
+    huge[16 + 8..16 + 16].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    refused(&dir, "huge", &huge, &["offset 16", "over the"]);
+    refused(
+        &dir,
+        "pages-first",
+        &stream(&[(Kind::Pages, vec![0; 8])]),
+        &["CONF frame at offset 16"],
+    );
+}
