@@ -253,4 +253,17 @@ fn bad_streams_are_refused_and_nothing_runs() {
         &stream(&[(Kind::Pages, vec![0; 8])]),
         &["CONF frame at offset 16"],
     );
+
+    // While one source is connected, nobody else can connect.
+    let path = dir.path("second.sock");
+    let (dest, _) = receiver(&format!("unix:{}", path.display()));
+    let first = UnixStream::connect(&path).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        UnixStream::connect(&path).is_err(),
+        "a second connection was taken"
+    );
+    drop(first);
+    let (code, _, stderr) = finish(dest);
+    assert_eq!(code, Some(2), "{stderr}");
 }
