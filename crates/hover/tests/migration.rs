@@ -50,24 +50,30 @@ fn kvstore(dir: &Scratch, name: &str) -> Vm {
         &[
             "run",
             "--cmdline",
-            "workload=kvstore wss=16M rate=1000 seconds=8",
+            "workload=kvstore wss=16M rate=1000 seconds=5",
         ],
         &dir.path(&format!("{name}.sock")),
     )
 }
 
 #[test]
-fn kvstore_migrates_over_unix_and_tcp() {
-    if !kvm_for_test("kvstore_migrates_over_unix_and_tcp") {
+fn kvstore_migrates_over_unix_and_tcp_with_each_tracker() {
+    if !kvm_for_test("kvstore_migrates_over_unix_and_tcp_with_each_tracker") {
         return;
     }
     let dir = Scratch::new("migrate");
     let unix = format!("unix:{}", dir.path("in.sock").display());
-    for listen in [unix.as_str(), "tcp:127.0.0.1:0"] {
+    let cases = [
+        (unix.as_str(), "bitmap"),
+        ("tcp:127.0.0.1:0", "manual"),
+        (unix.as_str(), "hybrid"),
+    ];
+    for (listen, tracker) in cases {
         let (dest, at) = receiver(listen);
         let src = kvstore(&dir, "src");
         std::thread::sleep(Duration::from_millis(500));
-        let body = serde_json::json!({ "to": at, "verify": true }).to_string();
+        let body =
+            serde_json::json!({ "to": at, "verify": true, "dirty_tracking": tracker }).to_string();
         let r = src
             .api()
             .json("PUT", "/vm/migrate", Some(&body))
@@ -89,6 +95,7 @@ fn kvstore_migrates_over_unix_and_tcp() {
             .map(|n| n.as_u64().unwrap())
             .sum();
         assert_eq!(per_round, r["pages_sent"].as_u64().unwrap(), "{r}");
+        assert_eq!(r["tracker"], tracker);
         assert!(per_round > 100, "the guest's pages went: {r}");
         let (code, o, stderr) = src.wait();
         assert_eq!(code, Some(0), "{stderr}");

@@ -115,13 +115,10 @@ impl MigrateOptions {
         if self.timeout.is_zero() {
             return Err(("timeout_s", "a migration needs some time".into()));
         }
-        if self.tracker != Tracker::Bitmap {
+        if self.tracker == Tracker::Ring {
             return Err((
                 "dirty_tracking",
-                format!(
-                    "{:?} tracking is not built yet; bitmap is (issue: live migration)",
-                    self.tracker
-                ),
+                "ring tracking is not built yet; bitmap, manual and hybrid are (issue: live migration)".into(),
             ));
         }
         Ok(())

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use super::control::{CommandError, Lifecycle, VmEvent};
 use super::run::Running;
-use crate::migration::dirty::{merge, BitmapTracker, DirtyTracker};
+use crate::migration::dirty::{merge, BitmapTracker, DirtyTracker, HybridTracker, ManualTracker};
 use crate::migration::transport::Conn;
 use crate::migration::wire::{pages_header, FrameReader, FrameWriter, Kind};
-use crate::migration::{transfer_time, MigrateOptions, MigrationError, MigrationReport};
+use crate::migration::{transfer_time, MigrateOptions, MigrationError, MigrationReport, Tracker};
 use crate::state::{self, memory};
 use crate::vcpu::VcpuEvent;
 use hover_abi::layout::PAGE_SIZE;
@@ -134,8 +134,13 @@ impl Running {
                 source,
             })?;
         let was_running = self.state == Lifecycle::Running;
-        let mut tracker = BitmapTracker::new(self.vm.fd.clone(), &self.vm.ram);
-        let result = self.send_vm(o, &conn, &mut tracker, t0);
+        let (fd, ram) = (self.vm.fd.clone(), &self.vm.ram);
+        let mut tracker: Box<dyn DirtyTracker> = match o.tracker {
+            Tracker::Manual => Box::new(ManualTracker::new(fd, ram)),
+            Tracker::Hybrid => Box::new(HybridTracker::new(fd, ram)),
+            Tracker::Bitmap | Tracker::Ring => Box::new(BitmapTracker::new(fd, ram)),
+        };
+        let result = self.send_vm(o, &conn, tracker.as_mut(), t0);
         tracker.stop();
         self.vm.host_writes.record(false);
         if result.is_err() {
@@ -212,8 +217,15 @@ impl Running {
             if bytes >= MIN_RATE_BYTES {
                 rate = Some(bytes as f64 / start.elapsed().as_secs_f64().max(1e-6));
             }
+            // Half the downtime may go to memory a tracker holds back.
+            let held =
+                (rate.unwrap_or(0.0) * o.downtime.as_secs_f64() / 2.0 / PAGE_SIZE as f64) as u64;
+            tracker.set_deferral_budget(held);
             pending = merge(tracker.harvest()?, self.vm.host_writes.take());
-            let left = transfer_time(pending.len() as u64, rate.unwrap_or(0.0));
+            let left = transfer_time(
+                pending.len() as u64 + tracker.deferred_pages(),
+                rate.unwrap_or(0.0),
+            );
             tracing::debug!(
                 round = report.rounds,
                 sent,
@@ -234,7 +246,7 @@ impl Running {
                 .map_err(|e| MigrationError::Host(e.to_string()))?;
         }
         let last = merge(
-            merge(pending, tracker.harvest()?),
+            merge(pending, tracker.harvest_final()?),
             self.vm.host_writes.take(),
         );
         let sent = sender.send(&self.vm.ram, &mut w, &last, false)?;

@@ -1,9 +1,18 @@
 //! Which guest pages changed since the last look: the dirty trackers the
-//! pre-copy engine drives, behind one trait, and the record of the
-//! monitor's own writes to guest memory (KVM logs only the guest's).
+//! pre-copy engine drives, behind one trait (`bitmap`: KVM_GET_DIRTY_LOG;
+//! `manual`: manual re-protection with KVM_CLEAR_DIRTY_LOG; `hybrid`:
+//! sections that stay hot are left unprotected, seed 4), and the record of
+//! the monitor's own writes to guest memory (KVM logs only the guest's).
+
+mod bitmap;
+mod hybrid;
+mod manual;
+
+pub use bitmap::BitmapTracker;
+pub use hybrid::{HotSections, HybridTracker, SECTION_PAGES};
+pub use manual::ManualTracker;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 
 use hover_abi::layout::PAGE_SIZE;
 use kvm_bindings::{kvm_userspace_memory_region, KVM_MEM_LOG_DIRTY_PAGES};
@@ -33,6 +42,17 @@ pub trait DirtyTracker: Send {
     /// The guest-physical addresses of the pages written since the last
     /// harvest (or since start), ascending; tracking goes on.
     fn harvest(&mut self) -> Result<Vec<u64>, DirtyError>;
+    /// Everything still to send for the final round (the VM is paused):
+    /// what [`Self::harvest`] gives, plus pages a tracker held back.
+    fn harvest_final(&mut self) -> Result<Vec<u64>, DirtyError> {
+        self.harvest()
+    }
+    /// Pages held back for the final round (counted in the downtime).
+    fn deferred_pages(&self) -> u64 {
+        0
+    }
+    /// How many pages the tracker may hold back for the final round.
+    fn set_deferral_budget(&mut self, _pages: u64) {}
     /// Stop tracking (also after a failed migration: the guest runs on
     /// without write faults).
     fn stop(&mut self);
@@ -40,14 +60,14 @@ pub trait DirtyTracker: Send {
 
 /// One memslot as the trackers see it.
 #[derive(Clone, Copy, Debug)]
-struct Slot {
-    index: u32,
-    gpa: u64,
-    len: u64,
-    host: u64,
+pub(crate) struct Slot {
+    pub(crate) index: u32,
+    pub(crate) gpa: u64,
+    pub(crate) len: u64,
+    pub(crate) host: u64,
 }
 
-fn slots(ram: &GuestRam) -> Vec<Slot> {
+pub(crate) fn slots(ram: &GuestRam) -> Vec<Slot> {
     ram.memory()
         .iter()
         .enumerate()
@@ -63,7 +83,7 @@ fn slots(ram: &GuestRam) -> Vec<Slot> {
         .collect()
 }
 
-fn set_logging(vm: &VmFd, s: &Slot, on: bool) -> Result<(), kvm_ioctls::Error> {
+pub(crate) fn set_logging(vm: &VmFd, s: &Slot, on: bool) -> Result<(), kvm_ioctls::Error> {
     let r = kvm_userspace_memory_region {
         slot: s.index,
         guest_phys_addr: s.gpa,
@@ -85,76 +105,6 @@ pub fn bits_to_gpas(bitmap: &[u64], base: u64, out: &mut Vec<u64>) {
             out.push(base + (w as u64 * 64 + b) * PAGE_SIZE);
             bits &= bits - 1;
         }
-    }
-}
-
-/// `KVM_GET_DIRTY_LOG`: KVM returns and clears each slot's bitmap and
-/// write-protects the pages again, in one call per slot. Its cost grows
-/// with guest memory (the whole bitmap is copied every round).
-pub struct BitmapTracker {
-    vm: Arc<VmFd>,
-    slots: Vec<Slot>,
-    on: bool,
-}
-
-impl BitmapTracker {
-    /// A tracker for `vm`'s RAM.
-    pub fn new(vm: Arc<VmFd>, ram: &GuestRam) -> Self {
-        BitmapTracker {
-            vm,
-            slots: slots(ram),
-            on: false,
-        }
-    }
-}
-
-impl DirtyTracker for BitmapTracker {
-    fn name(&self) -> &'static str {
-        "bitmap"
-    }
-
-    fn start(&mut self) -> Result<(), DirtyError> {
-        for s in &self.slots {
-            set_logging(&self.vm, s, true).map_err(|source| DirtyError {
-                tracker: "bitmap",
-                what: "enable logging on a memslot",
-                source,
-            })?;
-        }
-        self.on = true;
-        Ok(())
-    }
-
-    fn harvest(&mut self) -> Result<Vec<u64>, DirtyError> {
-        let mut out = Vec::new();
-        for s in &self.slots {
-            let bitmap = self
-                .vm
-                .get_dirty_log(s.index, s.len as usize)
-                .map_err(|source| DirtyError {
-                    tracker: "bitmap",
-                    what: "KVM_GET_DIRTY_LOG",
-                    source,
-                })?;
-            bits_to_gpas(&bitmap, s.gpa, &mut out);
-        }
-        Ok(out)
-    }
-
-    fn stop(&mut self) {
-        if std::mem::take(&mut self.on) {
-            for s in &self.slots {
-                if let Err(e) = set_logging(&self.vm, s, false) {
-                    tracing::warn!("cannot turn dirty logging off on slot {}: {e}", s.index);
-                }
-            }
-        }
-    }
-}
-
-impl Drop for BitmapTracker {
-    fn drop(&mut self) {
-        self.stop();
     }
 }
 
