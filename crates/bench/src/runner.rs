@@ -92,3 +92,56 @@ pub fn run_hover(exe: &Path, args: &[&str]) -> Result<Run, BenchError> {
         outcome,
     })
 }
+
+/// A scenario's failure with a message.
+pub fn guest(m: &str) -> BenchError {
+    BenchError::Guest(m.to_string())
+}
+
+/// The host TSC now (the guest's too: this host cannot offset it).
+pub fn rdtsc() -> u64 {
+    hover_vmm::state::host_tsc()
+}
+
+/// Wait for `child` (started with `--json`, stdout piped): its JSON outcome;
+/// it must exit 0.
+pub fn wait_json(child: std::process::Child, what: &str) -> Result<Value, BenchError> {
+    let out = child
+        .wait_with_output()
+        .map_err(|e| guest(&format!("{what}: {e}")))?;
+    if !out.status.success() {
+        return Err(guest(&format!(
+            "{what} exited with {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| guest(&format!("{what} --json: {e}")))
+}
+
+/// Start `exe args --api-socket sock --json --console off` and wait (up to
+/// 30 s) for its API socket.
+pub fn spawn_with_api(
+    exe: &Path,
+    args: &[&str],
+    sock: &Path,
+) -> Result<std::process::Child, BenchError> {
+    let _ = std::fs::remove_file(sock);
+    let child = Command::new(exe)
+        .args(args)
+        .args(["--json", "--console", "off"])
+        .arg("--api-socket")
+        .arg(sock)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| guest(&format!("cannot start {}: {e}", exe.display())))?;
+    let started = Instant::now();
+    while !sock.exists() {
+        if started.elapsed() > std::time::Duration::from_secs(30) {
+            return Err(guest("hover never opened its API socket"));
+        }
+        thread::sleep(std::time::Duration::from_millis(2));
+    }
+    Ok(child)
+}

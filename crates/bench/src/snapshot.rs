@@ -14,14 +14,15 @@
 //! are interleaved within each round.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use hover_vmm::api::ApiClient;
 use hover_vmm::state::file::Snapshot;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::runner::{guest, rdtsc, spawn_with_api, wait_json};
 use crate::stats::{summarize, Summary};
 use crate::{plot, table, BenchError};
 
@@ -83,28 +84,6 @@ pub struct Sample {
     pub pages_on_demand: u64,
 }
 
-fn rdtsc() -> u64 {
-    hover_vmm::state::host_tsc()
-}
-
-fn guest(m: &str) -> BenchError {
-    BenchError::Guest(m.to_string())
-}
-
-fn wait_json(child: Child, what: &str) -> Result<Value, BenchError> {
-    let out = child
-        .wait_with_output()
-        .map_err(|e| guest(&format!("{what}: {e}")))?;
-    if !out.status.success() {
-        return Err(guest(&format!(
-            "{what} exited with {}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
-    serde_json::from_slice(&out.stdout).map_err(|e| guest(&format!("{what} --json: {e}")))
-}
-
 /// The guest's work over time: start TSC, TSC ticks per bucket, and the
 /// work done in each non-empty bucket (index, count).
 type Timeline = (u64, u64, Vec<(u64, f64)>);
@@ -161,30 +140,11 @@ fn one(
         "workload=bm faulting=2 working=2 memory={} seconds={BM_SECONDS} timeline_ms={BUCKET_MS}",
         b.working_set
     );
-    let child = Command::new(exe)
-        .args([
-            "run",
-            "--memory",
-            memory,
-            "--cmdline",
-            &cmdline,
-            "--json",
-            "--console",
-            "off",
-        ])
-        .arg("--api-socket")
-        .arg(&sock)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| guest(&format!("cannot start {}: {e}", exe.display())))?;
-    let started = Instant::now();
-    while !sock.exists() {
-        if started.elapsed() > Duration::from_secs(30) {
-            return Err(guest("hover run never opened its API socket"));
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    let child = spawn_with_api(
+        exe,
+        &["run", "--memory", memory, "--cmdline", &cmdline],
+        &sock,
+    )?;
     std::thread::sleep(BEFORE_SNAPSHOT);
     let api = ApiClient::new(&sock, Duration::from_secs(600));
     let api_err = |e: hover_vmm::api::ApiError| guest(&e.to_string());

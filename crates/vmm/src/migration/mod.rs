@@ -151,6 +151,9 @@ pub struct MigrationReport {
     pub bytes_sent: u64,
     /// Whether the sender held back to respect the bandwidth limit.
     pub throttled: bool,
+    /// CPU time the sending thread used, microseconds (reading, copying,
+    /// CRCs, system calls).
+    pub sender_cpu_us: u64,
 }
 
 /// Why a migration failed. The source runs on.

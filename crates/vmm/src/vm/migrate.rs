@@ -128,6 +128,7 @@ impl Running {
             .into());
         }
         let t0 = Instant::now();
+        let cpu0 = super::thread_cpu_us();
         let conn =
             Conn::connect(&o.to, CONNECT_TIMEOUT).map_err(|source| MigrationError::Connect {
                 to: o.to.to_string(),
@@ -151,7 +152,9 @@ impl Running {
                 }
             }
         }
-        Ok(result?)
+        let mut report = result?;
+        report.sender_cpu_us = super::thread_cpu_us().saturating_sub(cpu0);
+        Ok(report)
     }
 
     fn send_vm(
