@@ -145,3 +145,19 @@ pub fn spawn_with_api(
     }
     Ok(child)
 }
+
+/// The TSC rate in kHz, measured once against the monotonic clock over
+/// 200 ms (the guest's TSC is the host's here).
+pub fn tsc_khz() -> Result<u64, BenchError> {
+    static KHZ: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let khz = *KHZ.get_or_init(|| {
+        let (t0, c0) = (Instant::now(), rdtsc());
+        thread::sleep(std::time::Duration::from_millis(200));
+        let (dt, dc) = (t0.elapsed(), rdtsc() - c0);
+        (dc as f64 / dt.as_secs_f64() / 1000.0) as u64
+    });
+    if khz == 0 {
+        return Err(guest("cannot measure the TSC rate"));
+    }
+    Ok(khz)
+}

@@ -256,6 +256,36 @@ enum Scenario {
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
     },
+    /// Live migration between two hover processes: each dirty tracker across
+    /// guest memory sizes (total time, downtime, rounds, pages, the guest's
+    /// ops/s during vs before, its page faults), and batch sizes (pages/s,
+    /// CPU cycles per page).
+    Migrate {
+        /// Trackers (comma-separated).
+        #[arg(long, default_value = "bitmap,manual,hybrid", value_delimiter = ',')]
+        trackers: Vec<String>,
+        /// Guest memory sizes (comma-separated).
+        #[arg(long, default_value = "256M,1G,4G", value_delimiter = ',')]
+        memories: Vec<String>,
+        /// kvstore's working set.
+        #[arg(long, default_value = "64M")]
+        wss: String,
+        /// kvstore's operations per second.
+        #[arg(long, default_value_t = 100_000)]
+        rate: u64,
+        /// Batch sizes (pages, comma-separated).
+        #[arg(long, default_value = "1,16,256,1024", value_delimiter = ',')]
+        batches: Vec<usize>,
+        /// Rounds.
+        #[arg(long, default_value_t = 2)]
+        runs: u32,
+        /// unix or tcp (loopback).
+        #[arg(long, default_value = "unix")]
+        transport: String,
+        /// Directory for the JSON results and the plot.
+        #[arg(long, default_value = "bench-results")]
+        out: PathBuf,
+    },
     /// Pause latency, snapshot time and size, and restore (eager vs lazy):
     /// time to the vCPUs running and the guest's work in its first second,
     /// across guest memory sizes at a fixed working set.
@@ -446,6 +476,37 @@ fn bench(args: BenchArgs) -> ExitCode {
     bench_result(match args.scenario {
         Scenario::Boot { runs, vcpus, out } => hover_bench::boot::run(&exe, runs, vcpus, &out),
         Scenario::Runtime { runs, out } => hover_bench::runtime::run(&exe, runs, &out),
+        Scenario::Migrate {
+            trackers,
+            memories,
+            wss,
+            rate,
+            batches,
+            runs,
+            transport,
+            out,
+        } => {
+            for t in &trackers {
+                if let Err(e) = t.parse::<hover_vmm::migration::Tracker>() {
+                    eprintln!("hover: error: --trackers: {e}");
+                    return ExitCode::from(EXIT_BAD_INPUT);
+                }
+            }
+            if !matches!(transport.as_str(), "unix" | "tcp") {
+                eprintln!("hover: error: --transport {transport}: use unix or tcp");
+                return ExitCode::from(EXIT_BAD_INPUT);
+            }
+            let b = hover_bench::migrate::MigrateBench {
+                trackers,
+                memories,
+                wss,
+                rate,
+                batches,
+                runs,
+                transport,
+            };
+            hover_bench::migrate::run(&exe, &b, &out)
+        }
         Scenario::Snapshot {
             memories,
             working_set,

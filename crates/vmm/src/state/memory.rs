@@ -86,15 +86,33 @@ pub fn digest(ram: &GuestRam) -> io::Result<u32> {
 
 /// Copy the page at `gpa` out of guest RAM (it must not be under a pager).
 pub fn read_page(ram: &GuestRam, gpa: u64, out: &mut [u8]) -> io::Result<()> {
-    use vm_memory::{Bytes, GuestAddress};
-    ram.memory()
-        .read_slice(&mut out[..PAGE_SIZE as usize], GuestAddress(gpa))
-        .map_err(|e| io::Error::other(e.to_string()))
+    use vm_memory::GuestAddress;
+    let out = &mut out[..PAGE_SIZE as usize];
+    if !ram.contains(gpa, PAGE_SIZE) {
+        return Err(io::Error::other(format!(
+            "page {gpa:#x} is outside guest memory"
+        )));
+    }
+    let host = ram
+        .memory()
+        .get_host_address(GuestAddress(gpa))
+        .map_err(|e| io::Error::other(e.to_string()))?;
+    // SAFETY: the whole page lies in one mapped RAM region (checked above)
+    // that lives as long as `ram`; a plain copy is what a migration round
+    // wants (the guest may write the page meanwhile: the dirty log
+    // catches that, and the page is sent again).
+    unsafe { std::ptr::copy_nonoverlapping(host as *const u8, out.as_mut_ptr(), out.len()) };
+    Ok(())
 }
 
 /// Whether a page is all zeros.
 pub fn is_zero(page: &[u8]) -> bool {
-    page.iter().all(|&b| b == 0)
+    let chunks = page.chunks_exact(16);
+    let rest = chunks.remainder();
+    chunks
+        .map(|c| u128::from_ne_bytes(c.try_into().expect("16 bytes")))
+        .all(|w| w == 0)
+        && rest.iter().all(|&b| b == 0)
 }
 
 /// Write every page of guest memory that holds something to `w` (the VM is

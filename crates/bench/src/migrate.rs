@@ -1,0 +1,440 @@
+//! `hover bench migrate`: live migration between two `hover` processes on
+//! this machine, seeds 3 and 4 side by side.
+//!
+//! Part 1, the dirty trackers (seed 4): for each guest memory size and each
+//! tracker, a `kvstore` guest (random verified writes over a working set at
+//! a fixed rate) is migrated while it runs. Per sample: total time,
+//! downtime (the source's pause and the gap the guest saw), rounds, pages
+//! sent, the guest's operations per second during the migration as a share
+//! of the second before it (from its own per-100 ms counts: the guest keeps
+//! its timeline across the move), and the guest's page faults during the
+//! migration (KVM's `pf_taken`, write faults of dirty logging included).
+//!
+//! Part 2, batching (seed 3): a guest with a fixed, idle 64 MiB working set
+//! (`bm` with no tasks: the array prefaulted, then the guest idles, so the
+//! vCPUs leave the host's CPUs to the two monitors) migrated
+//! with batches of 1, 16, 256, 1024 pages: pages per second and the
+//! sending thread's CPU cycles per page.
+//!
+//! Trackers, sizes and batch sizes are interleaved within each round; every
+//! cell is median (min-max) over the rounds.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use hover_vmm::api::ApiClient;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::runner::{guest, rdtsc, spawn_with_api, wait_json};
+use crate::stats::{summarize, Summary};
+use crate::{plot, table, BenchError};
+
+/// The scenario's knobs.
+#[derive(Clone, Debug)]
+pub struct MigrateBench {
+    /// Dirty trackers to compare.
+    pub trackers: Vec<String>,
+    /// Guest memory sizes.
+    pub memories: Vec<String>,
+    /// kvstore's working set.
+    pub wss: String,
+    /// kvstore's operations per second.
+    pub rate: u64,
+    /// Batch sizes for part 2.
+    pub batches: Vec<usize>,
+    /// Rounds.
+    pub runs: u32,
+    /// `unix` or `tcp` (loopback).
+    pub transport: String,
+}
+
+impl Default for MigrateBench {
+    fn default() -> Self {
+        MigrateBench {
+            trackers: vec!["bitmap".into(), "manual".into(), "hybrid".into()],
+            memories: vec!["256M".into(), "1G".into(), "4G".into()],
+            wss: "64M".into(),
+            rate: 100_000,
+            batches: vec![1, 16, 256, 1024],
+            runs: 2,
+            transport: "unix".into(),
+        }
+    }
+}
+
+/// How long the guest runs before it is migrated.
+const WARM_UP: Duration = Duration::from_millis(2000);
+
+/// One tracker sample.
+#[derive(Clone, Debug, Serialize)]
+pub struct TrackerSample {
+    /// Guest memory.
+    pub memory: String,
+    /// Tracker.
+    pub tracker: String,
+    /// Round.
+    pub round: u32,
+    /// The migration's own report.
+    pub report: Value,
+    /// Guest operations per second during the migration, percent of the
+    /// second before it.
+    pub ops_during_pct: f64,
+    /// Guest page faults (`pf_taken`, all vCPUs) during the migration.
+    pub faults_during: u64,
+}
+
+/// One batching sample.
+#[derive(Clone, Debug, Serialize)]
+pub struct BatchSample {
+    /// Pages per batch.
+    pub batch_pages: usize,
+    /// Round.
+    pub round: u32,
+    /// Pages sent per second.
+    pub pages_per_s: f64,
+    /// The sending thread's CPU cycles per page sent.
+    pub cycles_per_page: f64,
+    /// Total migration time, ms.
+    pub total_ms: f64,
+}
+
+/// `hover receive` listening on a fresh address: the child and the address.
+fn receiver(exe: &Path, transport: &str, id: &str) -> Result<(Child, String), BenchError> {
+    let listen = match transport {
+        "tcp" => "tcp:127.0.0.1:0".to_string(),
+        _ => format!(
+            "unix:{}",
+            std::env::temp_dir()
+                .join(format!("hover-bench-recv-{id}.sock"))
+                .display()
+        ),
+    };
+    let mut child = Command::new(exe)
+        .args(["receive", "--listen", &listen, "--json", "--console", "off"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| guest(&format!("cannot start hover receive: {e}")))?;
+    let mut line = String::new();
+    let stderr = child.stderr.as_mut().expect("piped");
+    BufReader::new(stderr)
+        .read_line(&mut line)
+        .map_err(|e| guest(&format!("hover receive: {e}")))?;
+    let at = line
+        .trim()
+        .rsplit(' ')
+        .next()
+        .filter(|a| a.starts_with("tcp:") || a.starts_with("unix:"))
+        .ok_or_else(|| guest(&format!("hover receive said {line:?}")))?
+        .to_string();
+    Ok((child, at))
+}
+
+fn sum_stat(stats: &Value, name: &str) -> u64 {
+    stats
+        .as_array()
+        .map(|v| v.iter().filter_map(|s| s[name].as_u64()).sum())
+        .unwrap_or(0)
+}
+
+fn report(outcome: &Value, key: &str) -> Option<u64> {
+    outcome["reports"]
+        .as_array()?
+        .iter()
+        .find(|r| r["key"] == key)?["value"]
+        .as_u64()
+}
+
+/// Migrate a guest running `cmdline` on `memory`; returns the migration
+/// report, the destination's outcome, the source's, the TSC at the
+/// request and the source's faults before it.
+fn migrate_once(
+    exe: &Path,
+    transport: &str,
+    memory: &str,
+    cmdline: &str,
+    body: Value,
+    id: &str,
+) -> Result<(Value, Value, Value, u64, u64), BenchError> {
+    let (dest, at) = receiver(exe, transport, id)?;
+    let sock = std::env::temp_dir().join(format!("hover-bench-src-{id}.sock"));
+    let src = spawn_with_api(
+        exe,
+        &["run", "--memory", memory, "--cmdline", cmdline],
+        &sock,
+    )?;
+    std::thread::sleep(WARM_UP);
+    let api = ApiClient::new(&sock, Duration::from_secs(600));
+    let api_err = |e: hover_vmm::api::ApiError| guest(&e.to_string());
+    let before = api.json("GET", "/vm/stats", None).map_err(api_err)?;
+    let faults0 = sum_stat(&before["vcpu_stats"], "pf_taken");
+    let mut body = body;
+    body["to"] = at.into();
+    let t = rdtsc();
+    let rep = api.json("PUT", "/vm/migrate", Some(&body.to_string()));
+    let src_out = wait_json(src, "hover run (source)")?;
+    let rep = rep.map_err(api_err)?;
+    let dest_out = wait_json(dest, "hover receive")?;
+    if report(&dest_out, "kvstore.errors").unwrap_or(0) != 0 {
+        return Err(guest("the migrated kvstore found wrong data"));
+    }
+    Ok((rep, dest_out, src_out, t, faults0))
+}
+
+fn tracker_sample(
+    exe: &Path,
+    b: &MigrateBench,
+    memory: &str,
+    tracker: &str,
+    round: u32,
+) -> Result<TrackerSample, BenchError> {
+    let cmdline = format!("workload=kvstore wss={} rate={} seconds=6", b.wss, b.rate);
+    let id = format!("{}-{memory}-{tracker}-{round}", std::process::id());
+    let body = serde_json::json!({ "dirty_tracking": tracker });
+    let (rep, dest, src, t, faults0) =
+        migrate_once(exe, &b.transport, memory, &cmdline, body, &id)?;
+    // The guest's timeline: ops per 100 ms bucket from its start TSC.
+    let start = report(&dest, "kvstore.start_tsc").ok_or_else(|| guest("no kvstore.start_tsc"))?;
+    let tsc_khz = crate::runner::tsc_khz()?;
+    let bucket = tsc_khz * 100;
+    let ops_in = |from: u64, to: u64| -> f64 {
+        dest["reports"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| {
+                let k: u64 = r["key"]
+                    .as_str()?
+                    .strip_prefix("kvstore.ops.")?
+                    .parse()
+                    .ok()?;
+                let at = start + k * bucket;
+                (at >= from && at < to)
+                    .then(|| r["value"].as_f64())
+                    .flatten()
+            })
+            .sum()
+    };
+    let total_ms = rep["total_ms"].as_f64().unwrap_or(0.0).max(100.0);
+    let during_ticks = (total_ms * tsc_khz as f64) as u64;
+    let before = ops_in(t.saturating_sub(tsc_khz * 1000), t);
+    let during = ops_in(t, t + during_ticks) / (total_ms / 1000.0);
+    let faults = sum_stat(&src["vcpu_stats"], "pf_taken").saturating_sub(faults0);
+    Ok(TrackerSample {
+        memory: memory.into(),
+        tracker: tracker.into(),
+        round,
+        report: rep,
+        ops_during_pct: if before > 0.0 {
+            100.0 * during / before
+        } else {
+            0.0
+        },
+        faults_during: faults,
+    })
+}
+
+fn batch_sample(
+    exe: &Path,
+    b: &MigrateBench,
+    batch: usize,
+    round: u32,
+) -> Result<BatchSample, BenchError> {
+    let cmdline = "workload=bm faulting=0 working=0 memory=64M seconds=8";
+    let id = format!("{}-batch{batch}-{round}", std::process::id());
+    let body = serde_json::json!({ "batch_pages": batch });
+    let (rep, _, _, _, _) = migrate_once(exe, &b.transport, "1G", cmdline, body, &id)?;
+    let num = |k: &str| rep[k].as_f64().unwrap_or(0.0);
+    let pages = num("pages_sent").max(1.0);
+    let tsc_khz = crate::runner::tsc_khz()? as f64;
+    Ok(BatchSample {
+        batch_pages: batch,
+        round,
+        pages_per_s: pages / (num("total_ms") / 1000.0),
+        cycles_per_page: num("sender_cpu_us") * tsc_khz / 1000.0 / pages,
+        total_ms: num("total_ms"),
+    })
+}
+
+fn spread(s: &Summary, p: usize) -> String {
+    format!("{:.p$} ({:.p$}-{:.p$})", s.p50, s.min, s.max)
+}
+
+/// Run the scenario: tables on stdout, `OUT/migrate.json`, `OUT/migrate_*.svg`.
+pub fn run(exe: &Path, b: &MigrateBench, out: &Path) -> Result<(), BenchError> {
+    let mut trackers = Vec::new();
+    let mut batches = Vec::new();
+    for round in 0..b.runs {
+        for (k, memory) in b.memories.iter().enumerate() {
+            for j in 0..b.trackers.len() {
+                let tracker = &b.trackers[(j + k + round as usize) % b.trackers.len()];
+                let s = tracker_sample(exe, b, memory, tracker, round)?;
+                eprintln!(
+                    "round {round} {memory} {tracker}: total {:.0} ms, downtime {:.1} ms, {} rounds, {} pages, ops during {:.0}% of before, {} faults",
+                    s.report["total_ms"].as_f64().unwrap_or(0.0),
+                    s.report["downtime_ms"].as_f64().unwrap_or(0.0),
+                    s.report["rounds"],
+                    s.report["pages_sent"],
+                    s.ops_during_pct,
+                    s.faults_during
+                );
+                trackers.push(s);
+            }
+        }
+        for j in 0..b.batches.len() {
+            let batch = b.batches[(j + round as usize) % b.batches.len()];
+            let s = batch_sample(exe, b, batch, round)?;
+            eprintln!(
+                "round {round} batch {batch}: {:.0} pages/s, {:.0} cycles/page, {:.0} ms",
+                s.pages_per_s, s.cycles_per_page, s.total_ms
+            );
+            batches.push(s);
+        }
+    }
+    let num = |s: &TrackerSample, k: &str| s.report[k].as_f64().unwrap_or(0.0);
+    let mut rows = Vec::new();
+    let mut json_rows = Vec::new();
+    for memory in &b.memories {
+        for tracker in &b.trackers {
+            let of: Vec<&TrackerSample> = trackers
+                .iter()
+                .filter(|s| &s.memory == memory && &s.tracker == tracker)
+                .collect();
+            let sum = |f: &dyn Fn(&TrackerSample) -> f64| {
+                summarize(&of.iter().map(|s| f(s)).collect::<Vec<_>>()).expect("runs >= 1")
+            };
+            let total = sum(&|s| num(s, "total_ms"));
+            let down = sum(&|s| num(s, "downtime_ms"));
+            let gdown = sum(&|s| num(s, "guest_downtime_ms"));
+            let rounds = sum(&|s| num(s, "rounds"));
+            let pages = sum(&|s| num(s, "pages_sent"));
+            let ops = sum(&|s| s.ops_during_pct);
+            let faults = sum(&|s| s.faults_during as f64);
+            rows.push(vec![
+                memory.clone(),
+                tracker.clone(),
+                spread(&total, 0),
+                spread(&down, 1),
+                spread(&gdown, 1),
+                spread(&rounds, 0),
+                spread(&pages, 0),
+                spread(&ops, 0),
+                spread(&faults, 0),
+            ]);
+            json_rows.push(serde_json::json!({
+                "memory": memory, "tracker": tracker, "total_ms": total, "downtime_ms": down,
+                "guest_downtime_ms": gdown, "rounds": rounds, "pages_sent": pages,
+                "ops_during_pct": ops, "faults_during": faults,
+            }));
+        }
+    }
+    println!(
+        "live migration over {} of a kvstore (wss {}, {} ops/s) guest, {} rounds (median (min-max))",
+        b.transport, b.wss, b.rate, b.runs
+    );
+    table::print(
+        &[
+            "guest memory",
+            "tracker",
+            "total ms",
+            "downtime ms",
+            "guest saw ms",
+            "rounds",
+            "pages sent",
+            "guest ops/s during, % of before",
+            "guest page faults during",
+        ],
+        &rows,
+    );
+    let mut brows = Vec::new();
+    let mut bjson = Vec::new();
+    let base: Vec<&BatchSample> = batches.iter().filter(|s| s.batch_pages == 1).collect();
+    for &batch in &b.batches {
+        let of: Vec<&BatchSample> = batches.iter().filter(|s| s.batch_pages == batch).collect();
+        let sum = |f: &dyn Fn(&BatchSample) -> f64| {
+            summarize(&of.iter().map(|s| f(s)).collect::<Vec<_>>()).expect("runs >= 1")
+        };
+        // Per round, against the one-page baseline of the same round.
+        let vs = |f: &dyn Fn(&BatchSample) -> f64| {
+            summarize(
+                &of.iter()
+                    .filter_map(|s| {
+                        let b1 = base.iter().find(|x| x.round == s.round)?;
+                        Some(f(b1) / f(s).max(1e-9))
+                    })
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let pps = sum(&|s| s.pages_per_s);
+        let cpp = sum(&|s| s.cycles_per_page);
+        let total = sum(&|s| s.total_ms);
+        let cycles_x = vs(&|s| s.cycles_per_page);
+        let time_x = vs(&|s| s.total_ms);
+        brows.push(vec![
+            batch.to_string(),
+            spread(&pps, 0),
+            spread(&cpp, 0),
+            spread(&total, 0),
+            cycles_x.map(|s| spread(&s, 2)).unwrap_or_default(),
+            time_x.map(|s| spread(&s, 2)).unwrap_or_default(),
+        ]);
+        bjson.push(serde_json::json!({
+            "batch_pages": batch, "pages_per_s": pps, "cycles_per_page": cpp, "total_ms": total,
+            "cycles_vs_one_page": cycles_x, "time_vs_one_page": time_x,
+        }));
+    }
+    println!(
+        "\nbatched transfer: an idle 64 MiB working set in a 1 GiB guest, {} rounds",
+        b.runs
+    );
+    table::print(
+        &[
+            "pages per batch",
+            "pages/s",
+            "sender CPU cycles/page",
+            "total ms",
+            "cycles: 1-page / this, per round",
+            "time: 1-page / this, per round",
+        ],
+        &brows,
+    );
+    table::write_json(
+        out,
+        "migrate.json",
+        &serde_json::json!({
+            "trackers": json_rows, "batches": bjson,
+            "tracker_samples": trackers, "batch_samples": batches,
+        }),
+    )?;
+    let series = b
+        .trackers
+        .iter()
+        .map(|t| plot::Series {
+            label: format!("{t}: downtime"),
+            points: b
+                .memories
+                .iter()
+                .enumerate()
+                .filter_map(|(i, m)| {
+                    let v: Vec<f64> = trackers
+                        .iter()
+                        .filter(|s| &s.memory == m && &s.tracker == t)
+                        .map(|s| num(s, "downtime_ms"))
+                        .collect();
+                    summarize(&v).map(|s| (i as f64, s.p50))
+                })
+                .collect(),
+        })
+        .collect::<Vec<_>>();
+    plot::lines(
+        &out.join("migrate_downtime.svg"),
+        "live migration downtime by tracker (median)",
+        "guest memory",
+        "ms",
+        &b.memories,
+        &series,
+    )
+}
