@@ -188,6 +188,11 @@ struct RunArgs {
     /// Default: a file on tmpfs (/dev/shm), removed at exit.
     #[arg(long)]
     io_file: Option<PathBuf>,
+    /// Give each vCPU a dirty ring of this many entries (a power of two, 256
+    /// to 65536), for live migration with `--dirty-tracking ring`. KVM
+    /// creates rings only with the vCPUs, and refuses the other trackers then.
+    #[arg(long)]
+    dirty_ring: Option<u32>,
     /// Let guest HLT run without exiting to KVM (KVM_CAP_X86_DISABLE_EXITS):
     /// wake-ups cost nothing, but each vCPU keeps a host CPU busy.
     #[arg(long)]
@@ -439,6 +444,7 @@ fn run(args: RunArgs) -> ExitCode {
             file: args.io_file.clone(),
         },
         api_socket: args.out.api_socket.clone(),
+        dirty_ring: args.dirty_ring,
     };
     finish(
         Vm::new(&config).and_then(Vm::run),

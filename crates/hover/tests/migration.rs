@@ -107,6 +107,66 @@ fn kvstore_migrates_over_unix_and_tcp_with_each_tracker() {
     }
 }
 
+#[test]
+fn ring_tracking_survives_full_rings() {
+    if !kvm_for_test("ring_tracking_survives_full_rings") {
+        return;
+    }
+    let dir = Scratch::new("migrate-ring");
+    // A ring of 256 entries fills after 192 dirty pages: many full-ring
+    // exits while 16 MiB are written at 20000 writes a second.
+    let args = [
+        "run",
+        "--dirty-ring",
+        "256",
+        "--cmdline",
+        "workload=kvstore wss=16M rate=20000 seconds=8",
+    ];
+    let src = Vm::spawn(&args, &dir.path("src.sock"));
+    std::thread::sleep(Duration::from_millis(500));
+    // The other trackers are refused on a VM with rings, naming the field.
+    let r = src
+        .api()
+        .call(
+            "PUT",
+            "/vm/migrate",
+            Some(r#"{"to": "unix:/nowhere", "dirty_tracking": "bitmap"}"#),
+        )
+        .unwrap();
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("dirty_tracking"), "{}", r.body);
+    let (dest, at) = receiver(&format!("unix:{}", dir.path("in.sock").display()));
+    let body = serde_json::json!({ "to": at, "verify": true, "dirty_tracking": "ring" });
+    let rep = src
+        .api()
+        .json("PUT", "/vm/migrate", Some(&body.to_string()))
+        .unwrap();
+    assert_eq!(rep["tracker"], "ring");
+    assert!(
+        rep["ring_full_exits"].as_u64().unwrap() > 0,
+        "the rings filled and the vCPUs went on: {rep}"
+    );
+    let (code, _, stderr) = src.wait();
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, o, stderr) = finish(dest);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(report(&o, "kvstore.errors"), 0);
+    // And ring tracking is refused on a VM without rings.
+    let plain = kvstore(&dir, "plain");
+    let r = plain
+        .api()
+        .call(
+            "PUT",
+            "/vm/migrate",
+            Some(r#"{"to": "unix:/nowhere", "dirty_tracking": "ring"}"#),
+        )
+        .unwrap();
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("--dirty-ring"), "{}", r.body);
+    let (code, _, _) = plain.wait();
+    assert_eq!(code, Some(0));
+}
+
 /// A fake destination on a Unix socket: accepts once and runs `script`.
 fn fake_destination(path: &std::path::Path, script: impl FnOnce(UnixStream) + Send + 'static) {
     let l = UnixListener::bind(path).unwrap();

@@ -102,6 +102,9 @@ pub struct VmConfig {
     pub pvio: PvioConfig,
     /// Serve live figures on this Unix socket while running.
     pub api_socket: Option<PathBuf>,
+    /// Per-vCPU dirty rings of this many entries (`None`: none), for live
+    /// migration with `--dirty-tracking ring`.
+    pub dirty_ring: Option<u32>,
 }
 
 impl Default for VmConfig {
@@ -119,6 +122,7 @@ impl Default for VmConfig {
             hlt_exits: true,
             pvio: PvioConfig::default(),
             api_socket: None,
+            dirty_ring: None,
         }
     }
 }
@@ -209,6 +213,9 @@ pub enum ConfigError {
     /// Halt polling asked for on a KVM that cannot set it per VM.
     #[error("this KVM cannot set halt polling per VM (no KVM_CAP_HALT_POLL, Linux 5.10+); leave --halt-poll-ns/--halt-poll unset")]
     HaltPollUnsupported,
+    /// A dirty ring size out of range.
+    #[error("--dirty-ring {0}: give a power of two from 256 to 65536 entries (a ring is at least a page)")]
+    DirtyRing(u32),
     /// A duration that does not parse.
     #[error("'{0}' is not a duration: use a number with ns, us, ms or s (e.g. 0, 100us, 2ms)")]
     BadDuration(String),
@@ -242,6 +249,11 @@ impl VmConfig {
         }
         if self.guest == GuestImage::Builtin {
             check_builtin_cmdline(&self.cmdline)?;
+        }
+        if let Some(n) = self.dirty_ring {
+            if !n.is_power_of_two() || !(256..=65536).contains(&n) {
+                return Err(ConfigError::DirtyRing(n));
+            }
         }
         match self.halt_poll {
             HaltPoll::Fixed { window_ns: ns } if ns > MAX_WINDOW_NS => {

@@ -115,12 +115,6 @@ impl MigrateOptions {
         if self.timeout.is_zero() {
             return Err(("timeout_s", "a migration needs some time".into()));
         }
-        if self.tracker == Tracker::Ring {
-            return Err((
-                "dirty_tracking",
-                "ring tracking is not built yet; bitmap, manual and hybrid are (issue: live migration)".into(),
-            ));
-        }
         Ok(())
     }
 }
@@ -154,6 +148,8 @@ pub struct MigrationReport {
     /// CPU time the sending thread used, microseconds (reading, copying,
     /// CRCs, system calls).
     pub sender_cpu_us: u64,
+    /// With rings: vCPU stops on a full ring during the migration.
+    pub ring_full_exits: u64,
 }
 
 /// Why a migration failed. The source runs on.

@@ -47,6 +47,8 @@ pub struct SavedConfig {
     pub paging: Option<SavedPaging>,
     /// The I/O device's file, if the user named one.
     pub io_file: Option<PathBuf>,
+    /// Per-vCPU dirty ring entries, if the VM has rings.
+    pub dirty_ring: Option<u32>,
 }
 
 /// Overcommit settings (the page store itself is not carried: a restored

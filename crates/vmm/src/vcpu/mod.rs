@@ -130,6 +130,8 @@ pub struct Vcpu {
     index: u32,
     fd: VcpuFd,
     layout: Arc<StateLayout>,
+    /// The VM's dirty rings, if it has them (a full ring stops this vCPU).
+    rings: Option<Arc<crate::migration::dirty::RingSet>>,
 }
 
 impl Vcpu {
@@ -138,7 +140,17 @@ impl Vcpu {
         let fd = vm
             .create_vcpu(index as u64)
             .map_err(KvmOp::CreateVcpu.err())?;
-        Ok(Vcpu { index, fd, layout })
+        Ok(Vcpu {
+            index,
+            fd,
+            layout,
+            rings: None,
+        })
+    }
+
+    /// Give the vCPU the VM's dirty rings.
+    pub fn attach_ring(&mut self, rings: Arc<crate::migration::dirty::RingSet>) {
+        self.rings = Some(rings);
     }
 
     /// The vCPU's index.

@@ -212,6 +212,8 @@ enum Next {
     Crash(String),
     /// KVM_EXIT_INTERNAL_ERROR: the suberror is read from the run structure.
     InternalError,
+    /// KVM_EXIT_DIRTY_RING_FULL: harvest this vCPU's ring, then go on.
+    RingFull,
 }
 
 struct VcpuThread {
@@ -310,6 +312,14 @@ impl VcpuThread {
         let vcpu = self.vcpu.index as usize;
         match next {
             Next::Resume => {}
+            Next::RingFull => match &self.vcpu.rings {
+                Some(r) => r.on_full(vcpu),
+                None => self.end(VcpuEvent::Crash(GuestCrash {
+                    vcpu,
+                    reason: "a dirty-ring-full exit without dirty rings".into(),
+                    registers: self.vcpu.dump(),
+                })),
+            },
             Next::Exit(code) => self.end(VcpuEvent::Exit { vcpu, code }),
             Next::Crash(reason) => {
                 let registers = self.vcpu.dump();
@@ -372,6 +382,7 @@ fn dispatch(vcpu: usize, exit: VcpuExit<'_>, devices: &Devices) -> Next {
         VcpuExit::FailEntry(reason, cpu) => Next::Crash(format!(
             "a failed VM entry (hardware reason {reason:#x} on host CPU {cpu}): the entry state is invalid"
         )),
+        VcpuExit::Unsupported(kvm_bindings::KVM_EXIT_DIRTY_RING_FULL) => Next::RingFull,
         VcpuExit::Hlt => Next::Crash(
             "an unexpected HLT exit (the in-kernel irqchip should handle HLT)".into(),
         ),

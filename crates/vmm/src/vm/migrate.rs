@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use super::control::{CommandError, Lifecycle, VmEvent};
 use super::run::Running;
-use crate::migration::dirty::{merge, BitmapTracker, DirtyTracker, HybridTracker, ManualTracker};
+use crate::migration::dirty::{
+    merge, BitmapTracker, DirtyTracker, HybridTracker, ManualTracker, RingTracker,
+};
 use crate::migration::transport::Conn;
 use crate::migration::wire::{pages_header, FrameReader, FrameWriter, Kind};
 use crate::migration::{transfer_time, MigrateOptions, MigrationError, MigrationReport, Tracker};
@@ -127,6 +129,26 @@ impl Running {
             )
             .into());
         }
+        let (fd, ram) = (self.vm.fd.clone(), &self.vm.ram);
+        let mut tracker: Box<dyn DirtyTracker> = match (o.tracker, &self.vm.rings) {
+            (Tracker::Ring, Some(r)) => Box::new(RingTracker::new(fd, ram, r.clone())),
+            (Tracker::Ring, None) => {
+                return Err(CommandError::Invalid {
+                    field: "dirty_tracking",
+                    reason: "ring tracking needs the VM started with --dirty-ring ENTRIES (rings must exist before the vCPUs)".into(),
+                })
+            }
+            (_, Some(_)) => {
+                return Err(CommandError::Invalid {
+                    field: "dirty_tracking",
+                    reason: "this VM has dirty rings (--dirty-ring), and KVM refuses the bitmap ioctls then: use ring".into(),
+                })
+            }
+            (Tracker::Manual, None) => Box::new(ManualTracker::new(fd, ram)),
+            (Tracker::Hybrid, None) => Box::new(HybridTracker::new(fd, ram)),
+            (Tracker::Bitmap, None) => Box::new(BitmapTracker::new(fd, ram)),
+        };
+        let ring_full0 = self.vm.rings.as_ref().map_or(0, |r| r.full_exits());
         let t0 = Instant::now();
         let cpu0 = super::thread_cpu_us();
         let conn =
@@ -135,12 +157,6 @@ impl Running {
                 source,
             })?;
         let was_running = self.state == Lifecycle::Running;
-        let (fd, ram) = (self.vm.fd.clone(), &self.vm.ram);
-        let mut tracker: Box<dyn DirtyTracker> = match o.tracker {
-            Tracker::Manual => Box::new(ManualTracker::new(fd, ram)),
-            Tracker::Hybrid => Box::new(HybridTracker::new(fd, ram)),
-            Tracker::Bitmap | Tracker::Ring => Box::new(BitmapTracker::new(fd, ram)),
-        };
         let result = self.send_vm(o, &conn, tracker.as_mut(), t0);
         tracker.stop();
         self.vm.host_writes.record(false);
@@ -154,6 +170,11 @@ impl Running {
         }
         let mut report = result?;
         report.sender_cpu_us = super::thread_cpu_us().saturating_sub(cpu0);
+        report.ring_full_exits = self
+            .vm
+            .rings
+            .as_ref()
+            .map_or(0, |r| r.full_exits() - ring_full0);
         Ok(report)
     }
 

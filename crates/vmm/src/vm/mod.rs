@@ -29,7 +29,7 @@ use crate::devices::serial::{ConsoleSink, SerialConsole, UartState};
 use crate::devices::Devices;
 use crate::memory::paged::{PageSource, Pager, MIN_BUDGET_PAGES};
 use crate::memory::GuestRam;
-use crate::migration::dirty::HostWrites;
+use crate::migration::dirty::{HostWrites, RingSet};
 use crate::sched::halt_poll::{self, HaltPoll};
 use crate::state::{SavedConfig, SavedPaging};
 use crate::stats::KvmStats;
@@ -68,6 +68,7 @@ pub struct Vm {
     saved: SavedConfig,
     restored: Option<RestoreReport>,
     host_writes: Arc<HostWrites>,
+    rings: Option<Arc<RingSet>>,
     events: Sender<VmEvent>,
     events_rx: Receiver<VmEvent>,
     status: Arc<Mutex<Status>>,
@@ -153,6 +154,23 @@ impl Vm {
         created_at: Instant,
     ) -> Result<Vm, Error> {
         let fd = m.fd.clone();
+        let mut vcpus = vcpus;
+        let rings = match config.dirty_ring {
+            Some(entries) => {
+                let fds: Vec<_> = vcpus.iter().map(|v| v.fd()).collect();
+                let set = Arc::new(RingSet::map(fd.clone(), &fds, entries).map_err(|source| {
+                    Error::Host {
+                        what: "map the dirty rings",
+                        source,
+                    }
+                })?);
+                for v in &mut vcpus {
+                    v.attach_ring(set.clone());
+                }
+                Some(set)
+            }
+            None => None,
+        };
         // Binary stats need Linux 5.14; without them the run still works.
         let vcpu_stats = vcpus
             .iter()
@@ -249,6 +267,7 @@ impl Vm {
             saved,
             restored: None,
             host_writes,
+            rings,
             events,
             events_rx,
             status,
@@ -315,7 +334,13 @@ impl Machine {
         if let HaltPoll::Fixed { window_ns } = config.halt_poll {
             halt_poll::set_window(&fd, window_ns).map_err(KvmOp::EnableCap.err())?;
         }
-        // KVM accepts this only before vCPUs exist.
+        // KVM accepts these only before vCPUs exist.
+        if let Some(entries) = config.dirty_ring {
+            crate::migration::dirty::ring::enable(&fd, entries).map_err(|e| Error::Host {
+                what: "enable dirty rings",
+                source: std::io::Error::other(e),
+            })?;
+        }
         if !config.hlt_exits {
             halt_poll::disable_hlt_exits(&fd).map_err(KvmOp::EnableCap.err())?;
         }
@@ -395,6 +420,7 @@ fn saved_config(config: &VmConfig, layout: &ImageLayout) -> SavedConfig {
             store_latency_ns: p.store_latency.as_nanos() as u64,
         }),
         io_file: config.pvio.file.clone(),
+        dirty_ring: config.dirty_ring,
     }
 }
 

@@ -122,6 +122,7 @@ fn config_from(saved: &SavedConfig, opts: &RestoreOptions) -> VmConfig {
             file: saved.io_file.clone(),
         },
         api_socket: opts.api_socket.clone(),
+        dirty_ring: saved.dirty_ring,
     }
 }
 

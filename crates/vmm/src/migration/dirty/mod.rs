@@ -7,10 +7,12 @@
 mod bitmap;
 mod hybrid;
 mod manual;
+pub mod ring;
 
 pub use bitmap::BitmapTracker;
 pub use hybrid::{HotSections, HybridTracker, SECTION_PAGES};
 pub use manual::ManualTracker;
+pub use ring::{RingSet, RingTracker};
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
