@@ -2,7 +2,7 @@
 //! this machine, seeds 3 and 4 side by side.
 //!
 //! Part 1, the dirty trackers (seed 4): for each guest memory size and each
-//! tracker, a `kvstore` guest (random verified writes over a working set at
+//! tracker (`ring` on a VM started with 4096-entry rings), a `kvstore` guest (random verified writes over a working set at
 //! a fixed rate) is migrated while it runs. Per sample: total time,
 //! downtime (the source's pause and the gap the guest saw), rounds, pages
 //! sent, the guest's operations per second during the migration as a share
@@ -54,7 +54,12 @@ pub struct MigrateBench {
 impl Default for MigrateBench {
     fn default() -> Self {
         MigrateBench {
-            trackers: vec!["bitmap".into(), "manual".into(), "hybrid".into()],
+            trackers: vec![
+                "bitmap".into(),
+                "manual".into(),
+                "hybrid".into(),
+                "ring".into(),
+            ],
             memories: vec!["256M".into(), "1G".into(), "4G".into()],
             wss: "64M".into(),
             rate: 100_000,
@@ -161,11 +166,12 @@ fn migrate_once(
 ) -> Result<(Value, Value, Value, u64, u64), BenchError> {
     let (dest, at) = receiver(exe, transport, id)?;
     let sock = std::env::temp_dir().join(format!("hover-bench-src-{id}.sock"));
-    let src = spawn_with_api(
-        exe,
-        &["run", "--memory", memory, "--cmdline", cmdline],
-        &sock,
-    )?;
+    let mut args = vec!["run", "--memory", memory, "--cmdline", cmdline];
+    // Rings exist only if the VM is created with them.
+    if body["dirty_tracking"] == "ring" {
+        args.extend(["--dirty-ring", "4096"]);
+    }
+    let src = spawn_with_api(exe, &args, &sock)?;
     std::thread::sleep(WARM_UP);
     let api = ApiClient::new(&sock, Duration::from_secs(600));
     let api_err = |e: hover_vmm::api::ApiError| guest(&e.to_string());

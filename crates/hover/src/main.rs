@@ -267,7 +267,11 @@ enum Scenario {
     /// CPU cycles per page).
     Migrate {
         /// Trackers (comma-separated).
-        #[arg(long, default_value = "bitmap,manual,hybrid", value_delimiter = ',')]
+        #[arg(
+            long,
+            default_value = "bitmap,manual,hybrid,ring",
+            value_delimiter = ','
+        )]
         trackers: Vec<String>,
         /// Guest memory sizes (comma-separated).
         #[arg(long, default_value = "256M,1G,4G", value_delimiter = ',')]
