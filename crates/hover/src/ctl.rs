@@ -149,6 +149,19 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
             ("PUT", "/vm/halt-poll", Some(body.to_string()))
         }
     };
+    if let CtlAction::Migrate { .. } = args.action {
+        return match migrate_with_progress(&args.api_socket, body.as_deref()) {
+            Ok(v) if args.json => {
+                println!("{v}");
+                ExitCode::SUCCESS
+            }
+            Ok(v) => {
+                output::print_ctl("migrate", &v);
+                ExitCode::SUCCESS
+            }
+            Err(e) => ctl_error(&e),
+        };
+    }
     if let CtlAction::Metrics = args.action {
         return match client.call(method, path, None) {
             Ok(r) if r.status == 200 => {
@@ -200,5 +213,45 @@ fn ctl_error(e: &ApiError) -> ExitCode {
         ApiError::Connect { .. } => EXIT_BAD_INPUT,
         ApiError::Refused { status, .. } if (400..500).contains(status) => EXIT_BAD_INPUT,
         _ => EXIT_HOST_FAILURE,
+    })
+}
+
+/// Send the migration request and, while it runs, show its progress from
+/// `GET /vm` on stderr (a spinner line; nothing when stderr is no terminal).
+fn migrate_with_progress(
+    socket: &std::path::Path,
+    body: Option<&str>,
+) -> Result<serde_json::Value, ApiError> {
+    let body = body.map(str::to_string);
+    let sock = socket.to_path_buf();
+    let request = std::thread::spawn(move || {
+        ApiClient::new(&sock, Duration::from_secs(3600)).json("PUT", "/vm/migrate", body.as_deref())
+    });
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_message("connecting");
+    let poll = ApiClient::new(socket, Duration::from_secs(2));
+    while !request.is_finished() {
+        if let Ok(v) = poll.json("GET", "/vm", None) {
+            let m = &v["migration"];
+            if !m.is_null() {
+                bar.set_message(format!(
+                    "round {}: {} pages sent, {} dirty, {:.0} MB/s, final round now ~{:.1} ms",
+                    m["round"],
+                    m["pages_sent"],
+                    m["dirty_pages"],
+                    m["rate_mb_s"].as_f64().unwrap_or(0.0),
+                    m["expected_downtime_ms"].as_f64().unwrap_or(0.0)
+                ));
+            }
+        }
+        bar.tick();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    bar.finish_and_clear();
+    request.join().unwrap_or_else(|_| {
+        Err(ApiError::BadReply {
+            path: socket.into(),
+            reason: "the request thread panicked".into(),
+        })
     })
 }

@@ -151,6 +151,24 @@ impl From<RunState> for Lifecycle {
     }
 }
 
+/// How a live migration is going, for `GET /vm` (and `hover ctl migrate`'s
+/// progress line).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct MigrationProgress {
+    /// Rounds done.
+    pub round: u32,
+    /// Pages sent so far.
+    pub pages_sent: u64,
+    /// Pages dirty now, still to send.
+    pub dirty_pages: u64,
+    /// The link's measured rate, MB/s.
+    pub rate_mb_s: f64,
+    /// What the final round would take now, milliseconds.
+    pub expected_downtime_ms: f64,
+    /// Since the migration began, milliseconds.
+    pub elapsed_ms: u64,
+}
+
 /// What a VM is, for `GET /vm`.
 #[derive(Clone, Debug, Serialize)]
 pub struct VmInfo {
@@ -162,6 +180,8 @@ pub struct VmInfo {
     pub config: crate::state::SavedConfig,
     /// The snapshot it was restored from, if any.
     pub restored_from: Option<String>,
+    /// A live migration under way, if any.
+    pub migration: Option<MigrationProgress>,
 }
 
 /// The VM's status, shared with readers that must not wait for its loop.
@@ -170,6 +190,7 @@ pub(crate) struct Status {
     pub(crate) started: Option<Instant>,
     pub(crate) config: crate::state::SavedConfig,
     pub(crate) restored_from: Option<String>,
+    pub(crate) migration: Option<MigrationProgress>,
 }
 
 /// What the VM's control loop hears.
@@ -211,6 +232,7 @@ impl Controller {
             uptime_ms: s.started.map_or(0, |t| t.elapsed().as_millis() as u64),
             config: s.config.clone(),
             restored_from: s.restored_from.clone(),
+            migration: s.migration.clone(),
         }
     }
 }

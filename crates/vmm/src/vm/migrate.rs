@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::control::{CommandError, Lifecycle, VmEvent};
+use super::control::{CommandError, Lifecycle, MigrationProgress, VmEvent};
 use super::run::Running;
 use crate::migration::dirty::{
     merge, BitmapTracker, DirtyTracker, HybridTracker, ManualTracker, RingTracker,
@@ -158,6 +158,7 @@ impl Running {
             })?;
         let was_running = self.state == Lifecycle::Running;
         let result = self.send_vm(o, &conn, tracker.as_mut(), t0);
+        self.progress(None);
         tracker.stop();
         self.vm.host_writes.record(false);
         if result.is_err() {
@@ -300,6 +301,14 @@ impl Running {
         report.bytes_sent = w.bytes;
         report.throttled = sender.throttled;
         Ok(report)
+    }
+
+    fn progress(&self, p: Option<MigrationProgress>) {
+        self.vm
+            .status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .migration = p;
     }
 
     /// A vCPU event that arrived meanwhile (the guest powered off or

@@ -248,6 +248,7 @@ impl Vm {
             started: None,
             config: saved.clone(),
             restored_from: None,
+            migration: None,
         }));
         Ok(Vm {
             _kvm: m.kvm,
