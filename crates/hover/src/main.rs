@@ -496,15 +496,21 @@ fn bench(args: BenchArgs) -> ExitCode {
             transport,
             out,
         } => {
-            for t in &trackers {
-                if let Err(e) = t.parse::<hover_vmm::migration::Tracker>() {
-                    eprintln!("hover: error: --trackers: {e}");
-                    return ExitCode::from(EXIT_BAD_INPUT);
-                }
-            }
-            if !matches!(transport.as_str(), "unix" | "tcp") {
-                eprintln!("hover: error: --transport {transport}: use unix or tcp");
-                return ExitCode::from(EXIT_BAD_INPUT);
+            if let Err(e) = check_all("--trackers", &trackers, |t| {
+                t.parse::<hover_vmm::migration::Tracker>().map(|_| ())
+            })
+            .and(check_all("--memories", &memories, |m| {
+                parse_size(m).map(|_| ()).map_err(|e| e.to_string())
+            }))
+            .and(check_all(
+                "--transport",
+                std::slice::from_ref(&transport),
+                |t| match t.as_str() {
+                    "unix" | "tcp" => Ok(()),
+                    _ => Err(format!("{t}: use unix or tcp")),
+                },
+            )) {
+                return e;
             }
             let b = hover_bench::migrate::MigrateBench {
                 trackers,
@@ -524,11 +530,10 @@ fn bench(args: BenchArgs) -> ExitCode {
             dir,
             out,
         } => {
-            for m in &memories {
-                if let Err(e) = parse_size(m) {
-                    eprintln!("hover: error: --memories: {e}");
-                    return ExitCode::from(EXIT_BAD_INPUT);
-                }
+            if let Err(e) = check_all("--memories", &memories, |m| {
+                parse_size(m).map(|_| ()).map_err(|e| e.to_string())
+            }) {
+                return e;
             }
             let b = hover_bench::snapshot::SnapshotBench {
                 memories,
@@ -567,6 +572,22 @@ fn bench(args: BenchArgs) -> ExitCode {
             hover_bench::apf::run(&exe, &b, &out)
         }
     })
+}
+
+/// Check every value of a list flag; the first bad one ends `hover` with
+/// a one-line error and the bad-input status.
+fn check_all(
+    flag: &str,
+    values: &[String],
+    check: impl Fn(&String) -> Result<(), String>,
+) -> Result<(), ExitCode> {
+    for v in values {
+        if let Err(e) = check(v) {
+            eprintln!("hover: error: {flag}: {e}");
+            return Err(ExitCode::from(EXIT_BAD_INPUT));
+        }
+    }
+    Ok(())
 }
 
 fn bench_result(result: Result<(), hover_bench::BenchError>) -> ExitCode {

@@ -252,9 +252,21 @@ fn a_lazily_restored_vm_snapshots_pages_it_has_not_fetched() {
     let (code, outcome, stderr) = vm.wait();
     assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(outcome["ended"], "snapshot");
+    // Every page the first snapshot held is in the second (a handful may
+    // have been zeroed by the guest since, and are then left out).
+    let gpas = |p: &std::path::Path| -> std::collections::BTreeSet<u64> {
+        hover_vmm::state::file::Snapshot::open(p)
+            .unwrap()
+            .stored_pages()
+            .map(|(gpa, _)| gpa)
+            .collect()
+    };
+    let (before, after) = (gpas(&first), gpas(&second));
+    let missing = before.difference(&after).count();
     assert!(
-        snap["pages"].as_u64().unwrap() >= 8192,
-        "the 32 MiB buffer is in the second snapshot: {snap}"
+        before.len() > 1000 && missing <= 16,
+        "{missing} of the first snapshot's {} pages are not in the second: {snap}",
+        before.len()
     );
     std::fs::remove_file(&first).unwrap();
     let got = restore(&second, "eager");

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use vm_memory::{Bytes, GuestAddress};
 
-use super::outcome::{us_since, RestoreReport};
 use super::restore::{prepare, LoadError, RestoreOptions};
 use super::{open_console, DeviceSetup, Vm};
 use crate::migration::transport::{Addr, Conn, Listener};
@@ -197,17 +196,7 @@ impl Vm {
             created_at,
         )?;
         vm.load_state(&s).map_err(|e| load(e, "STATE", state_at))?;
-        vm.restored = Some(RestoreReport {
-            snapshot: "a live migration".into(),
-            memory_restore: "eager",
-            to_running_us: us_since(created_at, Instant::now()),
-            running_tsc: 0,
-            pages_loaded: pages,
-        });
-        vm.status
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .restored_from = Some("a live migration".into());
+        vm.mark_restored("a live migration".into(), "eager", pages);
         w.frame(Kind::Running, &[&state::host_tsc().to_le_bytes()])
             .map_err(host("answering the source"))?;
         Ok(vm)

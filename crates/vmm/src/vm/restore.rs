@@ -205,6 +205,22 @@ impl Prepared {
 }
 
 impl Vm {
+    /// Record where this VM came from (a snapshot, a migration): in the
+    /// outcome and in `GET /vm`.
+    pub(crate) fn mark_restored(&mut self, from: String, memory_restore: &'static str, pages: u64) {
+        self.restored = Some(RestoreReport {
+            snapshot: from.clone(),
+            memory_restore,
+            to_running_us: us_since(self.created_at, Instant::now()),
+            running_tsc: 0,
+            pages_loaded: pages,
+        });
+        self.status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .restored_from = Some(from);
+    }
+
     /// Load a saved state into this built VM, in the order that works:
     /// irqchip, each vCPU, the clock, the devices.
     pub(crate) fn load_state(&mut self, s: &VmState) -> Result<(), LoadError> {
@@ -293,21 +309,15 @@ impl Vm {
         // The pager runs from here on, so KVM may touch any guest page.
         vm.load_state(s).map_err(unfit)?;
         phase("state loaded");
-        vm.restored = Some(RestoreReport {
-            snapshot: path.display().to_string(),
-            memory_restore: if config.paging.is_some() {
+        vm.mark_restored(
+            path.display().to_string(),
+            if config.paging.is_some() {
                 "lazy"
             } else {
                 opts.memory.name()
             },
-            to_running_us: us_since(created_at, Instant::now()),
-            running_tsc: 0,
             pages_loaded,
-        });
-        vm.status
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .restored_from = Some(path.display().to_string());
+        );
         Ok(vm)
     }
 }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use kvm_ioctls::VmFd;
 
-use super::{bits_to_gpas, set_logging, slots, DirtyError, DirtyTracker, Slot};
+use super::{bits_to_gpas, logging_off, logging_on, slots, DirtyError, DirtyTracker, Slot};
 use crate::memory::GuestRam;
 
 /// `KVM_GET_DIRTY_LOG`: KVM returns and clears each slot's bitmap and
@@ -33,13 +33,7 @@ impl DirtyTracker for BitmapTracker {
     }
 
     fn start(&mut self) -> Result<(), DirtyError> {
-        for s in &self.slots {
-            set_logging(&self.vm, s, true).map_err(|source| DirtyError {
-                tracker: "bitmap",
-                what: "enable logging on a memslot",
-                source,
-            })?;
-        }
+        logging_on(&self.vm, &self.slots, "bitmap")?;
         self.on = true;
         Ok(())
     }
@@ -62,11 +56,7 @@ impl DirtyTracker for BitmapTracker {
 
     fn stop(&mut self) {
         if std::mem::take(&mut self.on) {
-            for s in &self.slots {
-                if let Err(e) = set_logging(&self.vm, s, false) {
-                    tracing::warn!("cannot turn dirty logging off on slot {}: {e}", s.index);
-                }
-            }
+            logging_off(&self.vm, &self.slots);
         }
     }
 }

@@ -14,7 +14,7 @@ use kvm_bindings::{
 use kvm_ioctls::VmFd;
 use vmm_sys_util::ioctl::ioctl_with_ref;
 
-use super::{bits_to_gpas, set_logging, slots, DirtyError, DirtyTracker, Slot};
+use super::{bits_to_gpas, logging_off, set_logging, slots, DirtyError, DirtyTracker, Slot};
 use crate::memory::GuestRam;
 
 mod ioctls {
@@ -132,11 +132,7 @@ impl ManualLog {
 
     pub(super) fn stop(&mut self) {
         if std::mem::take(&mut self.on) {
-            for s in &self.slots {
-                if let Err(e) = set_logging(&self.vm, s, false) {
-                    tracing::warn!("cannot turn dirty logging off on slot {}: {e}", s.index);
-                }
-            }
+            logging_off(&self.vm, &self.slots);
             // Back to KVM's default, so that a later bitmap tracker works.
             if let Err(e) = self.set_cap(0) {
                 tracing::warn!("{e}");

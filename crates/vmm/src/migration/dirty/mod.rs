@@ -98,6 +98,32 @@ pub(crate) fn set_logging(vm: &VmFd, s: &Slot, on: bool) -> Result<(), kvm_ioctl
     unsafe { vm.set_user_memory_region(r) }
 }
 
+/// Turn logging on for every slot (a tracker's start).
+pub(crate) fn logging_on(
+    vm: &VmFd,
+    slots: &[Slot],
+    tracker: &'static str,
+) -> Result<(), DirtyError> {
+    for s in slots {
+        set_logging(vm, s, true).map_err(|source| DirtyError {
+            tracker,
+            what: "enable logging on a memslot",
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+/// Turn logging off for every slot (a tracker's stop: failures are logged,
+/// the guest runs on).
+pub(crate) fn logging_off(vm: &VmFd, slots: &[Slot]) {
+    for s in slots {
+        if let Err(e) = set_logging(vm, s, false) {
+            tracing::warn!("cannot turn dirty logging off on slot {}: {e}", s.index);
+        }
+    }
+}
+
 /// Append the addresses of the set bits of `bitmap` (one bit per page from `base`).
 pub fn bits_to_gpas(bitmap: &[u64], base: u64, out: &mut Vec<u64>) {
     for (w, &word) in bitmap.iter().enumerate() {

@@ -18,7 +18,7 @@ use kvm_bindings::{kvm_enable_cap, KVM_CAP_DIRTY_LOG_RING, KVM_DIRTY_LOG_PAGE_OF
 use kvm_ioctls::{VcpuFd, VmFd};
 use vmm_sys_util::ioctl::ioctl;
 
-use super::{set_logging, slots, DirtyError, DirtyTracker, Slot};
+use super::{logging_off, logging_on, slots, DirtyError, DirtyTracker, Slot};
 use crate::memory::GuestRam;
 use hover_abi::layout::PAGE_SIZE;
 
@@ -227,13 +227,7 @@ impl DirtyTracker for RingTracker {
     fn start(&mut self) -> Result<(), DirtyError> {
         // Forget entries from before (none should be there: logging was off).
         let _ = self.rings.harvest_all();
-        for s in &self.slots {
-            set_logging(&self.vm, s, true).map_err(|source| DirtyError {
-                tracker: "ring",
-                what: "enable logging on a memslot",
-                source,
-            })?;
-        }
+        logging_on(&self.vm, &self.slots, "ring")?;
         self.on = true;
         Ok(())
     }
@@ -258,11 +252,7 @@ impl DirtyTracker for RingTracker {
 
     fn stop(&mut self) {
         if std::mem::take(&mut self.on) {
-            for s in &self.slots {
-                if let Err(e) = set_logging(&self.vm, s, false) {
-                    tracing::warn!("cannot turn dirty logging off on slot {}: {e}", s.index);
-                }
-            }
+            logging_off(&self.vm, &self.slots);
             let _ = self.rings.harvest_all();
         }
     }
