@@ -244,7 +244,13 @@ fn a_lazily_restored_vm_snapshots_pages_it_has_not_fetched() {
         ],
         &dir.path("restored.sock"),
     );
-    let info = vm.api().json("GET", "/vm", None).unwrap();
+    let info = match vm.api().json("GET", "/vm", None) {
+        Ok(v) => v,
+        Err(e) => {
+            let (code, _, stderr) = vm.wait();
+            panic!("the restored VM does not answer ({e}); it exited with {code:?}: {stderr}");
+        }
+    };
     assert_eq!(info["restored_from"], first.to_str().unwrap());
     let second = dir.path("second.snap");
     let body = serde_json::json!({ "path": second, "stop": true }).to_string();

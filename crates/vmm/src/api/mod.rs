@@ -20,6 +20,9 @@
 
 pub mod client;
 mod metrics;
+mod requests;
+
+use requests::{parse_body, ApiFailure, HaltPollRequest, MigrateRequest, SnapshotRequest};
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -30,14 +33,14 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use tiny_http::{Header, Method, Response, Server};
 
 use crate::devices::pvio::{PvioDevice, PvioStats};
 use crate::memory::paged::PagerStats;
-use crate::sched::halt_poll::{GovernorReport, HaltPoll};
+use crate::sched::halt_poll::GovernorReport;
 use crate::stats::KvmStats;
-use crate::vm::{Command, CommandError, Controller};
+use crate::vm::{Command, Controller};
 
 pub use client::{query, ApiClient};
 
@@ -158,198 +161,6 @@ impl LiveSources {
             io: self.io.stats(),
         }
     }
-}
-
-/// The body of `PUT /vm/snapshot`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SnapshotRequest {
-    path: PathBuf,
-    #[serde(default)]
-    stop: bool,
-}
-
-/// The body of `PUT /vm/migrate`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct MigrateRequest {
-    to: String,
-    dirty_tracking: Option<String>,
-    downtime_ms: Option<u64>,
-    batch_pages: Option<usize>,
-    bandwidth: Option<u64>,
-    timeout_s: Option<u64>,
-    #[serde(default)]
-    verify: bool,
-}
-
-impl MigrateRequest {
-    fn options(&self) -> Result<crate::migration::MigrateOptions, ApiFailure> {
-        use crate::migration::{MigrateOptions, Tracker};
-        let to = self.to.parse().map_err(|e| ApiFailure::bad("to", e))?;
-        let mut o = MigrateOptions::to(to);
-        if let Some(t) = &self.dirty_tracking {
-            o.tracker = t
-                .parse::<Tracker>()
-                .map_err(|e| ApiFailure::bad("dirty_tracking", e))?;
-        }
-        if let Some(ms) = self.downtime_ms {
-            o.downtime = Duration::from_millis(ms);
-        }
-        if let Some(b) = self.batch_pages {
-            o.batch_pages = b;
-        }
-        o.bandwidth = self.bandwidth;
-        if let Some(s) = self.timeout_s {
-            o.timeout = Duration::from_secs(s);
-        }
-        o.verify = self.verify;
-        o.check()
-            .map_err(|(field, reason)| ApiFailure::bad(field, reason))?;
-        Ok(o)
-    }
-}
-
-/// The body of `PUT /vm/halt-poll`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct HaltPollRequest {
-    mode: String,
-    window_ns: Option<u64>,
-    budget_pct: Option<f64>,
-}
-
-impl HaltPollRequest {
-    fn setting(&self) -> Result<HaltPoll, ApiFailure> {
-        let unexpected = |field: &'static str| {
-            ApiFailure::bad(
-                field,
-                format!("{field} does not go with mode {:?}", self.mode),
-            )
-        };
-        match self.mode.as_str() {
-            "fixed" => {
-                if self.budget_pct.is_some() {
-                    return Err(unexpected("budget_pct"));
-                }
-                let window_ns = self.window_ns.ok_or_else(|| {
-                    ApiFailure::bad("window_ns", "mode fixed needs window_ns".into())
-                })?;
-                Ok(HaltPoll::Fixed { window_ns })
-            }
-            "auto" => {
-                if self.window_ns.is_some() {
-                    return Err(unexpected("window_ns"));
-                }
-                Ok(HaltPoll::Auto {
-                    budget_pct: self
-                        .budget_pct
-                        .unwrap_or(crate::sched::halt_poll::DEFAULT_BUDGET_PCT),
-                })
-            }
-            "kvm_default" => match (self.window_ns, self.budget_pct) {
-                (Some(_), _) => Err(unexpected("window_ns")),
-                (_, Some(_)) => Err(unexpected("budget_pct")),
-                _ => Ok(HaltPoll::KvmDefault),
-            },
-            other => Err(ApiFailure::bad(
-                "mode",
-                format!("unknown mode {other:?}: use fixed, auto or kvm_default"),
-            )),
-        }
-    }
-}
-
-/// An error answer: HTTP status, message, and the request field at fault.
-#[derive(Debug)]
-struct ApiFailure {
-    status: u16,
-    message: String,
-    field: Option<String>,
-}
-
-impl ApiFailure {
-    fn new(status: u16, message: String) -> Self {
-        ApiFailure {
-            status,
-            message,
-            field: None,
-        }
-    }
-
-    fn bad(field: &str, message: String) -> Self {
-        ApiFailure {
-            status: 400,
-            message,
-            field: Some(field.into()),
-        }
-    }
-}
-
-impl From<CommandError> for ApiFailure {
-    fn from(e: CommandError) -> Self {
-        use crate::state::file::SnapshotError;
-        let message = e.to_string();
-        match e {
-            CommandError::WrongState { .. } => ApiFailure::new(409, message),
-            CommandError::Invalid { field, .. } => ApiFailure::bad(field, message),
-            CommandError::Snapshot(SnapshotError::Exists(_)) => ApiFailure {
-                status: 409,
-                message,
-                field: Some("path".into()),
-            },
-            CommandError::Snapshot(SnapshotError::Io { .. }) => ApiFailure {
-                status: 400,
-                message,
-                field: Some("path".into()),
-            },
-            CommandError::Gone => ApiFailure::new(503, message),
-            CommandError::Migration(ref m) => {
-                use crate::migration::MigrationError as M;
-                ApiFailure::new(
-                    match m {
-                        M::Connect { .. } | M::Refused(_) | M::Wire(_) => 502,
-                        M::NoConvergence(_) => 504,
-                        M::Unsupported(_) | M::GuestEnded => 409,
-                        _ => 500,
-                    },
-                    message,
-                )
-            }
-            _ => ApiFailure::new(500, message),
-        }
-    }
-}
-
-/// Parse a JSON body into `T`, naming the field at fault.
-fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiFailure> {
-    let mut de = serde_json::Deserializer::from_slice(body);
-    let v: Result<T, _> = serde_path_to_error::deserialize(&mut de);
-    if v.is_ok() {
-        if let Err(e) = de.end() {
-            return Err(ApiFailure {
-                status: 400,
-                message: format!("invalid request body: {e}"),
-                field: Some("body".into()),
-            });
-        }
-    }
-    v.map_err(|e| {
-        let path = e.path().to_string();
-        let msg = e.inner().to_string();
-        // A wrong value is named by its path; a missing or unknown field
-        // only in serde's message, in backquotes; bad JSON by neither.
-        let field = if path != "." && path != "?" {
-            path
-        } else {
-            msg.split('`').nth(1).unwrap_or("body").to_string()
-        };
-        ApiFailure {
-            status: 400,
-            message: format!("invalid request body: {msg}"),
-            field: Some(field),
-        }
-    })
 }
 
 struct Ctx {
@@ -598,45 +409,5 @@ impl ApiServer {
 impl Drop for ApiServer {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn halt_poll_requests_name_the_bad_field() {
-        let parse = |s: &str| parse_body::<HaltPollRequest>(s.as_bytes()).and_then(|r| r.setting());
-        assert_eq!(
-            parse(r#"{"mode":"fixed","window_ns":5}"#).unwrap(),
-            HaltPoll::Fixed { window_ns: 5 }
-        );
-        assert_eq!(
-            parse(r#"{"mode":"auto"}"#).unwrap(),
-            HaltPoll::Auto { budget_pct: 2.5 }
-        );
-        let e = parse(r#"{"mode":"fixed"}"#).unwrap_err();
-        assert_eq!(e.field.as_deref(), Some("window_ns"));
-        let e = parse(r#"{"mode":"auto","window_ns":1}"#).unwrap_err();
-        assert_eq!(e.field.as_deref(), Some("window_ns"));
-        let e = parse(r#"{"mode":"sometimes"}"#).unwrap_err();
-        assert_eq!(e.field.as_deref(), Some("mode"));
-        let e = parse(r#"{"mode":"fixed","window_ns":1,"colour":2}"#).unwrap_err();
-        assert_eq!((e.status, e.field.as_deref()), (400, Some("colour")));
-        let e = parse(r#"{"mode":"fixed","window_ns":-1}"#).unwrap_err();
-        assert_eq!((e.status, e.field.as_deref()), (400, Some("window_ns")));
-        let e = parse("{not json").unwrap_err();
-        assert_eq!((e.status, e.field.as_deref()), (400, Some("body")));
-    }
-
-    #[test]
-    fn snapshot_requests_are_checked() {
-        let r: SnapshotRequest = parse_body(br#"{"path":"/tmp/x"}"#).unwrap();
-        assert!(!r.stop);
-        let e = parse_body::<SnapshotRequest>(br#"{"stop":true}"#).unwrap_err();
-        assert_eq!(e.field.as_deref(), Some("path"));
-        let e = parse_body::<SnapshotRequest>(br#"{"path":"/x","stop":"yes"}"#).unwrap_err();
-        assert_eq!((e.status, e.field.as_deref()), (400, Some("stop")));
     }
 }

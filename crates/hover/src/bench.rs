@@ -1,0 +1,258 @@
+//! `hover bench <scenario>`: the scenarios' flags, checked, and their run.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use hover_vmm::config::parse_size;
+
+use crate::{die_on_broken_pipe, fail, EXIT_BAD_INPUT, EXIT_HOST_FAILURE};
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    scenario: Scenario,
+}
+
+#[derive(Subcommand)]
+enum Scenario {
+    /// Boot the built-in guest repeatedly: time to first instruction, first
+    /// console byte and exit; the monitor's own resident memory.
+    Boot {
+        /// Number of boots.
+        #[arg(long, default_value_t = 20)]
+        runs: u32,
+        /// vCPUs per VM.
+        #[arg(long, default_value_t = 2)]
+        vcpus: u32,
+        /// Directory for the JSON results.
+        #[arg(long, default_value = "bench-results")]
+        out: PathBuf,
+    },
+    /// The async page fault seed's experiment: bm under a memory budget with
+    /// async PF off and on (and the ideal), across page-store latencies.
+    Apf {
+        /// Page-store latencies to sweep (comma-separated).
+        #[arg(long, default_value = "0,100us,500us,2ms,5ms", value_delimiter = ',')]
+        latencies: Vec<String>,
+        /// Seconds each run measures.
+        #[arg(long, default_value_t = 5)]
+        seconds: u32,
+        /// Runs per configuration (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        runs: u32,
+        /// Directory for the JSON results and the plot.
+        #[arg(long, default_value = "bench-results")]
+        out: PathBuf,
+    },
+    /// The halt-polling seed's experiment: iolat under each way of waiting
+    /// (off, KVM default, fixed windows, the governor, idle=poll, HLT exits
+    /// disabled) and the host CPU an idle guest burns under each.
+    HaltPoll {
+        /// Seconds per run.
+        #[arg(long, default_value_t = 3)]
+        seconds: u32,
+        /// Runs per mode (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        runs: u32,
+        /// Directory for the I/O device's file (a real disk: see the scenario's doc).
+        #[arg(long, default_value = "/var/tmp")]
+        io_dir: PathBuf,
+        /// Directory for the JSON results and the plot.
+        #[arg(long, default_value = "bench-results")]
+        out: PathBuf,
+    },
+    /// Live migration between two hover processes: each dirty tracker across
+    /// guest memory sizes (total time, downtime, rounds, pages, the guest's
+    /// ops/s during vs before, its page faults), and batch sizes (pages/s,
+    /// CPU cycles per page).
+    Migrate {
+        /// Trackers (comma-separated).
+        #[arg(
+            long,
+            default_value = "bitmap,manual,hybrid,ring",
+            value_delimiter = ','
+        )]
+        trackers: Vec<String>,
+        /// Guest memory sizes (comma-separated).
+        #[arg(long, default_value = "256M,1G,4G", value_delimiter = ',')]
+        memories: Vec<String>,
+        /// kvstore's working set.
+        #[arg(long, default_value = "64M")]
+        wss: String,
+        /// kvstore's operations per second.
+        #[arg(long, default_value_t = 100_000)]
+        rate: u64,
+        /// Batch sizes (pages, comma-separated).
+        #[arg(long, default_value = "1,16,256,1024", value_delimiter = ',')]
+        batches: Vec<usize>,
+        /// Rounds.
+        #[arg(long, default_value_t = 2)]
+        runs: u32,
+        /// unix or tcp (loopback).
+        #[arg(long, default_value = "unix")]
+        transport: String,
+        /// Directory for the JSON results and the plot.
+        #[arg(long, default_value = "bench-results")]
+        out: PathBuf,
+    },
+    /// Pause latency, snapshot time and size, and restore (eager vs lazy):
+    /// time to the vCPUs running and the guest's work in its first second,
+    /// across guest memory sizes at a fixed working set.
+    Snapshot {
+        /// Guest memory sizes (comma-separated).
+        #[arg(long, default_value = "256M,1G,4G", value_delimiter = ',')]
+        memories: Vec<String>,
+        /// The guest's working set (bm's array).
+        #[arg(long, default_value = "64M")]
+        working_set: String,
+        /// Rounds (sizes and modes interleaved within each).
+        #[arg(long, default_value_t = 3)]
+        runs: u32,
+        /// Directory for the snapshot files (removed after each sample).
+        #[arg(long, default_value = "/var/tmp")]
+        dir: PathBuf,
+        /// Directory for the JSON results and the plot.
+        #[arg(long, default_value = "bench-results")]
+        out: PathBuf,
+    },
+    /// The guest runtime's costs: task switches (voluntary, preemptive), a
+    /// nub trip, timer and interrupt wake-up latency, cross-vCPU wake-ups.
+    Runtime {
+        /// Runs per measurement (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        runs: u32,
+        /// Directory for the JSON results.
+        #[arg(long, default_value = "bench-results")]
+        out: PathBuf,
+    },
+}
+
+/// Run `hover bench <scenario>`.
+pub fn bench(args: BenchArgs) -> ExitCode {
+    die_on_broken_pipe();
+    // Scenarios run `hover run` as fresh processes, as a user would.
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            eprintln!("hover: error: cannot find the hover binary to benchmark: {e}");
+            return ExitCode::from(EXIT_HOST_FAILURE);
+        }
+    };
+    bench_result(match args.scenario {
+        Scenario::Boot { runs, vcpus, out } => hover_bench::boot::run(&exe, runs, vcpus, &out),
+        Scenario::Runtime { runs, out } => hover_bench::runtime::run(&exe, runs, &out),
+        Scenario::Migrate {
+            trackers,
+            memories,
+            wss,
+            rate,
+            batches,
+            runs,
+            transport,
+            out,
+        } => {
+            if let Err(e) = check_all("--trackers", &trackers, |t| {
+                t.parse::<hover_vmm::migration::Tracker>().map(|_| ())
+            })
+            .and(check_all("--memories", &memories, |m| {
+                parse_size(m).map(|_| ()).map_err(|e| e.to_string())
+            }))
+            .and(check_all(
+                "--transport",
+                std::slice::from_ref(&transport),
+                |t| match t.as_str() {
+                    "unix" | "tcp" => Ok(()),
+                    _ => Err(format!("{t}: use unix or tcp")),
+                },
+            )) {
+                return e;
+            }
+            let b = hover_bench::migrate::MigrateBench {
+                trackers,
+                memories,
+                wss,
+                rate,
+                batches,
+                runs,
+                transport,
+            };
+            hover_bench::migrate::run(&exe, &b, &out)
+        }
+        Scenario::Snapshot {
+            memories,
+            working_set,
+            runs,
+            dir,
+            out,
+        } => {
+            if let Err(e) = check_all("--memories", &memories, |m| {
+                parse_size(m).map(|_| ()).map_err(|e| e.to_string())
+            }) {
+                return e;
+            }
+            let b = hover_bench::snapshot::SnapshotBench {
+                memories,
+                working_set,
+                runs,
+                dir,
+            };
+            hover_bench::snapshot::run(&exe, &b, &out)
+        }
+        Scenario::HaltPoll {
+            seconds,
+            runs,
+            io_dir,
+            out,
+        } => hover_bench::halt_poll::run(
+            &exe,
+            &hover_bench::halt_poll::HaltPollBench {
+                seconds,
+                runs,
+                io_dir,
+            },
+            &out,
+        ),
+        Scenario::Apf {
+            latencies,
+            seconds,
+            runs,
+            out,
+        } => {
+            let b = hover_bench::apf::ApfBench {
+                latencies,
+                seconds,
+                runs,
+                ..Default::default()
+            };
+            hover_bench::apf::run(&exe, &b, &out)
+        }
+    })
+}
+
+/// Check every value of a list flag; the first bad one ends `hover` with
+/// a one-line error and the bad-input status.
+fn check_all(
+    flag: &str,
+    values: &[String],
+    check: impl Fn(&String) -> Result<(), String>,
+) -> Result<(), ExitCode> {
+    for v in values {
+        if let Err(e) = check(v) {
+            eprintln!("hover: error: {flag}: {e}");
+            return Err(ExitCode::from(EXIT_BAD_INPUT));
+        }
+    }
+    Ok(())
+}
+
+fn bench_result(result: Result<(), hover_bench::BenchError>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(hover_bench::BenchError::Vm(e)) => fail(&e),
+        Err(e) => {
+            eprintln!("hover: error: {e}");
+            ExitCode::from(EXIT_HOST_FAILURE)
+        }
+    }
+}
