@@ -155,9 +155,7 @@ pub fn bench(args: BenchArgs) -> ExitCode {
             if let Err(e) = check_all("--trackers", &trackers, |t| {
                 t.parse::<hover_vmm::migration::Tracker>().map(|_| ())
             })
-            .and(check_all("--memories", &memories, |m| {
-                parse_size(m).map(|_| ()).map_err(|e| e.to_string())
-            }))
+            .and(check_sizes("--memories", &memories))
             .and(check_all(
                 "--transport",
                 std::slice::from_ref(&transport),
@@ -186,9 +184,7 @@ pub fn bench(args: BenchArgs) -> ExitCode {
             dir,
             out,
         } => {
-            if let Err(e) = check_all("--memories", &memories, |m| {
-                parse_size(m).map(|_| ()).map_err(|e| e.to_string())
-            }) {
+            if let Err(e) = check_sizes("--memories", &memories) {
                 return e;
             }
             let b = hover_bench::snapshot::SnapshotBench {
@@ -244,6 +240,13 @@ fn check_all(
         }
     }
     Ok(())
+}
+
+/// Check that every value of a list flag is a size (`256M`, `1G`).
+fn check_sizes(flag: &str, values: &[String]) -> Result<(), ExitCode> {
+    check_all(flag, values, |m| {
+        parse_size(m).map(|_| ()).map_err(|e| e.to_string())
+    })
 }
 
 fn bench_result(result: Result<(), hover_bench::BenchError>) -> ExitCode {
