@@ -65,6 +65,19 @@ pub enum CtlAction {
         /// Send a digest of memory for the destination to check before running.
         #[arg(long)]
         verify: bool,
+        /// Slow vCPUs that dirty memory faster than the link moves it (the
+        /// dirtiest ones with --dirty-tracking ring, all of them otherwise).
+        #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+        auto_converge: String,
+        /// The first throttle, percent of a vCPU's time taken away.
+        #[arg(long, default_value_t = 20)]
+        throttle_initial: u8,
+        /// Added per further round that does not converge, percent.
+        #[arg(long, default_value_t = 10)]
+        throttle_step: u8,
+        /// The most a vCPU is throttled, percent (at most 99).
+        #[arg(long, default_value_t = 99)]
+        throttle_max: u8,
     },
     /// Live figures: KVM statistics, pager, governor, I/O device.
     Stats,
@@ -105,6 +118,10 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
             bandwidth,
             timeout,
             verify,
+            auto_converge,
+            throttle_initial,
+            throttle_step,
+            throttle_max,
         } => {
             let body = serde_json::json!({
                 "to": to,
@@ -114,6 +131,10 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
                 "bandwidth": bandwidth,
                 "timeout_s": timeout,
                 "verify": verify,
+                "auto_converge": auto_converge == "on",
+                "throttle_initial": throttle_initial,
+                "throttle_step": throttle_step,
+                "throttle_max": throttle_max,
             });
             ("PUT", "/vm/migrate", Some(body.to_string()))
         }
@@ -234,8 +255,17 @@ fn migrate_with_progress(
         if let Ok(v) = poll.json("GET", "/vm", None) {
             let m = &v["migration"];
             if !m.is_null() {
+                let throttle: Vec<u64> = m["vcpu_throttle_pct"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(|v| v.as_u64()).collect())
+                    .unwrap_or_default();
+                let throttle = if throttle.iter().any(|&p| p > 0) {
+                    format!(", vCPUs throttled {throttle:?}%")
+                } else {
+                    String::new()
+                };
                 bar.set_message(format!(
-                    "round {}: {} pages sent, {} dirty, {:.0} MB/s, final round now ~{:.1} ms",
+                    "round {}: {} pages sent, {} dirty, {:.0} MB/s, final round now ~{:.1} ms{throttle}",
                     m["round"],
                     m["pages_sent"],
                     m["dirty_pages"],

@@ -30,6 +30,10 @@ pub(super) struct MigrateRequest {
     timeout_s: Option<u64>,
     #[serde(default)]
     verify: bool,
+    auto_converge: Option<bool>,
+    throttle_initial: Option<u8>,
+    throttle_step: Option<u8>,
+    throttle_max: Option<u8>,
 }
 
 impl MigrateRequest {
@@ -53,6 +57,11 @@ impl MigrateRequest {
             o.timeout = Duration::from_secs(s);
         }
         o.verify = self.verify;
+        let t = &mut o.throttle;
+        t.on = self.auto_converge.unwrap_or(t.on);
+        t.initial = self.throttle_initial.unwrap_or(t.initial);
+        t.step = self.throttle_step.unwrap_or(t.step);
+        t.max = self.throttle_max.unwrap_or(t.max);
         o.check()
             .map_err(|(field, reason)| ApiFailure::bad(field, reason))?;
         Ok(o)

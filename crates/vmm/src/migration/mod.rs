@@ -9,6 +9,7 @@
 //! [`crate::Vm::receive`] (`vm/receive.rs`). docs/MIGRATION.md.
 
 pub mod dirty;
+pub mod throttle;
 pub mod transport;
 pub mod wire;
 
@@ -75,6 +76,8 @@ pub struct MigrateOptions {
     pub timeout: Duration,
     /// Send a digest of memory for the destination to check before it runs.
     pub verify: bool,
+    /// Slowing vCPUs that outrun the link.
+    pub throttle: throttle::ThrottleSettings,
 }
 
 impl MigrateOptions {
@@ -88,6 +91,7 @@ impl MigrateOptions {
             bandwidth: None,
             timeout: DEFAULT_TIMEOUT,
             verify: false,
+            throttle: throttle::ThrottleSettings::default(),
         }
     }
 
@@ -115,7 +119,7 @@ impl MigrateOptions {
         if self.timeout.is_zero() {
             return Err(("timeout_s", "a migration needs some time".into()));
         }
-        Ok(())
+        self.throttle.check()
     }
 }
 
@@ -150,6 +154,10 @@ pub struct MigrationReport {
     pub sender_cpu_us: u64,
     /// With rings: vCPU stops on a full ring during the migration.
     pub ring_full_exits: u64,
+    /// The highest throttle each vCPU reached, percent (0: never slowed).
+    pub vcpu_throttle_pct: Vec<u8>,
+    /// Time each vCPU slept for its throttle, milliseconds.
+    pub vcpu_throttled_ms: Vec<f64>,
 }
 
 /// Why a migration failed. The source runs on.
@@ -233,6 +241,7 @@ mod tests {
         assert_eq!(bad(&|o| o.downtime = Duration::ZERO), "downtime_ms");
         assert_eq!(bad(&|o| o.bandwidth = Some(0)), "bandwidth");
         assert_eq!(bad(&|o| o.timeout = Duration::ZERO), "timeout_s");
+        assert_eq!(bad(&|o| o.throttle.step = 0), "throttle_step");
         assert_eq!("ring".parse::<Tracker>().unwrap(), Tracker::Ring);
         assert!("often".parse::<Tracker>().is_err());
     }

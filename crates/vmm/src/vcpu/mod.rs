@@ -132,6 +132,8 @@ pub struct Vcpu {
     layout: Arc<StateLayout>,
     /// The VM's dirty rings, if it has them (a full ring stops this vCPU).
     rings: Option<Arc<crate::migration::dirty::RingSet>>,
+    /// The VM's throttles (a migration slows vCPUs that outrun the link).
+    throttle: Option<Arc<crate::migration::throttle::Throttle>>,
 }
 
 impl Vcpu {
@@ -145,12 +147,18 @@ impl Vcpu {
             fd,
             layout,
             rings: None,
+            throttle: None,
         })
     }
 
     /// Give the vCPU the VM's dirty rings.
     pub fn attach_ring(&mut self, rings: Arc<crate::migration::dirty::RingSet>) {
         self.rings = Some(rings);
+    }
+
+    /// Give the vCPU the VM's throttles.
+    pub fn attach_throttle(&mut self, throttle: Arc<crate::migration::throttle::Throttle>) {
+        self.throttle = Some(throttle);
     }
 
     /// The vCPU's index.

@@ -21,9 +21,11 @@
 //! Every message gets exactly one reply; the thread ends on [`VcpuMsg::Stop`].
 
 use std::cell::Cell;
-use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::os::unix::thread::JoinHandleExt;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::{Arc, Once};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use kvm_ioctls::VcpuExit;
 use serde::Serialize;
@@ -112,6 +114,20 @@ pub struct VcpuHandle {
     thread: Option<JoinHandle<u64>>,
 }
 
+/// Kicks one vCPU thread (see [`VcpuHandle::kicker`]).
+#[derive(Clone, Copy)]
+pub struct Kicker(libc::pthread_t);
+
+impl Kicker {
+    /// Kick the thread out of `KVM_RUN` (or make its next one return).
+    pub fn kick(&self) {
+        // SAFETY: the id is of a thread not yet joined (the kicker does not
+        // outlive its handle, which joins the thread); the signal has a
+        // handler installed by `spawn`.
+        unsafe { libc::pthread_kill(self.0, kick_signal()) };
+    }
+}
+
 /// Reports a vCPU's end (power-off, crash, failure) to the VM, once.
 pub type EventSink = Box<dyn Fn(VcpuEvent) + Send>;
 
@@ -187,6 +203,13 @@ impl VcpuHandle {
         }
     }
 
+    /// Something that kicks this vCPU's thread from another thread (the
+    /// throttle's ticker). It must not outlive this handle: the thread is
+    /// joined when the handle stops, and a joined thread's id is stale.
+    pub fn kicker(&self) -> Option<Kicker> {
+        self.thread.as_ref().map(|t| Kicker(t.as_pthread_t()))
+    }
+
     /// End the thread and wait for it: the host CPU time it used, in
     /// microseconds (`None` if it panicked).
     pub fn stop(mut self) -> Option<u64> {
@@ -227,8 +250,25 @@ impl VcpuThread {
     fn main(&mut self, rx: Receiver<VcpuMsg>, tx: Sender<VcpuReply>) {
         let run = self.vcpu.fd.get_kvm_run();
         IMMEDIATE_EXIT.with(|p| p.set(&mut run.immediate_exit));
+        let index = self.vcpu.index as usize;
+        let mut slice_start = Instant::now();
         loop {
-            let msg = if self.state == RunState::Running {
+            let sleep = match (&self.vcpu.throttle, self.state) {
+                (Some(t), RunState::Running) => t.due(index, &mut slice_start).map(|d| (t, d)),
+                _ => None,
+            };
+            let msg = if let Some((throttle, d)) = sleep {
+                // A throttled vCPU sleeps here, hearing messages at once.
+                let asleep = Instant::now();
+                let got = rx.recv_timeout(d);
+                throttle.slept(index, asleep.elapsed());
+                slice_start = Instant::now();
+                match got {
+                    Ok(m) => m,
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+            } else if self.state == RunState::Running {
                 match rx.try_recv() {
                     Ok(m) => m,
                     Err(TryRecvError::Empty) => {

@@ -167,6 +167,8 @@ pub struct MigrationProgress {
     pub expected_downtime_ms: f64,
     /// Since the migration began, milliseconds.
     pub elapsed_ms: u64,
+    /// Each vCPU's throttle now, percent (0: running freely).
+    pub vcpu_throttle_pct: Vec<u8>,
 }
 
 /// What a VM is, for `GET /vm`.

@@ -12,6 +12,7 @@ use super::run::Running;
 use crate::migration::dirty::{
     merge, BitmapTracker, DirtyTracker, HybridTracker, ManualTracker, RingTracker,
 };
+use crate::migration::throttle::{Policy, Ticker};
 use crate::migration::transport::Conn;
 use crate::migration::wire::{pages_header, FrameReader, FrameWriter, Kind};
 use crate::migration::{transfer_time, MigrateOptions, MigrationError, MigrationReport, Tracker};
@@ -149,6 +150,7 @@ impl Running {
             (Tracker::Bitmap, None) => Box::new(BitmapTracker::new(fd, ram)),
         };
         let ring_full0 = self.vm.rings.as_ref().map_or(0, |r| r.full_exits());
+        let slept0 = self.vm.throttle.slept_us();
         let t0 = Instant::now();
         let cpu0 = super::thread_cpu_us();
         let conn =
@@ -158,6 +160,8 @@ impl Running {
             })?;
         let was_running = self.state == Lifecycle::Running;
         let result = self.send_vm(o, &conn, tracker.as_mut(), t0);
+        // Whatever happened, the guest runs at full speed from here.
+        self.vm.throttle.clear();
         self.progress(None);
         tracker.stop();
         self.vm.host_writes.record(false);
@@ -176,6 +180,14 @@ impl Running {
             .rings
             .as_ref()
             .map_or(0, |r| r.full_exits() - ring_full0);
+        report.vcpu_throttled_ms = self
+            .vm
+            .throttle
+            .slept_us()
+            .iter()
+            .zip(&slept0)
+            .map(|(now, then)| now.saturating_sub(*then) as f64 / 1e3)
+            .collect();
         Ok(report)
     }
 
@@ -220,14 +232,26 @@ impl Running {
         let mut pending =
             memory::resident_pages(&self.vm.ram).map_err(io("listing guest memory"))?;
         let mut rate: Option<f64> = None;
+        let throttle = self.vm.throttle.clone();
+        let mut policy = Policy::new(o.throttle, throttle.all().len());
+        let mut ticker = None;
+        tracker.vcpu_dirty_pages();
         loop {
             if let Some(e) = self.guest_ended() {
                 self.stashed.push_back(e);
                 return Err(MigrationError::GuestEnded);
             }
             if t0.elapsed() > o.timeout {
+                let most = policy.peak().iter().copied().max().unwrap_or(0);
+                let hint = if !o.throttle.on {
+                    "; turn --auto-converge on, or raise --timeout or --downtime-ms"
+                } else if most < o.throttle.max {
+                    "; raise --timeout, --downtime-ms or --throttle-step"
+                } else {
+                    "; raise --timeout or --downtime-ms, or lower the guest's write rate"
+                };
                 return Err(MigrationError::NoConvergence(format!(
-                    "not done after {:?} ({} rounds; the last had {} dirty pages, the link moves {:.0} MB/s): raise --timeout or --downtime-ms, or lower the guest's write rate",
+                    "not done after {:?} ({} rounds; the last had {} dirty pages, the link moves {:.0} MB/s, vCPUs throttled up to {most}%){hint}",
                     o.timeout,
                     report.rounds,
                     pending.len(),
@@ -247,21 +271,43 @@ impl Running {
                 (rate.unwrap_or(0.0) * o.downtime.as_secs_f64() / 2.0 / PAGE_SIZE as f64) as u64;
             tracker.set_deferral_budget(held);
             pending = merge(tracker.harvest()?, self.vm.host_writes.take());
-            let left = transfer_time(
-                pending.len() as u64 + tracker.deferred_pages(),
-                rate.unwrap_or(0.0),
-            );
-            tracing::debug!(
-                round = report.rounds,
-                sent,
-                dirty = pending.len(),
-                ?left,
-                "pre-copy round"
-            );
+            let dirty = pending.len() as u64 + tracker.deferred_pages();
+            let left = transfer_time(dirty, rate.unwrap_or(0.0));
+            tracing::debug!(round = report.rounds, sent, dirty, ?left, "pre-copy round");
+            self.progress(Some(MigrationProgress {
+                round: report.rounds,
+                pages_sent: sender.pages,
+                dirty_pages: dirty,
+                rate_mb_s: rate.unwrap_or(0.0) / 1e6,
+                expected_downtime_ms: left.as_secs_f64().min(1e9) * 1e3,
+                elapsed_ms: t0.elapsed().as_millis() as u64,
+                vcpu_throttle_pct: throttle.all(),
+            }));
             if left <= o.downtime {
                 break;
             }
+            let per_vcpu = tracker.vcpu_dirty_pages();
+            if let Some(pct) = policy.after_round(sent, dirty, per_vcpu.as_deref()) {
+                tracing::debug!(?pct, "throttling vCPUs");
+                for (i, &p) in pct.iter().enumerate() {
+                    throttle.set(i, p);
+                }
+                if ticker.is_none() {
+                    let kickers = self.kickers();
+                    let t = Ticker::start(throttle.clone(), move |i| {
+                        if let Some(k) = kickers.get(i) {
+                            k.kick();
+                        }
+                    })
+                    .map_err(io("starting the throttle's ticker"))?;
+                    ticker = Some(t);
+                }
+            }
         }
+        report.vcpu_throttle_pct = policy.peak().to_vec();
+        // The guest stops in a moment: no more slowing down.
+        throttle.clear();
+        drop(ticker);
 
         // The final round: the guest stops here.
         let paused_at = Instant::now();

@@ -30,6 +30,7 @@ use crate::devices::Devices;
 use crate::memory::paged::{PageSource, Pager, MIN_BUDGET_PAGES};
 use crate::memory::GuestRam;
 use crate::migration::dirty::{HostWrites, RingSet};
+use crate::migration::throttle::Throttle;
 use crate::sched::halt_poll::{self, HaltPoll};
 use crate::state::{SavedConfig, SavedPaging};
 use crate::stats::KvmStats;
@@ -69,6 +70,7 @@ pub struct Vm {
     restored: Option<RestoreReport>,
     host_writes: Arc<HostWrites>,
     rings: Option<Arc<RingSet>>,
+    throttle: Arc<Throttle>,
     events: Sender<VmEvent>,
     events_rx: Receiver<VmEvent>,
     status: Arc<Mutex<Status>>,
@@ -171,6 +173,10 @@ impl Vm {
             }
             None => None,
         };
+        let throttle = Arc::new(Throttle::new(vcpus.len()));
+        for v in &mut vcpus {
+            v.attach_throttle(throttle.clone());
+        }
         // Binary stats need Linux 5.14; without them the run still works.
         let vcpu_stats = vcpus
             .iter()
@@ -269,6 +275,7 @@ impl Vm {
             restored: None,
             host_writes,
             rings,
+            throttle,
             events,
             events_rx,
             status,

@@ -17,7 +17,7 @@ use crate::sched::halt_poll::{self, Governor, GovernorReport, HaltPoll, MAX_WIND
 use crate::state::file::SnapshotWriter;
 use crate::state::{self, DevicesState, MachineState, VmState};
 use crate::stats::KvmStats;
-use crate::vcpu::thread::{VcpuHandle, VcpuMsg, VcpuReply};
+use crate::vcpu::thread::{Kicker, VcpuHandle, VcpuMsg, VcpuReply};
 use crate::vcpu::{GuestCrash, VcpuEvent};
 use crate::{Error, KvmOp};
 
@@ -173,6 +173,12 @@ impl Running {
             self.vcpus.push(h);
         }
         Ok(())
+    }
+
+    /// Kickers of the vCPU threads (for the migration's throttle ticker,
+    /// which ends before the threads are joined).
+    pub(super) fn kickers(&self) -> Vec<Kicker> {
+        self.vcpus.iter().filter_map(VcpuHandle::kicker).collect()
     }
 
     fn set_state(&mut self, state: Lifecycle, started: Option<Instant>) {

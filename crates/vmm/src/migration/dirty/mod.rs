@@ -55,6 +55,11 @@ pub trait DirtyTracker: Send {
     }
     /// How many pages the tracker may hold back for the final round.
     fn set_deferral_budget(&mut self, _pages: u64) {}
+    /// Pages each vCPU dirtied since the last call, if the tracker can
+    /// tell (rings can; bitmaps cannot say who wrote).
+    fn vcpu_dirty_pages(&mut self) -> Option<Vec<u64>> {
+        None
+    }
     /// Stop tracking (also after a failed migration: the guest runs on
     /// without write faults).
     fn stop(&mut self);

@@ -141,6 +141,8 @@ pub struct RingSet {
     rings: Vec<Ring>,
     overflow: Mutex<Vec<(u32, u64)>>,
     full_exits: AtomicU64,
+    /// Entries harvested from each vCPU's ring since the last look.
+    per_vcpu: Vec<AtomicU64>,
 }
 
 impl RingSet {
@@ -154,6 +156,7 @@ impl RingSet {
                 .collect::<Result<_, _>>()?,
             overflow: Mutex::new(Vec::new()),
             full_exits: AtomicU64::new(0),
+            per_vcpu: vcpus.iter().map(|_| AtomicU64::new(0)).collect(),
         })
     }
 
@@ -172,7 +175,8 @@ impl RingSet {
         self.full_exits.fetch_add(1, Ordering::Relaxed);
         let mut got = Vec::new();
         if let Some(r) = self.rings.get(index) {
-            r.harvest(&mut got);
+            let n = r.harvest(&mut got);
+            self.per_vcpu[index].fetch_add(n as u64, Ordering::Relaxed);
         }
         self.overflow
             .lock()
@@ -188,11 +192,20 @@ impl RingSet {
         self.full_exits.load(Ordering::Relaxed)
     }
 
+    /// Pages each vCPU dirtied (ring entries, duplicates included) since
+    /// the last call.
+    pub fn take_vcpu_counts(&self) -> Vec<u64> {
+        self.per_vcpu
+            .iter()
+            .map(|c| c.swap(0, Ordering::Relaxed))
+            .collect()
+    }
+
     /// Harvest every ring and the overflow, reset the rings.
     fn harvest_all(&self) -> Result<Vec<(u32, u64)>, kvm_ioctls::Error> {
         let mut out = std::mem::take(&mut *self.overflow.lock().unwrap_or_else(|p| p.into_inner()));
-        for r in &self.rings {
-            r.harvest(&mut out);
+        for (r, count) in self.rings.iter().zip(&self.per_vcpu) {
+            count.fetch_add(r.harvest(&mut out) as u64, Ordering::Relaxed);
         }
         self.reset()?;
         Ok(out)
@@ -227,6 +240,7 @@ impl DirtyTracker for RingTracker {
     fn start(&mut self) -> Result<(), DirtyError> {
         // Forget entries from before (none should be there: logging was off).
         let _ = self.rings.harvest_all();
+        self.rings.take_vcpu_counts();
         logging_on(&self.vm, &self.slots, "ring")?;
         self.on = true;
         Ok(())
@@ -248,6 +262,10 @@ impl DirtyTracker for RingTracker {
         out.sort_unstable();
         out.dedup();
         Ok(out)
+    }
+
+    fn vcpu_dirty_pages(&mut self) -> Option<Vec<u64>> {
+        Some(self.rings.take_vcpu_counts())
     }
 
     fn stop(&mut self) {
