@@ -16,8 +16,19 @@
 //! with batches of 1, 16, 256, 1024 pages: pages per second and the
 //! sending thread's CPU cycles per page.
 //!
-//! Trackers, sizes and batch sizes are interleaved within each round; every
-//! cell is median (min-max) over the rounds.
+//! The same guest sent by a separate sender process (seed 3's setting, on
+//! the memfd backend) that reads guest memory per page by mmap, by
+//! `process_vm_readv` per batch, or through one persistent mapping, beside
+//! the VMM's own thread: total time and sender CPU cycles per page (both
+//! processes).
+//!
+//! Part 3, the mapping micro-benchmark: a 64 MiB memfd guest RAM made here,
+//! read whole by a sender process in each mapping mode and batch size,
+//! sending nothing: the helper's CPU cycles per page, and per round the
+//! per-page mode's cost over this one's.
+//!
+//! Trackers, sizes, batch sizes and modes are interleaved within each
+//! round; every cell is median (min-max) over the rounds.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -167,6 +178,11 @@ fn migrate_once(
     let (dest, at) = receiver(exe, transport, id)?;
     let sock = std::env::temp_dir().join(format!("hover-bench-src-{id}.sock"));
     let mut args = vec!["run", "--memory", memory, "--cmdline", cmdline];
+    // A sender process that maps guest memory needs it in a memfd; the
+    // VMM-thread baseline of that comparison uses the same backend.
+    if body.get("sender_process").is_some() {
+        args.extend(["--memory-backend", "memfd"]);
+    }
     // Rings exist only if the VM is created with them.
     if body["dirty_tracking"] == "ring" {
         args.extend(["--dirty-ring", "4096"]);
@@ -265,14 +281,212 @@ fn batch_sample(
     })
 }
 
+/// One sample of a sender-process migration.
+#[derive(Clone, Debug, Serialize)]
+pub struct SenderSample {
+    /// `thread` (the VMM sends) or the process's mapping mode.
+    pub sender: String,
+    /// Round.
+    pub round: u32,
+    /// Total migration time, ms.
+    pub total_ms: f64,
+    /// CPU cycles per page sent, the VMM's sending thread and the sender
+    /// process together.
+    pub cycles_per_page: f64,
+}
+
+fn sender_sample(
+    exe: &Path,
+    b: &MigrateBench,
+    sender: &str,
+    round: u32,
+) -> Result<SenderSample, BenchError> {
+    let cmdline = "workload=bm faulting=0 working=0 memory=64M seconds=8";
+    let id = format!("{}-sender-{sender}-{round}", std::process::id());
+    let body = if sender == "thread" {
+        serde_json::json!({ "sender_process": null })
+    } else {
+        serde_json::json!({ "sender_process": sender })
+    };
+    let (rep, _, _, _, _) = migrate_once(exe, &b.transport, "1G", cmdline, body, &id)?;
+    let num = |k: &str| rep[k].as_f64().unwrap_or(0.0);
+    let pages = num("pages_sent").max(1.0);
+    let tsc_khz = crate::runner::tsc_khz()? as f64;
+    Ok(SenderSample {
+        sender: sender.into(),
+        round,
+        total_ms: num("total_ms"),
+        cycles_per_page: (num("sender_cpu_us") + num("sender_process_cpu_us")) * tsc_khz
+            / 1000.0
+            / pages,
+    })
+}
+
+/// One sample of the mapping micro-benchmark.
+#[derive(Clone, Debug, Serialize)]
+pub struct MapSample {
+    /// The mapping mode.
+    pub mode: String,
+    /// Pages per request to the kernel (per-page mode: pages per batch
+    /// the helper reads before it would send).
+    pub batch_pages: usize,
+    /// Round.
+    pub round: u32,
+    /// The sender process's CPU cycles per page read.
+    pub cycles_per_page: f64,
+}
+
+/// Pages of the micro-benchmark's guest memory (64 MiB).
+const MAP_PAGES: usize = 16384;
+
+/// Every mode x batch once, in an order rotated by `round`.
+fn map_samples(b: &MigrateBench, round: u32) -> Result<Vec<MapSample>, BenchError> {
+    use hover_vmm::migration::mapper::MapMode;
+    use hover_vmm::migration::sender::ProcessSender;
+    let host = |what: &str, e: &dyn std::fmt::Display| guest(&format!("{what}: {e}"));
+    let ram = hover_vmm::memory::GuestRam::new(
+        (MAP_PAGES * 4096) as u64,
+        hover_vmm::config::MemoryBackend::Memfd,
+    )
+    .map_err(|e| host("guest memory", &e))?;
+    let gpas: Vec<u64> = (0..MAP_PAGES as u64).map(|i| i * 4096).collect();
+    for &gpa in &gpas {
+        use vm_memory::{Bytes, GuestAddress};
+        ram.memory()
+            .write_slice(&[gpa as u8 | 1; 4096], GuestAddress(gpa))
+            .map_err(|e| host("filling guest memory", &e))?;
+    }
+    let null = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/null")
+        .map_err(|e| host("/dev/null", &e))?;
+    let tsc_khz = crate::runner::tsc_khz()? as f64;
+    let mut cells: Vec<(MapMode, usize)> = MapMode::ALL
+        .into_iter()
+        .flat_map(|m| b.batches.iter().map(move |&n| (m, n)))
+        .collect();
+    let n = cells.len();
+    cells.rotate_left(round as usize % n);
+    let mut out = Vec::new();
+    for (mode, batch) in cells {
+        let mut p = ProcessSender::spawn(mode, &ram, &null, batch)
+            .map_err(|e| host("starting a sender process", &e))?;
+        // Warm up: the helper's first request maps and faults in its own
+        // buffers.
+        p.read_only(&gpas[..batch])
+            .map_err(|e| host("reading", &e))?;
+        let cpu0 = p.cpu_us;
+        for _ in 0..3 {
+            p.read_only(&gpas).map_err(|e| host("reading", &e))?;
+        }
+        let pages = (3 * gpas.len()) as f64;
+        out.push(MapSample {
+            mode: mode.name().into(),
+            batch_pages: batch,
+            round,
+            cycles_per_page: (p.cpu_us - cpu0) as f64 * tsc_khz / 1000.0 / pages,
+        });
+    }
+    Ok(out)
+}
+
 fn spread(s: &Summary, p: usize) -> String {
     format!("{:.p$} ({:.p$}-{:.p$})", s.p50, s.min, s.max)
+}
+
+/// The senders compared in part 2: the VMM's thread, then each mapping mode.
+const SENDERS: [&str; 4] = ["thread", "per-page", "readv", "persistent"];
+
+/// Per-round ratio `f(base) / f(s)` for the samples `of`, the base found
+/// by `base_of` in the same round.
+fn per_round<T>(
+    of: &[&T],
+    base_of: impl Fn(&T) -> Option<f64>,
+    f: impl Fn(&T) -> f64,
+) -> Option<Summary> {
+    summarize(
+        &of.iter()
+            .filter_map(|s| Some(base_of(s)? / f(s).max(1e-9)))
+            .collect::<Vec<_>>(),
+    )
+}
+
+fn sender_table(senders: &[SenderSample]) -> (Vec<Vec<String>>, Vec<Value>) {
+    let (mut rows, mut json) = (Vec::new(), Vec::new());
+    for sender in SENDERS {
+        let of: Vec<&SenderSample> = senders.iter().filter(|s| s.sender == sender).collect();
+        let Some(total) = summarize(&of.iter().map(|s| s.total_ms).collect::<Vec<_>>()) else {
+            continue;
+        };
+        let cpp = summarize(&of.iter().map(|s| s.cycles_per_page).collect::<Vec<_>>())
+            .expect("same samples");
+        let vs = per_round(
+            &of,
+            |s| {
+                senders
+                    .iter()
+                    .find(|x| x.sender == "thread" && x.round == s.round)
+                    .map(|x| x.total_ms)
+            },
+            |s| s.total_ms,
+        );
+        rows.push(vec![
+            sender.to_string(),
+            spread(&total, 0),
+            spread(&cpp, 0),
+            vs.map(|s| spread(&s, 2)).unwrap_or_default(),
+        ]);
+        json.push(serde_json::json!({
+            "sender": sender, "total_ms": total, "cycles_per_page": cpp, "time_vs_thread": vs,
+        }));
+    }
+    (rows, json)
+}
+
+fn map_table(b: &MigrateBench, maps: &[MapSample]) -> (Vec<Vec<String>>, Vec<Value>) {
+    let (mut rows, mut json) = (Vec::new(), Vec::new());
+    for mode in hover_vmm::migration::mapper::MapMode::ALL {
+        for &batch in &b.batches {
+            let of: Vec<&MapSample> = maps
+                .iter()
+                .filter(|s| s.mode == mode.name() && s.batch_pages == batch)
+                .collect();
+            let Some(cpp) = summarize(&of.iter().map(|s| s.cycles_per_page).collect::<Vec<_>>())
+            else {
+                continue;
+            };
+            let vs = per_round(
+                &of,
+                |s| {
+                    maps.iter()
+                        .find(|x| {
+                            x.mode == "per-page" && x.batch_pages == batch && x.round == s.round
+                        })
+                        .map(|x| x.cycles_per_page)
+                },
+                |s| s.cycles_per_page,
+            );
+            rows.push(vec![
+                mode.name().to_string(),
+                batch.to_string(),
+                spread(&cpp, 0),
+                vs.map(|s| spread(&s, 1)).unwrap_or_default(),
+            ]);
+            json.push(serde_json::json!({
+                "mode": mode.name(), "batch_pages": batch, "cycles_per_page": cpp,
+                "per_page_vs_this": vs,
+            }));
+        }
+    }
+    (rows, json)
 }
 
 /// Run the scenario: tables on stdout, `OUT/migrate.json`, `OUT/migrate_*.svg`.
 pub fn run(exe: &Path, b: &MigrateBench, out: &Path) -> Result<(), BenchError> {
     let mut trackers = Vec::new();
     let mut batches = Vec::new();
+    let mut senders = Vec::new();
+    let mut maps = Vec::new();
     for round in 0..b.runs {
         for (k, memory) in b.memories.iter().enumerate() {
             for j in 0..b.trackers.len() {
@@ -298,6 +512,22 @@ pub fn run(exe: &Path, b: &MigrateBench, out: &Path) -> Result<(), BenchError> {
                 s.pages_per_s, s.cycles_per_page, s.total_ms
             );
             batches.push(s);
+        }
+        for j in 0..SENDERS.len() {
+            let sender = SENDERS[(j + round as usize) % SENDERS.len()];
+            let s = sender_sample(exe, b, sender, round)?;
+            eprintln!(
+                "round {round} sender {sender}: {:.0} ms, {:.0} cycles/page",
+                s.total_ms, s.cycles_per_page
+            );
+            senders.push(s);
+        }
+        for s in map_samples(b, round)? {
+            eprintln!(
+                "round {round} mapping {} x {}: {:.0} cycles/page",
+                s.mode, s.batch_pages, s.cycles_per_page
+            );
+            maps.push(s);
         }
     }
     let num = |s: &TrackerSample, k: &str| s.report[k].as_f64().unwrap_or(0.0);
@@ -407,12 +637,41 @@ pub fn run(exe: &Path, b: &MigrateBench, out: &Path) -> Result<(), BenchError> {
         ],
         &brows,
     );
+    let (srows, sjson) = sender_table(&senders);
+    println!(
+        "\nsender process (memfd backend, batches of 256 pages): the same guest, {} rounds",
+        b.runs
+    );
+    table::print(
+        &[
+            "sender",
+            "total ms",
+            "sender CPU cycles/page (VMM + process)",
+            "time: thread / this, per round",
+        ],
+        &srows,
+    );
+    let (mrows, mjson) = map_table(b, &maps);
+    println!(
+        "\nmapping micro-benchmark: a sender process reads 64 MiB of a memfd guest, x3, {} rounds",
+        b.runs
+    );
+    table::print(
+        &[
+            "mode",
+            "pages per batch",
+            "sender process CPU cycles/page",
+            "per-page mmap / this, per round",
+        ],
+        &mrows,
+    );
     table::write_json(
         out,
         "migrate.json",
         &serde_json::json!({
-            "trackers": json_rows, "batches": bjson,
+            "trackers": json_rows, "batches": bjson, "senders": sjson, "mapping": mjson,
             "tracker_samples": trackers, "batch_samples": batches,
+            "sender_samples": senders, "mapping_samples": maps,
         }),
     )?;
     let series = b

@@ -64,8 +64,9 @@ enum Scenario {
     },
     /// Live migration between two hover processes: each dirty tracker across
     /// guest memory sizes (total time, downtime, rounds, pages, the guest's
-    /// ops/s during vs before, its page faults), and batch sizes (pages/s,
-    /// CPU cycles per page).
+    /// ops/s during vs before, its page faults), batch sizes (pages/s, CPU
+    /// cycles per page), a sender process per mapping mode, and the mapping
+    /// micro-benchmark (per-page mmap vs process_vm_readv vs one mapping).
     Migrate {
         /// Trackers (comma-separated).
         #[arg(

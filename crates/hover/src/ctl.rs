@@ -78,6 +78,12 @@ pub enum CtlAction {
         /// The most a vCPU is throttled, percent (at most 99).
         #[arg(long, default_value_t = 99)]
         throttle_max: u8,
+        /// Send from a separate process that reads guest memory by mmap of
+        /// each page (per-page), process_vm_readv per batch (readv) or one
+        /// mapping made once (persistent); the mapping ones need
+        /// --memory-backend memfd [default: the VMM sends itself].
+        #[arg(long, value_parser = ["per-page", "readv", "persistent"])]
+        sender_process: Option<String>,
     },
     /// Live figures: KVM statistics, pager, governor, I/O device.
     Stats,
@@ -122,6 +128,7 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
             throttle_initial,
             throttle_step,
             throttle_max,
+            sender_process,
         } => {
             let body = serde_json::json!({
                 "to": to,
@@ -135,6 +142,7 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
                 "throttle_initial": throttle_initial,
                 "throttle_step": throttle_step,
                 "throttle_max": throttle_max,
+                "sender_process": sender_process,
             });
             ("PUT", "/vm/migrate", Some(body.to_string()))
         }

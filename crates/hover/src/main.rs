@@ -209,6 +209,11 @@ struct RunArgs {
 }
 
 fn main() -> ExitCode {
+    // The migration's sender process (started by a VMM, not by users).
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some(hover_vmm::migration::sender::SUBCOMMAND) {
+        return ExitCode::from(hover_vmm::migration::sender::child_main(&argv[2..]) as u8);
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),

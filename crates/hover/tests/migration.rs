@@ -276,6 +276,65 @@ fn a_guest_that_outruns_the_link_is_throttled_until_it_converges() {
     assert_eq!(report(&o, "kvstore.errors"), 0);
 }
 
+/// Seed 3's setting: a separate sender process reads guest memory (by
+/// per-page mmap, process_vm_readv, or one mapping of the memfd) and writes
+/// the page frames itself; the guest arrives intact each way. The mapping
+/// modes are refused on an anonymous-memory VM, naming the field.
+#[test]
+fn a_sender_process_migrates_the_guest_with_each_mapping_mode() {
+    if !kvm_for_test("a_sender_process_migrates_the_guest_with_each_mapping_mode") {
+        return;
+    }
+    let dir = Scratch::new("migrate-sender");
+    for mode in ["per-page", "readv", "persistent"] {
+        let (dest, at) = receiver(&format!("unix:{}", dir.path("in.sock").display()));
+        let src = Vm::spawn(
+            &[
+                "run",
+                "--memory-backend",
+                "memfd",
+                "--cmdline",
+                "workload=kvstore wss=16M rate=1000 seconds=4",
+            ],
+            &dir.path("src.sock"),
+        );
+        std::thread::sleep(Duration::from_millis(500));
+        let body = serde_json::json!({ "to": at, "verify": true, "sender_process": mode });
+        let rep = src
+            .api()
+            .json("PUT", "/vm/migrate", Some(&body.to_string()))
+            .unwrap_or_else(|e| panic!("{mode}: {e}"));
+        assert_eq!(rep["sender_process"], mode, "{rep}");
+        assert!(rep["pages_sent"].as_u64().unwrap() > 100, "{rep}");
+        assert!(
+            rep["sender_process_cpu_us"].as_u64().unwrap() > 0,
+            "the process did the sending: {rep}"
+        );
+        let (code, _, stderr) = src.wait();
+        assert_eq!(code, Some(0), "{mode}: {stderr}");
+        let (code, o, stderr) = finish(dest);
+        assert_eq!(code, Some(0), "{mode}: {stderr}");
+        assert_eq!(report(&o, "kvstore.errors"), 0, "{mode}");
+    }
+    let anon = kvstore(&dir, "anon");
+    let r = anon
+        .api()
+        .call(
+            "PUT",
+            "/vm/migrate",
+            Some(r#"{"to": "unix:/nowhere", "sender_process": "per-page"}"#),
+        )
+        .unwrap();
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(
+        r.body.contains("sender_process") && r.body.contains("memfd"),
+        "{}",
+        r.body
+    );
+    let (code, _, _) = anon.wait();
+    assert_eq!(code, Some(0));
+}
+
 /// A fake destination on a Unix socket: accepts once and runs `script`.
 fn fake_destination(path: &std::path::Path, script: impl FnOnce(UnixStream) + Send + 'static) {
     let l = UnixListener::bind(path).unwrap();

@@ -34,6 +34,7 @@ pub(super) struct MigrateRequest {
     throttle_initial: Option<u8>,
     throttle_step: Option<u8>,
     throttle_max: Option<u8>,
+    sender_process: Option<String>,
 }
 
 impl MigrateRequest {
@@ -62,6 +63,12 @@ impl MigrateRequest {
         t.initial = self.throttle_initial.unwrap_or(t.initial);
         t.step = self.throttle_step.unwrap_or(t.step);
         t.max = self.throttle_max.unwrap_or(t.max);
+        if let Some(m) = &self.sender_process {
+            o.sender_process = Some(
+                m.parse()
+                    .map_err(|e| ApiFailure::bad("sender_process", e))?,
+            );
+        }
         o.check()
             .map_err(|(field, reason)| ApiFailure::bad(field, reason))?;
         Ok(o)

@@ -9,6 +9,8 @@
 //! [`crate::Vm::receive`] (`vm/receive.rs`). docs/MIGRATION.md.
 
 pub mod dirty;
+pub mod mapper;
+pub mod sender;
 pub mod throttle;
 pub mod transport;
 pub mod wire;
@@ -78,6 +80,9 @@ pub struct MigrateOptions {
     pub verify: bool,
     /// Slowing vCPUs that outrun the link.
     pub throttle: throttle::ThrottleSettings,
+    /// Send from a separate process that reads guest memory this way
+    /// (`None`: the VMM's own thread sends).
+    pub sender_process: Option<mapper::MapMode>,
 }
 
 impl MigrateOptions {
@@ -92,6 +97,7 @@ impl MigrateOptions {
             timeout: DEFAULT_TIMEOUT,
             verify: false,
             throttle: throttle::ThrottleSettings::default(),
+            sender_process: None,
         }
     }
 
@@ -152,6 +158,10 @@ pub struct MigrationReport {
     /// CPU time the sending thread used, microseconds (reading, copying,
     /// CRCs, system calls).
     pub sender_cpu_us: u64,
+    /// With a sender process: the CPU time it used, microseconds.
+    pub sender_process_cpu_us: u64,
+    /// With a sender process: how it read guest memory.
+    pub sender_process: Option<mapper::MapMode>,
     /// With rings: vCPU stops on a full ring during the migration.
     pub ring_full_exits: u64,
     /// The highest throttle each vCPU reached, percent (0: never slowed).

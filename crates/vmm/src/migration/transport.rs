@@ -112,6 +112,15 @@ impl Conn {
     }
 }
 
+impl std::os::fd::AsRawFd for Conn {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        match self {
+            Conn::Tcp(s) => s.as_raw_fd(),
+            Conn::Unix(s) => s.as_raw_fd(),
+        }
+    }
+}
+
 impl Read for Conn {
     fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
         match self {

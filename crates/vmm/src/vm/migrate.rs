@@ -12,6 +12,7 @@ use super::run::Running;
 use crate::migration::dirty::{
     merge, BitmapTracker, DirtyTracker, HybridTracker, ManualTracker, RingTracker,
 };
+use crate::migration::sender::ProcessSender;
 use crate::migration::throttle::{Policy, Ticker};
 use crate::migration::transport::Conn;
 use crate::migration::wire::{pages_header, FrameReader, FrameWriter, Kind};
@@ -48,8 +49,14 @@ fn expect(r: &mut Reader, want: Kind) -> Result<Vec<u8>, MigrationError> {
     }
 }
 
+/// Pages asked of a sender process at a time: fine enough for the
+/// bandwidth limit's pacing, coarse enough that its round trips do not
+/// count.
+const PROCESS_CHUNK: usize = 1024;
+
 /// Sends pages in batches, copying each batch out of guest memory first (a
-/// frame's CRC needs a copy the running guest cannot change under it).
+/// frame's CRC needs a copy the running guest cannot change under it), or
+/// has a sender process do it.
 struct PageSender {
     batch: usize,
     bandwidth: Option<u64>,
@@ -58,9 +65,17 @@ struct PageSender {
     gpas: Vec<u64>,
     pages: u64,
     throttled: bool,
+    process: Option<ProcessSender>,
+    /// Bytes the sender process wrote.
+    process_bytes: u64,
 }
 
 impl PageSender {
+    /// Bytes sent so far, by this thread and the sender process.
+    fn bytes(&self, w: &Writer) -> u64 {
+        w.bytes + self.process_bytes
+    }
+
     /// Send the pages of `ram` at `gpas`; in the first round, pages of
     /// zeros are skipped (the destination's memory starts as zeros).
     /// Returns pages sent.
@@ -71,6 +86,17 @@ impl PageSender {
         gpas: &[u64],
         skip_zero: bool,
     ) -> Result<u64, MigrationError> {
+        if let Some(p) = &mut self.process {
+            let mut sent = 0;
+            for chunk in gpas.chunks(PROCESS_CHUNK) {
+                let (n, bytes) = p.send(chunk, skip_zero).map_err(io("sending memory"))?;
+                sent += n;
+                self.pages += n;
+                self.process_bytes += bytes;
+                self.throttled |= pace(self.bandwidth, self.started, w.bytes + self.process_bytes);
+            }
+            return Ok(sent);
+        }
         let mut sent = 0;
         let mut page = vec![0u8; PAGE_SIZE as usize];
         for &gpa in gpas {
@@ -99,14 +125,22 @@ impl PageSender {
         self.pages += n;
         self.gpas.clear();
         self.buf.clear();
-        if let Some(bw) = self.bandwidth {
-            let due = Duration::from_secs_f64(w.bytes as f64 / bw as f64);
-            if let Some(wait) = due.checked_sub(self.started.elapsed()) {
-                self.throttled = true;
-                std::thread::sleep(wait);
-            }
-        }
+        self.throttled |= pace(self.bandwidth, self.started, self.bytes(w));
         Ok(n)
+    }
+}
+
+/// Hold back to `bandwidth` after `bytes` sent since `started`; whether it
+/// had to wait.
+fn pace(bandwidth: Option<u64>, started: Instant, bytes: u64) -> bool {
+    let Some(bw) = bandwidth else { return false };
+    let due = Duration::from_secs_f64(bytes as f64 / bw as f64);
+    match due.checked_sub(started.elapsed()) {
+        Some(wait) => {
+            std::thread::sleep(wait);
+            true
+        }
+        None => false,
     }
 }
 
@@ -149,6 +183,17 @@ impl Running {
             (Tracker::Hybrid, None) => Box::new(HybridTracker::new(fd, ram)),
             (Tracker::Bitmap, None) => Box::new(BitmapTracker::new(fd, ram)),
         };
+        if let Some(mode) = o.sender_process {
+            if mode.needs_memfd() && self.vm.ram.backend() != crate::config::MemoryBackend::Memfd {
+                return Err(CommandError::Invalid {
+                    field: "sender_process",
+                    reason: format!(
+                        "a sender process that maps guest memory ({}) needs the VM started with --memory-backend memfd; readv works with either backend",
+                        mode.name()
+                    ),
+                });
+            }
+        }
         let ring_full0 = self.vm.rings.as_ref().map_or(0, |r| r.full_exits());
         let slept0 = self.vm.throttle.slept_us();
         let t0 = Instant::now();
@@ -217,6 +262,7 @@ impl Running {
             to: o.to.to_string(),
             tracker: tracker.name().into(),
             batch_pages: o.batch_pages,
+            sender_process: o.sender_process,
             ..Default::default()
         };
         let mut sender = PageSender {
@@ -227,6 +273,15 @@ impl Running {
             gpas: Vec::with_capacity(o.batch_pages),
             pages: 0,
             throttled: false,
+            process: match o.sender_process {
+                Some(mode) => Some(
+                    ProcessSender::spawn(mode, &self.vm.ram, conn, o.batch_pages).map_err(|e| {
+                        MigrationError::Host(format!("starting the sender process: {e}"))
+                    })?,
+                ),
+                None => None,
+            },
+            process_bytes: 0,
         };
         // Round 0: everything the guest has touched. Then what it dirtied.
         let mut pending =
@@ -258,11 +313,11 @@ impl Running {
                     rate.unwrap_or(0.0) / 1e6
                 )));
             }
-            let (start, bytes0) = (Instant::now(), w.bytes);
+            let (start, bytes0) = (Instant::now(), sender.bytes(&w));
             let sent = sender.send(&self.vm.ram, &mut w, &pending, report.rounds == 0)?;
             report.round_pages.push(sent);
             report.rounds += 1;
-            let bytes = w.bytes - bytes0;
+            let bytes = sender.bytes(&w) - bytes0;
             if bytes >= MIN_RATE_BYTES {
                 rate = Some(bytes as f64 / start.elapsed().as_secs_f64().max(1e-6));
             }
@@ -344,7 +399,8 @@ impl Running {
         report.downtime_ms = paused_at.elapsed().as_secs_f64() * 1e3;
         report.total_ms = t0.elapsed().as_secs_f64() * 1e3;
         report.pages_sent = sender.pages;
-        report.bytes_sent = w.bytes;
+        report.bytes_sent = sender.bytes(&w);
+        report.sender_process_cpu_us = sender.process.as_ref().map_or(0, |p| p.cpu_us);
         report.throttled = sender.throttled;
         Ok(report)
     }

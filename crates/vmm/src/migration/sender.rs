@@ -1,0 +1,395 @@
+//! A migration sender in a separate process (seed 3's setting): the VMM
+//! tells it which pages to send; it reads them from the VMM's guest memory
+//! by one of the [`MapMode`]s, builds the page frames and writes them to
+//! the migration connection itself. The VMM keeps the conversation (CONF,
+//! STATE, END, the destination's answers) and waits for each request's
+//! answer before it writes again, so frames never interleave.
+//!
+//! The helper is this executable run as `__migration-sender` (the `hover`
+//! binary dispatches it to [`child_main`]); it inherits the connection, a
+//! control socket and the guest memfds, and dies with its parent.
+//!
+//! Control protocol (a Unix socket pair, little-endian): a request is
+//! `count u32, flags u32` (bit 0: skip pages of zeros; bit 1: read the
+//! pages only, send nothing) and `count` page addresses u64; `count = 0,
+//! flags = u32::MAX` ends the helper. An answer is `pages sent (or read)
+//! u64, bytes written u64, CPU µs the helper spent on requests so far u64,
+//! error length u32` and the error's UTF-8 text (empty when the request was
+//! done).
+
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+
+use hover_abi::layout::PAGE_SIZE;
+use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+
+use super::mapper::{MapMode, Region, RemoteMemory};
+use super::wire::{pages_header, FrameWriter, Kind};
+use crate::memory::GuestRam;
+use crate::state::memory::is_zero;
+
+/// The hidden subcommand that runs [`child_main`].
+pub const SUBCOMMAND: &str = "__migration-sender";
+const SKIP_ZERO: u32 = 1;
+/// Read the pages but send nothing: the mapping micro-benchmark.
+const READ_ONLY: u32 = 2;
+const END: u32 = u32::MAX;
+
+/// The VMM's side of a sender process.
+pub struct ProcessSender {
+    child: Child,
+    ctl: UnixStream,
+    /// CPU time the helper spent on requests so far (its start-up not
+    /// included), microseconds.
+    pub cpu_us: u64,
+}
+
+impl ProcessSender {
+    /// Start a helper that reads `ram` by `mode`, sends frames of `batch`
+    /// pages on `conn`.
+    pub fn spawn(
+        mode: MapMode,
+        ram: &GuestRam,
+        conn: &impl AsRawFd,
+        batch: usize,
+    ) -> io::Result<ProcessSender> {
+        let regions: Vec<Region> = ram
+            .memory()
+            .iter()
+            .map(|r| Region {
+                gpa: r.start_addr().0,
+                len: r.len(),
+                addr: r
+                    .get_host_address(vm_memory::MemoryRegionAddress(0))
+                    .map_or(0, |p| p as u64),
+                fd: r.file_offset().map_or(-1, |f| f.file().as_raw_fd()),
+                offset: r.file_offset().map_or(0, |f| f.start()),
+            })
+            .collect();
+        if mode.needs_memfd() && regions.iter().any(|r| r.fd < 0) {
+            return Err(io::Error::other(format!(
+                "a sender process that maps guest memory ({}) needs the VM started with --memory-backend memfd; readv works with either backend",
+                mode.name()
+            )));
+        }
+        let (mine, theirs) = UnixStream::pair()?;
+        let conn_fd = conn.as_raw_fd();
+        let ctl_fd = theirs.as_raw_fd();
+        let mut keep: Vec<RawFd> = regions.iter().map(|r| r.fd).filter(|&f| f >= 0).collect();
+        keep.extend([conn_fd, ctl_fd]);
+        let exe = std::env::current_exe()?;
+        let mut cmd = Command::new(exe);
+        cmd.arg(SUBCOMMAND)
+            .args(["--pid", &std::process::id().to_string()])
+            .args(["--mode", mode.name()])
+            .args(["--batch", &batch.to_string()])
+            .args(["--conn-fd", &conn_fd.to_string()])
+            .args(["--ctl-fd", &ctl_fd.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        for r in &regions {
+            cmd.args(["--region", &r.to_arg()]);
+        }
+        // SAFETY: only async-signal-safe calls (fcntl, prctl) between fork
+        // and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                for &fd in &keep {
+                    let flags = libc::fcntl(fd, libc::F_GETFD);
+                    if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                // The helper never outlives the VMM.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = cmd.spawn()?;
+        drop(theirs);
+        // Let the helper read this process's memory where Yama restricts
+        // ptrace to ancestors (harmless elsewhere).
+        // SAFETY: plain prctl on this process.
+        unsafe { libc::prctl(libc::PR_SET_PTRACER, child.id() as libc::c_ulong) };
+        Ok(ProcessSender {
+            child,
+            ctl: mine,
+            cpu_us: 0,
+        })
+    }
+
+    /// Have the helper send the pages at `gpas` (skipping pages of zeros if
+    /// `skip_zero`): the pages and bytes it sent.
+    pub fn send(&mut self, gpas: &[u64], skip_zero: bool) -> io::Result<(u64, u64)> {
+        self.request(gpas, if skip_zero { SKIP_ZERO } else { 0 })
+    }
+
+    /// Have the helper read the pages at `gpas` and send nothing (how much
+    /// the reading costs: the mapping micro-benchmark). Pages read.
+    pub fn read_only(&mut self, gpas: &[u64]) -> io::Result<u64> {
+        self.request(gpas, READ_ONLY).map(|(n, _)| n)
+    }
+
+    fn request(&mut self, gpas: &[u64], flags: u32) -> io::Result<(u64, u64)> {
+        let mut req = Vec::with_capacity(8 + gpas.len() * 8);
+        req.extend_from_slice(&(gpas.len() as u32).to_le_bytes());
+        req.extend_from_slice(&flags.to_le_bytes());
+        for g in gpas {
+            req.extend_from_slice(&g.to_le_bytes());
+        }
+        self.ctl.write_all(&req).map_err(|e| self.gone(e))?;
+        let mut a = [0u8; 28];
+        self.ctl.read_exact(&mut a).map_err(|e| self.gone(e))?;
+        let word = |i: usize| u64::from_le_bytes(a[i..i + 8].try_into().expect("8 bytes"));
+        let (pages, bytes) = (word(0), word(8));
+        self.cpu_us = word(16);
+        let elen = u32::from_le_bytes(a[24..28].try_into().expect("4 bytes")) as usize;
+        if elen > 0 {
+            let mut e = vec![0u8; elen.min(1 << 16)];
+            self.ctl.read_exact(&mut e).map_err(|e| self.gone(e))?;
+            return Err(io::Error::other(format!(
+                "the sender process: {}",
+                String::from_utf8_lossy(&e)
+            )));
+        }
+        Ok((pages, bytes))
+    }
+
+    fn gone(&mut self, e: io::Error) -> io::Error {
+        let status = self.child.try_wait().ok().flatten();
+        io::Error::other(format!(
+            "the sender process is gone ({e}; {})",
+            status.map_or("still running".into(), |s| s.to_string())
+        ))
+    }
+}
+
+impl Drop for ProcessSender {
+    fn drop(&mut self) {
+        let mut end = [0u8; 8];
+        end[4..8].copy_from_slice(&END.to_le_bytes());
+        if self.ctl.write_all(&end).is_err() {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// What the helper is told on its command line.
+#[derive(Debug)]
+struct Args {
+    pid: libc::pid_t,
+    mode: MapMode,
+    batch: usize,
+    conn_fd: RawFd,
+    ctl_fd: RawFd,
+    regions: Vec<Region>,
+}
+
+fn parse(args: &[String]) -> Result<Args, String> {
+    let mut a = Args {
+        pid: 0,
+        mode: MapMode::Readv,
+        batch: 0,
+        conn_fd: -1,
+        ctl_fd: -1,
+        regions: Vec::new(),
+    };
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let v = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let num = |v: &str| v.parse::<i64>().map_err(|e| format!("{flag} {v}: {e}"));
+        match flag.as_str() {
+            "--pid" => a.pid = num(v)? as libc::pid_t,
+            "--mode" => a.mode = v.parse()?,
+            "--batch" => a.batch = num(v)? as usize,
+            "--conn-fd" => a.conn_fd = num(v)? as RawFd,
+            "--ctl-fd" => a.ctl_fd = num(v)? as RawFd,
+            "--region" => a.regions.push(Region::parse(v)?),
+            _ => return Err(format!("unknown argument {flag}")),
+        }
+    }
+    if a.pid <= 0 || a.batch == 0 || a.conn_fd < 0 || a.ctl_fd < 0 || a.regions.is_empty() {
+        return Err("needs --pid, --batch, --conn-fd, --ctl-fd and --region".into());
+    }
+    if a.batch > super::wire::MAX_BATCH {
+        return Err(format!(
+            "--batch {} is over {}",
+            a.batch,
+            super::wire::MAX_BATCH
+        ));
+    }
+    Ok(a)
+}
+
+/// The helper's main: serve requests until told to end. Returns the exit
+/// status (0, or 2 for bad arguments: it is started only by the VMM).
+pub fn child_main(args: &[String]) -> i32 {
+    let a = match parse(args) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("hover {SUBCOMMAND}: {e} (this helper is started by the VMM itself)");
+            return 2;
+        }
+    };
+    // SAFETY: the VMM handed us these descriptors, ours from now on.
+    let (conn, mut ctl) = unsafe {
+        (
+            std::fs::File::from_raw_fd(a.conn_fd),
+            UnixStream::from_raw_fd(a.ctl_fd),
+        )
+    };
+    let mut mem = match RemoteMemory::new(a.mode, a.pid, a.regions) {
+        Ok(m) => Ok(m),
+        Err(e) => Err(e.to_string()),
+    };
+    let mut w = FrameWriter::new(conn);
+    let mut frames = Frames::new(a.batch);
+    let mut serving_us = 0u64;
+    loop {
+        let mut h = [0u8; 8];
+        if ctl.read_exact(&mut h).is_err() {
+            return 0;
+        }
+        let count = u32::from_le_bytes(h[0..4].try_into().expect("4 bytes")) as usize;
+        let flags = u32::from_le_bytes(h[4..8].try_into().expect("4 bytes"));
+        if count == 0 && flags == END {
+            return 0;
+        }
+        let mut raw = vec![0u8; count * 8];
+        if ctl.read_exact(&mut raw).is_err() {
+            return 0;
+        }
+        let gpas: Vec<u64> = raw
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect();
+        let (bytes0, cpu0) = (w.bytes, crate::vm::thread_cpu_us());
+        let result = match &mut mem {
+            Ok(m) if flags & READ_ONLY != 0 => frames.read_only(m, &gpas),
+            Ok(m) => frames.send(m, &mut w, &gpas, flags & SKIP_ZERO != 0),
+            Err(e) => Err(io::Error::other(e.clone())),
+        };
+        serving_us += crate::vm::thread_cpu_us().saturating_sub(cpu0);
+        let (pages, err) = match result {
+            Ok(n) => (n, String::new()),
+            Err(e) => (0, e.to_string()),
+        };
+        let mut ans = Vec::with_capacity(28 + err.len());
+        ans.extend_from_slice(&pages.to_le_bytes());
+        ans.extend_from_slice(&(w.bytes - bytes0).to_le_bytes());
+        ans.extend_from_slice(&serving_us.to_le_bytes());
+        ans.extend_from_slice(&(err.len() as u32).to_le_bytes());
+        ans.extend_from_slice(err.as_bytes());
+        if ctl.write_all(&ans).is_err() {
+            return 0;
+        }
+    }
+}
+
+/// Gathers pages into frames of `batch` pages.
+struct Frames {
+    batch: usize,
+    scratch: Vec<u8>,
+    buf: Vec<u8>,
+    gpas: Vec<u64>,
+}
+
+impl Frames {
+    fn new(batch: usize) -> Self {
+        let ps = PAGE_SIZE as usize;
+        Frames {
+            batch,
+            scratch: vec![0; batch * ps],
+            buf: Vec::with_capacity(batch * ps),
+            gpas: Vec::with_capacity(batch),
+        }
+    }
+
+    fn send(
+        &mut self,
+        mem: &mut RemoteMemory,
+        w: &mut FrameWriter<std::fs::File>,
+        gpas: &[u64],
+        skip_zero: bool,
+    ) -> io::Result<u64> {
+        let ps = PAGE_SIZE as usize;
+        let mut sent = 0;
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let result = (|| {
+            for chunk in gpas.chunks(self.batch) {
+                let pages = &mut scratch[..chunk.len() * ps];
+                mem.read(chunk, pages)?;
+                for (&gpa, page) in chunk.iter().zip(pages.chunks_exact(ps)) {
+                    if skip_zero && is_zero(page) {
+                        continue;
+                    }
+                    self.gpas.push(gpa);
+                    self.buf.extend_from_slice(page);
+                    if self.gpas.len() == self.batch {
+                        sent += self.flush(w)?;
+                    }
+                }
+            }
+            sent += self.flush(w)?;
+            Ok(sent)
+        })();
+        self.scratch = scratch;
+        result
+    }
+
+    fn read_only(&mut self, mem: &mut RemoteMemory, gpas: &[u64]) -> io::Result<u64> {
+        let ps = PAGE_SIZE as usize;
+        for chunk in gpas.chunks(self.batch) {
+            mem.read(chunk, &mut self.scratch[..chunk.len() * ps])?;
+        }
+        Ok(gpas.len() as u64)
+    }
+
+    fn flush(&mut self, w: &mut FrameWriter<std::fs::File>) -> io::Result<u64> {
+        if self.gpas.is_empty() {
+            return Ok(0);
+        }
+        w.frame(Kind::Pages, &[&pages_header(&self.gpas), &self.buf])?;
+        let n = self.gpas.len() as u64;
+        self.gpas.clear();
+        self.buf.clear();
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn helper_arguments_are_checked() {
+        let s = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(parse(&s(&["--pid"])).unwrap_err().contains("needs a value"));
+        assert!(parse(&s(&["--what", "1"])).unwrap_err().contains("unknown"));
+        assert!(parse(&s(&["--pid", "1"])).unwrap_err().contains("needs"));
+        let ok = s(&[
+            "--pid",
+            "1",
+            "--mode",
+            "per-page",
+            "--batch",
+            "16",
+            "--conn-fd",
+            "4",
+            "--ctl-fd",
+            "5",
+            "--region",
+            "0:1000:0:3:0",
+        ]);
+        let a = parse(&ok).unwrap();
+        assert_eq!(a.mode, MapMode::PerPage);
+        assert_eq!(a.regions.len(), 1);
+        let mut big = ok.clone();
+        big[5] = "100000".into();
+        assert!(parse(&big).unwrap_err().contains("--batch"));
+    }
+}
