@@ -390,6 +390,15 @@ fn map_samples(b: &MigrateBench, round: u32) -> Result<Vec<MapSample>, BenchErro
     Ok(out)
 }
 
+/// Mean time of one harvest of dirty pages in a migration report, ms.
+fn harvest_ms(report: &Value) -> f64 {
+    let h: Vec<f64> = report["harvest_us"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_f64).collect())
+        .unwrap_or_default();
+    h.iter().sum::<f64>() / h.len().max(1) as f64 / 1000.0
+}
+
 fn spread(s: &Summary, p: usize) -> String {
     format!("{:.p$} ({:.p$}-{:.p$})", s.p50, s.min, s.max)
 }
@@ -493,13 +502,14 @@ pub fn run(exe: &Path, b: &MigrateBench, out: &Path) -> Result<(), BenchError> {
                 let tracker = &b.trackers[(j + k + round as usize) % b.trackers.len()];
                 let s = tracker_sample(exe, b, memory, tracker, round)?;
                 eprintln!(
-                    "round {round} {memory} {tracker}: total {:.0} ms, downtime {:.1} ms, {} rounds, {} pages, ops during {:.0}% of before, {} faults",
+                    "round {round} {memory} {tracker}: total {:.0} ms, downtime {:.1} ms, {} rounds, {} pages, ops during {:.0}% of before, {} faults, harvest {:.2} ms",
                     s.report["total_ms"].as_f64().unwrap_or(0.0),
                     s.report["downtime_ms"].as_f64().unwrap_or(0.0),
                     s.report["rounds"],
                     s.report["pages_sent"],
                     s.ops_during_pct,
-                    s.faults_during
+                    s.faults_during,
+                    harvest_ms(&s.report)
                 );
                 trackers.push(s);
             }
@@ -549,6 +559,7 @@ pub fn run(exe: &Path, b: &MigrateBench, out: &Path) -> Result<(), BenchError> {
             let pages = sum(&|s| num(s, "pages_sent"));
             let ops = sum(&|s| s.ops_during_pct);
             let faults = sum(&|s| s.faults_during as f64);
+            let harvest = sum(&|s| harvest_ms(&s.report));
             rows.push(vec![
                 memory.clone(),
                 tracker.clone(),
@@ -559,11 +570,12 @@ pub fn run(exe: &Path, b: &MigrateBench, out: &Path) -> Result<(), BenchError> {
                 spread(&pages, 0),
                 spread(&ops, 0),
                 spread(&faults, 0),
+                spread(&harvest, 2),
             ]);
             json_rows.push(serde_json::json!({
                 "memory": memory, "tracker": tracker, "total_ms": total, "downtime_ms": down,
                 "guest_downtime_ms": gdown, "rounds": rounds, "pages_sent": pages,
-                "ops_during_pct": ops, "faults_during": faults,
+                "ops_during_pct": ops, "faults_during": faults, "harvest_ms": harvest,
             }));
         }
     }
@@ -582,6 +594,7 @@ pub fn run(exe: &Path, b: &MigrateBench, out: &Path) -> Result<(), BenchError> {
             "pages sent",
             "guest ops/s during, % of before",
             "guest page faults during",
+            "harvest ms (mean per round)",
         ],
         &rows,
     );

@@ -325,7 +325,12 @@ impl Running {
             let held =
                 (rate.unwrap_or(0.0) * o.downtime.as_secs_f64() / 2.0 / PAGE_SIZE as f64) as u64;
             tracker.set_deferral_budget(held);
-            pending = merge(tracker.harvest()?, self.vm.host_writes.take());
+            let harvest_at = Instant::now();
+            let harvested = tracker.harvest()?;
+            report
+                .harvest_us
+                .push(harvest_at.elapsed().as_micros() as u64);
+            pending = merge(harvested, self.vm.host_writes.take());
             let dirty = pending.len() as u64 + tracker.deferred_pages();
             let left = transfer_time(dirty, rate.unwrap_or(0.0));
             tracing::debug!(round = report.rounds, sent, dirty, ?left, "pre-copy round");
@@ -372,7 +377,14 @@ impl Running {
                 .map_err(|e| MigrationError::Host(e.to_string()))?;
         }
         let last = merge(
-            merge(pending, tracker.harvest_final()?),
+            merge(pending, {
+                let harvest_at = Instant::now();
+                let last = tracker.harvest_final()?;
+                report
+                    .harvest_us
+                    .push(harvest_at.elapsed().as_micros() as u64);
+                last
+            }),
             self.vm.host_writes.take(),
         );
         let sent = sender.send(&self.vm.ram, &mut w, &last, false)?;
