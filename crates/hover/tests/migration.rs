@@ -335,6 +335,119 @@ fn a_sender_process_migrates_the_guest_with_each_mapping_mode() {
     assert_eq!(code, Some(0));
 }
 
+/// VMs under a pager migrate: one over its memory budget (pages evicted to
+/// its store are read from there; the destination keeps arriving memory in
+/// a file and pages it in under the same budget), and one restored lazily
+/// from a snapshot (pages still in the snapshot are read from it). The
+/// digest and the guest's own checks pass each time.
+#[test]
+fn vms_under_a_pager_migrate() {
+    if !kvm_for_test("vms_under_a_pager_migrate") {
+        return;
+    }
+    let dir = Scratch::new("migrate-paged");
+    let migrate = |src: &Vm, at: &str| {
+        let body = serde_json::json!({ "to": at, "verify": true }).to_string();
+        src.api()
+            .json("PUT", "/vm/migrate", Some(&body))
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    // Over budget: 48 MiB written under a 32 MiB budget.
+    let (dest, at) = receiver(&format!("unix:{}", dir.path("in.sock").display()));
+    let src = Vm::spawn(
+        &[
+            "run",
+            "--memory",
+            "256M",
+            "--memory-budget",
+            "32M",
+            "--cmdline",
+            "workload=kvstore wss=48M rate=20000 seconds=6",
+        ],
+        &dir.path("budget.sock"),
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let stats = src.api().json("GET", "/vm/stats", None).unwrap();
+    assert!(
+        stats["pager"]["evictions"].as_u64().unwrap() > 0,
+        "pages were evicted before the migration: {}",
+        stats["pager"]
+    );
+    let rep = migrate(&src, &at);
+    assert!(
+        rep["pages_sent"].as_u64().unwrap() > 8192,
+        "more than the budget went: {rep}"
+    );
+    let (code, _, stderr) = src.wait();
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, o, stderr) = finish(dest);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(report(&o, "kvstore.errors"), 0);
+    assert_eq!(o["restore"]["memory_restore"], "lazy", "{}", o["restore"]);
+    let pager = &o["pager"];
+    assert!(
+        pager["resident_pages"].as_u64() <= pager["budget_pages"].as_u64(),
+        "the destination kept the budget: {pager}"
+    );
+    assert!(pager["source_reads"].as_u64().unwrap() > 0, "{pager}");
+
+    // Restored lazily, migrated at once: most pages are still in the snapshot.
+    let a = Vm::spawn(
+        &[
+            "run",
+            "--cmdline",
+            "workload=kvstore wss=16M rate=5000 seconds=8",
+        ],
+        &dir.path("a.sock"),
+    );
+    std::thread::sleep(Duration::from_millis(1000));
+    let snap = dir.path("a.snap");
+    let body = serde_json::json!({ "path": snap, "stop": true }).to_string();
+    a.api().json("PUT", "/vm/snapshot", Some(&body)).unwrap();
+    let (code, _, stderr) = a.wait();
+    assert_eq!(code, Some(0), "{stderr}");
+    let b = Vm::spawn(
+        &[
+            "restore",
+            snap.to_str().unwrap(),
+            "--memory-restore",
+            "lazy",
+        ],
+        &dir.path("b.sock"),
+    );
+    let (dest, at) = receiver(&format!("unix:{}", dir.path("in2.sock").display()));
+    let rep = migrate(&b, &at);
+    assert!(rep["pages_sent"].as_u64().unwrap() > 1000, "{rep}");
+    let (code, _, stderr) = b.wait();
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, o, stderr) = finish(dest);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(report(&o, "kvstore.errors"), 0);
+    // A sender process cannot read what the pager holds elsewhere.
+    let c = Vm::spawn(
+        &[
+            "run",
+            "--memory-budget",
+            "32M",
+            "--cmdline",
+            "workload=kvstore wss=8M seconds=2",
+        ],
+        &dir.path("c.sock"),
+    );
+    let r = c
+        .api()
+        .call(
+            "PUT",
+            "/vm/migrate",
+            Some(r#"{"to": "unix:/nowhere", "sender_process": "readv"}"#),
+        )
+        .unwrap();
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("sender_process"), "{}", r.body);
+    let (code, _, _) = c.wait();
+    assert_eq!(code, Some(0));
+}
+
 /// A fake destination on a Unix socket: accepts once and runs `script`.
 fn fake_destination(path: &std::path::Path, script: impl FnOnce(UnixStream) + Send + 'static) {
     let l = UnixListener::bind(path).unwrap();

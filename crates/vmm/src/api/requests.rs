@@ -175,7 +175,7 @@ impl From<CommandError> for ApiFailure {
                     match m {
                         M::Connect { .. } | M::Refused(_) | M::Wire(_) => 502,
                         M::NoConvergence(_) => 504,
-                        M::Unsupported(_) | M::GuestEnded => 409,
+                        M::GuestEnded => 409,
                         _ => 500,
                     },
                     message,

@@ -10,6 +10,7 @@
 
 pub mod dirty;
 pub mod mapper;
+pub mod received;
 pub mod sender;
 pub mod throttle;
 pub mod transport;
@@ -197,9 +198,6 @@ pub enum MigrationError {
     /// The guest dirties memory faster than the link moves it.
     #[error("{0}")]
     NoConvergence(String),
-    /// The migration cannot be done for this VM.
-    #[error("{0}")]
-    Unsupported(String),
     /// The guest powered off or crashed while migrating.
     #[error("the guest stopped while migrating")]
     GuestEnded,

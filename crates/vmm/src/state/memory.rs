@@ -68,23 +68,72 @@ pub fn resident_pages(ram: &GuestRam) -> io::Result<Vec<u64>> {
     Ok(out)
 }
 
-/// A digest of guest memory: CRC32 over every resident page that is not all
-/// zeros, with its address, ascending. Two VMs whose memory holds the same
-/// have the same digest, whatever pages each has touched.
-pub fn digest(ram: &GuestRam) -> io::Result<u32> {
+/// The pages a migration's first round and a digest read: the resident
+/// ones, and under a pager every page (one may be evicted to the store or
+/// still in the source of a lazy restore), ascending.
+pub fn pages_to_send(ram: &GuestRam, pager: Option<&Pager>) -> io::Result<Vec<u64>> {
+    if pager.is_none() {
+        return resident_pages(ram);
+    }
+    Ok(regions(ram)?
+        .iter()
+        .flat_map(|r| (0..r.len / PAGE_SIZE).map(move |i| r.gpa + i * PAGE_SIZE))
+        .collect())
+}
+
+/// Copy the pages at `gpas` into `out`, a page each. Under a pager, each is
+/// read from where it lives, with the pager held still meanwhile (so keep
+/// `gpas` short while the guest runs: its faults wait).
+pub fn read_pages(
+    ram: &GuestRam,
+    pager: Option<&Pager>,
+    gpas: &[u64],
+    out: &mut [u8],
+) -> io::Result<()> {
+    let ps = PAGE_SIZE as usize;
+    let pages = gpas.iter().zip(out.chunks_exact_mut(ps));
+    let Some(pager) = pager else {
+        for (&gpa, page) in pages {
+            read_page(ram, gpa, page)?;
+        }
+        return Ok(());
+    };
+    pager.with_pages_still(|content| {
+        let mut buf = PageBuf::new();
+        for (&gpa, page) in pages {
+            match content(gpa, &mut buf)? {
+                Some(PageContent::Copied) => page.copy_from_slice(&buf.0),
+                Some(PageContent::Zero) => page.fill(0),
+                // Resident pages stay so while the pager is held still.
+                Some(PageContent::Resident) | None => read_page(ram, gpa, page)?,
+            }
+        }
+        Ok(())
+    })
+}
+
+/// A digest of guest memory: CRC32 over every page that is not all zeros,
+/// with its address, ascending (under a pager, evicted pages and pages
+/// still in a lazy restore's source included). Two VMs whose memory holds
+/// the same have the same digest, whatever pages each has touched.
+pub fn digest(ram: &GuestRam, pager: Option<&Pager>) -> io::Result<u32> {
+    const CHUNK: usize = 256;
     let mut h = crc32fast::Hasher::new();
-    let mut buf = PageBuf::new();
-    for gpa in resident_pages(ram)? {
-        read_page(ram, gpa, &mut buf.0)?;
-        if !is_zero(&buf.0) {
-            h.update(&gpa.to_le_bytes());
-            h.update(&buf.0);
+    let mut buf = vec![0u8; CHUNK * PAGE_SIZE as usize];
+    for gpas in pages_to_send(ram, pager)?.chunks(CHUNK) {
+        read_pages(ram, pager, gpas, &mut buf)?;
+        for (gpa, page) in gpas.iter().zip(buf.chunks_exact(PAGE_SIZE as usize)) {
+            if !is_zero(page) {
+                h.update(&gpa.to_le_bytes());
+                h.update(page);
+            }
         }
     }
     Ok(h.finalize())
 }
 
-/// Copy the page at `gpa` out of guest RAM (it must not be under a pager).
+/// Copy the page at `gpa` out of guest RAM (through its mapping: under a
+/// pager, a page not resident faults to the pager).
 pub fn read_page(ram: &GuestRam, gpa: u64, out: &mut [u8]) -> io::Result<()> {
     use vm_memory::GuestAddress;
     let out = &mut out[..PAGE_SIZE as usize];

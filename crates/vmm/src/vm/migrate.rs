@@ -62,6 +62,8 @@ struct PageSender {
     bandwidth: Option<u64>,
     started: Instant,
     buf: Vec<u8>,
+    /// Pages read out of guest memory, a batch at a time.
+    scratch: Vec<u8>,
     gpas: Vec<u64>,
     pages: u64,
     throttled: bool,
@@ -82,6 +84,7 @@ impl PageSender {
     fn send(
         &mut self,
         ram: &crate::memory::GuestRam,
+        pager: Option<&crate::memory::paged::Pager>,
         w: &mut Writer,
         gpas: &[u64],
         skip_zero: bool,
@@ -97,19 +100,24 @@ impl PageSender {
             }
             return Ok(sent);
         }
+        let ps = PAGE_SIZE as usize;
         let mut sent = 0;
-        let mut page = vec![0u8; PAGE_SIZE as usize];
-        for &gpa in gpas {
-            memory::read_page(ram, gpa, &mut page).map_err(io("reading guest memory"))?;
-            if skip_zero && memory::is_zero(&page) {
-                continue;
-            }
-            self.gpas.push(gpa);
-            self.buf.extend_from_slice(&page);
-            if self.gpas.len() == self.batch {
-                sent += self.flush(w)?;
+        let mut pages = std::mem::take(&mut self.scratch);
+        for chunk in gpas.chunks(self.batch) {
+            let got = &mut pages[..chunk.len() * ps];
+            memory::read_pages(ram, pager, chunk, got).map_err(io("reading guest memory"))?;
+            for (&gpa, page) in chunk.iter().zip(got.chunks_exact(ps)) {
+                if skip_zero && memory::is_zero(page) {
+                    continue;
+                }
+                self.gpas.push(gpa);
+                self.buf.extend_from_slice(page);
+                if self.gpas.len() == self.batch {
+                    sent += self.flush(w)?;
+                }
             }
         }
+        self.scratch = pages;
         sent += self.flush(w)?;
         Ok(sent)
     }
@@ -158,11 +166,11 @@ impl Running {
                 needs: "running or paused",
             });
         }
-        if self.vm.pager.is_some() {
-            return Err(MigrationError::Unsupported(
-                "a VM under a pager (a memory budget, or a lazy restore) cannot migrate yet; restore it eagerly to migrate it".into(),
-            )
-            .into());
+        if o.sender_process.is_some() && self.vm.pager.is_some() {
+            return Err(CommandError::Invalid {
+                field: "sender_process",
+                reason: "a VM under a pager (a memory budget, or a lazy restore) sends from its own thread: only it can read pages the pager holds elsewhere".into(),
+            });
         }
         let (fd, ram) = (self.vm.fd.clone(), &self.vm.ram);
         let mut tracker: Box<dyn DirtyTracker> = match (o.tracker, &self.vm.rings) {
@@ -270,6 +278,7 @@ impl Running {
             bandwidth: o.bandwidth,
             started: Instant::now(),
             buf: Vec::with_capacity(o.batch_pages * PAGE_SIZE as usize),
+            scratch: vec![0; o.batch_pages * PAGE_SIZE as usize],
             gpas: Vec::with_capacity(o.batch_pages),
             pages: 0,
             throttled: false,
@@ -284,8 +293,8 @@ impl Running {
             process_bytes: 0,
         };
         // Round 0: everything the guest has touched. Then what it dirtied.
-        let mut pending =
-            memory::resident_pages(&self.vm.ram).map_err(io("listing guest memory"))?;
+        let mut pending = memory::pages_to_send(&self.vm.ram, self.vm.pager.as_ref())
+            .map_err(io("listing guest memory"))?;
         let mut rate: Option<f64> = None;
         let throttle = self.vm.throttle.clone();
         let mut policy = Policy::new(o.throttle, throttle.all().len());
@@ -314,7 +323,13 @@ impl Running {
                 )));
             }
             let (start, bytes0) = (Instant::now(), sender.bytes(&w));
-            let sent = sender.send(&self.vm.ram, &mut w, &pending, report.rounds == 0)?;
+            let sent = sender.send(
+                &self.vm.ram,
+                self.vm.pager.as_ref(),
+                &mut w,
+                &pending,
+                report.rounds == 0,
+            )?;
             report.round_pages.push(sent);
             report.rounds += 1;
             let bytes = sender.bytes(&w) - bytes0;
@@ -387,7 +402,7 @@ impl Running {
             }),
             self.vm.host_writes.take(),
         );
-        let sent = sender.send(&self.vm.ram, &mut w, &last, false)?;
+        let sent = sender.send(&self.vm.ram, self.vm.pager.as_ref(), &mut w, &last, false)?;
         report.round_pages.push(sent);
         report.rounds += 1;
         let st = self
@@ -397,7 +412,8 @@ impl Running {
         w.frame(Kind::State, &[&st])
             .map_err(io("sending the state"))?;
         if o.verify {
-            let d = memory::digest(&self.vm.ram).map_err(io("digesting guest memory"))?;
+            let d = memory::digest(&self.vm.ram, self.vm.pager.as_ref())
+                .map_err(io("digesting guest memory"))?;
             w.frame(Kind::Digest, &[&d.to_le_bytes()])
                 .map_err(io("sending the digest"))?;
         }

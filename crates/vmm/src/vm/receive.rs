@@ -4,12 +4,15 @@
 //! truncated, corrupted or does not fit this host is refused with the frame
 //! and offset, and no half-built VM ever runs.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vm_memory::{Bytes, GuestAddress};
 
 use super::restore::{prepare, LoadError, RestoreOptions};
 use super::{open_console, DeviceSetup, Vm};
+use crate::memory::paged::PageSource;
+use crate::migration::received::ReceivedPages;
 use crate::migration::transport::{Addr, Conn, Listener};
 use crate::migration::wire::{split_pages, FrameReader, FrameWriter, Kind};
 use crate::migration::MigrationError;
@@ -108,6 +111,18 @@ impl Vm {
         // The machine and its memory now; devices once their state is here.
         let p = prepare(&saved, opts).map_err(|e| load(e, "CONF", conf_at))?;
         let ram = &p.machine.ram;
+        // Under a budget, memory above the boot area waits in a file for
+        // the pager, so the budget holds from the first page.
+        let received = match &saved.paging {
+            Some(_) => Some(Arc::new(ReceivedPages::create(None, ram.end()).map_err(
+                |e| {
+                    mig(MigrationError::Host(format!(
+                        "a file for the arriving memory: {e}"
+                    )))
+                },
+            )?)),
+            None => None,
+        };
         w.frame(Kind::Ready, &[])
             .map_err(host("answering the source"))?;
 
@@ -127,9 +142,17 @@ impl Vm {
                                 format!("page {gpa:#x} is outside guest memory"),
                             )));
                         }
-                        ram.memory()
-                            .write_slice(page, GuestAddress(*gpa))
-                            .map_err(|e| mig(MigrationError::Host(e.to_string())))?;
+                        match &received {
+                            Some(r) if *gpa >= saved.image_end => {
+                                r.write(*gpa, page).map_err(|e| {
+                                    mig(MigrationError::Host(format!("keeping a page: {e}")))
+                                })?
+                            }
+                            _ => ram
+                                .memory()
+                                .write_slice(page, GuestAddress(*gpa))
+                                .map_err(|e| mig(MigrationError::Host(e.to_string())))?,
+                        }
                     }
                     pages += gpas.len() as u64;
                 }
@@ -170,16 +193,6 @@ impl Vm {
         };
         p.check_vcpus(&s.vcpus)
             .map_err(|e| load(e, "STATE", state_at))?;
-        if let Some(want) = digest {
-            let got = memory::digest(&p.machine.ram).map_err(host("digesting guest memory"))?;
-            if got != want {
-                return Err(mig(unfit(
-                    "DIGEST",
-                    end_at,
-                    format!("guest memory here digests to {got:#x}, the source's to {want:#x}"),
-                )));
-            }
-        }
         let sink = open_console(&p.config)?;
         let config = p.config;
         let mut vm = Vm::assemble(
@@ -192,11 +205,24 @@ impl Vm {
                 sink,
                 uart: Some(&s.devices.serial),
             },
-            None,
+            received.clone().map(|r| r as Arc<dyn PageSource>),
             created_at,
         )?;
+        // Checked with the pager running: pages may wait in its source.
+        if let Some(want) = digest {
+            let got = memory::digest(&vm.ram, vm.pager.as_ref())
+                .map_err(host("digesting guest memory"))?;
+            if got != want {
+                return Err(mig(unfit(
+                    "DIGEST",
+                    end_at,
+                    format!("guest memory here digests to {got:#x}, the source's to {want:#x}"),
+                )));
+            }
+        }
         vm.load_state(&s).map_err(|e| load(e, "STATE", state_at))?;
-        vm.mark_restored("a live migration".into(), "eager", pages);
+        let how = if received.is_some() { "lazy" } else { "eager" };
+        vm.mark_restored("a live migration".into(), how, pages);
         w.frame(Kind::Running, &[&state::host_tsc().to_le_bytes()])
             .map_err(host("answering the source"))?;
         Ok(vm)
