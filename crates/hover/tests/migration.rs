@@ -464,7 +464,16 @@ fn failed_migrations_leave_the_source_running() {
         return;
     }
     let dir = Scratch::new("migrate-fail");
-    let src = kvstore(&dir, "src");
+    // Long enough for every failure below, each migrating for a while.
+    let src = Vm::spawn(
+        &[
+            "run",
+            "--cmdline",
+            "workload=kvstore wss=16M rate=1000 seconds=12",
+        ],
+        &dir.path("src.sock"),
+    );
+    let t0 = std::time::Instant::now();
     let api = src.api();
     let migrate = |to: &std::path::Path, extra: serde_json::Value| {
         let mut body = serde_json::json!({ "to": format!("unix:{}", to.display()) });
@@ -507,6 +516,35 @@ fn failed_migrations_leave_the_source_running() {
     });
     let r = migrate(&vanish, serde_json::json!({}));
     assert!(r.status >= 500, "{}", r.body);
+    // One that takes everything, the final round and the state included
+    // (the source has paused its guest by then), and closes instead of
+    // confirming: the source resumes its guest.
+    let last = dir.path("last.sock");
+    fake_destination(&last, |s| {
+        let mut r = FrameReader::new(s.try_clone().unwrap());
+        r.hello().unwrap();
+        r.frame().unwrap();
+        FrameWriter::new(s.try_clone().unwrap())
+            .frame(Kind::Ready, &[])
+            .unwrap();
+        let mut saw_state = false;
+        loop {
+            match r.frame() {
+                Ok(f) if f.kind == Kind::End => break,
+                Ok(f) => saw_state |= f.kind == Kind::State,
+                Err(e) => panic!("the stream broke before END: {e}"),
+            }
+        }
+        assert!(saw_state, "the state came before END");
+        s.shutdown(std::net::Shutdown::Both).unwrap();
+    });
+    let r = migrate(&last, serde_json::json!({}));
+    if r.status < 500 || r.body.contains("guest stopped") {
+        let (_, _, stderr) = src.wait();
+        panic!("{} (after {:?}): {stderr}", r.body, t0.elapsed());
+    }
+    let v = api.json("GET", "/vm", None).unwrap();
+    assert_eq!(v["state"], "running", "resumed after the final round: {v}");
     // One that stalls after the configuration.
     let stall = dir.path("stall.sock");
     fake_destination(&stall, |s| {

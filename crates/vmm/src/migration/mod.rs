@@ -229,6 +229,9 @@ impl MigrationError {
 
 /// Transfer time of `pages` at `bytes_per_sec`.
 pub fn transfer_time(pages: u64, bytes_per_sec: f64) -> Duration {
+    if pages == 0 {
+        return Duration::ZERO;
+    }
     if bytes_per_sec <= 0.0 {
         return Duration::MAX;
     }
@@ -262,5 +265,7 @@ mod tests {
     fn transfer_time_scales() {
         assert_eq!(transfer_time(256, 4096.0 * 256.0), Duration::from_secs(1));
         assert_eq!(transfer_time(1, 0.0), Duration::MAX);
+        // Nothing left is done at once, whatever the link.
+        assert_eq!(transfer_time(0, 0.0), Duration::ZERO);
     }
 }

@@ -296,6 +296,7 @@ impl Running {
         let mut pending = memory::pages_to_send(&self.vm.ram, self.vm.pager.as_ref())
             .map_err(io("listing guest memory"))?;
         let mut rate: Option<f64> = None;
+        let (mut sent_bytes, mut sending) = (0u64, Duration::ZERO);
         let throttle = self.vm.throttle.clone();
         let mut policy = Policy::new(o.throttle, throttle.all().len());
         let mut ticker = None;
@@ -333,8 +334,14 @@ impl Running {
             report.round_pages.push(sent);
             report.rounds += 1;
             let bytes = sender.bytes(&w) - bytes0;
+            let took = start.elapsed();
+            (sent_bytes, sending) = (sent_bytes + bytes, sending + took);
             if bytes >= MIN_RATE_BYTES {
-                rate = Some(bytes as f64 / start.elapsed().as_secs_f64().max(1e-6));
+                rate = Some(bytes as f64 / took.as_secs_f64().max(1e-6));
+            } else if rate.is_none() && sent_bytes > 0 {
+                // Only small rounds so far (a guest that touched little):
+                // their sum is the best guess of the link's rate.
+                rate = Some(sent_bytes as f64 / sending.as_secs_f64().max(1e-6));
             }
             // Half the downtime may go to memory a tracker holds back.
             let held =
