@@ -1,8 +1,8 @@
 //! `hover bench migrate`: live migration between two `hover` processes on
 //! this machine, seeds 3 and 4 side by side.
 //!
-//! Part 1, the dirty trackers (seed 4): for each guest memory size and each
-//! tracker (`ring` on a VM started with 4096-entry rings), a `kvstore` guest (random verified writes over a working set at
+//! Part 1, the dirty trackers (seed 4): for each guest memory size, each
+//! working set and each tracker (`ring` on a VM started with 4096-entry rings), a `kvstore` guest (random verified writes over a working set at
 //! a fixed rate) is migrated while it runs. Per sample: total time,
 //! downtime (the source's pause and the gap the guest saw), rounds, pages
 //! sent, the guest's operations per second during the migration as a share
@@ -50,8 +50,8 @@ pub struct MigrateBench {
     pub trackers: Vec<String>,
     /// Guest memory sizes.
     pub memories: Vec<String>,
-    /// kvstore's working set.
-    pub wss: String,
+    /// kvstore's working sets.
+    pub wss: Vec<String>,
     /// kvstore's operations per second.
     pub rate: u64,
     /// Batch sizes for part 2.
@@ -72,7 +72,7 @@ impl Default for MigrateBench {
                 "ring".into(),
             ],
             memories: vec!["256M".into(), "1G".into(), "4G".into()],
-            wss: "64M".into(),
+            wss: vec!["16M".into(), "64M".into()],
             rate: 100_000,
             batches: vec![1, 16, 256, 1024],
             runs: 2,
@@ -89,6 +89,8 @@ const WARM_UP: Duration = Duration::from_millis(2000);
 pub struct TrackerSample {
     /// Guest memory.
     pub memory: String,
+    /// kvstore's working set.
+    pub wss: String,
     /// Tracker.
     pub tracker: String,
     /// Round.
@@ -210,11 +212,12 @@ fn tracker_sample(
     exe: &Path,
     b: &MigrateBench,
     memory: &str,
+    wss: &str,
     tracker: &str,
     round: u32,
 ) -> Result<TrackerSample, BenchError> {
-    let cmdline = format!("workload=kvstore wss={} rate={} seconds=6", b.wss, b.rate);
-    let id = format!("{}-{memory}-{tracker}-{round}", std::process::id());
+    let cmdline = format!("workload=kvstore wss={wss} rate={} seconds=6", b.rate);
+    let id = format!("{}-{memory}-{wss}-{tracker}-{round}", std::process::id());
     let body = serde_json::json!({ "dirty_tracking": tracker });
     let (rep, dest, src, t, faults0) =
         migrate_once(exe, &b.transport, memory, &cmdline, body, &id)?;
@@ -247,6 +250,7 @@ fn tracker_sample(
     let faults = sum_stat(&src["vcpu_stats"], "pf_taken").saturating_sub(faults0);
     Ok(TrackerSample {
         memory: memory.into(),
+        wss: wss.into(),
         tracker: tracker.into(),
         round,
         report: rep,
@@ -498,20 +502,22 @@ pub fn run(exe: &Path, b: &MigrateBench, out: &Path) -> Result<(), BenchError> {
     let mut maps = Vec::new();
     for round in 0..b.runs {
         for (k, memory) in b.memories.iter().enumerate() {
-            for j in 0..b.trackers.len() {
-                let tracker = &b.trackers[(j + k + round as usize) % b.trackers.len()];
-                let s = tracker_sample(exe, b, memory, tracker, round)?;
-                eprintln!(
-                    "round {round} {memory} {tracker}: total {:.0} ms, downtime {:.1} ms, {} rounds, {} pages, ops during {:.0}% of before, {} faults, harvest {:.2} ms",
-                    s.report["total_ms"].as_f64().unwrap_or(0.0),
-                    s.report["downtime_ms"].as_f64().unwrap_or(0.0),
-                    s.report["rounds"],
-                    s.report["pages_sent"],
-                    s.ops_during_pct,
-                    s.faults_during,
-                    harvest_ms(&s.report)
-                );
-                trackers.push(s);
+            for wss in &b.wss {
+                for j in 0..b.trackers.len() {
+                    let tracker = &b.trackers[(j + k + round as usize) % b.trackers.len()];
+                    let s = tracker_sample(exe, b, memory, wss, tracker, round)?;
+                    eprintln!(
+                        "round {round} {memory} wss {wss} {tracker}: total {:.0} ms, downtime {:.1} ms, {} rounds, {} pages, ops during {:.0}% of before, {} faults, harvest {:.2} ms",
+                        s.report["total_ms"].as_f64().unwrap_or(0.0),
+                        s.report["downtime_ms"].as_f64().unwrap_or(0.0),
+                        s.report["rounds"],
+                        s.report["pages_sent"],
+                        s.ops_during_pct,
+                        s.faults_during,
+                        harvest_ms(&s.report)
+                    );
+                    trackers.push(s);
+                }
             }
         }
         for j in 0..b.batches.len() {
@@ -543,11 +549,15 @@ pub fn run(exe: &Path, b: &MigrateBench, out: &Path) -> Result<(), BenchError> {
     let num = |s: &TrackerSample, k: &str| s.report[k].as_f64().unwrap_or(0.0);
     let mut rows = Vec::new();
     let mut json_rows = Vec::new();
-    for memory in &b.memories {
+    for (memory, wss) in b
+        .memories
+        .iter()
+        .flat_map(|m| b.wss.iter().map(move |w| (m, w)))
+    {
         for tracker in &b.trackers {
             let of: Vec<&TrackerSample> = trackers
                 .iter()
-                .filter(|s| &s.memory == memory && &s.tracker == tracker)
+                .filter(|s| &s.memory == memory && &s.wss == wss && &s.tracker == tracker)
                 .collect();
             let sum = |f: &dyn Fn(&TrackerSample) -> f64| {
                 summarize(&of.iter().map(|s| f(s)).collect::<Vec<_>>()).expect("runs >= 1")
@@ -562,6 +572,7 @@ pub fn run(exe: &Path, b: &MigrateBench, out: &Path) -> Result<(), BenchError> {
             let harvest = sum(&|s| harvest_ms(&s.report));
             rows.push(vec![
                 memory.clone(),
+                wss.clone(),
                 tracker.clone(),
                 spread(&total, 0),
                 spread(&down, 1),
@@ -573,19 +584,20 @@ pub fn run(exe: &Path, b: &MigrateBench, out: &Path) -> Result<(), BenchError> {
                 spread(&harvest, 2),
             ]);
             json_rows.push(serde_json::json!({
-                "memory": memory, "tracker": tracker, "total_ms": total, "downtime_ms": down,
+                "memory": memory, "wss": wss, "tracker": tracker, "total_ms": total, "downtime_ms": down,
                 "guest_downtime_ms": gdown, "rounds": rounds, "pages_sent": pages,
                 "ops_during_pct": ops, "faults_during": faults, "harvest_ms": harvest,
             }));
         }
     }
     println!(
-        "live migration over {} of a kvstore (wss {}, {} ops/s) guest, {} rounds (median (min-max))",
-        b.transport, b.wss, b.rate, b.runs
+        "live migration over {} of a kvstore ({} ops/s) guest, {} rounds (median (min-max))",
+        b.transport, b.rate, b.runs
     );
     table::print(
         &[
             "guest memory",
+            "working set",
             "tracker",
             "total ms",
             "downtime ms",
@@ -690,8 +702,9 @@ pub fn run(exe: &Path, b: &MigrateBench, out: &Path) -> Result<(), BenchError> {
     let series = b
         .trackers
         .iter()
-        .map(|t| plot::Series {
-            label: format!("{t}: downtime"),
+        .flat_map(|t| b.wss.iter().map(move |w| (t, w)))
+        .map(|(t, w)| plot::Series {
+            label: format!("{t}, wss {w}: downtime"),
             points: b
                 .memories
                 .iter()
@@ -699,7 +712,7 @@ pub fn run(exe: &Path, b: &MigrateBench, out: &Path) -> Result<(), BenchError> {
                 .filter_map(|(i, m)| {
                     let v: Vec<f64> = trackers
                         .iter()
-                        .filter(|s| &s.memory == m && &s.tracker == t)
+                        .filter(|s| &s.memory == m && &s.wss == w && &s.tracker == t)
                         .map(|s| num(s, "downtime_ms"))
                         .collect();
                     summarize(&v).map(|s| (i as f64, s.p50))

@@ -78,9 +78,9 @@ enum Scenario {
         /// Guest memory sizes (comma-separated).
         #[arg(long, default_value = "256M,1G,4G", value_delimiter = ',')]
         memories: Vec<String>,
-        /// kvstore's working set.
-        #[arg(long, default_value = "64M")]
-        wss: String,
+        /// kvstore's working sets (comma-separated).
+        #[arg(long, default_value = "16M,64M", value_delimiter = ',')]
+        wss: Vec<String>,
         /// kvstore's operations per second.
         #[arg(long, default_value_t = 100_000)]
         rate: u64,
@@ -157,6 +157,7 @@ pub fn bench(args: BenchArgs) -> ExitCode {
                 t.parse::<hover_vmm::migration::Tracker>().map(|_| ())
             })
             .and(check_sizes("--memories", &memories))
+            .and(check_sizes("--wss", &wss))
             .and(check_all(
                 "--transport",
                 std::slice::from_ref(&transport),
