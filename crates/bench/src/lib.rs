@@ -6,6 +6,7 @@
 pub mod apf;
 pub mod boot;
 pub mod halt_poll;
+pub mod mapping;
 pub mod migrate;
 pub mod plot;
 pub mod runner;

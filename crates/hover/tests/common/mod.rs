@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // not every test file uses every helper
 
+pub mod migrate;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};

@@ -1,0 +1,60 @@
+//! Helpers for the migration tests: a `hover receive` child, its end, and a
+//! migration request the VM must refuse.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+
+use super::{hover_cmd, text, Scratch, Vm};
+
+/// `hover receive --listen ADDR --json --console off`, and the address it listens on.
+pub fn receiver(listen: &str) -> (Child, String) {
+    let mut child = hover_cmd()
+        .args(["receive", "--listen", listen, "--json", "--console", "off"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stderr.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let at = line
+        .trim()
+        .rsplit(' ')
+        .next()
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    (child, at)
+}
+
+pub fn finish(child: Child) -> (Option<i32>, serde_json::Value, String) {
+    let out = child.wait_with_output().unwrap();
+    let v = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (out.status.code(), v, text(&out.stderr))
+}
+
+/// `PUT /vm/migrate` with `body` must be refused with 400, the answer
+/// naming every `needle`; then the VM runs to its end and exits 0.
+pub fn refused_request(vm: Vm, body: &str, needles: &[&str]) {
+    let r = vm.api().call("PUT", "/vm/migrate", Some(body)).unwrap();
+    assert_eq!(r.status, 400, "{}", r.body);
+    for n in needles {
+        assert!(r.body.contains(n), "{n} in {}", r.body);
+    }
+    let (code, _, stderr) = vm.wait();
+    assert_eq!(code, Some(0), "{stderr}");
+}
+
+/// A kvstore guest writing at a rate a loaded host can migrate (at full
+/// speed it dirties all 16 MiB faster than a busy host sends it, and the
+/// migration rightly does not converge).
+pub fn kvstore(dir: &Scratch, name: &str) -> Vm {
+    Vm::spawn(
+        &[
+            "run",
+            "--cmdline",
+            "workload=kvstore wss=16M rate=1000 seconds=5",
+        ],
+        &dir.path(&format!("{name}.sock")),
+    )
+}
