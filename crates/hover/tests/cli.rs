@@ -174,6 +174,15 @@ fn bad_input_is_one_line_and_exit_2() {
             "cannot be used with",
         ),
         (&["run", "--halt-poll", "sometimes"], "--halt-poll"),
+        // The guest's writes must land in storage, never in the monitor's
+        // own memory or a kernel knob.
+        (&["run", "--io-file", "/proc/self/mem"], "procfs or sysfs"),
+        (
+            &["run", "--io-file", "/proc/sys/vm/overcommit_memory"],
+            "procfs or sysfs",
+        ),
+        (&["run", "--io-file", "/dev/null"], "not a regular file"),
+        (&["run", "--io-file", "/tmp"], "not a regular file"),
     ];
     for (args, needle) in cases {
         let out = hover(args);

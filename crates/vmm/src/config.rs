@@ -216,6 +216,14 @@ pub enum ConfigError {
     /// A dirty ring size out of range.
     #[error("--dirty-ring {0}: give a power of two from 256 to 65536 entries (a ring is at least a page)")]
     DirtyRing(u32),
+    /// An `--io-file` that is not storage.
+    #[error("--io-file {path}: {why}; give a regular file (created if missing) or a block device")]
+    IoFile {
+        /// The path.
+        path: String,
+        /// Why not.
+        why: String,
+    },
     /// A duration that does not parse.
     #[error("'{0}' is not a duration: use a number with ns, us, ms or s (e.g. 0, 100us, 2ms)")]
     BadDuration(String),
@@ -230,6 +238,12 @@ impl VmConfig {
                 given: self.vcpus,
                 max,
             });
+        }
+        if let Some(path) = &self.pvio.file {
+            crate::devices::pvio::check_io_path(path).map_err(|why| ConfigError::IoFile {
+                path: path.display().to_string(),
+                why,
+            })?;
         }
         if !self.memory.is_multiple_of(PAGE_SIZE) {
             let suggest = self.memory.div_ceil(PAGE_SIZE) * PAGE_SIZE;

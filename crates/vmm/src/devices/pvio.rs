@@ -222,6 +222,9 @@ impl PvioDevice {
             .custom_flags(libc::O_DSYNC)
             .open(&self.path)
             .map_err(|e| format!("cannot open {}: {e}", self.path.display()))?;
+        // Checked again on what was opened: the path may have changed since
+        // the configuration was checked.
+        fit_for_io(&file).map_err(|why| format!("{}: {why}", self.path.display()))?;
         let dev = self.clone();
         let t = std::thread::Builder::new()
             .name("pvio".into())
@@ -387,5 +390,45 @@ impl Drop for PvioDevice {
         if self.remove_at_exit && self.ring.get_mut().map(|r| r.is_some()).unwrap_or(false) {
             let _ = std::fs::remove_file(&self.path);
         }
+    }
+}
+
+/// Whether an opened file may take the guest's writes: a regular file or a
+/// block device, not on procfs or sysfs (where "regular" files such as
+/// /proc/self/mem reach the monitor's own memory or the kernel's knobs).
+pub fn fit_for_io(file: &std::fs::File) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileTypeExt;
+    let m = file
+        .metadata()
+        .map_err(|e| format!("cannot stat it: {e}"))?;
+    let t = m.file_type();
+    if !(t.is_file() || t.is_block_device()) {
+        return Err("not a regular file or a block device".into());
+    }
+    // SAFETY: fstatfs fills the struct for a descriptor we own.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) } != 0 {
+        return Err(format!(
+            "cannot statfs it: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    const PROC_SUPER_MAGIC: i64 = 0x9fa0;
+    const SYSFS_MAGIC: i64 = 0x6265_6572;
+    if [PROC_SUPER_MAGIC, SYSFS_MAGIC].contains(&(fs.f_type as i64)) {
+        return Err("a file of procfs or sysfs, not storage".into());
+    }
+    Ok(())
+}
+
+/// [`fit_for_io`] for a path given by the user: fine if it does not exist
+/// yet (it is created as a regular file).
+pub fn check_io_path(path: &std::path::Path) -> Result<(), String> {
+    match std::fs::File::open(path) {
+        Ok(f) => fit_for_io(&f),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        // Not readable here (write-only, say): the open for writing decides.
+        Err(_) => Ok(()),
     }
 }
