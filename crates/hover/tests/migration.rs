@@ -119,6 +119,20 @@ fn ring_tracking_survives_full_rings() {
     );
 }
 
+/// A fake destination's opening: read the hello and the configuration and,
+/// if `ready`, answer READY. The reader, for the rest of the stream.
+fn take_conf(s: &UnixStream, ready: bool) -> FrameReader<UnixStream> {
+    let mut r = FrameReader::new(s.try_clone().unwrap());
+    r.hello().unwrap();
+    r.frame().unwrap();
+    if ready {
+        FrameWriter::new(s.try_clone().unwrap())
+            .frame(Kind::Ready, &[])
+            .unwrap();
+    }
+    r
+}
+
 /// A fake destination on a Unix socket: accepts once and runs `script`.
 fn fake_destination(path: &std::path::Path, script: impl FnOnce(UnixStream) + Send + 'static) {
     let l = UnixListener::bind(path).unwrap();
@@ -161,9 +175,7 @@ fn failed_migrations_leave_the_source_running() {
     // A destination that refuses after the configuration.
     let refuse = dir.path("refuse.sock");
     fake_destination(&refuse, |s| {
-        let mut r = FrameReader::new(s.try_clone().unwrap());
-        r.hello().unwrap();
-        r.frame().unwrap();
+        take_conf(&s, false);
         let mut w = FrameWriter::new(s);
         w.frame(Kind::Error, &[b"no room for this VM here"])
             .unwrap();
@@ -174,12 +186,7 @@ fn failed_migrations_leave_the_source_running() {
     // One that accepts memory, then vanishes mid-stream.
     let vanish = dir.path("vanish.sock");
     fake_destination(&vanish, |s| {
-        let mut r = FrameReader::new(s.try_clone().unwrap());
-        r.hello().unwrap();
-        r.frame().unwrap();
-        FrameWriter::new(s.try_clone().unwrap())
-            .frame(Kind::Ready, &[])
-            .unwrap();
+        let mut r = take_conf(&s, true);
         for _ in 0..3 {
             r.frame().unwrap();
         }
@@ -192,12 +199,7 @@ fn failed_migrations_leave_the_source_running() {
     // confirming: the source resumes its guest.
     let last = dir.path("last.sock");
     fake_destination(&last, |s| {
-        let mut r = FrameReader::new(s.try_clone().unwrap());
-        r.hello().unwrap();
-        r.frame().unwrap();
-        FrameWriter::new(s.try_clone().unwrap())
-            .frame(Kind::Ready, &[])
-            .unwrap();
+        let mut r = take_conf(&s, true);
         let mut saw_state = false;
         loop {
             match r.frame() {

@@ -10,6 +10,11 @@ use common::migrate::{finish, kvstore, receiver, refused_request};
 use common::{report, Scratch, Vm};
 use hover_vmm::host::kvm_for_test;
 
+/// These tests run one at a time: each runs two or three VMs whose timing
+/// matters (a guest must outlast its migration, a pager its budget), and on
+/// a 2-core host three at once starve each other.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// A guest that dirties its memory faster than the link carries it: one
 /// task writing 5000 records a second over 4 MiB, on a link held to 2 MB/s
 /// (a round of 4 MiB takes 2 s, in which every page is written again). The
@@ -21,6 +26,7 @@ fn a_guest_that_outruns_the_link_is_throttled_until_it_converges() {
     if !kvm_for_test("a_guest_that_outruns_the_link_is_throttled_until_it_converges") {
         return;
     }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let dir = Scratch::new("migrate-throttle");
     let args = [
         "run",
@@ -128,6 +134,7 @@ fn a_sender_process_migrates_the_guest_with_each_mapping_mode() {
     if !kvm_for_test("a_sender_process_migrates_the_guest_with_each_mapping_mode") {
         return;
     }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let dir = Scratch::new("migrate-sender");
     for mode in ["per-page", "readv", "persistent"] {
         let (dest, at) = receiver(&format!("unix:{}", dir.path("in.sock").display()));
@@ -177,6 +184,7 @@ fn vms_under_a_pager_migrate() {
     if !kvm_for_test("vms_under_a_pager_migrate") {
         return;
     }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let dir = Scratch::new("migrate-paged");
     let migrate = |src: &Vm, at: &str| {
         let body = serde_json::json!({ "to": at, "verify": true }).to_string();

@@ -8,6 +8,7 @@
 //! VM's control loop (`vm/migrate.rs`), the destination side is
 //! [`crate::Vm::receive`] (`vm/receive.rs`). docs/MIGRATION.md.
 
+pub mod batch;
 pub mod dirty;
 pub mod mapper;
 pub mod received;

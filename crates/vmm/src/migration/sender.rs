@@ -23,13 +23,12 @@ use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 
-use hover_abi::layout::PAGE_SIZE;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
+use super::batch::{BatchError, Batcher};
 use super::mapper::{MapMode, Region, RemoteMemory};
-use super::wire::{pages_header, FrameWriter, Kind};
+use super::wire::FrameWriter;
 use crate::memory::GuestRam;
-use crate::state::memory::is_zero;
 
 /// The hidden subcommand that runs [`child_main`].
 pub const SUBCOMMAND: &str = "__migration-sender";
@@ -247,7 +246,7 @@ pub fn child_main(args: &[String]) -> i32 {
         Err(e) => Err(e.to_string()),
     };
     let mut w = FrameWriter::new(conn);
-    let mut frames = Frames::new(a.batch);
+    let mut frames = Batcher::new(a.batch);
     let mut serving_us = 0u64;
     loop {
         let mut h = [0u8; 8];
@@ -269,8 +268,20 @@ pub fn child_main(args: &[String]) -> i32 {
             .collect();
         let (bytes0, cpu0) = (w.bytes, crate::vm::thread_cpu_us());
         let result = match &mut mem {
-            Ok(m) if flags & READ_ONLY != 0 => frames.read_only(m, &gpas),
-            Ok(m) => frames.send(m, &mut w, &gpas, flags & SKIP_ZERO != 0),
+            Ok(m) if flags & READ_ONLY != 0 => {
+                frames.read_only(&gpas, &mut |chunk, out| m.read(chunk, out))
+            }
+            Ok(m) => frames
+                .send(
+                    &mut w,
+                    &gpas,
+                    flags & SKIP_ZERO != 0,
+                    &mut |chunk, out| m.read(chunk, out),
+                    &mut |_| {},
+                )
+                .map_err(|e| match e {
+                    BatchError::Read(e) | BatchError::Write(e) => e,
+                }),
             Err(e) => Err(io::Error::other(e.clone())),
         };
         serving_us += crate::vm::thread_cpu_us().saturating_sub(cpu0);
@@ -287,77 +298,6 @@ pub fn child_main(args: &[String]) -> i32 {
         if ctl.write_all(&ans).is_err() {
             return 0;
         }
-    }
-}
-
-/// Gathers pages into frames of `batch` pages.
-struct Frames {
-    batch: usize,
-    scratch: Vec<u8>,
-    buf: Vec<u8>,
-    gpas: Vec<u64>,
-}
-
-impl Frames {
-    fn new(batch: usize) -> Self {
-        let ps = PAGE_SIZE as usize;
-        Frames {
-            batch,
-            scratch: vec![0; batch * ps],
-            buf: Vec::with_capacity(batch * ps),
-            gpas: Vec::with_capacity(batch),
-        }
-    }
-
-    fn send(
-        &mut self,
-        mem: &mut RemoteMemory,
-        w: &mut FrameWriter<std::fs::File>,
-        gpas: &[u64],
-        skip_zero: bool,
-    ) -> io::Result<u64> {
-        let ps = PAGE_SIZE as usize;
-        let mut sent = 0;
-        let mut scratch = std::mem::take(&mut self.scratch);
-        let result = (|| {
-            for chunk in gpas.chunks(self.batch) {
-                let pages = &mut scratch[..chunk.len() * ps];
-                mem.read(chunk, pages)?;
-                for (&gpa, page) in chunk.iter().zip(pages.chunks_exact(ps)) {
-                    if skip_zero && is_zero(page) {
-                        continue;
-                    }
-                    self.gpas.push(gpa);
-                    self.buf.extend_from_slice(page);
-                    if self.gpas.len() == self.batch {
-                        sent += self.flush(w)?;
-                    }
-                }
-            }
-            sent += self.flush(w)?;
-            Ok(sent)
-        })();
-        self.scratch = scratch;
-        result
-    }
-
-    fn read_only(&mut self, mem: &mut RemoteMemory, gpas: &[u64]) -> io::Result<u64> {
-        let ps = PAGE_SIZE as usize;
-        for chunk in gpas.chunks(self.batch) {
-            mem.read(chunk, &mut self.scratch[..chunk.len() * ps])?;
-        }
-        Ok(gpas.len() as u64)
-    }
-
-    fn flush(&mut self, w: &mut FrameWriter<std::fs::File>) -> io::Result<u64> {
-        if self.gpas.is_empty() {
-            return Ok(0);
-        }
-        w.frame(Kind::Pages, &[&pages_header(&self.gpas), &self.buf])?;
-        let n = self.gpas.len() as u64;
-        self.gpas.clear();
-        self.buf.clear();
-        Ok(n)
     }
 }
 

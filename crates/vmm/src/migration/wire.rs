@@ -249,6 +249,11 @@ impl<W: Write> FrameWriter<W> {
     pub fn flush(&mut self) -> io::Result<()> {
         self.inner.flush()
     }
+
+    /// The writer, given back.
+    pub fn into_inner(self) -> W {
+        self.inner
+    }
 }
 
 /// `write_all` for vectored writes (std's is unstable).

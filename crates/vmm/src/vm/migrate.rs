@@ -9,13 +9,14 @@ use std::time::{Duration, Instant};
 
 use super::control::{CommandError, Lifecycle, MigrationProgress, VmEvent};
 use super::run::Running;
+use crate::migration::batch::{BatchError, Batcher};
 use crate::migration::dirty::{
     merge, BitmapTracker, DirtyTracker, HybridTracker, ManualTracker, RingTracker,
 };
 use crate::migration::sender::ProcessSender;
 use crate::migration::throttle::{Policy, Ticker};
 use crate::migration::transport::Conn;
-use crate::migration::wire::{pages_header, FrameReader, FrameWriter, Kind};
+use crate::migration::wire::{FrameReader, FrameWriter, Kind};
 use crate::migration::{transfer_time, MigrateOptions, MigrationError, MigrationReport, Tracker};
 use crate::state::{self, memory};
 use crate::vcpu::VcpuEvent;
@@ -58,13 +59,9 @@ const PROCESS_CHUNK: usize = 1024;
 /// frame's CRC needs a copy the running guest cannot change under it), or
 /// has a sender process do it.
 struct PageSender {
-    batch: usize,
+    frames: Batcher,
     bandwidth: Option<u64>,
     started: Instant,
-    buf: Vec<u8>,
-    /// Pages read out of guest memory, a batch at a time.
-    scratch: Vec<u8>,
-    gpas: Vec<u64>,
     pages: u64,
     throttled: bool,
     process: Option<ProcessSender>,
@@ -100,41 +97,25 @@ impl PageSender {
             }
             return Ok(sent);
         }
-        let ps = PAGE_SIZE as usize;
-        let mut sent = 0;
-        let mut pages = std::mem::take(&mut self.scratch);
-        for chunk in gpas.chunks(self.batch) {
-            let got = &mut pages[..chunk.len() * ps];
-            memory::read_pages(ram, pager, chunk, got).map_err(io("reading guest memory"))?;
-            for (&gpa, page) in chunk.iter().zip(got.chunks_exact(ps)) {
-                if skip_zero && memory::is_zero(page) {
-                    continue;
-                }
-                self.gpas.push(gpa);
-                self.buf.extend_from_slice(page);
-                if self.gpas.len() == self.batch {
-                    sent += self.flush(w)?;
-                }
-            }
-        }
-        self.scratch = pages;
-        sent += self.flush(w)?;
+        let (bandwidth, started, process_bytes) =
+            (self.bandwidth, self.started, self.process_bytes);
+        let mut throttled = false;
+        let sent = self
+            .frames
+            .send(
+                w,
+                gpas,
+                skip_zero,
+                &mut |chunk, out| memory::read_pages(ram, pager, chunk, out),
+                &mut |w| throttled |= pace(bandwidth, started, w.bytes + process_bytes),
+            )
+            .map_err(|e| match e {
+                BatchError::Read(e) => io("reading guest memory")(e),
+                BatchError::Write(e) => io("sending memory")(e),
+            })?;
+        self.throttled |= throttled;
+        self.pages += sent;
         Ok(sent)
-    }
-
-    fn flush(&mut self, w: &mut Writer) -> Result<u64, MigrationError> {
-        if self.gpas.is_empty() {
-            return Ok(0);
-        }
-        let header = pages_header(&self.gpas);
-        w.frame(Kind::Pages, &[&header, &self.buf])
-            .map_err(io("sending memory"))?;
-        let n = self.gpas.len() as u64;
-        self.pages += n;
-        self.gpas.clear();
-        self.buf.clear();
-        self.throttled |= pace(self.bandwidth, self.started, self.bytes(w));
-        Ok(n)
     }
 }
 
@@ -274,12 +255,9 @@ impl Running {
             ..Default::default()
         };
         let mut sender = PageSender {
-            batch: o.batch_pages,
+            frames: Batcher::new(o.batch_pages),
             bandwidth: o.bandwidth,
             started: Instant::now(),
-            buf: Vec::with_capacity(o.batch_pages * PAGE_SIZE as usize),
-            scratch: vec![0; o.batch_pages * PAGE_SIZE as usize],
-            gpas: Vec::with_capacity(o.batch_pages),
             pages: 0,
             throttled: false,
             process: match o.sender_process {
