@@ -9,7 +9,7 @@
 /// The 32-bit I/O port of the control device.
 pub const CONTROL_PORT: u16 = 0x600;
 /// Reading 32 bits from [`CONTROL_PORT`] returns this value: the ABI revision.
-pub const CONTROL_ABI_REVISION: u32 = 1;
+pub const CONTROL_ABI_REVISION: u32 = 2;
 
 /// Request operations.
 pub mod op {
@@ -27,6 +27,15 @@ pub mod op {
     /// Set up the paravirtual I/O device's ring (`crate::pvio`): `arg0` =
     /// ring gpa, `arg1` = entries (a power of two up to `pvio::MAX_ENTRIES`).
     pub const IO_SETUP: u32 = 5;
+    /// Register this vCPU's boost area (`crate::boost`): `arg0` = its gpa
+    /// (64-byte aligned), `arg1` = [`crate::boost::BOOST_AREA_VERSION`].
+    /// [`super::status::UNAVAILABLE`] when the monitor runs without dynamic
+    /// boosting.
+    pub const BOOST_REGISTER: u32 = 6;
+    /// The synchronous unboost: the guest's sensitive work has ended and
+    /// its request bits are clear; the monitor unboosts this vCPU's thread
+    /// (a no-op while any request bit is still set).
+    pub const BOOST_UNBOOST: u32 = 7;
 }
 
 /// Longest delay an INJECT_MSI request may ask for: 10 s.
@@ -44,6 +53,8 @@ pub mod status {
     pub const BAD_RANGE: u32 = 3;
     /// A record's contents are malformed (bad key, unknown value kind, not UTF-8).
     pub const BAD_RECORD: u32 = 4;
+    /// The monitor has the feature switched off (for example `--boost off`).
+    pub const UNAVAILABLE: u32 = 5;
 }
 
 /// Most [`Report`]s one request may carry.

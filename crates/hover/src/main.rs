@@ -20,7 +20,12 @@ use hover_vmm::config::{
     PagingConfig, VmConfig,
 };
 use hover_vmm::config::{HaltPoll, PvioConfig};
+use hover_vmm::sched::boost::{BoostConfig, BoostMode, BoostPolicy};
 use hover_vmm::{Error, MemoryRestore, RestoreOptions, Vm};
+
+fn parse_boost_policy(s: &str) -> Result<BoostPolicy, String> {
+    s.parse()
+}
 
 /// Exit status for bad input.
 pub(crate) const EXIT_BAD_INPUT: u8 = 2;
@@ -198,6 +203,33 @@ struct RunArgs {
     /// wake-ups cost nothing, but each vCPU keeps a host CPU busy.
     #[arg(long)]
     disable_hlt_exits: bool,
+    /// Dynamic vCPU priority boosting: the guest asks through a shared page
+    /// per vCPU, the VMM boosts the vCPU's thread (and on interrupts it
+    /// injects) and the guest unboosts when its sensitive work ends.
+    #[arg(long, value_enum, default_value = "off")]
+    boost: OnOff,
+    /// Static baseline: every vCPU thread boosted with --boost-policy for as
+    /// long as it runs guest code (like crosvm's --rt-cpus).
+    #[arg(long, conflicts_with = "boost")]
+    vcpu_rt: bool,
+    /// What a boost does to a vCPU thread: fifo[:PRIO] (SCHED_FIFO, 1-99,
+    /// default 10) or nice[:VALUE] (-20..19, default -20).
+    #[arg(long, default_value = "fifo", value_parser = parse_boost_policy)]
+    boost_policy: BoostPolicy,
+    /// Revoke a boost once its thread has run this many milliseconds of CPU
+    /// time (1-10000).
+    #[arg(long, default_value_t = 50)]
+    boost_max_ms: u64,
+    /// No boost for this long after one was revoked, milliseconds (0-60000).
+    #[arg(long, default_value_t = 100)]
+    boost_cooldown_ms: u64,
+    /// Most boosts per vCPU in one second; more are revoked as above.
+    #[arg(long, default_value_t = 5000)]
+    boost_max_rate: u32,
+    /// How often the boost monitor reads the shared pages, microseconds
+    /// (50-1000000).
+    #[arg(long, default_value_t = 1000)]
+    boost_poll_us: u64,
     /// The guest: `builtin` or the path of an x86_64 ELF executable.
     #[arg(long, default_value = "builtin")]
     guest: String,
@@ -335,6 +367,18 @@ fn run(args: RunArgs) -> ExitCode {
         },
         api_socket: args.out.api_socket.clone(),
         dirty_ring: args.dirty_ring,
+        boost: BoostConfig {
+            mode: match (args.boost, args.vcpu_rt) {
+                (_, true) => BoostMode::Static,
+                (OnOff::On, false) => BoostMode::Dynamic,
+                (OnOff::Off, false) => BoostMode::Off,
+            },
+            policy: args.boost_policy,
+            max_ms: args.boost_max_ms,
+            cooldown_ms: args.boost_cooldown_ms,
+            max_rate: args.boost_max_rate,
+            poll_us: args.boost_poll_us,
+        },
     };
     finish(
         Vm::new(&config).and_then(Vm::run),

@@ -116,6 +116,25 @@ pub fn print_summary(o: &RunOutcome) {
             changes.join(", ")
         );
     }
+    if let Some(b) = &o.boost {
+        let per: Vec<String> = b
+            .vcpus
+            .iter()
+            .map(|s| {
+                format!(
+                    "{} boosts ({} request, {} interrupt, {} timer), {} unboosts, {} throttled, {:.1} ms boosted",
+                    s.boosts,
+                    s.boosts_request,
+                    s.boosts_interrupt,
+                    s.boosts_timer,
+                    s.unboosts,
+                    s.throttles,
+                    s.boosted_us as f64 / 1000.0
+                )
+            })
+            .collect();
+        out!(w, "boost ({:?}, {}): {}", b.mode, b.policy, per.join("; "));
+    }
     if !o.vcpu_cpu_us.is_empty() {
         let cpu: Vec<String> = o
             .vcpu_cpu_us
@@ -300,6 +319,14 @@ pub fn print_live(v: &serde_json::Value) {
             h["final_window_ns"],
             h["budget_pct"]
         );
+    }
+    let b = &v["boost"];
+    if let Some(vcpus) = b["vcpus"].as_array() {
+        let per: Vec<String> = vcpus
+            .iter()
+            .map(|s| format!("{} boosts, {} throttled", s["boosts"], s["throttles"]))
+            .collect();
+        out!(w, "boost ({}): {}", b["policy"], per.join("; "));
     }
     let io = &v["io"];
     if !io.is_null() {

@@ -105,6 +105,8 @@ pub struct VmConfig {
     /// Per-vCPU dirty rings of this many entries (`None`: none), for live
     /// migration with `--dirty-tracking ring`.
     pub dirty_ring: Option<u32>,
+    /// vCPU priority boosting (`--boost`, `--vcpu-rt`).
+    pub boost: crate::sched::boost::BoostConfig,
 }
 
 impl Default for VmConfig {
@@ -123,6 +125,7 @@ impl Default for VmConfig {
             pvio: PvioConfig::default(),
             api_socket: None,
             dirty_ring: None,
+            boost: Default::default(),
         }
     }
 }
@@ -227,6 +230,9 @@ pub enum ConfigError {
     /// A duration that does not parse.
     #[error("'{0}' is not a duration: use a number with ns, us, ms or s (e.g. 0, 100us, 2ms)")]
     BadDuration(String),
+    /// A boosting setting out of range.
+    #[error("{0}")]
+    Boost(String),
 }
 
 impl VmConfig {
@@ -269,6 +275,7 @@ impl VmConfig {
                 return Err(ConfigError::DirtyRing(n));
             }
         }
+        self.boost.check().map_err(ConfigError::Boost)?;
         match self.halt_poll {
             HaltPoll::Fixed { window_ns: ns } if ns > MAX_WINDOW_NS => {
                 return Err(ConfigError::HaltPollTooLarge(ns))

@@ -4,7 +4,8 @@
 //! for cumulative ones, gauges for instant and peak ones; histograms are
 //! left to `GET /vm/stats`), the pager, the halt-poll governor and the I/O
 //! device. Names: `hover_vcpu_<kvm name>{vcpu="N"}`, `hover_vm_<kvm name>`,
-//! `hover_pager_*`, `hover_halt_poll_window_ns`, `hover_io_*`, `hover_up`.
+//! `hover_pager_*`, `hover_halt_poll_window_ns`, `hover_boost_*{vcpu="N"}`,
+//! `hover_io_*`, `hover_up`.
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder};
@@ -189,6 +190,29 @@ pub fn render(src: &LiveSources, controller: &Controller) -> String {
         ));
     }
     drop(governor);
+    if let Some(b) = src.boost.as_ref().map(|b| b.report()) {
+        type Field = fn(&crate::sched::boost::VcpuBoostStats) -> u64;
+        let fields: [(&str, &str, Field); 5] = [
+            ("boost_boosts", "vCPU thread boosts granted", |s| s.boosts),
+            ("boost_unboosts", "boosts ended by the guest's unboost call", |s| s.unboosts),
+            ("boost_throttles", "boosts revoked by the throttle", |s| s.throttles),
+            ("boost_boosted_us", "wall time spent boosted, microseconds", |s| s.boosted_us),
+            ("boost_errors", "boosts the OS refused", |s| s.errors),
+        ];
+        for (name, help, f) in fields {
+            families.push(Family {
+                name: name.into(),
+                help: help.into(),
+                counter: true,
+                samples: b
+                    .vcpus
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| (vec![("vcpu".to_string(), i.to_string())], f(s)))
+                    .collect(),
+            });
+        }
+    }
     if let Some(io) = src.io.stats() {
         for (name, help, v) in [
             ("io_requests", "I/O requests completed", io.requests),

@@ -118,6 +118,8 @@ pub struct LiveSources {
     pub pager: Option<Box<dyn Fn() -> PagerStats + Send + Sync>>,
     /// The report of the governor running now, if any.
     pub governor: Arc<Mutex<Option<GovernorSource>>>,
+    /// The booster, when boosting is on.
+    pub boost: Option<Arc<crate::sched::boost::Booster>>,
     /// The I/O device.
     pub io: Arc<PvioDevice>,
     /// When the vCPUs started.
@@ -139,6 +141,8 @@ pub struct LiveStats {
     pub pager: Option<PagerStats>,
     /// The halt-poll governor, if governing.
     pub halt_poll: Option<GovernorReport>,
+    /// vCPU priority boosting, when on.
+    pub boost: Option<crate::sched::boost::BoostReport>,
     /// The I/O device, once the guest has set it up.
     pub io: Option<PvioStats>,
 }
@@ -158,6 +162,7 @@ impl LiveSources {
                 .unwrap_or_else(|p| p.into_inner())
                 .as_ref()
                 .map(|f| f()),
+            boost: self.boost.as_ref().map(|b| b.report()),
             io: self.io.stats(),
         }
     }

@@ -54,6 +54,8 @@ pub struct ControlState {
     pub reports: Vec<SavedReport>,
     /// Delayed MSIs not yet delivered.
     pub pending_msis: Vec<PendingMsi>,
+    /// The boost area each vCPU registered (`None`: none).
+    pub boost_areas: Vec<Option<u64>>,
 }
 
 /// The control device.
@@ -64,6 +66,7 @@ pub struct ControlDevice {
     vcpus: u32,
     pvio: Option<std::sync::Arc<super::pvio::PvioDevice>>,
     host_writes: std::sync::Arc<crate::migration::dirty::HostWrites>,
+    booster: Option<std::sync::Arc<crate::sched::boost::Booster>>,
 }
 
 fn decode_request(b: &[u8; REQUEST_SIZE]) -> ControlRequest {
@@ -99,6 +102,7 @@ impl ControlDevice {
             vcpus,
             pvio: None,
             host_writes: Default::default(),
+            booster: None,
         }
     }
 
@@ -108,6 +112,12 @@ impl ControlDevice {
         w: std::sync::Arc<crate::migration::dirty::HostWrites>,
     ) -> Self {
         self.host_writes = w;
+        self
+    }
+
+    /// Attach the booster that BOOST_* requests reach.
+    pub fn with_booster(mut self, b: std::sync::Arc<crate::sched::boost::Booster>) -> Self {
+        self.booster = Some(b);
         self
     }
 
@@ -162,6 +172,7 @@ impl ControlDevice {
                 })
                 .collect(),
             pending_msis: self.msi.as_ref().map(|m| m.pending()).unwrap_or_default(),
+            boost_areas: self.booster.as_ref().map(|b| b.areas()).unwrap_or_default(),
         }
     }
 
@@ -180,6 +191,9 @@ impl ControlDevice {
             });
         }
         *self.reports.lock().unwrap_or_else(|p| p.into_inner()) = reports;
+        if let Some(b) = &self.booster {
+            b.restore(&s.boost_areas)?;
+        }
         for m in &s.pending_msis {
             if m.vector < 32 || m.dest as u32 >= self.vcpus || m.remaining_ns > MAX_MSI_DELAY_NS {
                 return Err(format!("a saved MSI is out of range: {m:?}"));
@@ -217,6 +231,14 @@ impl ControlDevice {
             op::IO_SETUP => match &self.pvio {
                 Some(d) => (d.setup(req.arg0, req.arg1), ControlAction::Continue),
                 None => (status::BAD_OP, ControlAction::Continue),
+            },
+            op::BOOST_REGISTER => match &self.booster {
+                Some(b) => (b.register(vcpu, req.arg0, req.arg1), ControlAction::Continue),
+                None => (status::UNAVAILABLE, ControlAction::Continue),
+            },
+            op::BOOST_UNBOOST => match &self.booster {
+                Some(b) => (b.unboost_call(vcpu), ControlAction::Continue),
+                None => (status::UNAVAILABLE, ControlAction::Continue),
             },
             other => {
                 tracing::warn!(vcpu, "control request with unknown op {other}");

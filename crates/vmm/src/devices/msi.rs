@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use std::cmp::Reverse;
 
 use kvm_bindings::kvm_msi;
+
+use crate::sched::boost::Booster;
 use kvm_ioctls::VmFd;
 use serde::{Deserialize, Serialize};
 
@@ -40,6 +42,8 @@ struct Timers {
 struct Shared {
     timers: Mutex<Timers>,
     changed: Condvar,
+    /// Boosts the destination vCPU before each injection (dynamic boosting).
+    booster: Option<Arc<Booster>>,
 }
 
 impl Shared {
@@ -74,9 +78,21 @@ impl MsiInjector {
         }
     }
 
+    /// Boost each destination vCPU with `booster` before injecting into it.
+    pub fn with_booster(mut self, booster: Arc<Booster>) -> Self {
+        self.shared = Arc::new(Shared {
+            booster: Some(booster),
+            ..Default::default()
+        });
+        self
+    }
+
     /// Raise `vector` on vCPU `dest` after `delay` (at once if zero).
     pub fn inject_after(&self, dest: u8, vector: u8, delay: Duration) -> Result<(), String> {
         if delay.is_zero() {
+            if let Some(b) = &self.shared.booster {
+                b.on_interrupt(dest as usize);
+            }
             return signal(&self.vm, dest, vector)
                 .map_err(|e| format!("KVM_SIGNAL_MSI failed: {e}"));
         }
@@ -146,6 +162,9 @@ fn timer_loop(vm: &VmFd, shared: &Shared) {
                 .is_some_and(|Reverse((due, _, _))| *due <= now)
         {
             let Reverse((_, dest, vector)) = t.pending.pop().expect("peeked");
+            if let Some(b) = &shared.booster {
+                b.on_interrupt(dest as usize);
+            }
             if let Err(e) = signal(vm, dest, vector) {
                 tracing::warn!("delayed MSI {vector:#x} to vCPU {dest} failed: {e}");
             }

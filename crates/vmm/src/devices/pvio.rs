@@ -85,6 +85,8 @@ pub struct PvioDevice {
     thread: Mutex<Option<JoinHandle<()>>>,
     stop: AtomicBool,
     host_writes: Arc<crate::migration::dirty::HostWrites>,
+    /// Boosts the submitting vCPU before its completion interrupt.
+    booster: Option<Arc<crate::sched::boost::Booster>>,
     requests: AtomicU64,
     bad: AtomicU64,
     errors: AtomicU64,
@@ -125,6 +127,7 @@ impl PvioDevice {
         vcpus: u32,
         config: &PvioConfig,
         host_writes: Arc<crate::migration::dirty::HostWrites>,
+        booster: Option<Arc<crate::sched::boost::Booster>>,
     ) -> Result<Arc<Self>, crate::Error> {
         let host = |what, source| crate::Error::Host { what, source };
         let doorbell = EventFd::new(0).map_err(|e| host("create the I/O doorbell", e))?;
@@ -176,6 +179,7 @@ impl PvioDevice {
             thread: Mutex::new(None),
             stop: AtomicBool::new(false),
             host_writes,
+            booster,
             requests: AtomicU64::new(0),
             bad: AtomicU64::new(0),
             errors: AtomicU64::new(0),
@@ -312,8 +316,15 @@ impl PvioDevice {
                 let _ = self.memory.write_obj(done, GuestAddress(gpa + 8));
                 self.host_writes.mark(gpa + 8, 8);
                 self.requests.fetch_add(1, Ordering::Relaxed);
-                let target = self.irqfds.get(vcpu as usize).unwrap_or(&self.irqfds[0]);
-                let _ = target.write(1);
+                let index = if (vcpu as usize) < self.irqfds.len() {
+                    vcpu as usize
+                } else {
+                    0
+                };
+                if let Some(b) = &self.booster {
+                    b.on_interrupt(index);
+                }
+                let _ = self.irqfds[index].write(1);
             }
         }
     }

@@ -17,7 +17,7 @@ use hover_abi::layout::PAGE_SIZE;
 /// The stream's magic.
 pub const MAGIC: [u8; 8] = *b"HOVERMIG";
 /// The stream version this build speaks.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// Largest page batch.
 pub const MAX_BATCH: usize = 4096;
 /// Largest frame payload: a full page batch, or a state document.

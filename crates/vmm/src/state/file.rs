@@ -31,7 +31,7 @@ use crate::vcpu::state::VcpuState;
 /// The file's magic.
 pub const MAGIC: [u8; 8] = *b"HOVERSNP";
 /// The format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 const HEADER_LEN: usize = 64;
 const SECTION_HEADER_LEN: usize = 24;
 /// Where page data starts.
@@ -441,6 +441,7 @@ mod tests {
                 paging: None,
                 io_file: None,
                 dirty_ring: None,
+                boost: Default::default(),
             },
             vcpus: vec![vcpu.clone(), vcpu],
             machine: MachineState {

@@ -49,6 +49,8 @@ pub struct SavedConfig {
     pub io_file: Option<PathBuf>,
     /// Per-vCPU dirty ring entries, if the VM has rings.
     pub dirty_ring: Option<u32>,
+    /// vCPU priority boosting.
+    pub boost: crate::sched::boost::BoostConfig,
 }
 
 /// Overcommit settings (the page store itself is not carried: a restored

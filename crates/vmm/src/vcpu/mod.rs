@@ -134,6 +134,8 @@ pub struct Vcpu {
     rings: Option<Arc<crate::migration::dirty::RingSet>>,
     /// The VM's throttles (a migration slows vCPUs that outrun the link).
     throttle: Option<Arc<crate::migration::throttle::Throttle>>,
+    /// The VM's booster (priority boosting of this vCPU's thread).
+    booster: Option<Arc<crate::sched::boost::Booster>>,
 }
 
 impl Vcpu {
@@ -148,6 +150,7 @@ impl Vcpu {
             layout,
             rings: None,
             throttle: None,
+            booster: None,
         })
     }
 
@@ -159,6 +162,11 @@ impl Vcpu {
     /// Give the vCPU the VM's throttles.
     pub fn attach_throttle(&mut self, throttle: Arc<crate::migration::throttle::Throttle>) {
         self.throttle = Some(throttle);
+    }
+
+    /// Give the vCPU the VM's booster.
+    pub fn attach_booster(&mut self, booster: Arc<crate::sched::boost::Booster>) {
+        self.booster = Some(booster);
     }
 
     /// The vCPU's index.

@@ -161,6 +161,9 @@ impl VcpuHandle {
                 let run = std::panic::AssertUnwindSafe(|| t.main(thread_rx, thread_tx));
                 if std::panic::catch_unwind(run).is_err() {
                     IMMEDIATE_EXIT.with(|p| p.set(std::ptr::null_mut()));
+                    if let Some(b) = &t.vcpu.booster {
+                        b.detach(index);
+                    }
                     (t.on_event)(VcpuEvent::Panicked { vcpu: index });
                 }
                 crate::vm::thread_cpu_us()
@@ -251,6 +254,9 @@ impl VcpuThread {
         let run = self.vcpu.fd.get_kvm_run();
         IMMEDIATE_EXIT.with(|p| p.set(&mut run.immediate_exit));
         let index = self.vcpu.index as usize;
+        if let Some(b) = &self.vcpu.booster {
+            b.attach(index);
+        }
         let mut slice_start = Instant::now();
         loop {
             let sleep = match (&self.vcpu.throttle, self.state) {
@@ -314,6 +320,9 @@ impl VcpuThread {
             }
         }
         IMMEDIATE_EXIT.with(|p| p.set(std::ptr::null_mut()));
+        if let Some(b) = &self.vcpu.booster {
+            b.detach(index);
+        }
     }
 
     /// One `KVM_RUN` and its exit.
@@ -327,6 +336,9 @@ impl VcpuThread {
             }
             Err(error) => return self.end(VcpuEvent::Failed { vcpu, error }),
         };
+        if let Some(b) = &self.vcpu.booster {
+            b.on_exit(vcpu);
+        }
         self.follow(next);
     }
 

@@ -31,6 +31,7 @@ use crate::memory::paged::{PageSource, Pager, MIN_BUDGET_PAGES};
 use crate::memory::GuestRam;
 use crate::migration::dirty::{HostWrites, RingSet};
 use crate::migration::throttle::Throttle;
+use crate::sched::boost::Booster;
 use crate::sched::halt_poll::{self, HaltPoll};
 use crate::state::{SavedConfig, SavedPaging};
 use crate::stats::KvmStats;
@@ -71,6 +72,7 @@ pub struct Vm {
     host_writes: Arc<HostWrites>,
     rings: Option<Arc<RingSet>>,
     throttle: Arc<Throttle>,
+    booster: Arc<Booster>,
     events: Sender<VmEvent>,
     events_rx: Receiver<VmEvent>,
     status: Arc<Mutex<Status>>,
@@ -201,22 +203,34 @@ impl Vm {
             })?,
         };
         let host_writes = Arc::new(HostWrites::new(m.ram.end()));
+        let booster = Booster::new(
+            config.boost,
+            m.ram.memory().clone(),
+            host_writes.clone(),
+            vcpus.len(),
+            tsc_khz as u64,
+        );
+        for v in &mut vcpus {
+            v.attach_booster(booster.clone());
+        }
         let pvio = PvioDevice::new(
             &fd,
             m.ram.memory().clone(),
             config.vcpus,
             &config.pvio,
             host_writes.clone(),
+            Some(booster.clone()),
         )?;
         let devices = Arc::new(Devices {
             serial,
             control: ControlDevice::new(
                 m.ram.memory().clone(),
-                Some(MsiInjector::new(fd.clone())),
+                Some(MsiInjector::new(fd.clone()).with_booster(booster.clone())),
                 config.vcpus,
             )
             .with_pvio(pvio.clone())
-            .with_host_writes(host_writes.clone()),
+            .with_host_writes(host_writes.clone())
+            .with_booster(booster.clone()),
         });
         let (events, events_rx) = mpsc::channel();
         let paging = match (&config.paging, &source) {
@@ -276,6 +290,7 @@ impl Vm {
             host_writes,
             rings,
             throttle,
+            booster,
             events,
             events_rx,
             status,
@@ -429,6 +444,7 @@ fn saved_config(config: &VmConfig, layout: &ImageLayout) -> SavedConfig {
         }),
         io_file: config.pvio.file.clone(),
         dirty_ring: config.dirty_ring,
+        boost: config.boost,
     }
 }
 

@@ -102,6 +102,8 @@ pub struct RunOutcome {
     pub pager: Option<PagerStats>,
     /// What the halt-poll governor did (with --halt-poll auto).
     pub halt_poll: Option<GovernorReport>,
+    /// What vCPU priority boosting did (with --boost on or --vcpu-rt).
+    pub boost: Option<crate::sched::boost::BoostReport>,
     /// Host CPU time each vCPU thread used, microseconds.
     pub vcpu_cpu_us: Vec<u64>,
     /// What the paravirtual I/O device did, if the guest used it.

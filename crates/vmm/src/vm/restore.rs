@@ -123,6 +123,7 @@ fn config_from(saved: &SavedConfig, opts: &RestoreOptions) -> VmConfig {
         },
         api_socket: opts.api_socket.clone(),
         dirty_ring: saved.dirty_ring,
+        boost: saved.boost,
     }
 }
 

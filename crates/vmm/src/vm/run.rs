@@ -13,6 +13,7 @@ use super::Vm;
 use crate::api::{ApiServer, GovernorSource, LiveSources};
 use crate::memory::paged::PagerStats;
 use crate::report;
+use crate::sched::boost::BoostMode;
 use crate::sched::halt_poll::{self, Governor, GovernorReport, HaltPoll, MAX_WINDOW_NS};
 use crate::state::file::SnapshotWriter;
 use crate::state::{self, DevicesState, MachineState, VmState};
@@ -86,6 +87,10 @@ impl Vm {
             Some(path) => Some(r.start_api(&path, started_at)?),
             None => None,
         };
+        r.vm.booster.start().map_err(|source| Error::Host {
+            what: "start the boost monitor",
+            source,
+        })?;
         let spawned = r.spawn_vcpus();
         let end = match spawned {
             Ok(()) => {
@@ -101,6 +106,7 @@ impl Vm {
         let exited_at = Instant::now();
         r.set_state(Lifecycle::Exited, None);
         let cpu_us: Vec<u64> = r.vcpus.drain(..).map(|h| h.stop().unwrap_or(0)).collect();
+        r.vm.booster.stop();
         drop(api);
         r.vm.devices.serial.flush();
         if let Some(p) = r.vm.pager.as_mut() {
@@ -282,6 +288,7 @@ impl Running {
         self.broadcast(|| VcpuMsg::Pause)?;
         let took = t0.elapsed();
         self.vm.devices.control.pause();
+        self.vm.booster.pause();
         self.set_state(Lifecycle::Paused, None);
         Ok(took)
     }
@@ -291,6 +298,7 @@ impl Running {
             return Err(self.wrong_state("resume", "paused"));
         }
         self.vm.devices.control.resume();
+        self.vm.booster.resume();
         self.broadcast(|| VcpuMsg::Resume)?;
         self.set_state(Lifecycle::Running, None);
         Ok(())
@@ -488,6 +496,8 @@ impl Running {
                     Box::new(p.stats_source()) as Box<dyn Fn() -> PagerStats + Send + Sync>
                 }),
                 governor: self.governor_live.clone(),
+                boost: (self.vm.booster.config().mode != BoostMode::Off)
+                    .then(|| self.vm.booster.clone()),
                 io: self.vm.pvio.clone(),
                 started,
             };
@@ -533,6 +543,7 @@ impl Running {
             vcpu_histograms,
             pager: vm.pager.as_ref().map(|p| p.stats()),
             halt_poll: self.governor_reports.last().cloned(),
+            boost: (vm.booster.config().mode != BoostMode::Off).then(|| vm.booster.report()),
             vcpu_cpu_us,
             io: vm.pvio.stats(),
             vm_stats: crate::stats::read_vm(vm.vm_stats.as_ref()),

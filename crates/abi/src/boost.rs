@@ -1,0 +1,102 @@
+//! vCPU priority boosting (seed 2): one [`BoostArea`] per vCPU, shared by the
+//! guest and the monitor.
+//!
+//! The guest places an area in its own memory (64-byte aligned, so it never
+//! crosses a page), fills in [`BoostArea::version`], and registers it from
+//! the vCPU it belongs to with [`crate::control::op::BOOST_REGISTER`]. From
+//! then on:
+//! - the guest sets [`request`] bits while it runs latency-sensitive work
+//!   and keeps running (no exit); the monitor boosts the vCPU's thread when
+//!   it next looks (on the vCPU's exits, and from a monitor thread that polls
+//!   every area);
+//! - the guest announces in [`BoostArea::wake_at`] the TSC deadline at which a
+//!   real-time task on this vCPU wakes next; the monitor boosts the thread
+//!   just before it, as KVM would when it injects the timer interrupt;
+//! - the monitor boosts on its own when it injects an interrupt it raised
+//!   (MSIs, I/O completions);
+//! - unboosting is synchronous: with no request bit set and
+//!   [`status::BOOSTED`] showing, the guest calls
+//!   [`crate::control::op::BOOST_UNBOOST`]. With the bit clear the guest
+//!   makes no call, so the common path costs no exit.
+//!
+//! The monitor never trusts the area: unknown request bits are ignored (and
+//! logged), a boost held past the user's limit is revoked and
+//! [`status::THROTTLED`] set for a cool-down.
+
+/// The layout revision the guest writes into [`BoostArea::version`].
+pub const BOOST_AREA_VERSION: u32 = 1;
+/// Size and alignment of a [`BoostArea`].
+pub const BOOST_AREA_SIZE: u64 = 64;
+
+/// Guest -> host: why this vCPU wants a boost (any bit set = boost).
+pub mod request {
+    /// Handling a device interrupt (from delivery until its handler task has run).
+    pub const IRQ: u32 = 1 << 0;
+    /// A task marked real-time is running.
+    pub const RT: u32 = 1 << 1;
+    /// Inside a critical section others wait on.
+    pub const CRITICAL: u32 = 1 << 2;
+    /// Every bit this revision defines.
+    pub const ALL: u32 = IRQ | RT | CRITICAL;
+}
+
+/// Host -> guest: what the monitor did.
+pub mod status {
+    /// The vCPU's thread runs boosted.
+    pub const BOOSTED: u32 = 1 << 0;
+    /// A boost was held too long and revoked: none is granted until the
+    /// cool-down ends (the monitor clears the bit then).
+    pub const THROTTLED: u32 = 1 << 1;
+}
+
+/// One vCPU's shared area. Fields are written by one side only, as marked;
+/// both sides access them as aligned 32/64-bit atomics.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BoostArea {
+    /// Guest: [`BOOST_AREA_VERSION`], written before registering.
+    pub version: u32,
+    /// Guest: [`request`] bits.
+    pub request: u32,
+    /// Host: [`status`] bits.
+    pub status: u32,
+    /// Zero.
+    pub reserved: u32,
+    /// Guest: TSC deadline of the next real-time wake-up here (0 = none).
+    pub wake_at: u64,
+    /// Host: boosts granted so far (for the guest's reports).
+    pub boosts: u64,
+    /// Zero.
+    pub pad: [u64; 5],
+}
+
+/// Byte offsets of the fields, for the monitor (which reads guest memory).
+pub mod offset {
+    /// [`super::BoostArea::version`].
+    pub const VERSION: u64 = 0;
+    /// [`super::BoostArea::request`].
+    pub const REQUEST: u64 = 4;
+    /// [`super::BoostArea::status`].
+    pub const STATUS: u64 = 8;
+    /// [`super::BoostArea::wake_at`].
+    pub const WAKE_AT: u64 = 16;
+    /// [`super::BoostArea::boosts`].
+    pub const BOOSTS: u64 = 24;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::{align_of, offset_of, size_of};
+
+    #[test]
+    fn layout_is_stable() {
+        assert_eq!(size_of::<BoostArea>() as u64, BOOST_AREA_SIZE);
+        assert_eq!(align_of::<BoostArea>() as u64, BOOST_AREA_SIZE);
+        assert_eq!(offset_of!(BoostArea, version) as u64, offset::VERSION);
+        assert_eq!(offset_of!(BoostArea, request) as u64, offset::REQUEST);
+        assert_eq!(offset_of!(BoostArea, status) as u64, offset::STATUS);
+        assert_eq!(offset_of!(BoostArea, wake_at) as u64, offset::WAKE_AT);
+        assert_eq!(offset_of!(BoostArea, boosts) as u64, offset::BOOSTS);
+    }
+}

@@ -1,0 +1,618 @@
+//! Dynamic vCPU priority boosting (seed 2), the host half.
+//!
+//! The host schedules vCPU threads without knowing what they run. Here the
+//! guest tells it, through one [`hover_abi::boost::BoostArea`] per vCPU
+//! (docs/ABI.md), and the [`Booster`] raises the vCPU's thread
+//! ([`BoostPolicy`]) when:
+//! - the guest's request bits are set: seen on each of the vCPU's exits
+//!   ([`Booster::on_exit`]) and by the monitor thread (`monitor.rs`), which
+//!   reads every area each `--boost-poll-us`; a vCPU waiting behind host
+//!   threads makes no exits, so the monitor is what reaches it;
+//! - the monitor injects an interrupt it raised ([`Booster::on_interrupt`]:
+//!   MSIs, I/O completions), as the seed's KVM boosts on injection;
+//! - a real-time task's announced wake-up (`wake_at`) is near: the LAPIC
+//!   timer is injected by KVM, out of this process's sight, so the guest
+//!   says when it is due and the monitor boosts [`TIMER_LEAD`] before.
+//!
+//! Unboosting is synchronous and guest-driven ([`Booster::unboost_call`]),
+//! so host threads compete fairly as soon as the guest's sensitive work
+//! ends. The guest is not trusted: a boost whose thread has run more than
+//! `max_ms` of CPU time since it was granted, or a vCPU boosted more than
+//! `max_rate` times in a second, is revoked, and no boost is granted during
+//! the cool-down (the guest sees [`status::THROTTLED`]). A boosted vCPU that
+//! halts holds nothing of the host, so the limit counts CPU time, not wall
+//! time. Pausing or ending the VM unboosts every thread.
+//!
+//! `--vcpu-rt` is the static baseline: every vCPU thread boosted for as
+//! long as it runs guest code, whatever the guest does.
+
+mod monitor;
+pub mod policy;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use hover_abi::boost::{offset, request, status, BOOST_AREA_SIZE, BOOST_AREA_VERSION};
+use hover_abi::control::status as control_status;
+use serde::{Deserialize, Serialize};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+
+use crate::migration::dirty::HostWrites;
+pub use policy::BoostPolicy;
+use policy::SchedParams;
+
+/// How long before an announced real-time wake-up the monitor boosts.
+pub const TIMER_LEAD: Duration = Duration::from_micros(100);
+/// Area value meaning "none registered".
+const NO_AREA: u64 = u64::MAX;
+
+/// Which boosting a VM runs with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BoostMode {
+    /// No boosting: vCPU threads stay as they were started (`--boost off`).
+    #[default]
+    Off,
+    /// Guest-driven boosting through the shared areas (`--boost on`).
+    Dynamic,
+    /// Every vCPU thread boosted all the time (`--vcpu-rt`).
+    Static,
+}
+
+/// Boosting settings (`--boost`, `--vcpu-rt`, `--boost-*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BoostConfig {
+    /// Off, dynamic or static.
+    pub mode: BoostMode,
+    /// What a boost does to a thread.
+    pub policy: BoostPolicy,
+    /// CPU time a boosted vCPU thread may use before its boost is revoked.
+    pub max_ms: u64,
+    /// How long no boost is granted after one was revoked.
+    pub cooldown_ms: u64,
+    /// Most boosts per vCPU in one second; one more revokes (a guest
+    /// flipping its request bits as fast as it can).
+    pub max_rate: u32,
+    /// How often the monitor thread reads the shared areas.
+    pub poll_us: u64,
+}
+
+impl Default for BoostConfig {
+    fn default() -> Self {
+        BoostConfig {
+            mode: BoostMode::Off,
+            policy: BoostPolicy::default(),
+            max_ms: 50,
+            cooldown_ms: 100,
+            max_rate: 5000,
+            poll_us: 1000,
+        }
+    }
+}
+
+impl BoostConfig {
+    /// Every value in range, or a sentence naming the flag that is not.
+    pub fn check(&self) -> Result<(), String> {
+        self.policy.check().map_err(|e| format!("--boost-policy: {e}"))?;
+        let range = |flag: &str, v: u64, lo: u64, hi: u64| {
+            if (lo..=hi).contains(&v) {
+                Ok(())
+            } else {
+                Err(format!("{flag} {v} is out of range: give {lo} to {hi}"))
+            }
+        };
+        range("--boost-max-ms", self.max_ms, 1, 10_000)?;
+        range("--boost-cooldown-ms", self.cooldown_ms, 0, 60_000)?;
+        range("--boost-max-rate", self.max_rate as u64, 1, 100_000)?;
+        range("--boost-poll-us", self.poll_us, 50, 1_000_000)
+    }
+}
+
+/// Why a boost was granted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The guest's request bits.
+    Request,
+    /// The monitor injected an interrupt.
+    Interrupt,
+    /// A real-time wake-up the guest announced is due.
+    Timer,
+}
+
+/// One vCPU's boosting figures (outcome, `GET /vm/stats`, metrics).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct VcpuBoostStats {
+    /// The guest registered a shared area for this vCPU.
+    pub registered: bool,
+    /// Boosts granted.
+    pub boosts: u64,
+    /// ... because request bits were set.
+    pub boosts_request: u64,
+    /// ... because an interrupt was injected.
+    pub boosts_interrupt: u64,
+    /// ... because an announced real-time wake-up was due.
+    pub boosts_timer: u64,
+    /// Boosts ended by the guest's unboost call.
+    pub unboosts: u64,
+    /// Boosts revoked by the throttle.
+    pub throttles: u64,
+    /// Wall time spent boosted, microseconds.
+    pub boosted_us: u64,
+    /// Boosts the OS refused (no privilege, say).
+    pub errors: u64,
+}
+
+/// The whole VM's boosting figures.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct BoostReport {
+    /// `off`, `dynamic` or `static`.
+    pub mode: BoostMode,
+    /// The policy, as `fifo:PRIO` or `nice:VALUE`.
+    pub policy: String,
+    /// Per vCPU.
+    pub vcpus: Vec<VcpuBoostStats>,
+}
+
+#[derive(Default)]
+struct SlotState {
+    tid: Option<i32>,
+    original: Option<SchedParams>,
+    /// When the boost began, and the thread's CPU time then.
+    since: Option<(Instant, u64)>,
+    throttled_until: Option<Instant>,
+    /// Start of the current one-second rate window, and boosts in it.
+    window: Option<(Instant, u32)>,
+    stats: VcpuBoostStats,
+    warned_bits: bool,
+}
+
+struct Slot {
+    /// The registered area's gpa, or [`NO_AREA`].
+    area: AtomicU64,
+    /// Mirrors `state.since.is_some()`, for the lock-free fast paths.
+    boosted: AtomicBool,
+    state: Mutex<SlotState>,
+}
+
+/// The host half of boosting for one VM; shared by its vCPU threads, the
+/// control device, the interrupt sources and the monitor thread.
+pub struct Booster {
+    config: BoostConfig,
+    memory: GuestMemoryMmap,
+    host_writes: Arc<HostWrites>,
+    tsc_khz: u64,
+    slots: Vec<Slot>,
+    paused: AtomicBool,
+    warned_os: AtomicBool,
+    monitor: Mutex<Option<monitor::Monitor>>,
+}
+
+impl Booster {
+    /// A booster for `vcpus` vCPUs whose areas live in `memory` (TSC at
+    /// `tsc_khz`); writes into guest memory are recorded in `host_writes`.
+    pub fn new(
+        config: BoostConfig,
+        memory: GuestMemoryMmap,
+        host_writes: Arc<HostWrites>,
+        vcpus: usize,
+        tsc_khz: u64,
+    ) -> Arc<Booster> {
+        Arc::new(Booster {
+            config,
+            memory,
+            host_writes,
+            tsc_khz: tsc_khz.max(1),
+            slots: (0..vcpus)
+                .map(|_| Slot {
+                    area: AtomicU64::new(NO_AREA),
+                    boosted: AtomicBool::new(false),
+                    state: Mutex::default(),
+                })
+                .collect(),
+            paused: AtomicBool::new(false),
+            warned_os: AtomicBool::new(false),
+            monitor: Mutex::new(None),
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &BoostConfig {
+        &self.config
+    }
+
+    fn lock(&self, vcpu: usize) -> MutexGuard<'_, SlotState> {
+        self.slots[vcpu]
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Start the monitor thread (dynamic mode only; idempotent).
+    pub fn start(self: &Arc<Self>) -> std::io::Result<()> {
+        if self.config.mode != BoostMode::Dynamic {
+            return Ok(());
+        }
+        let mut m = self.monitor.lock().unwrap_or_else(|p| p.into_inner());
+        if m.is_none() {
+            *m = Some(monitor::Monitor::start(self.clone())?);
+        }
+        Ok(())
+    }
+
+    /// Stop the monitor and unboost every thread (the VM ends).
+    pub fn stop(&self) {
+        let m = self
+            .monitor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(m) = m {
+            m.stop();
+        }
+        self.paused.store(true, Ordering::SeqCst);
+        for v in 0..self.slots.len() {
+            self.unboost(v, None);
+        }
+    }
+
+    /// Called by vCPU `vcpu`'s thread when it starts: remembers how the
+    /// thread is scheduled, and boosts it for good under `--vcpu-rt`.
+    pub fn attach(&self, vcpu: usize) {
+        let tid = policy::gettid();
+        let original = match policy::read(tid) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::warn!(vcpu, "cannot read the vCPU thread's scheduling ({e}); it will not be boosted");
+                None
+            }
+        };
+        {
+            let mut s = self.lock(vcpu);
+            s.tid = Some(tid);
+            s.original = original;
+        }
+        if self.config.mode == BoostMode::Static && !self.paused.load(Ordering::SeqCst) {
+            self.boost(vcpu, Source::Request);
+        }
+    }
+
+    /// Called by vCPU `vcpu`'s thread as it ends: never leaves it boosted.
+    pub fn detach(&self, vcpu: usize) {
+        self.unboost(vcpu, None);
+        self.lock(vcpu).tid = None;
+    }
+
+    /// The VM pauses: unboost every thread and grant nothing until [`Self::resume`].
+    pub fn pause(&self) {
+        self.paused.store(true, Ordering::SeqCst);
+        for v in 0..self.slots.len() {
+            self.unboost(v, None);
+        }
+    }
+
+    /// The VM runs again.
+    pub fn resume(&self) {
+        self.paused.store(false, Ordering::SeqCst);
+        if self.config.mode == BoostMode::Static {
+            for v in 0..self.slots.len() {
+                self.boost(v, Source::Request);
+            }
+        }
+    }
+
+    fn area(&self, vcpu: usize) -> Option<u64> {
+        let a = self.slots.get(vcpu)?.area.load(Ordering::Acquire);
+        (a != NO_AREA).then_some(a)
+    }
+
+    /// The registered areas (for a snapshot): gpa per vCPU.
+    pub fn areas(&self) -> Vec<Option<u64>> {
+        (0..self.slots.len()).map(|v| self.area(v)).collect()
+    }
+
+    /// A guest request `BOOST_REGISTER` from vCPU `vcpu`: the area at `gpa`
+    /// of layout `version`. Returns the control status.
+    pub fn register(&self, vcpu: usize, gpa: u64, version: u64) -> u32 {
+        if self.config.mode != BoostMode::Dynamic {
+            tracing::debug!(vcpu, "boost area not registered: dynamic boosting is off");
+            return control_status::UNAVAILABLE;
+        }
+        match self.check_area(gpa, version) {
+            Ok(()) => {
+                self.write_u32(gpa + offset::STATUS, 0);
+                self.write_u64(gpa + offset::BOOSTS, 0);
+                self.slots[vcpu].area.store(gpa, Ordering::Release);
+                self.lock(vcpu).stats.registered = true;
+                tracing::debug!(vcpu, "boost area registered at {gpa:#x}");
+                control_status::OK
+            }
+            Err((st, why)) => {
+                tracing::warn!(
+                    vcpu,
+                    "boost area registration refused: {why}; the vCPU runs unboosted"
+                );
+                st
+            }
+        }
+    }
+
+    fn check_bounds(&self, gpa: u64) -> Result<(), (u32, String)> {
+        let range = control_status::BAD_RANGE;
+        if gpa % BOOST_AREA_SIZE != 0 {
+            return Err((range, format!("{gpa:#x} is not {BOOST_AREA_SIZE}-byte aligned")));
+        }
+        let end = gpa.checked_add(BOOST_AREA_SIZE - 1);
+        if end.is_none_or(|e| !self.memory.address_in_range(GuestAddress(e)))
+            || !self.memory.address_in_range(GuestAddress(gpa))
+        {
+            return Err((range, format!("{gpa:#x} lies outside guest RAM")));
+        }
+        Ok(())
+    }
+
+    fn check_area(&self, gpa: u64, version: u64) -> Result<(), (u32, String)> {
+        self.check_bounds(gpa)?;
+        let range = control_status::BAD_RANGE;
+        let record = control_status::BAD_RECORD;
+        let in_area: u32 = self
+            .memory
+            .read_obj(GuestAddress(gpa + offset::VERSION))
+            .map_err(|e| (range, e.to_string()))?;
+        if version != BOOST_AREA_VERSION as u64 || in_area != BOOST_AREA_VERSION {
+            return Err((
+                record,
+                format!(
+                    "layout version {version} (area says {in_area}); this monitor reads {BOOST_AREA_VERSION}"
+                ),
+            ));
+        }
+        let bits = self.read_request(gpa);
+        if bits & !request::ALL != 0 {
+            return Err((
+                record,
+                format!("request bits {bits:#x} outside the ABI's {:#x}", request::ALL),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Take up registrations saved with the VM (restore, migration). The
+    /// areas' contents came with guest memory; a pause unboosted every
+    /// thread before the state was saved, so no area claims a boost, and
+    /// guest memory is not touched here (a lazy restore has not fetched it).
+    pub fn restore(&self, areas: &[Option<u64>]) -> Result<(), String> {
+        if areas.len() > self.slots.len() {
+            return Err(format!(
+                "{} saved boost areas for {} vCPUs",
+                areas.len(),
+                self.slots.len()
+            ));
+        }
+        if self.config.mode != BoostMode::Dynamic {
+            return Ok(());
+        }
+        for (v, a) in areas.iter().enumerate() {
+            let Some(gpa) = *a else { continue };
+            self.check_bounds(gpa)
+                .map_err(|(_, why)| format!("saved boost area of vCPU {v}: {why}"))?;
+            self.slots[v].area.store(gpa, Ordering::Release);
+            self.lock(v).stats.registered = true;
+        }
+        Ok(())
+    }
+
+    fn read_request(&self, gpa: u64) -> u32 {
+        self.memory
+            .load::<u32>(GuestAddress(gpa + offset::REQUEST), Ordering::Acquire)
+            .unwrap_or(0)
+    }
+
+    fn read_wake_at(&self, gpa: u64) -> u64 {
+        self.memory
+            .load::<u64>(GuestAddress(gpa + offset::WAKE_AT), Ordering::Acquire)
+            .unwrap_or(0)
+    }
+
+    fn write_u32(&self, gpa: u64, v: u32) {
+        let _ = self.memory.store(v, GuestAddress(gpa), Ordering::Release);
+        self.host_writes.mark(gpa, 4);
+    }
+
+    fn write_u64(&self, gpa: u64, v: u64) {
+        let _ = self.memory.store(v, GuestAddress(gpa), Ordering::Release);
+        self.host_writes.mark(gpa, 8);
+    }
+
+    fn set_status(&self, vcpu: usize, set: u32, clear: u32) {
+        if let Some(gpa) = self.area(vcpu) {
+            let addr = GuestAddress(gpa + offset::STATUS);
+            let old = self.memory.load::<u32>(addr, Ordering::Acquire).unwrap_or(0);
+            self.write_u32(gpa + offset::STATUS, (old | set) & !clear);
+        }
+    }
+
+    /// The guest's request bits, unknown ones dropped (and logged once).
+    fn requested(&self, vcpu: usize, gpa: u64) -> u32 {
+        let bits = self.read_request(gpa);
+        if bits & !request::ALL != 0 {
+            let mut s = self.lock(vcpu);
+            if !s.warned_bits {
+                s.warned_bits = true;
+                tracing::warn!(
+                    vcpu,
+                    "the guest set boost request bits {bits:#x} outside the ABI; the unknown ones are ignored"
+                );
+            }
+        }
+        bits & request::ALL
+    }
+
+    /// After each of vCPU `vcpu`'s exits, on its own thread: boost if the
+    /// guest asks. Costs one load of guest memory when nothing is to do.
+    #[inline]
+    pub fn on_exit(&self, vcpu: usize) {
+        let Some(gpa) = self.area(vcpu) else { return };
+        if !self.slots[vcpu].boosted.load(Ordering::Relaxed) && self.requested(vcpu, gpa) != 0 {
+            self.boost(vcpu, Source::Request);
+        }
+    }
+
+    /// The monitor is about to inject an interrupt into vCPU `vcpu`.
+    pub fn on_interrupt(&self, vcpu: usize) {
+        if self.area(vcpu).is_some() && !self.slots[vcpu].boosted.load(Ordering::Relaxed) {
+            self.boost(vcpu, Source::Interrupt);
+        }
+    }
+
+    /// The guest's `BOOST_UNBOOST` from vCPU `vcpu`: unboost unless a
+    /// request bit is (again) set. Returns the control status.
+    pub fn unboost_call(&self, vcpu: usize) -> u32 {
+        let Some(gpa) = self.area(vcpu) else {
+            return control_status::UNAVAILABLE;
+        };
+        if self.requested(vcpu, gpa) == 0 {
+            self.unboost(vcpu, Some(false));
+        }
+        control_status::OK
+    }
+
+    /// Boost vCPU `vcpu`'s thread (nothing if it is boosted, throttled,
+    /// not started, or the VM is paused).
+    pub fn boost(&self, vcpu: usize, source: Source) {
+        if self.config.mode == BoostMode::Off {
+            return;
+        }
+        let mut s = self.lock(vcpu);
+        // Under the lock: pause() unboosts each slot under it after setting
+        // the flag, so a boost racing a pause is either refused or undone.
+        if self.paused.load(Ordering::SeqCst) || s.since.is_some() {
+            return;
+        }
+        let now = Instant::now();
+        let (Some(tid), Some(_)) = (s.tid, s.original) else {
+            return;
+        };
+        if let Some(until) = s.throttled_until {
+            if now < until {
+                return;
+            }
+            s.throttled_until = None;
+            drop(s);
+            self.set_status(vcpu, 0, status::THROTTLED);
+            s = self.lock(vcpu);
+            if s.since.is_some() {
+                return;
+            }
+        }
+        let in_window = match s.window {
+            Some((start, n)) if now.duration_since(start) < Duration::from_secs(1) => n,
+            _ => {
+                s.window = Some((now, 0));
+                0
+            }
+        };
+        if self.config.mode == BoostMode::Dynamic && in_window >= self.config.max_rate {
+            drop(s);
+            self.throttle(vcpu, "boosted too often");
+            return;
+        }
+        if let Err(e) = policy::apply(tid, self.config.policy) {
+            s.stats.errors += 1;
+            if !self.warned_os.swap(true, Ordering::Relaxed) {
+                tracing::warn!(vcpu, "cannot boost the vCPU thread: {e}");
+            }
+            return;
+        }
+        let cpu = policy::thread_cpu_ns(tid).unwrap_or(0);
+        s.since = Some((now, cpu));
+        if let Some((_, n)) = s.window.as_mut() {
+            *n += 1;
+        }
+        s.stats.boosts += 1;
+        match source {
+            Source::Request => s.stats.boosts_request += 1,
+            Source::Interrupt => s.stats.boosts_interrupt += 1,
+            Source::Timer => s.stats.boosts_timer += 1,
+        }
+        let boosts = s.stats.boosts;
+        self.slots[vcpu].boosted.store(true, Ordering::SeqCst);
+        drop(s);
+        if let Some(gpa) = self.area(vcpu) {
+            self.write_u64(gpa + offset::BOOSTS, boosts);
+        }
+        self.set_status(vcpu, status::BOOSTED, 0);
+    }
+
+    /// Unboost vCPU `vcpu`'s thread if boosted. `by_guest`: `Some(false)`
+    /// the guest's call, `Some(true)` the throttle, `None` the monitor's
+    /// own (pause, exit).
+    fn unboost(&self, vcpu: usize, by: Option<bool>) {
+        let mut s = self.lock(vcpu);
+        let Some((since, _)) = s.since.take() else {
+            return;
+        };
+        self.slots[vcpu].boosted.store(false, Ordering::SeqCst);
+        if let (Some(tid), Some(orig)) = (s.tid, s.original) {
+            if let Err(e) = policy::restore(tid, orig) {
+                tracing::warn!(vcpu, "cannot unboost the vCPU thread: {e}");
+                s.stats.errors += 1;
+            }
+        }
+        s.stats.boosted_us += since.elapsed().as_micros() as u64;
+        match by {
+            Some(false) => s.stats.unboosts += 1,
+            Some(true) => s.stats.throttles += 1,
+            None => {}
+        }
+        drop(s);
+        self.set_status(vcpu, 0, status::BOOSTED);
+    }
+
+    /// Revoke vCPU `vcpu`'s boost and refuse new ones for the cool-down.
+    fn throttle(&self, vcpu: usize, why: &str) {
+        let until = Instant::now() + Duration::from_millis(self.config.cooldown_ms);
+        {
+            let mut s = self.lock(vcpu);
+            if s.since.is_none() {
+                s.stats.throttles += 1;
+            }
+            s.throttled_until = Some(until);
+        }
+        self.unboost(vcpu, Some(true));
+        self.set_status(vcpu, status::THROTTLED, 0);
+        tracing::info!(
+            vcpu,
+            "boost revoked ({why}); none for {} ms",
+            self.config.cooldown_ms
+        );
+    }
+
+    /// The figures so far (a boost still held counts up to now).
+    pub fn report(&self) -> BoostReport {
+        BoostReport {
+            mode: self.config.mode,
+            policy: self.config.policy.to_string(),
+            vcpus: (0..self.slots.len())
+                .map(|v| {
+                    let s = self.lock(v);
+                    let mut st = s.stats.clone();
+                    if let Some((since, _)) = s.since {
+                        st.boosted_us += since.elapsed().as_micros() as u64;
+                    }
+                    st
+                })
+                .collect(),
+        }
+    }
+
+    /// Whether vCPU `vcpu`'s thread is boosted now.
+    pub fn is_boosted(&self, vcpu: usize) -> bool {
+        self.slots
+            .get(vcpu)
+            .is_some_and(|s| s.boosted.load(Ordering::SeqCst))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,110 @@
+//! The monitor thread: reads every registered boost area each poll period
+//! (and wakes early for an announced real-time wake-up), boosts the vCPUs
+//! that ask, and revokes boosts that ran past the CPU-time limit.
+//!
+//! It runs one step above the boosted vCPUs (`BoostPolicy::for_monitor`):
+//! a monitor that waited behind the host load it works against would boost
+//! late.
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::{policy, Booster, Source, TIMER_LEAD};
+
+/// A running monitor thread.
+pub(super) struct Monitor {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    thread: JoinHandle<()>,
+}
+
+impl Monitor {
+    pub(super) fn start(booster: Arc<Booster>) -> std::io::Result<Monitor> {
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("boost-monitor".into())
+            .spawn(move || run(&booster, &flag))?;
+        Ok(Monitor { stop, thread })
+    }
+
+    pub(super) fn stop(self) {
+        *self.stop.0.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.stop.1.notify_all();
+        let _ = self.thread.join();
+    }
+}
+
+fn host_tsc() -> u64 {
+    // SAFETY: rdtsc has no side effects; the guest's TSC is the host's here
+    // (docs/ARCHITECTURE.md), so guest deadlines compare with it directly.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
+fn run(b: &Booster, stop: &(Mutex<bool>, Condvar)) {
+    let me = policy::gettid();
+    let mine = b.config.policy.for_monitor();
+    if let Err(e) = policy::apply(me, mine) {
+        tracing::warn!("the boost monitor runs at normal priority ({e}): boosts may come late under load");
+    }
+    // Timer slack delays a normal thread's wake-ups by 50 us; a wake-up
+    // 100 us before a deadline needs better.
+    // SAFETY: prctl(PR_SET_TIMERSLACK) only changes this thread's slack.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0, 0, 0) };
+    let poll = Duration::from_micros(b.config.poll_us);
+    let max_cpu_ns = b.config.max_ms * 1_000_000;
+    let lead_ticks = TIMER_LEAD.as_micros() as u64 * b.tsc_khz / 1000;
+    let mut guard = stop.0.lock().unwrap_or_else(|p| p.into_inner());
+    while !*guard {
+        let now = Instant::now();
+        let mut next = now + poll;
+        for v in 0..b.slots.len() {
+            let Some(gpa) = b.area(v) else { continue };
+            if b.is_boosted(v) {
+                check_held(b, v, max_cpu_ns);
+                continue;
+            }
+            if b.requested(v, gpa) != 0 {
+                b.boost(v, Source::Request);
+                continue;
+            }
+            let wake_at = b.read_wake_at(gpa);
+            if wake_at == 0 {
+                continue;
+            }
+            let tsc = host_tsc();
+            if wake_at <= tsc + lead_ticks {
+                b.boost(v, Source::Timer);
+            } else {
+                let ticks = wake_at - tsc - lead_ticks;
+                let wait = Duration::from_micros(ticks * 1000 / b.tsc_khz);
+                next = next.min(now + wait);
+            }
+        }
+        let wait = next.saturating_duration_since(Instant::now());
+        guard = stop
+            .1
+            .wait_timeout(guard, wait)
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+    }
+}
+
+/// Revoke vCPU `v`'s boost if its thread has run `max_cpu_ns` since it began.
+fn check_held(b: &Booster, v: usize, max_cpu_ns: u64) {
+    if b.config.mode != super::BoostMode::Dynamic {
+        return;
+    }
+    let (tid, cpu0) = {
+        let s = b.lock(v);
+        match (s.tid, s.since) {
+            (Some(t), Some((_, c))) => (t, c),
+            _ => return,
+        }
+    };
+    if let Ok(cpu) = policy::thread_cpu_ns(tid) {
+        if cpu.saturating_sub(cpu0) > max_cpu_ns {
+            b.throttle(v, "held past --boost-max-ms of CPU time");
+        }
+    }
+}

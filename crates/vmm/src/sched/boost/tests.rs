@@ -1,0 +1,170 @@
+use std::sync::mpsc;
+
+use hover_abi::boost::{offset, request, status, BOOST_AREA_VERSION};
+use hover_abi::control::status as control_status;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use super::*;
+
+const AREA: u64 = 0x2000;
+
+fn memory() -> GuestMemoryMmap {
+    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap()
+}
+
+fn booster(mode: BoostMode, tweak: impl FnOnce(&mut BoostConfig)) -> (Arc<Booster>, GuestMemoryMmap) {
+    let mem = memory();
+    let mut c = BoostConfig {
+        mode,
+        ..Default::default()
+    };
+    tweak(&mut c);
+    let b = Booster::new(c, mem.clone(), Arc::new(HostWrites::new(0x10000)), 1, 1_000_000);
+    mem.write_obj(BOOST_AREA_VERSION, GuestAddress(AREA)).unwrap();
+    (b, mem)
+}
+
+fn status_of(mem: &GuestMemoryMmap) -> u32 {
+    mem.read_obj(GuestAddress(AREA + offset::STATUS)).unwrap()
+}
+
+/// A thread attached as vCPU 0 that stays alive until the returned sender drops.
+fn vcpu_thread(b: &Arc<Booster>) -> (i32, mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let b2 = b.clone();
+    let t = std::thread::spawn(move || {
+        b2.attach(0);
+        tx.send(policy::gettid()).unwrap();
+        let _ = done_rx.recv();
+        b2.detach(0);
+    });
+    (rx.recv().unwrap(), done_tx, t)
+}
+
+/// Whether this process may raise a thread to SCHED_FIFO (tests that need
+/// it print why they stop otherwise).
+fn may_boost() -> bool {
+    let tid = policy::gettid();
+    let before = policy::read(tid).unwrap();
+    match policy::apply(tid, BoostPolicy::Fifo(1)) {
+        Ok(()) => {
+            policy::restore(tid, before).unwrap();
+            true
+        }
+        Err(e) => {
+            eprintln!("skipped: cannot use SCHED_FIFO here ({e})");
+            false
+        }
+    }
+}
+
+#[test]
+fn bad_registrations_are_refused() {
+    let (b, mem) = booster(BoostMode::Dynamic, |_| {});
+    assert_eq!(b.register(0, AREA + 8, 1), control_status::BAD_RANGE);
+    assert_eq!(b.register(0, 0x10000, 1), control_status::BAD_RANGE);
+    assert_eq!(b.register(0, u64::MAX - 63, 1), control_status::BAD_RANGE);
+    assert_eq!(b.register(0, AREA, 2), control_status::BAD_RECORD);
+    mem.write_obj(0x80u32, GuestAddress(AREA + offset::REQUEST))
+        .unwrap();
+    assert_eq!(b.register(0, AREA, 1), control_status::BAD_RECORD);
+    assert_eq!(b.areas(), vec![None]);
+    mem.write_obj(0u32, GuestAddress(AREA + offset::REQUEST))
+        .unwrap();
+    assert_eq!(b.register(0, AREA, 1), control_status::OK);
+    assert_eq!(b.areas(), vec![Some(AREA)]);
+    let (off, _) = booster(BoostMode::Off, |_| {});
+    assert_eq!(off.register(0, AREA, 1), control_status::UNAVAILABLE);
+}
+
+#[test]
+fn a_request_boosts_and_the_unboost_call_restores() {
+    if !may_boost() {
+        return;
+    }
+    let (b, mem) = booster(BoostMode::Dynamic, |_| {});
+    let (tid, done, t) = vcpu_thread(&b);
+    assert_eq!(b.register(0, AREA, 1), control_status::OK);
+    b.on_exit(0);
+    assert!(!b.is_boosted(0), "no bits, no boost");
+    mem.write_obj(request::RT, GuestAddress(AREA + offset::REQUEST))
+        .unwrap();
+    b.on_exit(0);
+    assert_eq!(policy::read(tid).unwrap().policy, libc::SCHED_FIFO);
+    assert_eq!(status_of(&mem) & status::BOOSTED, status::BOOSTED);
+    // The call while a bit is still set changes nothing.
+    assert_eq!(b.unboost_call(0), control_status::OK);
+    assert!(b.is_boosted(0));
+    mem.write_obj(0u32, GuestAddress(AREA + offset::REQUEST))
+        .unwrap();
+    b.unboost_call(0);
+    assert_eq!(policy::read(tid).unwrap().policy, libc::SCHED_OTHER);
+    assert_eq!(status_of(&mem) & status::BOOSTED, 0);
+    let r = b.report();
+    assert_eq!((r.vcpus[0].boosts, r.vcpus[0].unboosts), (1, 1));
+    drop(done);
+    t.join().unwrap();
+}
+
+#[test]
+fn boosting_too_often_throttles_for_the_cooldown() {
+    if !may_boost() {
+        return;
+    }
+    let (b, mem) = booster(BoostMode::Dynamic, |c| {
+        c.max_rate = 3;
+        c.cooldown_ms = 60_000;
+    });
+    let (_tid, done, t) = vcpu_thread(&b);
+    b.register(0, AREA, 1);
+    for _ in 0..3 {
+        b.on_interrupt(0);
+        assert!(b.is_boosted(0));
+        b.unboost_call(0);
+    }
+    b.on_interrupt(0);
+    assert!(!b.is_boosted(0), "the fourth boost in a second is refused");
+    assert_eq!(status_of(&mem) & status::THROTTLED, status::THROTTLED);
+    b.on_interrupt(0);
+    assert!(!b.is_boosted(0), "none during the cool-down");
+    assert_eq!(b.report().vcpus[0].throttles, 1);
+    drop(done);
+    t.join().unwrap();
+}
+
+#[test]
+fn pause_unboosts_and_static_mode_boosts_from_the_start() {
+    if !may_boost() {
+        return;
+    }
+    let (b, _mem) = booster(BoostMode::Static, |_| {});
+    let (tid, done, t) = vcpu_thread(&b);
+    assert_eq!(policy::read(tid).unwrap().policy, libc::SCHED_FIFO);
+    b.pause();
+    assert_eq!(policy::read(tid).unwrap().policy, libc::SCHED_OTHER);
+    b.resume();
+    assert_eq!(policy::read(tid).unwrap().policy, libc::SCHED_FIFO);
+    drop(done);
+    t.join().unwrap();
+    // detach() ran as the thread ended.
+    assert!(!b.is_boosted(0));
+}
+
+#[test]
+fn interrupts_boost_only_registered_vcpus() {
+    if !may_boost() {
+        return;
+    }
+    let (b, _mem) = booster(BoostMode::Dynamic, |_| {});
+    let (_tid, done, t) = vcpu_thread(&b);
+    b.on_interrupt(0);
+    assert!(!b.is_boosted(0), "nobody would unboost it");
+    b.register(0, AREA, 1);
+    b.on_interrupt(0);
+    assert!(b.is_boosted(0));
+    b.stop();
+    assert!(!b.is_boosted(0));
+    drop(done);
+    t.join().unwrap();
+}
