@@ -67,7 +67,7 @@ pub struct BoostArea {
     /// Host: boosts granted so far (for the guest's reports).
     pub boosts: u64,
     /// Zero.
-    pub pad: [u64; 5],
+    pub pad: [u64; 4],
 }
 
 /// Byte offsets of the fields, for the monitor (which reads guest memory).

@@ -133,6 +133,28 @@ pub const WORKLOADS: &[WorkloadSpec] = &[
         params: &[
             num("interval_us", "period between deadlines, microseconds", 10, 1_000_000, 1000),
             num("seconds", "how long to run", 1, 3600, 1),
+            num("rt", "1: the task is real-time (asks for vCPU boosts, announces its wake-ups)", 0, 1, 0),
+            num("background", "spinning tasks beside it (a busy guest)", 0, 16, 0),
+        ],
+    },
+    WorkloadSpec {
+        name: "audio",
+        help: "a periodic real-time task must compute each buffer before the last one has played (the boosting seed's audio test); reports audio.glitches",
+        params: &[
+            num("buffer_ms", "buffer length and period, milliseconds", 1, 1000, 4),
+            num("work_us", "computation per buffer, microseconds of an unloaded CPU", 1, 999_000, 500),
+            num("seconds", "how long to play", 1, 3600, 5),
+            num("rt", "1: the task is real-time (asks for vCPU boosts)", 0, 1, 1),
+            num("background", "spinning tasks beside it (a busy guest)", 0, 16, 0),
+        ],
+    },
+    WorkloadSpec {
+        name: "critical",
+        help: "test: a task enters critical sections (the boost request bit) and watches the boost status; reports critical.boosted/throttled",
+        params: &[
+            num("count", "critical sections", 1, 100_000_000, 10),
+            num("hold_us", "time spent in each, microseconds", 0, 60_000_000, 20_000),
+            num("gap_us", "sleep between them, microseconds", 0, 60_000_000, 10_000),
         ],
     },
     WorkloadSpec {

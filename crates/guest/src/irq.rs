@@ -17,9 +17,11 @@ static EVENTS: [[Event; N]; MAX_VCPUS] = [const { [const { Event::new() }; N] };
 static COUNTS: [[AtomicU64; N]; MAX_VCPUS] =
     [const { [const { AtomicU64::new(0) }; N] }; MAX_VCPUS];
 
-/// Hand the device interrupts the nub recorded to their waiting tasks.
-pub fn process_pending(pc: &PerCpu) {
+/// Hand the device interrupts the nub recorded to their waiting tasks;
+/// whether there were any.
+pub fn process_pending(pc: &PerCpu) -> bool {
     let cpu = pc.index();
+    let mut any = false;
     for (w, word) in pc.pending_irqs.iter().enumerate() {
         let mut bits = word.swap(0, Ordering::AcqRel);
         while bits != 0 {
@@ -29,9 +31,11 @@ pub fn process_pending(pc: &PerCpu) {
                 let i = vector as usize - DEVICE_BASE as usize;
                 COUNTS[cpu][i].fetch_add(1, Ordering::Relaxed);
                 EVENTS[cpu][i].signal();
+                any = true;
             }
         }
     }
+    any
 }
 
 /// Block until device interrupt `vector` arrives at this vCPU (or has

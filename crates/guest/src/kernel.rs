@@ -6,5 +6,6 @@ pub use crate::control::{exit, inject_msi};
 pub use crate::event::Event;
 pub use crate::irq::wait as wait_irq;
 pub use crate::report::Reports;
-pub use crate::sched::{join, spawn, yield_now, Placement};
+pub use crate::boost::{critical_begin, critical_end, status_bits as boost_status};
+pub use crate::sched::{join, set_realtime, spawn, yield_now, Placement};
 pub use crate::timer::sleep_until;

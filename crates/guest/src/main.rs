@@ -15,6 +15,7 @@
 
 mod apf;
 mod apic;
+mod boost;
 mod clock;
 mod console;
 mod control;
@@ -71,6 +72,7 @@ pub extern "C" fn rust_start(boot_info: u64, cpu: u64, tsc_hi: u64, tsc_lo: u64)
     clock::init(boot.tsc_khz);
     apic::enable();
     apf::enable(pc, boot);
+    boost::init_cpu(pc);
     let cmdline = boot.cmdline().unwrap_or("");
     // Values are range-checked in workloads::start (and by the monitor);
     // until then the defaults apply.

@@ -18,7 +18,7 @@ use hover_abi::vectors;
 use crate::event::Event;
 use crate::percpu::{self, this_cpu, PerCpu};
 use crate::sync::{preempt_disable, preempt_enable, SpinLock};
-use crate::{apf, irq, nub, timer};
+use crate::{apf, boost, irq, nub, timer};
 
 /// Most tasks a run can create (slots are not reused).
 pub const MAX_TASKS: usize = 64;
@@ -54,6 +54,8 @@ pub struct Task {
     exited: Event,
     /// Times the task was switched in.
     runs: AtomicU64,
+    /// Real-time: its vCPU asks the monitor for a boost while it runs.
+    rt: AtomicBool,
 }
 
 struct TaskTable([Task; SLOTS]);
@@ -71,6 +73,7 @@ static TASKS: TaskTable = TaskTable(
             arg: AtomicUsize::new(0),
             exited: Event::new(),
             runs: AtomicU64::new(0),
+            rt: AtomicBool::new(false),
         }
     }; SLOTS],
 );
@@ -302,6 +305,18 @@ pub fn runs(id: usize) -> u64 {
     task(id).runs.load(Ordering::Relaxed)
 }
 
+/// Mark the running task real-time (or not): while it runs, its vCPU asks
+/// the monitor for a boost, and its timed sleeps are announced (`boost`).
+pub fn set_realtime(on: bool) {
+    task(current()).rt.store(on, Ordering::Relaxed);
+    crate::boost::sched_bits(false, on);
+}
+
+/// Whether task `id` is real-time.
+pub fn is_realtime(id: usize) -> bool {
+    task(id).rt.load(Ordering::Relaxed)
+}
+
 /// Let other runnable tasks on this vCPU run.
 pub fn yield_now() {
     preempt_disable();
@@ -344,7 +359,7 @@ fn schedule(reason: Reason) {
     let cpu = pc.index();
     pc.need_resched.store(0, Ordering::Relaxed);
     SCHEDULING[cpu].store(true, Ordering::Relaxed);
-    irq::process_pending(pc);
+    let irq = irq::process_pending(pc);
     apf::process_ready(pc);
     timer::expire(cpu);
     SCHEDULING[cpu].store(false, Ordering::Relaxed);
@@ -358,6 +373,7 @@ fn schedule(reason: Reason) {
         }
         rq.pop().unwrap_or(idle)
     };
+    boost::sched_bits(irq, task(next).rt.load(Ordering::Relaxed));
     if next == prev {
         task(prev).state.store(RUNNING, Ordering::SeqCst);
         return;

@@ -23,6 +23,17 @@ struct Sleepers {
     len: usize,
 }
 
+/// Announce the earliest real-time sleeper's deadline on this vCPU (the
+/// monitor boosts the vCPU just before it; `boost`).
+fn announce_rt(s: &Sleepers) {
+    let rt = s.entries[..s.len]
+        .iter()
+        .filter(|e| sched::is_realtime(e.1))
+        .map(|e| e.0)
+        .min();
+    crate::boost::set_wake_at(rt.unwrap_or(0));
+}
+
 impl Sleepers {
     const EMPTY: Sleepers = Sleepers {
         entries: [(0, 0); MAX_TASKS],
@@ -106,6 +117,9 @@ pub fn sleep_until(deadline: u64) {
             let n = s.len;
             s.entries[n] = (deadline, me);
             s.len += 1;
+            if sched::is_realtime(me) {
+                announce_rt(&s);
+            }
         }
         let armed = pc.armed_deadline.load(Ordering::Relaxed);
         if armed == 0 || deadline < armed {
@@ -134,6 +148,9 @@ pub fn expire(cpu: usize) {
             } else {
                 i += 1;
             }
+        }
+        if n > 0 {
+            announce_rt(&s);
         }
     }
     for &id in &due[..n] {

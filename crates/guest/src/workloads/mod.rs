@@ -5,7 +5,9 @@
 //! vCPU 0 spawns the workload's main task, which may spawn more tasks; its
 //! return value is the VM's exit code.
 
+mod audio;
 mod bm;
+mod critical;
 mod ctxsw;
 mod evict_report;
 mod exception;
@@ -125,6 +127,8 @@ fn main_task(_: usize) {
         "memtouch" => memtouch::run(&ctx),
         "kvstore" => kvstore::run(&ctx),
         "timer" => timer::run(&ctx),
+        "audio" => audio::run(&ctx),
+        "critical" => critical::run(&ctx),
         "ctxsw" => ctxsw::run(&ctx),
         "nubcall" => nubcall::run(&ctx),
         "irq" => irq::run(&ctx),
@@ -148,6 +152,7 @@ fn main_task(_: usize) {
     r.u64(format_args!("boot_tsc"), ctx.boot_tsc);
     crate::apf::report(&mut r, ctx.vcpus());
     crate::timer::report(&mut r, ctx.vcpus());
+    crate::boost::report(&mut r, ctx.vcpus());
     r.send();
     exit(code)
 }
@@ -170,6 +175,35 @@ pub fn spawn_all(
         }
     }
     Some(ids)
+}
+
+/// Spinning tasks that stand for the rest of a busy guest (`background=N`).
+pub struct Background {
+    ids: [usize; 64],
+    n: usize,
+}
+
+static BACKGROUND_STOP: AtomicUsize = AtomicUsize::new(0);
+
+fn background_task(_: usize) {
+    while BACKGROUND_STOP.load(Ordering::Relaxed) == 0 {
+        core::hint::spin_loop();
+    }
+}
+
+impl Background {
+    /// Start `n` spinners on the least loaded vCPUs (`None`: could not).
+    pub fn start(n: usize) -> Option<Background> {
+        BACKGROUND_STOP.store(0, Ordering::Relaxed);
+        let ids = spawn_all(n, background_task, |_| Placement::Any)?;
+        Some(Background { ids, n })
+    }
+
+    /// Stop them and wait until they have ended.
+    pub fn stop(self) {
+        BACKGROUND_STOP.store(1, Ordering::Relaxed);
+        join_all(&self.ids[..self.n]);
+    }
 }
 
 /// Wait for every task in `ids` to finish.

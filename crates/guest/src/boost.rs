@@ -1,0 +1,178 @@
+//! vCPU priority boosting, the guest half (docs/ABI.md, `hover_abi::boost`).
+//!
+//! Each vCPU registers its own shared area at boot. The runtime then sets
+//! request bits where latency matters and keeps running: [`request::IRQ`]
+//! from the pass of the scheduler that hands a device interrupt to its task
+//! until the next pass, [`request::RT`] while a real-time task runs, and
+//! [`request::CRITICAL`] inside [`critical_begin`]/[`critical_end`]. A
+//! sleeping real-time task's deadline is published as `wake_at`, so the
+//! monitor can boost the vCPU just before the timer fires. When the bits
+//! clear and the monitor's status says the vCPU is boosted, the runtime
+//! makes the synchronous unboost call; otherwise nothing leaves the guest.
+
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+use hover_abi::boost::{self, offset, request, status, BOOST_AREA_SIZE, BOOST_AREA_VERSION};
+use hover_abi::control::{op, status as control_status, ControlRequest};
+use hover_abi::layout::MAX_VCPUS;
+
+use crate::percpu::PerCpu;
+
+/// The shared area, as atomics (the layout of [`boost::BoostArea`]).
+#[repr(C, align(64))]
+struct Area {
+    version: AtomicU32,
+    request: AtomicU32,
+    status: AtomicU32,
+    reserved: AtomicU32,
+    wake_at: AtomicU64,
+    boosts: AtomicU64,
+    pad: [u64; 4],
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<Area>() as u64 == BOOST_AREA_SIZE);
+    assert!(core::mem::offset_of!(Area, request) as u64 == offset::REQUEST);
+    assert!(core::mem::offset_of!(Area, status) as u64 == offset::STATUS);
+    assert!(core::mem::offset_of!(Area, wake_at) as u64 == offset::WAKE_AT);
+    assert!(core::mem::offset_of!(Area, boosts) as u64 == offset::BOOSTS);
+    assert!(core::mem::size_of::<Area>() == core::mem::size_of::<boost::BoostArea>());
+};
+
+/// Per-vCPU state beside the shared area.
+struct Local {
+    /// The monitor accepted this vCPU's area.
+    enabled: AtomicBool,
+    /// Nesting depth of critical sections on this vCPU.
+    critical: AtomicU32,
+    /// Unboost calls made.
+    unboost_calls: AtomicU64,
+}
+
+static AREAS: [Area; MAX_VCPUS] = [const {
+    Area {
+        version: AtomicU32::new(0),
+        request: AtomicU32::new(0),
+        status: AtomicU32::new(0),
+        reserved: AtomicU32::new(0),
+        wake_at: AtomicU64::new(0),
+        boosts: AtomicU64::new(0),
+        pad: [0; 4],
+    }
+}; MAX_VCPUS];
+
+static LOCAL: [Local; MAX_VCPUS] = [const {
+    Local {
+        enabled: AtomicBool::new(false),
+        critical: AtomicU32::new(0),
+        unboost_calls: AtomicU64::new(0),
+    }
+}; MAX_VCPUS];
+
+/// Register this vCPU's area with the monitor (at boot, on that vCPU).
+pub fn init_cpu(pc: &PerCpu) {
+    let cpu = pc.index();
+    let area = &AREAS[cpu];
+    area.version.store(BOOST_AREA_VERSION, Ordering::Relaxed);
+    let mut req = ControlRequest {
+        op: op::BOOST_REGISTER,
+        status: 0,
+        arg0: area as *const Area as u64,
+        arg1: BOOST_AREA_VERSION as u64,
+    };
+    let st = crate::control::send(&mut req);
+    LOCAL[cpu].enabled.store(st == control_status::OK, Ordering::Relaxed);
+}
+
+fn this() -> Option<(usize, &'static Area)> {
+    let cpu = crate::percpu::cpu_index()?;
+    LOCAL[cpu]
+        .enabled
+        .load(Ordering::Relaxed)
+        .then(|| (cpu, &AREAS[cpu]))
+}
+
+/// After bits were cleared: the synchronous unboost, only if they are all
+/// clear and the monitor says the vCPU is boosted.
+fn maybe_unboost(cpu: usize, area: &Area) {
+    if area.request.load(Ordering::SeqCst) == 0
+        && area.status.load(Ordering::SeqCst) & status::BOOSTED != 0
+    {
+        LOCAL[cpu].unboost_calls.fetch_add(1, Ordering::Relaxed);
+        let mut req = ControlRequest {
+            op: op::BOOST_UNBOOST,
+            status: 0,
+            arg0: 0,
+            arg1: 0,
+        };
+        crate::control::send(&mut req);
+    }
+}
+
+/// Set the scheduler's bits for what this vCPU runs next: `irq` (a device
+/// interrupt was handed over in this pass) and `rt` (the next task is
+/// real-time). Called by the scheduler on every pass.
+pub fn sched_bits(irq: bool, rt: bool) {
+    let Some((cpu, area)) = this() else { return };
+    let want = if irq { request::IRQ } else { 0 } | if rt { request::RT } else { 0 };
+    let old = area.request.load(Ordering::Relaxed);
+    let new = (old & !(request::IRQ | request::RT)) | want;
+    if new != old {
+        // Only this vCPU writes its request word, and interrupts do not.
+        area.request.store(new, Ordering::SeqCst);
+        if new & !old == 0 {
+            maybe_unboost(cpu, area);
+        }
+    }
+}
+
+/// Publish the TSC deadline of the next real-time wake-up on this vCPU (0: none).
+pub fn set_wake_at(deadline: u64) {
+    if let Some((_, area)) = this() {
+        area.wake_at.store(deadline, Ordering::SeqCst);
+    }
+}
+
+/// Enter a critical section others wait on (nests).
+pub fn critical_begin() {
+    let Some((cpu, area)) = this() else { return };
+    if LOCAL[cpu].critical.fetch_add(1, Ordering::Relaxed) == 0 {
+        area.request.fetch_or(request::CRITICAL, Ordering::SeqCst);
+    }
+}
+
+/// Leave a critical section; the last one out unboosts if nothing else asks.
+pub fn critical_end() {
+    let Some((cpu, area)) = this() else { return };
+    if LOCAL[cpu].critical.fetch_sub(1, Ordering::Relaxed) == 1 {
+        area.request.fetch_and(!request::CRITICAL, Ordering::SeqCst);
+        maybe_unboost(cpu, area);
+    }
+}
+
+/// This vCPU's status bits as the monitor last wrote them (0 if not registered).
+pub fn status_bits() -> u32 {
+    this().map_or(0, |(_, a)| a.status.load(Ordering::SeqCst))
+}
+
+/// Add `boost.registered`, `boost.host_boosts` and `boost.unboost_calls`
+/// (sums over all vCPUs) to `r`.
+pub fn report(r: &mut crate::kernel::Reports, vcpus: usize) {
+    let vcpus = vcpus.min(MAX_VCPUS);
+    let registered = (0..vcpus)
+        .filter(|&c| LOCAL[c].enabled.load(Ordering::Relaxed))
+        .count() as u64;
+    r.u64(format_args!("boost.registered"), registered);
+    if registered == 0 {
+        return;
+    }
+    let sum = |f: fn(usize) -> u64| (0..vcpus).map(f).sum::<u64>();
+    r.u64(
+        format_args!("boost.host_boosts"),
+        sum(|c| AREAS[c].boosts.load(Ordering::Relaxed)),
+    );
+    r.u64(
+        format_args!("boost.unboost_calls"),
+        sum(|c| LOCAL[c].unboost_calls.load(Ordering::Relaxed)),
+    );
+}
