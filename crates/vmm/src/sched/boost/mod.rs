@@ -133,6 +133,9 @@ pub struct VcpuBoostStats {
     pub boosts_interrupt: u64,
     /// ... because an announced real-time wake-up was due.
     pub boosts_timer: u64,
+    /// Of those, boosts granted after the wake-up was already due (the
+    /// monitor learned of it late).
+    pub late_timer_boosts: u64,
     /// Boosts ended by the guest's unboost call.
     pub unboosts: u64,
     /// Boosts revoked by the throttle.
@@ -186,6 +189,7 @@ pub struct Booster {
     paused: AtomicBool,
     warned_os: AtomicBool,
     monitor: Mutex<Option<monitor::Monitor>>,
+    nudge: std::sync::OnceLock<monitor::Nudge>,
 }
 
 impl Booster {
@@ -213,6 +217,7 @@ impl Booster {
             paused: AtomicBool::new(false),
             warned_os: AtomicBool::new(false),
             monitor: Mutex::new(None),
+            nudge: std::sync::OnceLock::new(),
         })
     }
 
@@ -235,7 +240,9 @@ impl Booster {
         }
         let mut m = self.monitor.lock().unwrap_or_else(|p| p.into_inner());
         if m.is_none() {
-            *m = Some(monitor::Monitor::start(self.clone())?);
+            let started = monitor::Monitor::start(self.clone())?;
+            let _ = self.nudge.set(started.nudge());
+            *m = Some(started);
         }
         Ok(())
     }
@@ -474,11 +481,21 @@ impl Booster {
         if self.requested(vcpu, gpa) == 0 {
             self.unboost(vcpu, Some(false));
         }
+        // The guest unboosts as it goes idle, right after announcing its
+        // next real-time wake-up: the monitor must plan for it now, not at
+        // its next poll (which may come after the deadline).
+        if let Some(n) = self.nudge.get() {
+            n.nudge();
+        }
         control_status::OK
     }
 
     /// Boost vCPU `vcpu`'s thread (nothing if it is boosted, throttled,
     /// not started, or the VM is paused).
+    ///
+    /// The area's status is written under the slot's lock, like every
+    /// change of the boost, so that the guest never reads "not boosted"
+    /// for a thread that is (it would then never make the unboost call).
     pub fn boost(&self, vcpu: usize, source: Source) {
         if self.config.mode == BoostMode::Off {
             return;
@@ -498,12 +515,7 @@ impl Booster {
                 return;
             }
             s.throttled_until = None;
-            drop(s);
             self.set_status(vcpu, 0, status::THROTTLED);
-            s = self.lock(vcpu);
-            if s.since.is_some() {
-                return;
-            }
         }
         let in_window = match s.window {
             Some((start, n)) if now.duration_since(start) < Duration::from_secs(1) => n,
@@ -513,8 +525,7 @@ impl Booster {
             }
         };
         if self.config.mode == BoostMode::Dynamic && in_window >= self.config.max_rate {
-            drop(s);
-            self.throttle(vcpu, "boosted too often");
+            self.throttle_locked(&mut s, vcpu, "boosted too often");
             return;
         }
         if let Err(e) = policy::apply(tid, self.config.policy) {
@@ -524,7 +535,8 @@ impl Booster {
             }
             return;
         }
-        let cpu = policy::thread_cpu_ns(tid).unwrap_or(0);
+        // Unreadable: the CPU-time limit cannot apply to this boost.
+        let cpu = policy::thread_cpu_ns(tid).unwrap_or(u64::MAX);
         s.since = Some((now, cpu));
         if let Some((_, n)) = s.window.as_mut() {
             *n += 1;
@@ -535,20 +547,22 @@ impl Booster {
             Source::Interrupt => s.stats.boosts_interrupt += 1,
             Source::Timer => s.stats.boosts_timer += 1,
         }
-        let boosts = s.stats.boosts;
         self.slots[vcpu].boosted.store(true, Ordering::SeqCst);
-        drop(s);
         if let Some(gpa) = self.area(vcpu) {
-            self.write_u64(gpa + offset::BOOSTS, boosts);
+            self.write_u64(gpa + offset::BOOSTS, s.stats.boosts);
         }
         self.set_status(vcpu, status::BOOSTED, 0);
     }
 
-    /// Unboost vCPU `vcpu`'s thread if boosted. `by_guest`: `Some(false)`
-    /// the guest's call, `Some(true)` the throttle, `None` the monitor's
-    /// own (pause, exit).
+    /// Unboost vCPU `vcpu`'s thread if boosted. `by`: `Some(false)` the
+    /// guest's call, `Some(true)` the throttle, `None` the monitor's own
+    /// (pause, exit).
     fn unboost(&self, vcpu: usize, by: Option<bool>) {
         let mut s = self.lock(vcpu);
+        self.unboost_locked(&mut s, vcpu, by);
+    }
+
+    fn unboost_locked(&self, s: &mut SlotState, vcpu: usize, by: Option<bool>) {
         let Some((since, _)) = s.since.take() else {
             return;
         };
@@ -565,21 +579,22 @@ impl Booster {
             Some(true) => s.stats.throttles += 1,
             None => {}
         }
-        drop(s);
         self.set_status(vcpu, 0, status::BOOSTED);
     }
 
     /// Revoke vCPU `vcpu`'s boost and refuse new ones for the cool-down.
     fn throttle(&self, vcpu: usize, why: &str) {
-        let until = Instant::now() + Duration::from_millis(self.config.cooldown_ms);
-        {
-            let mut s = self.lock(vcpu);
-            if s.since.is_none() {
-                s.stats.throttles += 1;
-            }
-            s.throttled_until = Some(until);
+        let mut s = self.lock(vcpu);
+        self.throttle_locked(&mut s, vcpu, why);
+    }
+
+    fn throttle_locked(&self, s: &mut SlotState, vcpu: usize, why: &str) {
+        if s.since.is_none() {
+            s.stats.throttles += 1;
         }
-        self.unboost(vcpu, Some(true));
+        s.throttled_until =
+            Some(Instant::now() + Duration::from_millis(self.config.cooldown_ms));
+        self.unboost_locked(s, vcpu, Some(true));
         self.set_status(vcpu, status::THROTTLED, 0);
         tracing::info!(
             vcpu,

@@ -18,6 +18,17 @@ pub(super) struct Monitor {
     thread: JoinHandle<()>,
 }
 
+/// Wakes the monitor to read the areas now (a guest's new `wake_at` may be
+/// due before the monitor's next poll).
+#[derive(Clone)]
+pub(super) struct Nudge(Arc<(Mutex<bool>, Condvar)>);
+
+impl Nudge {
+    pub(super) fn nudge(&self) {
+        self.0 .1.notify_all();
+    }
+}
+
 impl Monitor {
     pub(super) fn start(booster: Arc<Booster>) -> std::io::Result<Monitor> {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
@@ -28,10 +39,44 @@ impl Monitor {
         Ok(Monitor { stop, thread })
     }
 
+    pub(super) fn nudge(&self) -> Nudge {
+        Nudge(self.stop.clone())
+    }
+
     pub(super) fn stop(self) {
         *self.stop.0.lock().unwrap_or_else(|p| p.into_inner()) = true;
         self.stop.1.notify_all();
         let _ = self.thread.join();
+    }
+}
+
+/// What the monitor learned of one vCPU's announced wake-ups.
+#[derive(Clone, Copy, Default)]
+struct Track {
+    /// The last non-zero `wake_at` seen.
+    seen: u64,
+    /// Ticks between the last two distinct ones (0: unknown).
+    period: u64,
+}
+
+impl Track {
+    /// Longest period taken as periodic: one second at up to 10 GHz.
+    const MAX_PERIOD: u64 = 10_000_000_000;
+
+    fn saw(&mut self, wake_at: u64) {
+        if wake_at == 0 || wake_at == self.seen {
+            return;
+        }
+        self.period = match wake_at.checked_sub(self.seen) {
+            Some(p) if self.seen != 0 && p < Self::MAX_PERIOD => p,
+            _ => 0,
+        };
+        self.seen = wake_at;
+    }
+
+    /// The wake-up after the last one seen, if the task looks periodic.
+    fn expected(&self) -> Option<u64> {
+        (self.period != 0).then(|| self.seen + self.period)
     }
 }
 
@@ -54,31 +99,38 @@ fn run(b: &Booster, stop: &(Mutex<bool>, Condvar)) {
     let poll = Duration::from_micros(b.config.poll_us);
     let max_cpu_ns = b.config.max_ms * 1_000_000;
     let lead_ticks = TIMER_LEAD.as_micros() as u64 * b.tsc_khz / 1000;
+    let mut tracks = vec![Track::default(); b.slots.len()];
     let mut guard = stop.0.lock().unwrap_or_else(|p| p.into_inner());
     while !*guard {
         let now = Instant::now();
         let mut next = now + poll;
-        for v in 0..b.slots.len() {
+        for (v, track) in tracks.iter_mut().enumerate() {
             let Some(gpa) = b.area(v) else { continue };
+            let wake_at = b.read_wake_at(gpa);
+            let tsc = host_tsc();
+            track.saw(wake_at);
             if b.is_boosted(v) {
                 check_held(b, v, max_cpu_ns);
-                continue;
-            }
-            if b.requested(v, gpa) != 0 {
+            } else if b.requested(v, gpa) != 0 {
                 b.boost(v, Source::Request);
-                continue;
-            }
-            let wake_at = b.read_wake_at(gpa);
-            if wake_at == 0 {
-                continue;
-            }
-            let tsc = host_tsc();
-            if wake_at <= tsc + lead_ticks {
+            } else if wake_at != 0 && wake_at <= tsc + lead_ticks {
                 b.boost(v, Source::Timer);
-            } else {
-                let ticks = wake_at - tsc - lead_ticks;
-                let wait = Duration::from_micros(ticks * 1000 / b.tsc_khz);
-                next = next.min(now + wait);
+                if wake_at < tsc {
+                    b.lock(v).stats.late_timer_boosts += 1;
+                }
+            }
+            let until = |t: u64| now + Duration::from_micros(t.saturating_sub(tsc) * 1000 / b.tsc_khz);
+            if wake_at > tsc + lead_ticks {
+                next = next.min(until(wake_at - lead_ticks));
+            }
+            // The guest announces its next wake-up as its real-time task
+            // goes back to sleep, which the monitor does not see unless it
+            // then makes the unboost call. A periodic task's next wake-up
+            // is predictable: look again just before it.
+            if let Some(expected) = track.expected() {
+                if expected > tsc + lead_ticks {
+                    next = next.min(until(expected - lead_ticks));
+                }
             }
         }
         let wait = next.saturating_duration_since(Instant::now());
@@ -104,7 +156,11 @@ fn check_held(b: &Booster, v: usize, max_cpu_ns: u64) {
     };
     if let Ok(cpu) = policy::thread_cpu_ns(tid) {
         if cpu.saturating_sub(cpu0) > max_cpu_ns {
-            b.throttle(v, "held past --boost-max-ms of CPU time");
+            let why = format!(
+                "its thread ran {:.1} ms of CPU time boosted, past --boost-max-ms",
+                cpu.saturating_sub(cpu0) as f64 / 1e6
+            );
+            b.throttle(v, &why);
         }
     }
 }
