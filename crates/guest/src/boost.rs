@@ -81,7 +81,9 @@ pub fn init_cpu(pc: &PerCpu) {
         arg1: BOOST_AREA_VERSION as u64,
     };
     let st = crate::control::send(&mut req);
-    LOCAL[cpu].enabled.store(st == control_status::OK, Ordering::Relaxed);
+    LOCAL[cpu]
+        .enabled
+        .store(st == control_status::OK, Ordering::Relaxed);
 }
 
 fn this() -> Option<(usize, &'static Area)> {

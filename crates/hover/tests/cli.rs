@@ -93,6 +93,24 @@ fn bad_input_is_one_line_and_exit_2() {
     let not_elf = not_elf.display().to_string();
     let cases: &[(&[&str], &str)] = &[
         (&["run", "--vcpus", "0"], "1 to 32 vCPUs"),
+        (&["run", "--boost-policy", "rr"], "unknown boost policy"),
+        (&["run", "--boost-policy", "fifo:0"], "OS accepts 1 to 99"),
+        (
+            &["run", "--boost-policy", "nice:-21"],
+            "OS accepts -20 to 19",
+        ),
+        (
+            &["run", "--boost", "on", "--vcpu-rt"],
+            "cannot be used with",
+        ),
+        (
+            &["run", "--boost-max-ms", "0"],
+            "--boost-max-ms 0 is out of range",
+        ),
+        (
+            &["run", "--boost-poll-us", "10"],
+            "--boost-poll-us 10 is out of range",
+        ),
         (&["run", "--vcpus", "33"], "1 to 32 vCPUs"),
         (&["run", "--vcpus=-1"], "--vcpus"),
         (&["run", "--memory", "1000"], "not a multiple of 4 KiB"),

@@ -194,9 +194,19 @@ pub fn render(src: &LiveSources, controller: &Controller) -> String {
         type Field = fn(&crate::sched::boost::VcpuBoostStats) -> u64;
         let fields: [(&str, &str, Field); 5] = [
             ("boost_boosts", "vCPU thread boosts granted", |s| s.boosts),
-            ("boost_unboosts", "boosts ended by the guest's unboost call", |s| s.unboosts),
-            ("boost_throttles", "boosts revoked by the throttle", |s| s.throttles),
-            ("boost_boosted_us", "wall time spent boosted, microseconds", |s| s.boosted_us),
+            (
+                "boost_unboosts",
+                "boosts ended by the guest's unboost call",
+                |s| s.unboosts,
+            ),
+            ("boost_throttles", "boosts revoked by the throttle", |s| {
+                s.throttles
+            }),
+            (
+                "boost_boosted_us",
+                "wall time spent boosted, microseconds",
+                |s| s.boosted_us,
+            ),
             ("boost_errors", "boosts the OS refused", |s| s.errors),
         ];
         for (name, help, f) in fields {

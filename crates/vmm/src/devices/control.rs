@@ -233,7 +233,10 @@ impl ControlDevice {
                 None => (status::BAD_OP, ControlAction::Continue),
             },
             op::BOOST_REGISTER => match &self.booster {
-                Some(b) => (b.register(vcpu, req.arg0, req.arg1), ControlAction::Continue),
+                Some(b) => (
+                    b.register(vcpu, req.arg0, req.arg1),
+                    ControlAction::Continue,
+                ),
                 None => (status::UNAVAILABLE, ControlAction::Continue),
             },
             op::BOOST_UNBOOST => match &self.booster {

@@ -1,4 +1,4 @@
 //! Scheduling controls the monitor applies to its vCPUs.
 
-pub mod halt_poll;
 pub mod boost;
+pub mod halt_poll;

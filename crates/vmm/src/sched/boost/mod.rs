@@ -94,7 +94,9 @@ impl Default for BoostConfig {
 impl BoostConfig {
     /// Every value in range, or a sentence naming the flag that is not.
     pub fn check(&self) -> Result<(), String> {
-        self.policy.check().map_err(|e| format!("--boost-policy: {e}"))?;
+        self.policy
+            .check()
+            .map_err(|e| format!("--boost-policy: {e}"))?;
         let range = |flag: &str, v: u64, lo: u64, hi: u64| {
             if (lo..=hi).contains(&v) {
                 Ok(())
@@ -270,7 +272,10 @@ impl Booster {
         let original = match policy::read(tid) {
             Ok(p) => Some(p),
             Err(e) => {
-                tracing::warn!(vcpu, "cannot read the vCPU thread's scheduling ({e}); it will not be boosted");
+                tracing::warn!(
+                    vcpu,
+                    "cannot read the vCPU thread's scheduling ({e}); it will not be boosted"
+                );
                 None
             }
         };
@@ -346,8 +351,11 @@ impl Booster {
 
     fn check_bounds(&self, gpa: u64) -> Result<(), (u32, String)> {
         let range = control_status::BAD_RANGE;
-        if gpa % BOOST_AREA_SIZE != 0 {
-            return Err((range, format!("{gpa:#x} is not {BOOST_AREA_SIZE}-byte aligned")));
+        if !gpa.is_multiple_of(BOOST_AREA_SIZE) {
+            return Err((
+                range,
+                format!("{gpa:#x} is not {BOOST_AREA_SIZE}-byte aligned"),
+            ));
         }
         let end = gpa.checked_add(BOOST_AREA_SIZE - 1);
         if end.is_none_or(|e| !self.memory.address_in_range(GuestAddress(e)))
@@ -378,7 +386,10 @@ impl Booster {
         if bits & !request::ALL != 0 {
             return Err((
                 record,
-                format!("request bits {bits:#x} outside the ABI's {:#x}", request::ALL),
+                format!(
+                    "request bits {bits:#x} outside the ABI's {:#x}",
+                    request::ALL
+                ),
             ));
         }
         Ok(())
@@ -434,7 +445,10 @@ impl Booster {
     fn set_status(&self, vcpu: usize, set: u32, clear: u32) {
         if let Some(gpa) = self.area(vcpu) {
             let addr = GuestAddress(gpa + offset::STATUS);
-            let old = self.memory.load::<u32>(addr, Ordering::Acquire).unwrap_or(0);
+            let old = self
+                .memory
+                .load::<u32>(addr, Ordering::Acquire)
+                .unwrap_or(0);
             self.write_u32(gpa + offset::STATUS, (old | set) & !clear);
         }
     }
@@ -592,8 +606,7 @@ impl Booster {
         if s.since.is_none() {
             s.stats.throttles += 1;
         }
-        s.throttled_until =
-            Some(Instant::now() + Duration::from_millis(self.config.cooldown_ms));
+        s.throttled_until = Some(Instant::now() + Duration::from_millis(self.config.cooldown_ms));
         self.unboost_locked(s, vcpu, Some(true));
         self.set_status(vcpu, status::THROTTLED, 0);
         tracing::info!(

@@ -90,7 +90,9 @@ fn run(b: &Booster, stop: &(Mutex<bool>, Condvar)) {
     let me = policy::gettid();
     let mine = b.config.policy.for_monitor();
     if let Err(e) = policy::apply(me, mine) {
-        tracing::warn!("the boost monitor runs at normal priority ({e}): boosts may come late under load");
+        tracing::warn!(
+            "the boost monitor runs at normal priority ({e}): boosts may come late under load"
+        );
     }
     // Timer slack delays a normal thread's wake-ups by 50 us; a wake-up
     // 100 us before a deadline needs better.
@@ -119,7 +121,8 @@ fn run(b: &Booster, stop: &(Mutex<bool>, Condvar)) {
                     b.lock(v).stats.late_timer_boosts += 1;
                 }
             }
-            let until = |t: u64| now + Duration::from_micros(t.saturating_sub(tsc) * 1000 / b.tsc_khz);
+            let until =
+                |t: u64| now + Duration::from_micros(t.saturating_sub(tsc) * 1000 / b.tsc_khz);
             if wake_at > tsc + lead_ticks {
                 next = next.min(until(wake_at - lead_ticks));
             }

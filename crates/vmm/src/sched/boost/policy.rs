@@ -196,7 +196,9 @@ mod tests {
         assert_eq!("fifo:50".parse(), Ok(BoostPolicy::Fifo(50)));
         assert_eq!("nice".parse(), Ok(BoostPolicy::Nice(-20)));
         assert_eq!("nice:-5".parse(), Ok(BoostPolicy::Nice(-5)));
-        for bad in ["fifo:0", "fifo:100", "nice:-21", "nice:20", "rr", "fifo:x", ""] {
+        for bad in [
+            "fifo:0", "fifo:100", "nice:-21", "nice:20", "rr", "fifo:x", "",
+        ] {
             let e = bad.parse::<BoostPolicy>().unwrap_err();
             assert!(!e.is_empty(), "{bad}");
         }

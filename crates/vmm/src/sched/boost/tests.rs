@@ -12,15 +12,25 @@ fn memory() -> GuestMemoryMmap {
     GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap()
 }
 
-fn booster(mode: BoostMode, tweak: impl FnOnce(&mut BoostConfig)) -> (Arc<Booster>, GuestMemoryMmap) {
+fn booster(
+    mode: BoostMode,
+    tweak: impl FnOnce(&mut BoostConfig),
+) -> (Arc<Booster>, GuestMemoryMmap) {
     let mem = memory();
     let mut c = BoostConfig {
         mode,
         ..Default::default()
     };
     tweak(&mut c);
-    let b = Booster::new(c, mem.clone(), Arc::new(HostWrites::new(0x10000)), 1, 1_000_000);
-    mem.write_obj(BOOST_AREA_VERSION, GuestAddress(AREA)).unwrap();
+    let b = Booster::new(
+        c,
+        mem.clone(),
+        Arc::new(HostWrites::new(0x10000)),
+        1,
+        1_000_000,
+    );
+    mem.write_obj(BOOST_AREA_VERSION, GuestAddress(AREA))
+        .unwrap();
     (b, mem)
 }
 

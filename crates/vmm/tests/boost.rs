@@ -1,0 +1,330 @@
+//! vCPU priority boosting on /dev/kvm: the guest's requests, injected
+//! interrupts and `--vcpu-rt` change the vCPU threads' scheduling (read
+//! back from the OS), the throttle revokes, pause and exit unboost.
+//!
+//! The vCPU threads are found by name (`vcpuN`) in this process, so the
+//! tests of this file run one at a time.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{boot, report};
+use hover_vmm::host::kvm_for_test;
+use hover_vmm::sched::boost::policy;
+use hover_vmm::sched::boost::{BoostConfig, BoostMode, BoostPolicy};
+use hover_vmm::vm::{Command, Reply};
+use hover_vmm::{RunOutcome, Vm, VmConfig};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether this process may use SCHED_FIFO (CI runs as root; elsewhere
+/// the tests say why they stop).
+fn may_boost(test: &str) -> bool {
+    if !kvm_for_test(test) {
+        return false;
+    }
+    let tid = policy::gettid();
+    let before = policy::read(tid).unwrap();
+    match policy::apply(tid, BoostPolicy::Fifo(1)) {
+        Ok(()) => {
+            policy::restore(tid, before).unwrap();
+            true
+        }
+        Err(e) if std::env::var_os("CI").is_some() => panic!("{test}: CI is set but {e}"),
+        Err(e) => {
+            eprintln!("skipping {test}: cannot use SCHED_FIFO here ({e})");
+            false
+        }
+    }
+}
+
+fn config(
+    mode: BoostMode,
+    vcpus: u32,
+    cmdline: &str,
+    tweak: impl FnOnce(&mut BoostConfig),
+) -> VmConfig {
+    let mut boost = BoostConfig {
+        mode,
+        ..Default::default()
+    };
+    tweak(&mut boost);
+    VmConfig {
+        vcpus,
+        cmdline: cmdline.into(),
+        boost,
+        ..VmConfig::default()
+    }
+}
+
+/// The scheduling policy of this process's thread named `name`, if any.
+fn policy_of(name: &str) -> Option<i32> {
+    for t in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if comm.trim() == name {
+            let tid: i32 = t.file_name().to_str()?.parse().ok()?;
+            return policy::read(tid).ok().map(|p| p.policy);
+        }
+    }
+    None
+}
+
+/// Watches the policies of threads `names` while a VM runs: every change seen.
+struct Watcher {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<Vec<i32>>>,
+}
+
+impl Watcher {
+    fn start(names: &[&str]) -> Watcher {
+        let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut seen = vec![Vec::new(); names.len()];
+            while !flag.load(Ordering::Relaxed) {
+                for (i, n) in names.iter().enumerate() {
+                    if let Some(p) = policy_of(n) {
+                        if seen[i].last() != Some(&p) {
+                            seen[i].push(p);
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            seen
+        });
+        Watcher { stop, thread }
+    }
+
+    fn finish(self) -> Vec<Vec<i32>> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
+}
+
+fn run_ok(c: VmConfig) -> RunOutcome {
+    let cmdline = c.cmdline.clone();
+    let (result, console) = boot(c);
+    let o = result.unwrap_or_else(|e| panic!("{cmdline}: {e}\nconsole:\n{console}"));
+    assert_eq!(o.exit_code, 0, "{cmdline}\nconsole:\n{console}");
+    o
+}
+
+fn stats(o: &RunOutcome, vcpu: usize) -> &hover_vmm::sched::boost::VcpuBoostStats {
+    &o.boost
+        .as_ref()
+        .expect("boost figures in the outcome")
+        .vcpus[vcpu]
+}
+
+const FIFO: i32 = libc::SCHED_FIFO;
+const OTHER: i32 = libc::SCHED_OTHER;
+
+#[test]
+fn a_guest_request_boosts_its_vcpu_thread_and_the_unboost_call_restores_it() {
+    if !may_boost("a_guest_request_boosts_its_vcpu_thread_and_the_unboost_call_restores_it") {
+        return;
+    }
+    let _s = serial();
+    let w = Watcher::start(&["vcpu0"]);
+    // Two 400 ms critical sections 400 ms apart; the CPU-time limit is
+    // raised so that the throttle stays out of it.
+    let o = run_ok(config(
+        BoostMode::Dynamic,
+        1,
+        "workload=critical count=2 hold_us=400000 gap_us=400000",
+        |c| c.max_ms = 10_000,
+    ));
+    let seen = w.finish();
+    assert!(
+        seen[0].windows(3).any(|w| w == [OTHER, FIFO, OTHER]),
+        "vcpu0 went normal -> FIFO -> normal: {:?}",
+        seen[0]
+    );
+    assert_eq!(report(&o, "critical.boosted"), 2, "the guest saw the boost");
+    let s = stats(&o, 0);
+    assert!(s.registered);
+    assert!(s.boosts_request >= 2 && s.unboosts >= 2, "{s:?}");
+    assert_eq!(s.throttles, 0);
+    assert_eq!(report(&o, "boost.registered"), 1);
+}
+
+#[test]
+fn an_injected_interrupt_boosts_the_vcpu_it_is_for() {
+    if !may_boost("an_injected_interrupt_boosts_the_vcpu_it_is_for") {
+        return;
+    }
+    let _s = serial();
+    let o = run_ok(config(
+        BoostMode::Dynamic,
+        1,
+        "workload=irq count=50 delay_us=2000",
+        |_| {},
+    ));
+    let s = stats(&o, 0);
+    assert!(s.boosts_interrupt >= 1, "{s:?}");
+    assert!(s.unboosts >= 1, "the guest unboosted after handling: {s:?}");
+}
+
+#[test]
+fn a_realtime_task_announces_its_wake_ups_and_is_boosted_for_them() {
+    if !may_boost("a_realtime_task_announces_its_wake_ups_and_is_boosted_for_them") {
+        return;
+    }
+    let _s = serial();
+    let o = run_ok(config(
+        BoostMode::Dynamic,
+        1,
+        "workload=timer rt=1 interval_us=2000 seconds=1",
+        |_| {},
+    ));
+    let s = stats(&o, 0);
+    assert!(s.boosts_timer >= 10, "{s:?}");
+    assert!(s.unboosts >= 10, "{s:?}");
+    let plain = run_ok(config(
+        BoostMode::Dynamic,
+        1,
+        "workload=timer rt=0 interval_us=2000 seconds=1",
+        |_| {},
+    ));
+    assert_eq!(
+        stats(&plain, 0).boosts,
+        0,
+        "a task not marked real-time asks for nothing"
+    );
+}
+
+#[test]
+fn the_throttle_revokes_a_boost_held_too_long_and_tells_the_guest() {
+    if !may_boost("the_throttle_revokes_a_boost_held_too_long_and_tells_the_guest") {
+        return;
+    }
+    let _s = serial();
+    let o = run_ok(config(
+        BoostMode::Dynamic,
+        1,
+        "workload=critical count=1 hold_us=1000000 gap_us=0",
+        |c| {
+            c.max_ms = 20;
+            c.cooldown_ms = 5000;
+        },
+    ));
+    let s = stats(&o, 0);
+    assert!(s.throttles >= 1, "{s:?}");
+    assert_eq!(report(&o, "critical.throttled"), 1);
+}
+
+#[test]
+fn a_guest_flipping_its_request_bits_is_throttled() {
+    if !may_boost("a_guest_flipping_its_request_bits_is_throttled") {
+        return;
+    }
+    let _s = serial();
+    let o = run_ok(config(
+        BoostMode::Dynamic,
+        1,
+        "workload=critical count=3000000 hold_us=0 gap_us=0",
+        |c| {
+            c.poll_us = 50;
+            c.max_rate = 50;
+        },
+    ));
+    let s = stats(&o, 0);
+    assert!(s.throttles >= 1, "{s:?}");
+    assert!(s.boosts <= 50 * 10, "at most max_rate per second: {s:?}");
+}
+
+#[test]
+fn vcpu_rt_boosts_every_vcpu_thread_for_the_whole_run() {
+    if !may_boost("vcpu_rt_boosts_every_vcpu_thread_for_the_whole_run") {
+        return;
+    }
+    let _s = serial();
+    let w = Watcher::start(&["vcpu0", "vcpu1"]);
+    let o = run_ok(config(
+        BoostMode::Static,
+        2,
+        "workload=timer interval_us=1000 seconds=1",
+        |_| {},
+    ));
+    let seen = w.finish();
+    for (i, s) in seen.iter().enumerate() {
+        assert!(s.contains(&FIFO), "vcpu{i}: {s:?}");
+    }
+    for v in 0..2 {
+        assert_eq!(stats(&o, v).boosts, 1);
+        assert!(
+            !stats(&o, v).registered,
+            "static mode takes no registrations"
+        );
+    }
+    assert_eq!(report(&o, "boost.registered"), 0);
+}
+
+#[test]
+fn pausing_unboosts_and_nothing_stays_boosted_after_the_run() {
+    if !may_boost("pausing_unboosts_and_nothing_stays_boosted_after_the_run") {
+        return;
+    }
+    let _s = serial();
+    let c = config(
+        BoostMode::Dynamic,
+        1,
+        "workload=critical count=1 hold_us=3000000 gap_us=0",
+        |c| c.max_ms = 10_000,
+    );
+    let vm = Vm::new(&c).unwrap();
+    let ctl = vm.controller();
+    let runner = std::thread::spawn(move || vm.run());
+    let t = Instant::now();
+    while policy_of("vcpu0") != Some(FIFO) {
+        assert!(t.elapsed() < Duration::from_secs(2), "never boosted");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let timeout = Duration::from_secs(30);
+    assert!(matches!(
+        ctl.request(Command::Pause, timeout),
+        Ok(Reply::Paused { .. })
+    ));
+    assert_eq!(policy_of("vcpu0"), Some(OTHER), "paused, so unboosted");
+    assert!(ctl.request(Command::Resume, timeout).is_ok());
+    // The guest still asks: the boost comes back.
+    let t = Instant::now();
+    while policy_of("vcpu0") != Some(FIFO) {
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "not boosted again after resume"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(ctl.request(Command::Shutdown, timeout).is_ok());
+    let o = runner.join().unwrap().unwrap();
+    assert!(stats(&o, 0).boosts >= 2);
+    assert_eq!(policy_of("vcpu0"), None, "the vCPU thread has ended");
+    assert_eq!(policy::read(policy::gettid()).unwrap().policy, OTHER);
+}
+
+#[test]
+fn with_boosting_off_the_guest_registers_nothing_and_runs() {
+    if !kvm_for_test("with_boosting_off_the_guest_registers_nothing_and_runs") {
+        return;
+    }
+    let _s = serial();
+    let o = run_ok(config(
+        BoostMode::Off,
+        1,
+        "workload=critical count=2 hold_us=1000",
+        |_| {},
+    ));
+    assert!(o.boost.is_none());
+    assert_eq!(report(&o, "boost.registered"), 0);
+    assert_eq!(report(&o, "critical.boosted"), 0);
+}
