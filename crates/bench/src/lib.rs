@@ -4,8 +4,10 @@
 #![deny(missing_docs)]
 
 pub mod apf;
+pub mod boost;
 pub mod boot;
 pub mod halt_poll;
+pub mod hostload;
 pub mod mapping;
 pub mod migrate;
 pub mod plot;

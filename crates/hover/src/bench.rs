@@ -97,6 +97,35 @@ enum Scenario {
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
     },
+    /// The vCPU priority boosting seed's tables: a real-time timer task and
+    /// an audio task in the guest, host idle and busy (hog threads the bench
+    /// starts), a host-side latency probe; vanilla, dynamic boost, static RT.
+    Boost {
+        /// Seconds per run.
+        #[arg(long, default_value_t = 5)]
+        seconds: u32,
+        /// Rounds (modes interleaved within each).
+        #[arg(long, default_value_t = 2)]
+        runs: u32,
+        /// Timer intervals, microseconds (comma-separated).
+        #[arg(long, default_value = "500,1000", value_delimiter = ',')]
+        intervals: Vec<u64>,
+        /// Audio buffers, milliseconds (comma-separated).
+        #[arg(long, default_value = "2,4,10", value_delimiter = ',')]
+        buffers: Vec<u64>,
+        /// Audio computation per buffer, microseconds.
+        #[arg(long, default_value_t = 500)]
+        work_us: u64,
+        /// Spinning guest tasks beside the real-time one (the rest of a busy guest).
+        #[arg(long, default_value_t = 1)]
+        background: u32,
+        /// Host hog threads when the host is busy (0: one per CPU).
+        #[arg(long, default_value_t = 0)]
+        hogs: usize,
+        /// Directory for the JSON results and the plot.
+        #[arg(long, default_value = "bench-results")]
+        out: PathBuf,
+    },
     /// Pause latency, snapshot time and size, and restore (eager vs lazy):
     /// time to the vCPUs running and the guest's work in its first second,
     /// across guest memory sizes at a fixed working set.
@@ -196,6 +225,43 @@ pub fn bench(args: BenchArgs) -> ExitCode {
                 dir,
             };
             hover_bench::snapshot::run(&exe, &b, &out)
+        }
+        Scenario::Boost {
+            seconds,
+            runs,
+            intervals,
+            buffers,
+            work_us,
+            background,
+            hogs,
+            out,
+        } => {
+            let bad = intervals.iter().find(|&&i| !(10..=1_000_000).contains(&i));
+            if let Some(i) = bad {
+                eprintln!("hover: error: --intervals: {i} us is out of range: give 10 to 1000000");
+                return ExitCode::from(EXIT_BAD_INPUT);
+            }
+            if let Some(m) = buffers.iter().find(|&&m| work_us >= m * 1000 || m > 1000) {
+                eprintln!("hover: error: --buffers: a {m} ms buffer cannot hold --work-us {work_us} (buffers are 1 to 1000 ms, longer than the work)");
+                return ExitCode::from(EXIT_BAD_INPUT);
+            }
+            if background > 16 || hogs > 256 || seconds == 0 || seconds > 3600 {
+                eprintln!("hover: error: give --background 0-16, --hogs 0-256 and --seconds 1-3600");
+                return ExitCode::from(EXIT_BAD_INPUT);
+            }
+            hover_bench::boost::run(
+                &exe,
+                &hover_bench::boost::BoostBench {
+                    seconds,
+                    runs,
+                    intervals,
+                    buffers,
+                    work_us,
+                    background,
+                    hogs,
+                },
+                &out,
+            )
         }
         Scenario::HaltPoll {
             seconds,

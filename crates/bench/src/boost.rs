@@ -1,0 +1,325 @@
+//! `hover bench boost`: the vCPU priority boosting seed's tables, side by
+//! side in one invocation.
+//!
+//! The seed ran cyclictest in the guest and on the host, host idle and host
+//! busy, at intervals of 500 and 1000 us, for a vanilla VM, dynamic boosting
+//! and every vCPU statically RT; and counted audio glitches at 2, 4 and 10
+//! ms buffers. Here, on 2 vCPUs:
+//! - guest: `timer rt=1 interval_us=I background=B` (a real-time task waking
+//!   every I us; B spinning tasks stand for the rest of the guest's work)
+//!   and `audio buffer_ms=N work_us=W background=B`;
+//! - host busy: [`Hogs`] pinned one per CPU (normal priority) for the run;
+//! - host probe: a cyclictest-like thread at normal priority waking every
+//!   I us (1 ms for audio), whose lateness shows what each mode costs the
+//!   host's own work;
+//! - modes: vanilla (`--boost off`), dynamic (`--boost on`), static
+//!   (`--vcpu-rt`), interleaved within each round.
+//!
+//! Each row gives the median over rounds with min-max, and the per-round
+//! ratio of vanilla to the mode (spread min/median/max).
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::hostload::{Hogs, Probe, ProbeResult};
+use crate::plot::{self, Series};
+use crate::runner::run_hover;
+use crate::stats::summarize;
+use crate::{table, BenchError};
+
+/// Knobs of the scenario.
+pub struct BoostBench {
+    /// Seconds per run.
+    pub seconds: u32,
+    /// Rounds.
+    pub runs: u32,
+    /// Timer intervals, microseconds.
+    pub intervals: Vec<u64>,
+    /// Audio buffers, milliseconds.
+    pub buffers: Vec<u64>,
+    /// Audio work per buffer, microseconds.
+    pub work_us: u64,
+    /// Spinning guest tasks beside the real-time one.
+    pub background: u32,
+    /// Host hog threads when busy (0: one per CPU).
+    pub hogs: usize,
+}
+
+const MODES: [(&str, &[&str]); 3] = [
+    ("vanilla", &["--boost", "off"]),
+    ("dynamic", &["--boost", "on"]),
+    ("static", &["--vcpu-rt"]),
+];
+
+#[derive(Serialize, Clone, Copy)]
+struct Sample {
+    guest_avg_us: f64,
+    guest_max_us: f64,
+    glitches: u64,
+    periods: u64,
+    probe: ProbeResult,
+    boosts: u64,
+    boosted_ms: f64,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Test {
+    Timer(u64),
+    Audio(u64),
+}
+
+impl Test {
+    fn cmdline(&self, b: &BoostBench) -> String {
+        match *self {
+            Test::Timer(i) => format!(
+                "workload=timer rt=1 interval_us={i} seconds={} background={}",
+                b.seconds, b.background
+            ),
+            Test::Audio(ms) => format!(
+                "workload=audio buffer_ms={ms} work_us={} seconds={} background={}",
+                b.work_us, b.seconds, b.background
+            ),
+        }
+    }
+
+    fn probe_interval(&self) -> Duration {
+        match *self {
+            Test::Timer(i) => Duration::from_micros(i),
+            Test::Audio(_) => Duration::from_millis(1),
+        }
+    }
+}
+
+fn run_one(exe: &Path, b: &BoostBench, t: Test, mode: &[&str], busy: bool) -> Result<Sample, BenchError> {
+    let cmdline = t.cmdline(b);
+    let mut args: Vec<&str> = vec!["--vcpus", "2"];
+    args.extend(mode);
+    args.extend(["--cmdline", &cmdline]);
+    let limit = Duration::from_secs(b.seconds as u64 + 30);
+    let hogs = busy.then(|| {
+        let n = if b.hogs == 0 { crate::hostload::cpus() } else { b.hogs };
+        Hogs::start(n, limit)
+    });
+    let probe = Probe::start(t.probe_interval());
+    let r = run_hover(exe, &args);
+    let probe = probe.stop();
+    if let Some(h) = hogs {
+        h.stop();
+    }
+    let r = r?;
+    let boost = &r.outcome["boost"]["vcpus"];
+    let sum = |k: &str| {
+        boost
+            .as_array()
+            .map_or(0, |a| a.iter().map(|v| v[k].as_u64().unwrap_or(0)).sum::<u64>())
+    };
+    Ok(match t {
+        Test::Timer(_) => Sample {
+            guest_avg_us: r.report("timer.avg_ns")? / 1000.0,
+            guest_max_us: r.report("timer.max_ns")? / 1000.0,
+            glitches: 0,
+            periods: r.report("timer.samples")? as u64,
+            probe,
+            boosts: sum("boosts"),
+            boosted_ms: sum("boosted_us") as f64 / 1000.0,
+        },
+        Test::Audio(_) => Sample {
+            guest_avg_us: r.report("audio.wake.avg_ns")? / 1000.0,
+            guest_max_us: r.report("audio.finish.max_ns")? / 1000.0,
+            glitches: r.report("audio.glitches")? as u64,
+            periods: r.report("audio.periods")? as u64,
+            probe,
+            boosts: sum("boosts"),
+            boosted_ms: sum("boosted_us") as f64 / 1000.0,
+        },
+    })
+}
+
+#[derive(Serialize)]
+struct Row {
+    host: &'static str,
+    test: String,
+    mode: &'static str,
+    command: String,
+    runs: Vec<Sample>,
+}
+
+/// "median (min-max)" of `v`.
+fn spread(v: &[f64], digits: usize) -> String {
+    match summarize(v) {
+        Some(s) if s.n > 1 => format!(
+            "{:.d$} ({:.d$}-{:.d$})",
+            s.p50,
+            s.min,
+            s.max,
+            d = digits
+        ),
+        Some(s) => format!("{:.d$}", s.p50, d = digits),
+        None => "-".into(),
+    }
+}
+
+/// Per-round ratios `base / x` (min/median/max); "-" if undefined.
+fn ratios(base: &[f64], x: &[f64]) -> String {
+    let r: Vec<f64> = base
+        .iter()
+        .zip(x)
+        .filter(|(_, &x)| x > 0.0)
+        .map(|(b, x)| b / x)
+        .collect();
+    match summarize(&r) {
+        Some(s) => format!("{:.2}/{:.2}/{:.2}x", s.min, s.p50, s.max),
+        None => "-".into(),
+    }
+}
+
+/// Run the scenario with the `hover` binary at `exe`.
+pub fn run(exe: &Path, b: &BoostBench, out: &Path) -> Result<(), BenchError> {
+    println!(
+        "hover bench boost: 2 vCPUs, {} s per run, {} rounds, {} background guest task(s); busy host = {} hog thread(s) pinned per CPU",
+        b.seconds,
+        b.runs,
+        b.background,
+        if b.hogs == 0 { crate::hostload::cpus() } else { b.hogs }
+    );
+    let tests: Vec<Test> = b
+        .intervals
+        .iter()
+        .map(|&i| Test::Timer(i))
+        .chain(b.buffers.iter().map(|&m| Test::Audio(m)))
+        .collect();
+    let mut rows = Vec::new();
+    for (host, busy) in [("idle", false), ("busy", true)] {
+        for &t in &tests {
+            let mut runs: Vec<Vec<Sample>> = vec![Vec::new(); MODES.len()];
+            for round in 0..b.runs.max(1) {
+                for (k, (name, mode)) in MODES.iter().enumerate() {
+                    let s = run_one(exe, b, t, mode, busy)?;
+                    eprintln!(
+                        "  {host} {} round {} {name:<8} guest max {:.0} us, glitches {}, host probe max {:.0} us",
+                        t.cmdline(b),
+                        round + 1,
+                        s.guest_max_us,
+                        s.glitches,
+                        s.probe.max_us
+                    );
+                    runs[k].push(s);
+                }
+            }
+            for ((name, mode), runs) in MODES.iter().zip(runs) {
+                rows.push(Row {
+                    host,
+                    test: t.cmdline(b),
+                    mode: name,
+                    command: format!("hover run --vcpus 2 {} --cmdline \"{}\"", mode.join(" "), t.cmdline(b)),
+                    runs,
+                });
+            }
+        }
+    }
+    let col = |r: &Row, f: fn(&Sample) -> f64| r.runs.iter().map(f).collect::<Vec<f64>>();
+    let vanilla_of = |i: usize| &rows[i - i % MODES.len()];
+    let mut timer_rows = Vec::new();
+    let mut audio_rows = Vec::new();
+    for (i, r) in rows.iter().enumerate() {
+        let v = vanilla_of(i);
+        if r.test.starts_with("workload=timer") {
+            timer_rows.push(vec![
+                r.host.to_string(),
+                r.test.split_whitespace().nth(2).unwrap_or("").to_string(),
+                r.mode.to_string(),
+                spread(&col(r, |s| s.guest_avg_us), 0),
+                spread(&col(r, |s| s.guest_max_us), 0),
+                ratios(&col(v, |s| s.guest_max_us), &col(r, |s| s.guest_max_us)),
+                spread(&col(r, |s| s.probe.avg_us), 0),
+                spread(&col(r, |s| s.probe.max_us), 0),
+                ratios(&col(v, |s| s.probe.max_us), &col(r, |s| s.probe.max_us)),
+                spread(&col(r, |s| s.boosts as f64), 0),
+            ]);
+        } else {
+            audio_rows.push(vec![
+                r.host.to_string(),
+                r.test.split_whitespace().nth(1).unwrap_or("").to_string(),
+                r.mode.to_string(),
+                spread(&col(r, |s| s.glitches as f64), 0),
+                spread(&col(r, |s| s.periods as f64), 0),
+                ratios(&col(v, |s| s.glitches as f64), &col(r, |s| s.glitches as f64)),
+                spread(&col(r, |s| s.guest_max_us), 0),
+                spread(&col(r, |s| s.probe.max_us), 0),
+                spread(&col(r, |s| s.boosted_ms), 0),
+            ]);
+        }
+    }
+    println!("\nTimer latency (guest: timer rt=1; host: probe at the same interval), median (min-max) over rounds; ratios vanilla/mode per round (min/median/max):");
+    table::print(
+        &[
+            "host",
+            "interval",
+            "mode",
+            "guest avg us",
+            "guest max us",
+            "guest max: vanilla/mode",
+            "host probe avg us",
+            "host probe max us",
+            "host max: vanilla/mode",
+            "boosts",
+        ],
+        &timer_rows,
+    );
+    println!("\nAudio glitches (missed buffers), median (min-max) over rounds; ratio vanilla/mode per round:");
+    table::print(
+        &[
+            "host",
+            "buffer",
+            "mode",
+            "glitches",
+            "buffers",
+            "glitches: vanilla/mode",
+            "worst finish us",
+            "host probe max us",
+            "boosted ms",
+        ],
+        &audio_rows,
+    );
+    table::write_json(
+        out,
+        "boost.json",
+        &serde_json::json!({
+            "scenario": "boost",
+            "seconds": b.seconds,
+            "background": b.background,
+            "work_us": b.work_us,
+            "rows": rows,
+        }),
+    )?;
+    let busy: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.host == "busy" && r.test.starts_with("workload=timer"))
+        .collect();
+    let labels: Vec<String> = b.intervals.iter().map(|i| format!("{i} us")).collect();
+    let series: Vec<Series> = MODES
+        .iter()
+        .map(|(name, _)| Series {
+            label: format!("{name}: guest max latency (median)"),
+            points: busy
+                .iter()
+                .filter(|r| r.mode == *name)
+                .enumerate()
+                .map(|(k, r)| {
+                    let v = col(r, |s| s.guest_max_us);
+                    (k as f64, summarize(&v).map_or(0.0, |s| s.p50))
+                })
+                .collect(),
+        })
+        .collect();
+    plot::lines(
+        &out.join("boost.svg"),
+        "Busy host: guest timer max latency by boosting mode",
+        "timer interval",
+        "max latency, us",
+        &labels,
+        &series,
+    )
+}
