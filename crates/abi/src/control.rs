@@ -29,8 +29,8 @@ pub mod op {
     pub const IO_SETUP: u32 = 5;
     /// Register this vCPU's boost area (`crate::boost`): `arg0` = its gpa
     /// (64-byte aligned), `arg1` = [`crate::boost::BOOST_AREA_VERSION`].
-    /// [`super::status::UNAVAILABLE`] when the monitor runs without dynamic
-    /// boosting.
+    /// Hover accepts it in every boosting mode (boosting can be switched on
+    /// live); [`super::status::UNAVAILABLE`] from a monitor without the feature.
     pub const BOOST_REGISTER: u32 = 6;
     /// The synchronous unboost: the guest's sensitive work has ended and
     /// its request bits are clear; the monitor unboosts this vCPU's thread

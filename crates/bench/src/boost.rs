@@ -92,14 +92,24 @@ impl Test {
     }
 }
 
-fn run_one(exe: &Path, b: &BoostBench, t: Test, mode: &[&str], busy: bool) -> Result<Sample, BenchError> {
+fn run_one(
+    exe: &Path,
+    b: &BoostBench,
+    t: Test,
+    mode: &[&str],
+    busy: bool,
+) -> Result<Sample, BenchError> {
     let cmdline = t.cmdline(b);
     let mut args: Vec<&str> = vec!["--vcpus", "2"];
     args.extend(mode);
     args.extend(["--cmdline", &cmdline]);
     let limit = Duration::from_secs(b.seconds as u64 + 30);
     let hogs = busy.then(|| {
-        let n = if b.hogs == 0 { crate::hostload::cpus() } else { b.hogs };
+        let n = if b.hogs == 0 {
+            crate::hostload::cpus()
+        } else {
+            b.hogs
+        };
         Hogs::start(n, limit)
     });
     let probe = Probe::start(t.probe_interval());
@@ -111,9 +121,9 @@ fn run_one(exe: &Path, b: &BoostBench, t: Test, mode: &[&str], busy: bool) -> Re
     let r = r?;
     let boost = &r.outcome["boost"]["vcpus"];
     let sum = |k: &str| {
-        boost
-            .as_array()
-            .map_or(0, |a| a.iter().map(|v| v[k].as_u64().unwrap_or(0)).sum::<u64>())
+        boost.as_array().map_or(0, |a| {
+            a.iter().map(|v| v[k].as_u64().unwrap_or(0)).sum::<u64>()
+        })
     };
     Ok(match t {
         Test::Timer(_) => Sample {
@@ -149,13 +159,7 @@ struct Row {
 /// "median (min-max)" of `v`.
 fn spread(v: &[f64], digits: usize) -> String {
     match summarize(v) {
-        Some(s) if s.n > 1 => format!(
-            "{:.d$} ({:.d$}-{:.d$})",
-            s.p50,
-            s.min,
-            s.max,
-            d = digits
-        ),
+        Some(s) if s.n > 1 => format!("{:.d$} ({:.d$}-{:.d$})", s.p50, s.min, s.max, d = digits),
         Some(s) => format!("{:.d$}", s.p50, d = digits),
         None => "-".into(),
     }
@@ -213,7 +217,11 @@ pub fn run(exe: &Path, b: &BoostBench, out: &Path) -> Result<(), BenchError> {
                     host,
                     test: t.cmdline(b),
                     mode: name,
-                    command: format!("hover run --vcpus 2 {} --cmdline \"{}\"", mode.join(" "), t.cmdline(b)),
+                    command: format!(
+                        "hover run --vcpus 2 {} --cmdline \"{}\"",
+                        mode.join(" "),
+                        t.cmdline(b)
+                    ),
                     runs,
                 });
             }
@@ -245,7 +253,11 @@ pub fn run(exe: &Path, b: &BoostBench, out: &Path) -> Result<(), BenchError> {
                 r.mode.to_string(),
                 spread(&col(r, |s| s.glitches as f64), 0),
                 spread(&col(r, |s| s.periods as f64), 0),
-                ratios(&col(v, |s| s.glitches as f64), &col(r, |s| s.glitches as f64)),
+                // Counts can be 0: the ratio of (glitches + 1).
+                ratios(
+                    &col(v, |s| s.glitches as f64 + 1.0),
+                    &col(r, |s| s.glitches as f64 + 1.0),
+                ),
                 spread(&col(r, |s| s.guest_max_us), 0),
                 spread(&col(r, |s| s.probe.max_us), 0),
                 spread(&col(r, |s| s.boosted_ms), 0),
@@ -276,7 +288,7 @@ pub fn run(exe: &Path, b: &BoostBench, out: &Path) -> Result<(), BenchError> {
             "mode",
             "glitches",
             "buffers",
-            "glitches: vanilla/mode",
+            "(glitches+1): vanilla/mode",
             "worst finish us",
             "host probe max us",
             "boosted ms",

@@ -134,7 +134,11 @@ impl Probe {
                 }
                 ProbeResult {
                     samples: n,
-                    avg_us: if n == 0 { 0.0 } else { sum as f64 / n as f64 / 1000.0 },
+                    avg_us: if n == 0 {
+                        0.0
+                    } else {
+                        sum as f64 / n as f64 / 1000.0
+                    },
                     max_us: max as f64 / 1000.0,
                 }
             })

@@ -105,7 +105,7 @@ enum Scenario {
         #[arg(long, default_value_t = 5)]
         seconds: u32,
         /// Rounds (modes interleaved within each).
-        #[arg(long, default_value_t = 2)]
+        #[arg(long, default_value_t = 3)]
         runs: u32,
         /// Timer intervals, microseconds (comma-separated).
         #[arg(long, default_value = "500,1000", value_delimiter = ',')]
@@ -246,7 +246,9 @@ pub fn bench(args: BenchArgs) -> ExitCode {
                 return ExitCode::from(EXIT_BAD_INPUT);
             }
             if background > 16 || hogs > 256 || seconds == 0 || seconds > 3600 {
-                eprintln!("hover: error: give --background 0-16, --hogs 0-256 and --seconds 1-3600");
+                eprintln!(
+                    "hover: error: give --background 0-16, --hogs 0-256 and --seconds 1-3600"
+                );
                 return ExitCode::from(EXIT_BAD_INPUT);
             }
             hover_bench::boost::run(

@@ -89,6 +89,27 @@ pub enum CtlAction {
     Stats,
     /// The Prometheus text exposition (`GET /metrics`).
     Metrics,
+    /// Change vCPU priority boosting live; what is not given stays.
+    Boost {
+        /// off, dynamic or static.
+        #[arg(long, value_parser = ["off", "dynamic", "static"])]
+        mode: Option<String>,
+        /// fifo[:PRIO] or nice[:VALUE].
+        #[arg(long)]
+        policy: Option<String>,
+        /// CPU time a boost may run before it is revoked, ms.
+        #[arg(long)]
+        max_ms: Option<u64>,
+        /// No boost for this long after a revocation, ms.
+        #[arg(long)]
+        cooldown_ms: Option<u64>,
+        /// Most boosts per vCPU per second.
+        #[arg(long)]
+        max_rate: Option<u32>,
+        /// The boost monitor's period, us.
+        #[arg(long)]
+        poll_us: Option<u64>,
+    },
     /// Change halt polling: `--window-ns N`, `--auto [--budget PCT]` or `--kvm-default`.
     HaltPoll {
         /// A fixed maximum window, nanoseconds (0: no polling; at most 10 ms).
@@ -177,6 +198,32 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
             };
             ("PUT", "/vm/halt-poll", Some(body.to_string()))
         }
+        CtlAction::Boost {
+            mode,
+            policy,
+            max_ms,
+            cooldown_ms,
+            max_rate,
+            poll_us,
+        } => {
+            let mut body = serde_json::Map::new();
+            let mut put = |k: &str, v: serde_json::Value| {
+                if !v.is_null() {
+                    body.insert(k.into(), v);
+                }
+            };
+            put("mode", serde_json::json!(mode));
+            put("policy", serde_json::json!(policy));
+            put("max_ms", serde_json::json!(max_ms));
+            put("cooldown_ms", serde_json::json!(cooldown_ms));
+            put("max_rate", serde_json::json!(max_rate));
+            put("poll_us", serde_json::json!(poll_us));
+            (
+                "PUT",
+                "/vm/boost",
+                Some(serde_json::Value::Object(body).to_string()),
+            )
+        }
     };
     if let CtlAction::Migrate { .. } = args.action {
         return match migrate_with_progress(&args.api_socket, body.as_deref()) {
@@ -232,6 +279,7 @@ impl CtlArgs {
             CtlAction::Metrics => "metrics",
             CtlAction::Migrate { .. } => "migrate",
             CtlAction::HaltPoll { .. } => "halt-poll",
+            CtlAction::Boost { .. } => "boost",
         }
     }
 }

@@ -250,6 +250,7 @@ pub fn print_ctl(action: &str, v: &serde_json::Value) {
             }
         ),
         "halt-poll" => out!(w, "halt polling: {}", v["halt_poll"]),
+        "boost" => out!(w, "boosting: {}", v["boost"]),
         "migrate" => out!(
             w,
             "migrated to {}: {} rounds, {} pages ({:.1} MiB) in {:.1} ms; downtime {:.2} ms (the guest saw {:.2} ms)",

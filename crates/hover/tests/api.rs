@@ -310,6 +310,7 @@ fn api_yaml_matches_the_live_server() {
         ("GET", "/vm/stats"),
         ("GET", "/metrics"),
         ("PUT", "/vm/halt-poll"),
+        ("PUT", "/vm/boost"),
         ("PUT", "/vm/migrate"),
         ("PUT", "/vm/pause"),
         ("PUT", "/vm/resume"),

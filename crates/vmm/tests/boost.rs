@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::{boot, report};
 use hover_vmm::host::kvm_for_test;
 use hover_vmm::sched::boost::policy;
-use hover_vmm::sched::boost::{BoostConfig, BoostMode, BoostPolicy};
+use hover_vmm::sched::boost::{BoostConfig, BoostMode, BoostPolicy, BoostUpdate};
 use hover_vmm::vm::{Command, Reply};
 use hover_vmm::{RunOutcome, Vm, VmConfig};
 
@@ -252,7 +252,7 @@ fn vcpu_rt_boosts_every_vcpu_thread_for_the_whole_run() {
     let o = run_ok(config(
         BoostMode::Static,
         2,
-        "workload=timer interval_us=1000 seconds=1",
+        "workload=timer rt=1 interval_us=1000 seconds=1",
         |_| {},
     ));
     let seen = w.finish();
@@ -261,12 +261,10 @@ fn vcpu_rt_boosts_every_vcpu_thread_for_the_whole_run() {
     }
     for v in 0..2 {
         assert_eq!(stats(&o, v).boosts, 1);
-        assert!(
-            !stats(&o, v).registered,
-            "static mode takes no registrations"
-        );
     }
-    assert_eq!(report(&o, "boost.registered"), 0);
+    // Registered (the mode can change live), but static mode ignores it.
+    assert_eq!(report(&o, "boost.registered"), 2);
+    assert_eq!(report(&o, "boost.unboost_calls"), 0);
 }
 
 #[test]
@@ -313,8 +311,8 @@ fn pausing_unboosts_and_nothing_stays_boosted_after_the_run() {
 }
 
 #[test]
-fn with_boosting_off_the_guest_registers_nothing_and_runs() {
-    if !kvm_for_test("with_boosting_off_the_guest_registers_nothing_and_runs") {
+fn with_boosting_off_no_vcpu_thread_is_boosted() {
+    if !kvm_for_test("with_boosting_off_no_vcpu_thread_is_boosted") {
         return;
     }
     let _s = serial();
@@ -324,7 +322,66 @@ fn with_boosting_off_the_guest_registers_nothing_and_runs() {
         "workload=critical count=2 hold_us=1000",
         |_| {},
     ));
-    assert!(o.boost.is_none());
-    assert_eq!(report(&o, "boost.registered"), 0);
+    assert!(o.boost.is_none(), "no boost happened");
+    // The area is registered (boosting can be switched on live) ...
+    assert_eq!(report(&o, "boost.registered"), 1);
+    // ... but nothing acts on it.
     assert_eq!(report(&o, "critical.boosted"), 0);
+    assert_eq!(report(&o, "boost.unboost_calls"), 0);
+}
+
+#[test]
+fn boosting_is_switched_on_and_off_while_the_vm_runs() {
+    if !may_boost("boosting_is_switched_on_and_off_while_the_vm_runs") {
+        return;
+    }
+    let _s = serial();
+    let c = config(
+        BoostMode::Off,
+        1,
+        "workload=critical count=1 hold_us=3000000 gap_us=0",
+        |c| c.max_ms = 10_000,
+    );
+    let vm = Vm::new(&c).unwrap();
+    let ctl = vm.controller();
+    let runner = std::thread::spawn(move || vm.run());
+    let timeout = Duration::from_secs(30);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        policy_of("vcpu0"),
+        Some(OTHER),
+        "off: the guest's request is ignored"
+    );
+    let on = BoostUpdate {
+        mode: Some(BoostMode::Dynamic),
+        ..Default::default()
+    };
+    let r = ctl.request(Command::Boost(on), timeout).unwrap();
+    assert!(matches!(r, Reply::Boost { .. }));
+    let t = Instant::now();
+    while policy_of("vcpu0") != Some(FIFO) {
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "not boosted after switching on"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let off = BoostUpdate {
+        mode: Some(BoostMode::Off),
+        ..Default::default()
+    };
+    ctl.request(Command::Boost(off), timeout).unwrap();
+    assert_eq!(
+        policy_of("vcpu0"),
+        Some(OTHER),
+        "switched off: unboosted at once"
+    );
+    let bad = BoostUpdate {
+        policy: Some("fifo:0".into()),
+        ..Default::default()
+    };
+    assert!(ctl.request(Command::Boost(bad), timeout).is_err());
+    ctl.request(Command::Shutdown, timeout).unwrap();
+    let o = runner.join().unwrap().unwrap();
+    assert!(stats(&o, 0).boosts >= 1);
 }

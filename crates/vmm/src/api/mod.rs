@@ -8,6 +8,7 @@
 //! | `PUT /vm/snapshot` `{"path": ..., "stop": bool}` | snapshot to a new file |
 //! | `GET /vm/stats` | live figures (what `hover stats` shows) |
 //! | `PUT /vm/halt-poll` `{"mode": ..., ...}` | change halt polling live |
+//! | `PUT /vm/boost` `{"mode": ..., "policy": ..., ...}` | change vCPU boosting live |
 //! | `PUT /vm/migrate` `{"to": ..., ...}` | live migration to `hover receive` |
 //! | `GET /metrics` | Prometheus text exposition |
 //!
@@ -46,7 +47,7 @@ pub use client::{query, ApiClient};
 
 /// Every endpoint the server answers: (method, path). docs/api.yaml
 /// documents exactly these (a test checks both ways).
-pub const ENDPOINTS: [(&str, &str); 9] = [
+pub const ENDPOINTS: [(&str, &str); 10] = [
     ("GET", "/vm"),
     ("PUT", "/vm/pause"),
     ("PUT", "/vm/resume"),
@@ -54,6 +55,7 @@ pub const ENDPOINTS: [(&str, &str); 9] = [
     ("PUT", "/vm/snapshot"),
     ("GET", "/vm/stats"),
     ("PUT", "/vm/halt-poll"),
+    ("PUT", "/vm/boost"),
     ("PUT", "/vm/migrate"),
     ("GET", "/metrics"),
 ];
@@ -237,6 +239,10 @@ fn route(ctx: &Ctx, method: &Method, url: &str, body: &[u8]) -> Result<Answer, A
                 stop: r.stop,
             })
         }
+        (Method::Put, "/vm/boost") => {
+            let r: crate::sched::boost::BoostUpdate = parse_body(body)?;
+            command(Command::Boost(r))
+        }
         (Method::Put, "/vm/halt-poll") => {
             let r: HaltPollRequest = parse_body(body)?;
             command(Command::HaltPoll(r.setting()?))
@@ -255,9 +261,14 @@ fn route(ctx: &Ctx, method: &Method, url: &str, body: &[u8]) -> Result<Answer, A
             405,
             format!("{path} takes GET, not {method}"),
         )),
-        (_, "/vm/pause" | "/vm/resume" | "/vm/shutdown" | "/vm/snapshot" | "/vm/halt-poll") => Err(
-            ApiFailure::new(405, format!("{path} takes PUT, not {method}")),
-        ),
+        (
+            _,
+            "/vm/pause" | "/vm/resume" | "/vm/shutdown" | "/vm/snapshot" | "/vm/halt-poll"
+            | "/vm/boost",
+        ) => Err(ApiFailure::new(
+            405,
+            format!("{path} takes PUT, not {method}"),
+        )),
         _ => Err(ApiFailure::new(
             404,
             format!("no such endpoint: {method} {path} (see docs/api.yaml)"),

@@ -34,6 +34,8 @@ pub enum Command {
     },
     /// Change halt polling.
     HaltPoll(HaltPoll),
+    /// Change vCPU priority boosting.
+    Boost(crate::sched::boost::BoostUpdate),
     /// Move the running VM to another host (`hover receive` there).
     Migrate(crate::migration::MigrateOptions),
 }
@@ -60,6 +62,11 @@ pub enum Reply {
     HaltPoll {
         /// The setting.
         halt_poll: serde_json::Value,
+    },
+    /// Boosting as now set ([`crate::sched::boost::BoostConfig::to_json`]).
+    Boost {
+        /// The settings.
+        boost: serde_json::Value,
     },
 }
 

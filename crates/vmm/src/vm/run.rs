@@ -13,7 +13,7 @@ use super::Vm;
 use crate::api::{ApiServer, GovernorSource, LiveSources};
 use crate::memory::paged::PagerStats;
 use crate::report;
-use crate::sched::boost::BoostMode;
+use crate::sched::boost::{BoostMode, BoostUpdate};
 use crate::sched::halt_poll::{self, Governor, GovernorReport, HaltPoll, MAX_WINDOW_NS};
 use crate::state::file::SnapshotWriter;
 use crate::state::{self, DevicesState, MachineState, VmState};
@@ -248,6 +248,7 @@ impl Running {
                 Ok(report) => (Ok(Reply::Migrated(report)), Some(End::Migrated)),
                 Err(e) => (Err(e), None),
             },
+            Command::Boost(u) => (self.set_boost(&u), None),
             Command::HaltPoll(h) => (
                 self.set_halt_poll(h).map(|_| Reply::HaltPoll {
                     halt_poll: h.to_json(),
@@ -431,6 +432,23 @@ impl Running {
         Ok(())
     }
 
+    fn set_boost(&mut self, u: &BoostUpdate) -> Result<Reply, CommandError> {
+        let new = u
+            .apply(self.vm.booster.config())
+            .map_err(|(field, reason)| CommandError::Invalid { field, reason })?;
+        self.vm.booster.set(new).map_err(CommandError::Host)?;
+        self.vm.saved.boost = new;
+        self.vm
+            .status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .config
+            .boost = new;
+        Ok(Reply::Boost {
+            boost: new.to_json(),
+        })
+    }
+
     fn set_halt_poll(&mut self, h: HaltPoll) -> Result<(), CommandError> {
         let invalid = |field, reason: String| CommandError::Invalid { field, reason };
         match h {
@@ -496,8 +514,7 @@ impl Running {
                     Box::new(p.stats_source()) as Box<dyn Fn() -> PagerStats + Send + Sync>
                 }),
                 governor: self.governor_live.clone(),
-                boost: (self.vm.booster.config().mode != BoostMode::Off)
-                    .then(|| self.vm.booster.clone()),
+                boost: Some(self.vm.booster.clone()),
                 io: self.vm.pvio.clone(),
                 started,
             };
@@ -543,7 +560,10 @@ impl Running {
             vcpu_histograms,
             pager: vm.pager.as_ref().map(|p| p.stats()),
             halt_poll: self.governor_reports.last().cloned(),
-            boost: (vm.booster.config().mode != BoostMode::Off).then(|| vm.booster.report()),
+            boost: {
+                let r = vm.booster.report();
+                (r.mode != BoostMode::Off || r.vcpus.iter().any(|v| v.boosts > 0)).then_some(r)
+            },
             vcpu_cpu_us,
             io: vm.pvio.stats(),
             vm_stats: crate::stats::read_vm(vm.vm_stats.as_ref()),

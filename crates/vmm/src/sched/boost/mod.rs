@@ -111,6 +111,63 @@ impl BoostConfig {
     }
 }
 
+impl BoostConfig {
+    /// The settings as `PUT /vm/boost` answers them (policy as text).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "mode": self.mode,
+            "policy": self.policy.to_string(),
+            "max_ms": self.max_ms,
+            "cooldown_ms": self.cooldown_ms,
+            "max_rate": self.max_rate,
+            "poll_us": self.poll_us,
+        })
+    }
+}
+
+/// A live change of the settings (`PUT /vm/boost`): what is absent stays.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BoostUpdate {
+    /// `off`, `dynamic` or `static`.
+    pub mode: Option<BoostMode>,
+    /// `fifo[:PRIO]` or `nice[:VALUE]`.
+    pub policy: Option<String>,
+    /// As `--boost-max-ms`.
+    pub max_ms: Option<u64>,
+    /// As `--boost-cooldown-ms`.
+    pub cooldown_ms: Option<u64>,
+    /// As `--boost-max-rate`.
+    pub max_rate: Option<u32>,
+    /// As `--boost-poll-us`.
+    pub poll_us: Option<u64>,
+}
+
+impl BoostUpdate {
+    /// `current` with this change, checked; or the field at fault and why.
+    pub fn apply(&self, current: BoostConfig) -> Result<BoostConfig, (&'static str, String)> {
+        let mut c = current;
+        if let Some(m) = self.mode {
+            c.mode = m;
+        }
+        if let Some(p) = &self.policy {
+            c.policy = p.parse().map_err(|e| ("policy", e))?;
+        }
+        c.max_ms = self.max_ms.unwrap_or(c.max_ms);
+        c.cooldown_ms = self.cooldown_ms.unwrap_or(c.cooldown_ms);
+        c.max_rate = self.max_rate.unwrap_or(c.max_rate);
+        c.poll_us = self.poll_us.unwrap_or(c.poll_us);
+        c.check().map_err(|e| {
+            let field = ["max_ms", "cooldown_ms", "max_rate", "poll_us", "policy"]
+                .into_iter()
+                .find(|f| e.contains(&f.replace('_', "-")))
+                .unwrap_or("body");
+            (field, e)
+        })?;
+        Ok(c)
+    }
+}
+
 /// Why a boost was granted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Source {
@@ -183,7 +240,8 @@ struct Slot {
 /// The host half of boosting for one VM; shared by its vCPU threads, the
 /// control device, the interrupt sources and the monitor thread.
 pub struct Booster {
-    config: BoostConfig,
+    /// The settings; changed live by [`Booster::set`].
+    config: Mutex<BoostConfig>,
     memory: GuestMemoryMmap,
     host_writes: Arc<HostWrites>,
     tsc_khz: u64,
@@ -205,7 +263,7 @@ impl Booster {
         tsc_khz: u64,
     ) -> Arc<Booster> {
         Arc::new(Booster {
-            config,
+            config: Mutex::new(config),
             memory,
             host_writes,
             tsc_khz: tsc_khz.max(1),
@@ -223,9 +281,47 @@ impl Booster {
         })
     }
 
-    /// The settings.
-    pub fn config(&self) -> &BoostConfig {
-        &self.config
+    /// The settings now.
+    pub fn config(&self) -> BoostConfig {
+        *self.config.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn mode(&self) -> BoostMode {
+        self.config().mode
+    }
+
+    /// Change the settings while the VM runs (`PUT /vm/boost`): every
+    /// thread is unboosted, then the new mode takes over (the monitor starts
+    /// or stops; `static` boosts every thread). Registrations stay, so a
+    /// guest can be switched to dynamic boosting and back.
+    pub fn set(self: &Arc<Self>, new: BoostConfig) -> Result<(), String> {
+        new.check()?;
+        let m = self
+            .monitor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(m) = m {
+            m.stop();
+        }
+        for v in 0..self.slots.len() {
+            self.unboost(v, None);
+            let mut s = self.lock(v);
+            s.throttled_until = None;
+            s.window = None;
+        }
+        *self.config.lock().unwrap_or_else(|p| p.into_inner()) = new;
+        for v in 0..self.slots.len() {
+            self.set_status(v, 0, status::THROTTLED);
+        }
+        self.start()
+            .map_err(|e| format!("cannot start the boost monitor: {e}"))?;
+        if new.mode == BoostMode::Static && !self.paused.load(Ordering::SeqCst) {
+            for v in 0..self.slots.len() {
+                self.boost(v, Source::Request);
+            }
+        }
+        Ok(())
     }
 
     fn lock(&self, vcpu: usize) -> MutexGuard<'_, SlotState> {
@@ -237,7 +333,7 @@ impl Booster {
 
     /// Start the monitor thread (dynamic mode only; idempotent).
     pub fn start(self: &Arc<Self>) -> std::io::Result<()> {
-        if self.config.mode != BoostMode::Dynamic {
+        if self.mode() != BoostMode::Dynamic {
             return Ok(());
         }
         let mut m = self.monitor.lock().unwrap_or_else(|p| p.into_inner());
@@ -284,7 +380,7 @@ impl Booster {
             s.tid = Some(tid);
             s.original = original;
         }
-        if self.config.mode == BoostMode::Static && !self.paused.load(Ordering::SeqCst) {
+        if self.mode() == BoostMode::Static && !self.paused.load(Ordering::SeqCst) {
             self.boost(vcpu, Source::Request);
         }
     }
@@ -306,7 +402,7 @@ impl Booster {
     /// The VM runs again.
     pub fn resume(&self) {
         self.paused.store(false, Ordering::SeqCst);
-        if self.config.mode == BoostMode::Static {
+        if self.mode() == BoostMode::Static {
             for v in 0..self.slots.len() {
                 self.boost(v, Source::Request);
             }
@@ -324,12 +420,10 @@ impl Booster {
     }
 
     /// A guest request `BOOST_REGISTER` from vCPU `vcpu`: the area at `gpa`
-    /// of layout `version`. Returns the control status.
+    /// of layout `version`. Returns the control status. Accepted whatever
+    /// the mode (only dynamic boosting acts on it), so that boosting can be
+    /// switched on while the VM runs; the guest's bits cost it no exit.
     pub fn register(&self, vcpu: usize, gpa: u64, version: u64) -> u32 {
-        if self.config.mode != BoostMode::Dynamic {
-            tracing::debug!(vcpu, "boost area not registered: dynamic boosting is off");
-            return control_status::UNAVAILABLE;
-        }
         match self.check_area(gpa, version) {
             Ok(()) => {
                 self.write_u32(gpa + offset::STATUS, 0);
@@ -407,9 +501,6 @@ impl Booster {
                 self.slots.len()
             ));
         }
-        if self.config.mode != BoostMode::Dynamic {
-            return Ok(());
-        }
         for (v, a) in areas.iter().enumerate() {
             let Some(gpa) = *a else { continue };
             self.check_bounds(gpa)
@@ -474,14 +565,20 @@ impl Booster {
     #[inline]
     pub fn on_exit(&self, vcpu: usize) {
         let Some(gpa) = self.area(vcpu) else { return };
-        if !self.slots[vcpu].boosted.load(Ordering::Relaxed) && self.requested(vcpu, gpa) != 0 {
+        if !self.slots[vcpu].boosted.load(Ordering::Relaxed)
+            && self.requested(vcpu, gpa) != 0
+            && self.mode() == BoostMode::Dynamic
+        {
             self.boost(vcpu, Source::Request);
         }
     }
 
     /// The monitor is about to inject an interrupt into vCPU `vcpu`.
     pub fn on_interrupt(&self, vcpu: usize) {
-        if self.area(vcpu).is_some() && !self.slots[vcpu].boosted.load(Ordering::Relaxed) {
+        if self.area(vcpu).is_some()
+            && !self.slots[vcpu].boosted.load(Ordering::Relaxed)
+            && self.mode() == BoostMode::Dynamic
+        {
             self.boost(vcpu, Source::Interrupt);
         }
     }
@@ -492,7 +589,7 @@ impl Booster {
         let Some(gpa) = self.area(vcpu) else {
             return control_status::UNAVAILABLE;
         };
-        if self.requested(vcpu, gpa) == 0 {
+        if self.requested(vcpu, gpa) == 0 && self.mode() == BoostMode::Dynamic {
             self.unboost(vcpu, Some(false));
         }
         // The guest unboosts as it goes idle, right after announcing its
@@ -511,7 +608,8 @@ impl Booster {
     /// change of the boost, so that the guest never reads "not boosted"
     /// for a thread that is (it would then never make the unboost call).
     pub fn boost(&self, vcpu: usize, source: Source) {
-        if self.config.mode == BoostMode::Off {
+        let config = self.config();
+        if config.mode == BoostMode::Off {
             return;
         }
         let mut s = self.lock(vcpu);
@@ -538,11 +636,11 @@ impl Booster {
                 0
             }
         };
-        if self.config.mode == BoostMode::Dynamic && in_window >= self.config.max_rate {
+        if config.mode == BoostMode::Dynamic && in_window >= config.max_rate {
             self.throttle_locked(&mut s, vcpu, "boosted too often");
             return;
         }
-        if let Err(e) = policy::apply(tid, self.config.policy) {
+        if let Err(e) = policy::apply(tid, config.policy) {
             s.stats.errors += 1;
             if !self.warned_os.swap(true, Ordering::Relaxed) {
                 tracing::warn!(vcpu, "cannot boost the vCPU thread: {e}");
@@ -562,10 +660,14 @@ impl Booster {
             Source::Timer => s.stats.boosts_timer += 1,
         }
         self.slots[vcpu].boosted.store(true, Ordering::SeqCst);
-        if let Some(gpa) = self.area(vcpu) {
-            self.write_u64(gpa + offset::BOOSTS, s.stats.boosts);
+        // Static boosts are not the guest's to end: it is not told, so it
+        // makes no unboost calls.
+        if config.mode == BoostMode::Dynamic {
+            if let Some(gpa) = self.area(vcpu) {
+                self.write_u64(gpa + offset::BOOSTS, s.stats.boosts);
+            }
+            self.set_status(vcpu, status::BOOSTED, 0);
         }
-        self.set_status(vcpu, status::BOOSTED, 0);
     }
 
     /// Unboost vCPU `vcpu`'s thread if boosted. `by`: `Some(false)` the
@@ -603,24 +705,22 @@ impl Booster {
     }
 
     fn throttle_locked(&self, s: &mut SlotState, vcpu: usize, why: &str) {
+        let cooldown_ms = self.config().cooldown_ms;
         if s.since.is_none() {
             s.stats.throttles += 1;
         }
-        s.throttled_until = Some(Instant::now() + Duration::from_millis(self.config.cooldown_ms));
+        s.throttled_until = Some(Instant::now() + Duration::from_millis(cooldown_ms));
         self.unboost_locked(s, vcpu, Some(true));
         self.set_status(vcpu, status::THROTTLED, 0);
-        tracing::info!(
-            vcpu,
-            "boost revoked ({why}); none for {} ms",
-            self.config.cooldown_ms
-        );
+        tracing::info!(vcpu, "boost revoked ({why}); none for {cooldown_ms} ms");
     }
 
     /// The figures so far (a boost still held counts up to now).
     pub fn report(&self) -> BoostReport {
+        let config = self.config();
         BoostReport {
-            mode: self.config.mode,
-            policy: self.config.policy.to_string(),
+            mode: config.mode,
+            policy: config.policy.to_string(),
             vcpus: (0..self.slots.len())
                 .map(|v| {
                     let s = self.lock(v);

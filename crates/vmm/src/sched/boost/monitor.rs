@@ -88,7 +88,8 @@ fn host_tsc() -> u64 {
 
 fn run(b: &Booster, stop: &(Mutex<bool>, Condvar)) {
     let me = policy::gettid();
-    let mine = b.config.policy.for_monitor();
+    let config = b.config();
+    let mine = config.policy.for_monitor();
     if let Err(e) = policy::apply(me, mine) {
         tracing::warn!(
             "the boost monitor runs at normal priority ({e}): boosts may come late under load"
@@ -98,8 +99,8 @@ fn run(b: &Booster, stop: &(Mutex<bool>, Condvar)) {
     // 100 us before a deadline needs better.
     // SAFETY: prctl(PR_SET_TIMERSLACK) only changes this thread's slack.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0, 0, 0) };
-    let poll = Duration::from_micros(b.config.poll_us);
-    let max_cpu_ns = b.config.max_ms * 1_000_000;
+    let poll = Duration::from_micros(config.poll_us);
+    let max_cpu_ns = config.max_ms * 1_000_000;
     let lead_ticks = TIMER_LEAD.as_micros() as u64 * b.tsc_khz / 1000;
     let mut tracks = vec![Track::default(); b.slots.len()];
     let mut guard = stop.0.lock().unwrap_or_else(|p| p.into_inner());
@@ -147,9 +148,6 @@ fn run(b: &Booster, stop: &(Mutex<bool>, Condvar)) {
 
 /// Revoke vCPU `v`'s boost if its thread has run `max_cpu_ns` since it began.
 fn check_held(b: &Booster, v: usize, max_cpu_ns: u64) {
-    if b.config.mode != super::BoostMode::Dynamic {
-        return;
-    }
     let (tid, cpu0) = {
         let s = b.lock(v);
         match (s.tid, s.since) {
