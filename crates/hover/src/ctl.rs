@@ -94,7 +94,7 @@ pub enum CtlAction {
         /// off, dynamic or static.
         #[arg(long, value_parser = ["off", "dynamic", "static"])]
         mode: Option<String>,
-        /// fifo[:PRIO] or nice[:VALUE].
+        /// `fifo[:PRIO]` or `nice[:VALUE]`.
         #[arg(long)]
         policy: Option<String>,
         /// CPU time a boost may run before it is revoked, ms.

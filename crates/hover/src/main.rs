@@ -212,8 +212,8 @@ struct RunArgs {
     /// long as it runs guest code (like crosvm's --rt-cpus).
     #[arg(long, conflicts_with = "boost")]
     vcpu_rt: bool,
-    /// What a boost does to a vCPU thread: fifo[:PRIO] (SCHED_FIFO, 1-99,
-    /// default 10) or nice[:VALUE] (-20..19, default -20).
+    /// What a boost does to a vCPU thread: `fifo[:PRIO]` (SCHED_FIFO, 1-99,
+    /// default 10) or `nice[:VALUE]` (-20..19, default -20).
     #[arg(long, default_value = "fifo", value_parser = parse_boost_policy)]
     boost_policy: BoostPolicy,
     /// Revoke a boost once its thread has run this many milliseconds of CPU
