@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::{boot, report};
 use hover_vmm::host::kvm_for_test;
 use hover_vmm::sched::boost::policy;
-use hover_vmm::sched::boost::{BoostConfig, BoostMode, BoostPolicy, BoostUpdate};
+use hover_vmm::sched::boost::{BoostConfig, BoostMode, BoostUpdate};
 use hover_vmm::vm::{Command, Reply};
 use hover_vmm::{RunOutcome, Vm, VmConfig};
 
@@ -30,13 +30,8 @@ fn may_boost(test: &str) -> bool {
     if !kvm_for_test(test) {
         return false;
     }
-    let tid = policy::gettid();
-    let before = policy::read(tid).unwrap();
-    match policy::apply(tid, BoostPolicy::Fifo(1)) {
-        Ok(()) => {
-            policy::restore(tid, before).unwrap();
-            true
-        }
+    match policy::fifo_allowed() {
+        Ok(()) => true,
         Err(e) if std::env::var_os("CI").is_some() => panic!("{test}: CI is set but {e}"),
         Err(e) => {
             eprintln!("skipping {test}: cannot use SCHED_FIFO here ({e})");

@@ -140,14 +140,7 @@ impl Booster {
     /// guest can be switched to dynamic boosting and back.
     pub fn set(self: &Arc<Self>, new: BoostConfig) -> Result<(), String> {
         new.check()?;
-        let m = self
-            .monitor
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(m) = m {
-            m.stop();
-        }
+        self.stop_monitor();
         for v in 0..self.slots.len() {
             self.unboost(v, None);
             let mut s = self.lock(v);
@@ -189,8 +182,7 @@ impl Booster {
         Ok(())
     }
 
-    /// Stop the monitor and unboost every thread (the VM ends).
-    pub fn stop(&self) {
+    fn stop_monitor(&self) {
         let m = self
             .monitor
             .lock()
@@ -199,6 +191,11 @@ impl Booster {
         if let Some(m) = m {
             m.stop();
         }
+    }
+
+    /// Stop the monitor and unboost every thread (the VM ends).
+    pub fn stop(&self) {
+        self.stop_monitor();
         self.paused.store(true, Ordering::SeqCst);
         for v in 0..self.slots.len() {
             self.unboost(v, None);

@@ -170,6 +170,15 @@ pub fn restore(tid: i32, original: SchedParams) -> std::io::Result<()> {
     set_nice(tid, original.nice)
 }
 
+/// Whether this process may raise a thread to SCHED_FIFO: tried on the
+/// calling thread, which is put back as it was.
+pub fn fifo_allowed() -> std::io::Result<()> {
+    let tid = gettid();
+    let before = read(tid)?;
+    apply(tid, BoostPolicy::Fifo(1))?;
+    restore(tid, before)
+}
+
 /// CPU time thread `tid` (of this process) has used, in nanoseconds.
 pub fn thread_cpu_ns(tid: i32) -> std::io::Result<u64> {
     // The kernel's per-thread CPU clock id: MAKE_THREAD_CPUCLOCK(tid,

@@ -55,13 +55,8 @@ fn vcpu_thread(b: &Arc<Booster>) -> (i32, mpsc::Sender<()>, std::thread::JoinHan
 /// Whether this process may raise a thread to SCHED_FIFO (tests that need
 /// it print why they stop otherwise).
 fn may_boost() -> bool {
-    let tid = policy::gettid();
-    let before = policy::read(tid).unwrap();
-    match policy::apply(tid, BoostPolicy::Fifo(1)) {
-        Ok(()) => {
-            policy::restore(tid, before).unwrap();
-            true
-        }
+    match policy::fifo_allowed() {
+        Ok(()) => true,
         Err(e) => {
             eprintln!("skipped: cannot use SCHED_FIFO here ({e})");
             false
