@@ -105,6 +105,15 @@ impl Watcher {
     }
 }
 
+/// Wait up to 2 s for thread `name` to run SCHED_FIFO; `what` says what failed.
+fn wait_for_fifo(name: &str, what: &str) {
+    let t = Instant::now();
+    while policy_of(name) != Some(FIFO) {
+        assert!(t.elapsed() < Duration::from_secs(2), "{name}: {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 fn run_ok(c: VmConfig) -> RunOutcome {
     let cmdline = c.cmdline.clone();
     let (result, console) = boot(c);
@@ -277,11 +286,7 @@ fn pausing_unboosts_and_nothing_stays_boosted_after_the_run() {
     let vm = Vm::new(&c).unwrap();
     let ctl = vm.controller();
     let runner = std::thread::spawn(move || vm.run());
-    let t = Instant::now();
-    while policy_of("vcpu0") != Some(FIFO) {
-        assert!(t.elapsed() < Duration::from_secs(2), "never boosted");
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    wait_for_fifo("vcpu0", "never boosted");
     let timeout = Duration::from_secs(30);
     assert!(matches!(
         ctl.request(Command::Pause, timeout),
@@ -290,14 +295,7 @@ fn pausing_unboosts_and_nothing_stays_boosted_after_the_run() {
     assert_eq!(policy_of("vcpu0"), Some(OTHER), "paused, so unboosted");
     assert!(ctl.request(Command::Resume, timeout).is_ok());
     // The guest still asks: the boost comes back.
-    let t = Instant::now();
-    while policy_of("vcpu0") != Some(FIFO) {
-        assert!(
-            t.elapsed() < Duration::from_secs(2),
-            "not boosted again after resume"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    wait_for_fifo("vcpu0", "not boosted again after resume");
     assert!(ctl.request(Command::Shutdown, timeout).is_ok());
     let o = runner.join().unwrap().unwrap();
     assert!(stats(&o, 0).boosts >= 2);
@@ -353,14 +351,7 @@ fn boosting_is_switched_on_and_off_while_the_vm_runs() {
     };
     let r = ctl.request(Command::Boost(on), timeout).unwrap();
     assert!(matches!(r, Reply::Boost { .. }));
-    let t = Instant::now();
-    while policy_of("vcpu0") != Some(FIFO) {
-        assert!(
-            t.elapsed() < Duration::from_secs(2),
-            "not boosted after switching on"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    wait_for_fifo("vcpu0", "not boosted after switching on");
     let off = BoostUpdate {
         mode: Some(BoostMode::Off),
         ..Default::default()
