@@ -358,3 +358,39 @@ fn api_yaml_matches_the_live_server() {
     assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(outcome["ended"], "shutdown");
 }
+
+#[test]
+fn the_api_socket_answers_as_soon_as_it_appears() {
+    if !kvm_for_test("the_api_socket_answers_as_soon_as_it_appears") {
+        return;
+    }
+    let dir = Scratch::new("api-appears");
+    // A client that connects the moment the path exists must never be
+    // refused (binding in place left a window between bind and listen).
+    for round in 0..3 {
+        let socket = dir.path(&format!("vm{round}.sock"));
+        let mut child = common::hover_cmd()
+            .args(["run", "--cmdline", "workload=spin tasks=1 seconds=1"])
+            .args(["--api-socket", socket.to_str().unwrap(), "--console", "off"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !socket.exists() {
+            assert!(Instant::now() < deadline, "{socket:?} never appeared");
+            std::hint::spin_loop();
+        }
+        let connected = UnixStream::connect(&socket);
+        // Only the socket is in the directory: no staging name is left.
+        let names: Vec<_> = std::fs::read_dir(&dir.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.starts_with(".hover-api"))
+            .collect();
+        let status = child.wait().unwrap();
+        assert!(connected.is_ok(), "round {round}: {connected:?}");
+        assert!(names.is_empty(), "left behind: {names:?}");
+        assert!(status.success(), "round {round}: {status}");
+    }
+}

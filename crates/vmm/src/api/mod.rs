@@ -323,6 +323,18 @@ fn respond(req: tiny_http::Request, answer: Answer) {
     let _ = req.respond(response);
 }
 
+/// A name beside `path` for binding before the socket is linked in place,
+/// if a Unix socket address has room for it.
+fn staging_path(path: &Path) -> Option<PathBuf> {
+    // sun_path is 108 bytes with its terminating NUL.
+    const SUN_PATH_MAX: usize = 107;
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!(".hover-api-{}-{n}", std::process::id());
+    let staged = path.parent().unwrap_or(Path::new("")).join(name);
+    (staged.as_os_str().len() <= SUN_PATH_MAX).then_some(staged)
+}
+
 /// The listening socket and its thread.
 pub struct ApiServer {
     path: PathBuf,
@@ -348,19 +360,43 @@ impl ApiServer {
             path: path.into(),
             source,
         };
-        let listener = UnixListener::bind(path).map_err(bind)?;
+        // Bind and listen under a private name, then link the socket to
+        // its real name: a client that sees `path` can connect at once
+        // (binding in place leaves a moment when the file exists but nothing
+        // listens, and a quick client gets ECONNREFUSED), and link() refuses
+        // to replace anything that appeared there meanwhile.
+        let staging = staging_path(path);
+        let (listener, bound_at) = match staging.as_deref().map(|s| (UnixListener::bind(s), s)) {
+            Some((Ok(l), s)) => (l, s),
+            // No room for a private name (socket paths are short): bind in place.
+            _ => (UnixListener::bind(path).map_err(bind)?, path),
+        };
+        let unbind = || {
+            let _ = std::fs::remove_file(bound_at);
+        };
         // Only the owner may steer the VM.
-        if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)) {
-            let _ = std::fs::remove_file(path);
+        if let Err(e) = std::fs::set_permissions(bound_at, std::fs::Permissions::from_mode(0o600)) {
+            unbind();
             return Err(bind(e));
         }
         let server = match Server::from_listener(listener, None) {
             Ok(s) => Arc::new(s),
             Err(e) => {
-                let _ = std::fs::remove_file(path);
+                unbind();
                 return Err(bind(std::io::Error::other(e.to_string())));
             }
         };
+        if bound_at != path {
+            let linked = std::fs::hard_link(bound_at, path);
+            unbind();
+            match linked {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    return Err(ApiError::Exists(path.into()))
+                }
+                Err(e) => return Err(bind(e)),
+            }
+        }
         let ctx = Arc::new(Ctx {
             sources,
             controller,
