@@ -84,7 +84,20 @@ pub enum CtlAction {
         /// --memory-backend memfd [default: the VMM sends itself].
         #[arg(long, value_parser = ["per-page", "readv", "persistent"])]
         sender_process: Option<String>,
+        /// How memory moves: every page before the guest runs there
+        /// (precopy), the guest runs there at once and memory follows on
+        /// demand and in the background (postcopy), or pre-copy rounds
+        /// until they stop converging, then post-copy (hybrid).
+        #[arg(long, default_value = "precopy", value_parser = ["precopy", "postcopy", "hybrid"])]
+        mode: String,
+        /// Reconnect a post-copy migration whose connection broke (the VM
+        /// here is postcopy-paused) to the destination, which waits at its
+        /// --listen address.
+        #[arg(long)]
+        recover: bool,
     },
+    /// Have the hybrid migration under way switch to post-copy now.
+    Postcopy,
     /// Live figures: KVM statistics, pager, governor, I/O device.
     Stats,
     /// The Prometheus text exposition (`GET /metrics`).
@@ -150,6 +163,8 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
             throttle_step,
             throttle_max,
             sender_process,
+            mode,
+            recover,
         } => {
             let body = serde_json::json!({
                 "to": to,
@@ -164,10 +179,13 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
                 "throttle_step": throttle_step,
                 "throttle_max": throttle_max,
                 "sender_process": sender_process,
+                "mode": mode,
+                "recover": recover,
             });
             ("PUT", "/vm/migrate", Some(body.to_string()))
         }
         CtlAction::Metrics => ("GET", "/metrics", None),
+        CtlAction::Postcopy => ("PUT", "/vm/migrate/postcopy", None),
         CtlAction::Snapshot { path, stop } => {
             // The VM resolves paths from its own directory: send an absolute one.
             let path = std::env::current_dir()
@@ -280,6 +298,7 @@ impl CtlArgs {
             CtlAction::Migrate { .. } => "migrate",
             CtlAction::HaltPoll { .. } => "halt-poll",
             CtlAction::Boost { .. } => "boost",
+            CtlAction::Postcopy => "postcopy",
         }
     }
 }

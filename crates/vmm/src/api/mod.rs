@@ -10,6 +10,7 @@
 //! | `PUT /vm/halt-poll` `{"mode": ..., ...}` | change halt polling live |
 //! | `PUT /vm/boost` `{"mode": ..., "policy": ..., ...}` | change vCPU boosting live |
 //! | `PUT /vm/migrate` `{"to": ..., ...}` | live migration to `hover receive` |
+//! | `PUT /vm/migrate/postcopy` | a hybrid migration switches to post-copy now |
 //! | `GET /metrics` | Prometheus text exposition |
 //!
 //! HTTP parsing is tiny_http's. Each request is answered on its own short
@@ -47,7 +48,7 @@ pub use client::{query, ApiClient};
 
 /// Every endpoint the server answers: (method, path). docs/api.yaml
 /// documents exactly these (a test checks both ways).
-pub const ENDPOINTS: [(&str, &str); 10] = [
+pub const ENDPOINTS: [(&str, &str); 11] = [
     ("GET", "/vm"),
     ("PUT", "/vm/pause"),
     ("PUT", "/vm/resume"),
@@ -57,6 +58,7 @@ pub const ENDPOINTS: [(&str, &str); 10] = [
     ("PUT", "/vm/halt-poll"),
     ("PUT", "/vm/boost"),
     ("PUT", "/vm/migrate"),
+    ("PUT", "/vm/migrate/postcopy"),
     ("GET", "/metrics"),
 ];
 
@@ -251,6 +253,11 @@ fn route(ctx: &Ctx, method: &Method, url: &str, body: &[u8]) -> Result<Answer, A
             let r: MigrateRequest = parse_body(body)?;
             command(Command::Migrate(r.options()?))
         }
+        (Method::Put, "/vm/migrate/postcopy") => {
+            no_body()?;
+            ctx.controller.switch_to_postcopy()?;
+            Ok(json(200, &ctx.controller.info()))
+        }
         (Method::Get, "/vm/stats") => Ok(json(200, &ctx.sources.snapshot())),
         (Method::Get, "/metrics") => Ok((
             200,
@@ -263,8 +270,14 @@ fn route(ctx: &Ctx, method: &Method, url: &str, body: &[u8]) -> Result<Answer, A
         )),
         (
             _,
-            "/vm/pause" | "/vm/resume" | "/vm/shutdown" | "/vm/snapshot" | "/vm/halt-poll"
-            | "/vm/boost",
+            "/vm/pause"
+            | "/vm/resume"
+            | "/vm/shutdown"
+            | "/vm/snapshot"
+            | "/vm/halt-poll"
+            | "/vm/boost"
+            | "/vm/migrate"
+            | "/vm/migrate/postcopy",
         ) => Err(ApiFailure::new(
             405,
             format!("{path} takes PUT, not {method}"),

@@ -35,6 +35,9 @@ pub(super) struct MigrateRequest {
     throttle_step: Option<u8>,
     throttle_max: Option<u8>,
     sender_process: Option<String>,
+    mode: Option<String>,
+    #[serde(default)]
+    recover: bool,
 }
 
 impl MigrateRequest {
@@ -69,6 +72,10 @@ impl MigrateRequest {
                     .map_err(|e| ApiFailure::bad("sender_process", e))?,
             );
         }
+        if let Some(m) = &self.mode {
+            o.mode = m.parse().map_err(|e| ApiFailure::bad("mode", e))?;
+        }
+        o.recover = self.recover;
         o.check()
             .map_err(|(field, reason)| ApiFailure::bad(field, reason))?;
         Ok(o)

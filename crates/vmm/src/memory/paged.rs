@@ -39,9 +39,11 @@ use super::uffd::{Uffd, FEATURE_MOVE};
 use super::GuestRam;
 use workers::{fault_loop, worker_loop, RawEventFd};
 
+mod place;
 mod source;
 mod workers;
 
+pub use place::Placer;
 pub use source::{PageContent, PageReader, PageSource};
 
 const ABSENT: u8 = 0;
@@ -119,6 +121,11 @@ pub struct PagerStats {
     pub store_direct: bool,
     /// Pages read from the page source (a snapshot file on a lazy restore).
     pub source_reads: u64,
+    /// Pages placed before the guest touched them (pushed by a post-copy
+    /// source), and the `UFFDIO_COPY` calls that placed them.
+    pub pushed_pages: u64,
+    /// See `pushed_pages`.
+    pub push_copies: u64,
 }
 
 /// A pageable range of host memory.
@@ -140,6 +147,8 @@ struct Shared {
     busy: RwLock<()>,
     source: Option<Arc<dyn PageSource>>,
     source_reads: AtomicU64,
+    pushed: AtomicU64,
+    push_copies: AtomicU64,
     queue: Mutex<VecDeque<(u32, Instant)>>,
     queued: Condvar,
     resident: AtomicU64,
@@ -466,6 +475,8 @@ impl Pager {
                 busy: RwLock::new(()),
                 source,
                 source_reads: AtomicU64::new(0),
+                pushed: AtomicU64::new(0),
+                push_copies: AtomicU64::new(0),
                 queue: Mutex::new(VecDeque::new()),
                 queued: Condvar::new(),
                 resident: AtomicU64::new(0),
@@ -518,6 +529,11 @@ impl Pager {
         self.shared.stats()
     }
 
+    /// A handle that places pages pushed ahead of the guest's touch.
+    pub fn placer(&self) -> Placer {
+        Placer::new(self.shared.clone())
+    }
+
     /// A way to read [`Pager::stats`] from another thread while the pager runs.
     pub fn stats_source(&self) -> impl Fn() -> PagerStats + Send + Sync + 'static {
         let shared = self.shared.clone();
@@ -547,6 +563,8 @@ impl Shared {
             },
             store_direct: sh.store.as_ref().is_some_and(|s| s.is_direct()),
             source_reads: load(&sh.source_reads),
+            pushed_pages: load(&sh.pushed),
+            push_copies: load(&sh.push_copies),
         }
     }
 }

@@ -121,10 +121,11 @@ impl Uffd {
     /// Fill the missing page(s) at `dst` with a copy of `src` and wake the
     /// threads waiting on them. `Ok(false)`: the page was already there.
     pub fn copy(&self, dst: u64, src: *const u8, len: u64) -> io::Result<bool> {
+        let (mut dst, mut src, mut len) = (dst, src as u64, len);
         loop {
             let mut c = UffdioCopy {
                 dst,
-                src: src as u64,
+                src,
                 len,
                 mode: 0,
                 copy: 0,
@@ -135,14 +136,24 @@ impl Uffd {
             if rc == 0 {
                 return Ok(true);
             }
-            match io::Error::last_os_error().raw_os_error() {
+            let err = io::Error::last_os_error();
+            match err.raw_os_error() {
                 Some(libc::EEXIST) => {
                     self.wake(dst, len)?;
                     return Ok(false);
                 }
-                // The address space changed under the copy: retry.
-                Some(libc::EAGAIN) => continue,
-                _ => return Err(io::Error::last_os_error()),
+                // The address space changed under the copy: go on from
+                // where it stopped (a run of pages may be partly copied).
+                Some(libc::EAGAIN) => {
+                    if c.copy > 0 {
+                        let done = (c.copy as u64).min(len);
+                        (dst, src, len) = (dst + done, src + done, len - done);
+                        if len == 0 {
+                            return Ok(true);
+                        }
+                    }
+                }
+                _ => return Err(err),
             }
         }
     }

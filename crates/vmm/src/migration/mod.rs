@@ -11,6 +11,7 @@
 pub mod batch;
 pub mod dirty;
 pub mod mapper;
+pub mod postcopy;
 pub mod received;
 pub mod sender;
 pub mod throttle;
@@ -85,6 +86,11 @@ pub struct MigrateOptions {
     /// Send from a separate process that reads guest memory this way
     /// (`None`: the VMM's own thread sends).
     pub sender_process: Option<mapper::MapMode>,
+    /// How memory moves.
+    pub mode: postcopy::Mode,
+    /// Reconnect a post-copy migration whose connection broke (the VM is
+    /// `postcopy-paused`) instead of starting one.
+    pub recover: bool,
 }
 
 impl MigrateOptions {
@@ -100,6 +106,8 @@ impl MigrateOptions {
             verify: false,
             throttle: throttle::ThrottleSettings::default(),
             sender_process: None,
+            mode: postcopy::Mode::Precopy,
+            recover: false,
         }
     }
 
@@ -124,6 +132,12 @@ impl MigrateOptions {
         if self.bandwidth == Some(0) {
             return Err(("bandwidth", "0 bytes per second moves nothing".into()));
         }
+        if self.mode != postcopy::Mode::Precopy && self.sender_process.is_some() {
+            return Err((
+                "sender_process",
+                "post-copy serves page requests from the VMM's own thread: leave sender_process out".into(),
+            ));
+        }
         if self.timeout.is_zero() {
             return Err(("timeout_s", "a migration needs some time".into()));
         }
@@ -136,6 +150,11 @@ impl MigrateOptions {
 pub struct MigrationReport {
     /// The destination.
     pub to: String,
+    /// How memory moved: `precopy`, or `postcopy` (also when a hybrid
+    /// migration switched).
+    pub mode: String,
+    /// The post-copy phase, if there was one.
+    pub postcopy: Option<postcopy::PostcopyReport>,
     /// The tracker.
     pub tracker: String,
     /// Pages per batch.
@@ -199,6 +218,10 @@ pub enum MigrationError {
     /// The guest dirties memory faster than the link moves it.
     #[error("{0}")]
     NoConvergence(String),
+    /// The post-copy phase stopped: the guest runs at the destination and
+    /// this VM is `postcopy-paused`, keeping what the destination lacks.
+    #[error("post-copy stopped ({0}); the guest runs at the destination and this VM keeps the pages it still lacks: reconnect with `hover ctl migrate --recover --to ADDR`")]
+    PostcopyInterrupted(String),
     /// The guest powered off or crashed while migrating.
     #[error("the guest stopped while migrating")]
     GuestEnded,

@@ -47,6 +47,14 @@ impl ReceivedPages {
         Ok(())
     }
 
+    /// The addresses of the pages kept, ascending.
+    pub fn held(&self) -> Vec<u64> {
+        (0..self.present.len())
+            .filter(|&i| self.present[i].load(Ordering::Acquire))
+            .map(|i| i as u64 * PAGE_SIZE)
+            .collect()
+    }
+
     /// The file the pages are kept in.
     pub fn path(&self) -> &Path {
         self.store.path()

@@ -2,9 +2,18 @@
 //! 24-byte header (kind, length, CRC32 of the payload) and its payload.
 //!
 //! ```text
-//! source -> destination: HELLO, CONF, PAGES..., STATE, [DIGEST], END
-//! destination -> source: READY after CONF, RUNNING after END
+//! pre-copy:
+//! source -> destination: HELLO, CONF, MODE, PAGES..., STATE, [DIGEST], END
+//! destination -> source: READY after MODE, RUNNING after END
 //!                        (or ERROR with a message, at any point)
+//! post-copy (and hybrid, which sends PAGES rounds before STATE):
+//! source -> destination: HELLO, CONF, MODE, [PAGES...], STATE, POSTCOPY,
+//!                        then PAGES (demanded first) ..., [DIGEST], END
+//! destination -> source: READY, RUNNING after POSTCOPY, REQUEST... while
+//!                        pages are missing, DONE after END
+//! recovery of a post-copy whose connection broke:
+//! source -> destination: HELLO, RECOVER; destination -> source: MISSING;
+//!                        then as after RUNNING
 //! ```
 //! State payloads are the snapshot file's section types, encoded the same
 //! way (postcard); a PAGES payload is a page count, the pages' guest
@@ -17,7 +26,7 @@ use hover_abi::layout::PAGE_SIZE;
 /// The stream's magic.
 pub const MAGIC: [u8; 8] = *b"HOVERMIG";
 /// The stream version this build speaks.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 /// Largest page batch.
 pub const MAX_BATCH: usize = 4096;
 /// Largest frame payload: a full page batch, or a state document.
@@ -36,15 +45,32 @@ pub enum Kind {
     State = 3,
     /// A digest of every page that holds something (with `--verify`).
     Digest = 4,
-    /// Nothing more: run the VM.
+    /// Nothing more: run the VM (post-copy: every page has been sent).
     End = 5,
+    /// How memory will move: one byte, [`MODE_PRECOPY`] or [`MODE_POSTCOPY`].
+    Mode = 6,
+    /// Run the guest now; a page bitmap of what is still at the source.
+    Postcopy = 7,
+    /// The first frame of a connection that resumes a broken post-copy.
+    Recover = 8,
     /// Destination: the VM is built, send memory.
     Ready = 16,
     /// Destination: the guest runs here now.
     Running = 17,
     /// Either side: a UTF-8 reason, then the connection closes.
     Error = 18,
+    /// Destination, post-copy: the guest needs these pages (u64 addresses).
+    Request = 19,
+    /// Destination, post-copy: every page has arrived.
+    Done = 20,
+    /// Destination, on recovery: a page bitmap of what is still missing.
+    Missing = 21,
 }
+
+/// [`Kind::Mode`]: every page arrives before the guest runs here.
+pub const MODE_PRECOPY: u8 = 0;
+/// [`Kind::Mode`]: the guest may run here before all pages arrive.
+pub const MODE_POSTCOPY: u8 = 1;
 
 impl Kind {
     fn from(v: u32) -> Option<Kind> {
@@ -54,9 +80,15 @@ impl Kind {
             3 => Kind::State,
             4 => Kind::Digest,
             5 => Kind::End,
+            6 => Kind::Mode,
+            7 => Kind::Postcopy,
+            8 => Kind::Recover,
             16 => Kind::Ready,
             17 => Kind::Running,
             18 => Kind::Error,
+            19 => Kind::Request,
+            20 => Kind::Done,
+            21 => Kind::Missing,
             _ => return None,
         })
     }
@@ -250,6 +282,11 @@ impl<W: Write> FrameWriter<W> {
         self.inner.flush()
     }
 
+    /// The writer.
+    pub fn get_ref(&self) -> &W {
+        &self.inner
+    }
+
     /// The writer, given back.
     pub fn into_inner(self) -> W {
         self.inner
@@ -305,6 +342,76 @@ pub fn pages_header(gpas: &[u64]) -> Vec<u8> {
         h.extend_from_slice(&g.to_le_bytes());
     }
     h
+}
+
+/// A bitmap of pages below guest-physical `end`: bit `i` of byte `i / 8`
+/// is the page at `i * PAGE_SIZE`.
+pub fn page_bitmap(gpas: impl IntoIterator<Item = u64>, end: u64) -> Vec<u8> {
+    let mut b = vec![0u8; (end / PAGE_SIZE).div_ceil(8) as usize];
+    for g in gpas {
+        let i = (g / PAGE_SIZE) as usize;
+        if let Some(byte) = b.get_mut(i / 8) {
+            *byte |= 1 << (i % 8);
+        }
+    }
+    b
+}
+
+/// The page addresses set in `bitmap`, which must be the size
+/// [`page_bitmap`] makes for `end`, with no page set at or past `end`.
+pub fn bitmap_pages(bitmap: &[u8], end: u64) -> Result<Vec<u64>, String> {
+    let pages = end / PAGE_SIZE;
+    let want = pages.div_ceil(8) as usize;
+    if bitmap.len() != want {
+        return Err(format!(
+            "a page bitmap of {} bytes where guest memory needs {want}",
+            bitmap.len()
+        ));
+    }
+    let mut out = Vec::new();
+    for (i, &byte) in bitmap.iter().enumerate() {
+        for bit in 0..8 {
+            if byte & (1 << bit) != 0 {
+                let page = (i * 8 + bit) as u64;
+                if page >= pages {
+                    return Err(format!(
+                        "page {:#x} is outside guest memory",
+                        page * PAGE_SIZE
+                    ));
+                }
+                out.push(page * PAGE_SIZE);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A REQUEST payload: page addresses.
+pub fn encode_addrs(gpas: &[u64]) -> Vec<u8> {
+    gpas.iter().flat_map(|g| g.to_le_bytes()).collect()
+}
+
+/// The page addresses of a REQUEST payload, each page-aligned and below `end`.
+pub fn decode_addrs(p: &[u8], end: u64) -> Result<Vec<u64>, String> {
+    if p.is_empty() || !p.len().is_multiple_of(8) || p.len() / 8 > MAX_BATCH {
+        return Err(format!(
+            "a request of {} bytes (1 to {MAX_BATCH} 8-byte addresses)",
+            p.len()
+        ));
+    }
+    let gpas: Vec<u64> = p
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect();
+    match gpas
+        .iter()
+        .find(|g| !g.is_multiple_of(PAGE_SIZE) || **g >= end)
+    {
+        Some(g) => Err(format!(
+            "page {g:#x} is not a page of guest memory (below {end:#x})"
+        )),
+        None => Ok(gpas),
+    }
 }
 
 #[cfg(test)]
@@ -368,6 +475,30 @@ mod tests {
         let mut r = FrameReader::new(&s[..s.len() - 2]);
         r.hello().unwrap();
         assert!(matches!(r.frame(), Err(WireError::Truncated { .. })));
+    }
+
+    #[test]
+    fn bitmaps_and_requests_round_trip_and_are_checked() {
+        let end = 20 * PAGE_SIZE;
+        let b = page_bitmap([0, 3 * PAGE_SIZE, 19 * PAGE_SIZE], end);
+        assert_eq!(b.len(), 3);
+        assert_eq!(
+            bitmap_pages(&b, end).unwrap(),
+            vec![0, 3 * PAGE_SIZE, 19 * PAGE_SIZE]
+        );
+        assert!(bitmap_pages(&b[..2], end).unwrap_err().contains("needs 3"));
+        let mut past = b.clone();
+        past[2] |= 0x80;
+        assert!(bitmap_pages(&past, end).unwrap_err().contains("outside"));
+        let r = encode_addrs(&[PAGE_SIZE, 2 * PAGE_SIZE]);
+        assert_eq!(
+            decode_addrs(&r, end).unwrap(),
+            vec![PAGE_SIZE, 2 * PAGE_SIZE]
+        );
+        assert!(decode_addrs(&[], end).is_err());
+        assert!(decode_addrs(&r[..12], end).is_err());
+        assert!(decode_addrs(&encode_addrs(&[end]), end).is_err());
+        assert!(decode_addrs(&encode_addrs(&[5]), end).is_err());
     }
 
     #[test]

@@ -57,7 +57,7 @@ pub enum Reply {
     /// A snapshot was written.
     Snapshot(SnapshotInfo),
     /// The VM moved; the run ends.
-    Migrated(crate::migration::MigrationReport),
+    Migrated(Box<crate::migration::MigrationReport>),
     /// Halt polling as now set, in the request's form ([`HaltPoll::to_json`]).
     HaltPoll {
         /// The setting.
@@ -124,7 +124,7 @@ pub enum CommandError {
 
 /// The VM's state as the API shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Lifecycle {
     /// The vCPUs have not started yet.
     Created,
@@ -132,6 +132,10 @@ pub enum Lifecycle {
     Running,
     /// Every vCPU is stopped and the devices frozen.
     Paused,
+    /// A post-copy source whose connection broke: the destination's guest
+    /// has run, so this one never resumes; it keeps the pages the
+    /// destination still lacks until a recovery (`recover`) or shutdown.
+    PostcopyPaused,
     /// The run has ended.
     Exited,
 }
@@ -143,6 +147,7 @@ impl Lifecycle {
             Lifecycle::Created => "created",
             Lifecycle::Running => "running",
             Lifecycle::Paused => "paused",
+            Lifecycle::PostcopyPaused => "postcopy-paused",
             Lifecycle::Exited => "exited",
         }
     }
@@ -162,6 +167,10 @@ impl From<RunState> for Lifecycle {
 /// progress line).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct MigrationProgress {
+    /// How memory moves.
+    pub mode: crate::migration::postcopy::Mode,
+    /// In post-copy: pages the destination still lacks.
+    pub postcopy_pages_left: Option<u64>,
     /// Rounds done.
     pub round: u32,
     /// Pages sent so far.
@@ -200,6 +209,9 @@ pub(crate) struct Status {
     pub(crate) config: crate::state::SavedConfig,
     pub(crate) restored_from: Option<String>,
     pub(crate) migration: Option<MigrationProgress>,
+    /// Set by `PUT /vm/migrate/postcopy`: a hybrid migration switches to
+    /// post-copy after its current round.
+    pub(crate) postcopy_now: bool,
 }
 
 /// What the VM's control loop hears.
@@ -230,6 +242,28 @@ impl Controller {
                 "the VM did not answer within {timeout:?}; the command may still complete"
             ))),
             Err(mpsc::RecvTimeoutError::Disconnected) => Err(CommandError::Gone),
+        }
+    }
+
+    /// Have the hybrid migration under way switch to post-copy after its
+    /// current round (without waiting for the VM's loop, which runs it).
+    pub fn switch_to_postcopy(&self) -> Result<(), CommandError> {
+        let mut s = self.status.lock().unwrap_or_else(|p| p.into_inner());
+        match &s.migration {
+            Some(m) if m.mode == crate::migration::postcopy::Mode::Hybrid => {
+                s.postcopy_now = true;
+                Ok(())
+            }
+            Some(_) => Err(CommandError::Invalid {
+                field: "mode",
+                reason: "only a hybrid migration switches to post-copy (start it with mode hybrid)"
+                    .into(),
+            }),
+            None => Err(CommandError::WrongState {
+                state: s.state,
+                action: "switch to post-copy",
+                needs: "migrating (hybrid)",
+            }),
         }
     }
 

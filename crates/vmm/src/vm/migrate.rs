@@ -13,31 +13,35 @@ use crate::migration::batch::{BatchError, Batcher};
 use crate::migration::dirty::{
     merge, BitmapTracker, DirtyTracker, HybridTracker, ManualTracker, RingTracker,
 };
+use crate::migration::postcopy::Mode;
 use crate::migration::sender::ProcessSender;
 use crate::migration::throttle::{Policy, Ticker};
 use crate::migration::transport::Conn;
-use crate::migration::wire::{FrameReader, FrameWriter, Kind};
+use crate::migration::wire::{FrameReader, FrameWriter, Kind, MODE_POSTCOPY, MODE_PRECOPY};
 use crate::migration::{transfer_time, MigrateOptions, MigrationError, MigrationReport, Tracker};
 use crate::state::{self, memory};
 use crate::vcpu::VcpuEvent;
 use hover_abi::layout::PAGE_SIZE;
 
 /// How long connecting may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a read or write may stall before the peer counts as gone.
-const IO_TIMEOUT: Duration = Duration::from_secs(30);
+pub(super) const IO_TIMEOUT: Duration = Duration::from_secs(30);
 /// A round smaller than this is not used to measure the link's rate.
 const MIN_RATE_BYTES: u64 = 1 << 20;
 
-type Writer = FrameWriter<Conn>;
-type Reader = FrameReader<Conn>;
+pub(super) type Writer = FrameWriter<Conn>;
+pub(super) type Reader = FrameReader<Conn>;
+/// Pre-copy rounds whose dirty set did not shrink by a tenth before a
+/// hybrid migration switches to post-copy.
+const HYBRID_STALLED_ROUNDS: u32 = 3;
 
-fn io(what: &'static str) -> impl Fn(std::io::Error) -> MigrationError {
+pub(super) fn io(what: &'static str) -> impl Fn(std::io::Error) -> MigrationError {
     move |e| MigrationError::Host(format!("{what}: {e}"))
 }
 
 /// Wait for `want` from the destination; its ERROR becomes a refusal.
-fn expect(r: &mut Reader, want: Kind) -> Result<Vec<u8>, MigrationError> {
+pub(super) fn expect(r: &mut Reader, want: Kind) -> Result<Vec<u8>, MigrationError> {
     let f = r.frame()?;
     match f.kind {
         k if k == want => Ok(f.payload),
@@ -58,12 +62,12 @@ const PROCESS_CHUNK: usize = 1024;
 /// Sends pages in batches, copying each batch out of guest memory first (a
 /// frame's CRC needs a copy the running guest cannot change under it), or
 /// has a sender process do it.
-struct PageSender {
+pub(super) struct PageSender {
     frames: Batcher,
-    bandwidth: Option<u64>,
-    started: Instant,
-    pages: u64,
-    throttled: bool,
+    pub(super) bandwidth: Option<u64>,
+    pub(super) started: Instant,
+    pub(super) pages: u64,
+    pub(super) throttled: bool,
     process: Option<ProcessSender>,
     /// Bytes the sender process wrote.
     process_bytes: u64,
@@ -71,14 +75,14 @@ struct PageSender {
 
 impl PageSender {
     /// Bytes sent so far, by this thread and the sender process.
-    fn bytes(&self, w: &Writer) -> u64 {
+    pub(super) fn bytes(&self, w: &Writer) -> u64 {
         w.bytes + self.process_bytes
     }
 
     /// Send the pages of `ram` at `gpas`; in the first round, pages of
     /// zeros are skipped (the destination's memory starts as zeros).
     /// Returns pages sent.
-    fn send(
+    pub(super) fn send(
         &mut self,
         ram: &crate::memory::GuestRam,
         pager: Option<&crate::memory::paged::Pager>,
@@ -121,7 +125,7 @@ impl PageSender {
 
 /// Hold back to `bandwidth` after `bytes` sent since `started`; whether it
 /// had to wait.
-fn pace(bandwidth: Option<u64>, started: Instant, bytes: u64) -> bool {
+pub(super) fn pace(bandwidth: Option<u64>, started: Instant, bytes: u64) -> bool {
     let Some(bw) = bandwidth else { return false };
     let due = Duration::from_secs_f64(bytes as f64 / bw as f64);
     match due.checked_sub(started.elapsed()) {
@@ -139,6 +143,9 @@ impl Running {
     pub(super) fn migrate(&mut self, o: &MigrateOptions) -> Result<MigrationReport, CommandError> {
         if let Err((field, reason)) = o.check() {
             return Err(CommandError::Invalid { field, reason });
+        }
+        if o.recover || self.state == Lifecycle::PostcopyPaused {
+            return self.recover_postcopy(o);
         }
         if !matches!(self.state, Lifecycle::Running | Lifecycle::Paused) {
             return Err(CommandError::WrongState {
@@ -199,7 +206,7 @@ impl Running {
         self.progress(None);
         tracker.stop();
         self.vm.host_writes.record(false);
-        if result.is_err() {
+        if result.is_err() && self.state != Lifecycle::PostcopyPaused {
             conn.shutdown();
             if was_running && self.state == Lifecycle::Paused {
                 if let Err(e) = self.resume() {
@@ -243,12 +250,19 @@ impl Running {
         let conf = postcard::to_allocvec(&config).expect("state types always encode");
         w.frame(Kind::Conf, &[&conf])
             .map_err(io("sending the configuration"))?;
+        let mode = match o.mode {
+            Mode::Precopy => MODE_PRECOPY,
+            Mode::Postcopy | Mode::Hybrid => MODE_POSTCOPY,
+        };
+        w.frame(Kind::Mode, &[&[mode, o.verify as u8]])
+            .map_err(io("sending the mode"))?;
         expect(&mut r, Kind::Ready)?;
 
         tracker.start()?;
         self.vm.host_writes.record(true);
         let mut report = MigrationReport {
             to: o.to.to_string(),
+            mode: "precopy".into(),
             tracker: tracker.name().into(),
             batch_pages: o.batch_pages,
             sender_process: o.sender_process,
@@ -279,10 +293,21 @@ impl Running {
         let mut policy = Policy::new(o.throttle, throttle.all().len());
         let mut ticker = None;
         tracker.vcpu_dirty_pages();
-        loop {
+        // Pure post-copy sends nothing before the pause.
+        let mut switch = o.mode == Mode::Postcopy;
+        let (mut least_dirty, mut stalled) = (u64::MAX, 0);
+        while !switch {
             if let Some(e) = self.guest_ended() {
                 self.stashed.push_back(e);
                 return Err(MigrationError::GuestEnded);
+            }
+            if o.mode == Mode::Hybrid && t0.elapsed() > o.timeout {
+                tracing::info!(
+                    "hybrid migration: not converged within {:?}, switching to post-copy",
+                    o.timeout
+                );
+                switch = true;
+                break;
             }
             if t0.elapsed() > o.timeout {
                 let most = policy.peak().iter().copied().max().unwrap_or(0);
@@ -335,6 +360,8 @@ impl Running {
             let left = transfer_time(dirty, rate.unwrap_or(0.0));
             tracing::debug!(round = report.rounds, sent, dirty, ?left, "pre-copy round");
             self.progress(Some(MigrationProgress {
+                mode: o.mode,
+                postcopy_pages_left: None,
                 round: report.rounds,
                 pages_sent: sender.pages,
                 dirty_pages: dirty,
@@ -345,6 +372,29 @@ impl Running {
             }));
             if left <= o.downtime {
                 break;
+            }
+            if o.mode == Mode::Hybrid {
+                // Rounds that no longer shrink the dirty set will not
+                // converge: let post-copy carry the rest.
+                if dirty * 10 >= least_dirty * 9 {
+                    stalled += 1;
+                } else {
+                    stalled = 0;
+                }
+                least_dirty = least_dirty.min(dirty);
+                let asked = std::mem::take(
+                    &mut self
+                        .vm
+                        .status
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .postcopy_now,
+                );
+                if asked || stalled >= HYBRID_STALLED_ROUNDS {
+                    tracing::info!(asked, stalled, "hybrid migration: switching to post-copy");
+                    switch = true;
+                    break;
+                }
             }
             let per_vcpu = tracker.vcpu_dirty_pages();
             if let Some(pct) = policy.after_round(sent, dirty, per_vcpu.as_deref()) {
@@ -387,6 +437,19 @@ impl Running {
             }),
             self.vm.host_writes.take(),
         );
+        if switch {
+            let switch = super::postcopy::Switch {
+                w,
+                r,
+                last,
+                report,
+                sender,
+                paused_at,
+                pause_tsc,
+                t0,
+            };
+            return self.switch_to_postcopy(o, switch);
+        }
         let sent = sender.send(&self.vm.ram, self.vm.pager.as_ref(), &mut w, &last, false)?;
         report.round_pages.push(sent);
         report.rounds += 1;
@@ -418,7 +481,7 @@ impl Running {
         Ok(report)
     }
 
-    fn progress(&self, p: Option<MigrationProgress>) {
+    pub(super) fn progress(&self, p: Option<MigrationProgress>) {
         self.vm
             .status
             .lock()

@@ -6,6 +6,8 @@
 mod control;
 mod migrate;
 mod outcome;
+mod postcopy;
+mod postcopy_in;
 mod receive;
 mod restore;
 mod run;
@@ -73,6 +75,8 @@ pub struct Vm {
     rings: Option<Arc<RingSet>>,
     throttle: Arc<Throttle>,
     booster: Arc<Booster>,
+    /// A post-copy destination's receiving thread.
+    postcopy_in: Option<postcopy_in::IncomingHandle>,
     events: Sender<VmEvent>,
     events_rx: Receiver<VmEvent>,
     status: Arc<Mutex<Status>>,
@@ -269,6 +273,7 @@ impl Vm {
             config: saved.clone(),
             restored_from: None,
             migration: None,
+            postcopy_now: false,
         }));
         Ok(Vm {
             _kvm: m.kvm,
@@ -291,6 +296,7 @@ impl Vm {
             rings,
             throttle,
             booster,
+            postcopy_in: None,
             events,
             events_rx,
             status,

@@ -108,6 +108,8 @@ pub struct RunOutcome {
     pub vcpu_cpu_us: Vec<u64>,
     /// What the paravirtual I/O device did, if the guest used it.
     pub io: Option<PvioStats>,
+    /// On a post-copy destination: how its memory arrived.
+    pub postcopy: Option<crate::migration::postcopy::PostcopyReport>,
 }
 
 /// Memory use now.

@@ -12,9 +12,12 @@ use vm_memory::{Bytes, GuestAddress};
 use super::restore::{prepare, LoadError, RestoreOptions};
 use super::{open_console, DeviceSetup, Vm};
 use crate::memory::paged::PageSource;
+use crate::migration::postcopy::incoming::{self, RemotePages};
 use crate::migration::received::ReceivedPages;
 use crate::migration::transport::{Addr, Conn, Listener};
-use crate::migration::wire::{split_pages, FrameReader, FrameWriter, Kind};
+use crate::migration::wire::{
+    bitmap_pages, split_pages, FrameReader, FrameWriter, Kind, MODE_POSTCOPY, MODE_PRECOPY,
+};
 use crate::migration::MigrationError;
 use crate::state::{self, memory, SavedConfig, VmState};
 use crate::Error;
@@ -54,7 +57,11 @@ impl Vm {
                 "cannot listen at {listen}: {e}"
             )))
         })?;
-        on_listening(&listener.local());
+        let local = listener.local();
+        on_listening(&local);
+        // A broken post-copy is recovered at the address bound (TCP port 0
+        // became a real port).
+        let recover_at: Addr = local.parse().unwrap_or_else(|_| listen.clone());
         let conn = listener.accept().map_err(|e| {
             Error::Migration(MigrationError::Host(format!("accepting a connection: {e}")))
         })?;
@@ -64,7 +71,7 @@ impl Vm {
             .try_clone()
             .map_err(|e| Error::Migration(MigrationError::Host(e.to_string())))?;
         let mut w = FrameWriter::new(writer);
-        match Vm::take_in(&conn, &mut w, opts, created_at) {
+        match Vm::take_in(&conn, &mut w, opts, created_at, recover_at) {
             Ok(vm) => Ok(vm),
             Err(e) => {
                 // Tell the source why, if it still listens.
@@ -84,6 +91,7 @@ impl Vm {
         w: &mut FrameWriter<Conn>,
         opts: &RestoreOptions,
         created_at: Instant,
+        recover_at: Addr,
     ) -> Result<Vm, Error> {
         let mig = |e: MigrationError| Error::Migration(e);
         let host = |what: &str| {
@@ -104,6 +112,25 @@ impl Vm {
         }
         let saved: SavedConfig = decode("CONF", f.offset, &f.payload).map_err(mig)?;
         let conf_at = f.offset;
+        let f = r.frame().map_err(|e| mig(e.into()))?;
+        let (postcopy, verify) = match (f.kind, f.payload.as_slice()) {
+            (Kind::Mode, [MODE_PRECOPY, v]) => (false, *v != 0),
+            (Kind::Mode, [MODE_POSTCOPY, v]) => (true, *v != 0),
+            (Kind::Mode, other) => {
+                return Err(mig(unfit(
+                    "MODE",
+                    f.offset,
+                    format!("{other:?} is not a migration mode and verify flag"),
+                )))
+            }
+            (other, _) => {
+                return Err(mig(unfit(
+                    "MODE",
+                    f.offset,
+                    format!("found a {other:?} frame"),
+                )))
+            }
+        };
         let load = |e: LoadError, section: &'static str, offset: u64| match e {
             LoadError::Unfit(_, reason) => mig(unfit(section, offset, reason)),
             LoadError::Host(e) => e,
@@ -113,15 +140,26 @@ impl Vm {
         let ram = &p.machine.ram;
         // Under a budget, memory above the boot area waits in a file for
         // the pager, so the budget holds from the first page.
-        let received = match &saved.paging {
-            Some(_) => Some(Arc::new(ReceivedPages::create(None, ram.end()).map_err(
-                |e| {
-                    mig(MigrationError::Host(format!(
-                        "a file for the arriving memory: {e}"
-                    )))
-                },
-            )?)),
-            None => None,
+        // So does every page of a post-copy: most arrive while the guest
+        // runs, through the pager.
+        let store = |()| {
+            ReceivedPages::create(None, ram.end()).map_err(|e| {
+                mig(MigrationError::Host(format!(
+                    "a file for the arriving memory: {e}"
+                )))
+            })
+        };
+        let (received, remote) = if postcopy {
+            let remote = Arc::new(RemotePages::new(
+                store(())?,
+                ram.end(),
+                incoming::DEFAULT_PAGE_TIMEOUT,
+            ));
+            (None, Some(remote))
+        } else if saved.paging.is_some() {
+            (Some(Arc::new(store(())?)), None)
+        } else {
+            (None, None)
         };
         w.frame(Kind::Ready, &[])
             .map_err(host("answering the source"))?;
@@ -142,12 +180,16 @@ impl Vm {
                                 format!("page {gpa:#x} is outside guest memory"),
                             )));
                         }
-                        match &received {
-                            Some(r) if *gpa >= saved.image_end => {
-                                r.write(*gpa, page).map_err(|e| {
-                                    mig(MigrationError::Host(format!("keeping a page: {e}")))
-                                })?
-                            }
+                        let kept = match (&received, &remote) {
+                            _ if *gpa < saved.image_end => None,
+                            (Some(r), _) => Some(r.write(*gpa, page)),
+                            (_, Some(r)) => Some(r.keep(*gpa, page)),
+                            (None, None) => None,
+                        };
+                        match kept {
+                            Some(k) => k.map_err(|e| {
+                                mig(MigrationError::Host(format!("keeping a page: {e}")))
+                            })?,
                             _ => ram
                                 .memory()
                                 .write_slice(page, GuestAddress(*gpa))
@@ -173,7 +215,23 @@ impl Vm {
                     })?;
                     digest = Some(u32::from_le_bytes(b));
                 }
-                Kind::End => break,
+                Kind::End if !postcopy => break,
+                Kind::Postcopy if postcopy && state.is_some() => {
+                    let gpas = bitmap_pages(&f.payload, ram.end())
+                        .map_err(|reason| mig(unfit("POSTCOPY", f.offset, reason)))?;
+                    if let Some(g) = gpas.iter().find(|&&g| g < saved.image_end) {
+                        return Err(mig(unfit(
+                            "POSTCOPY",
+                            f.offset,
+                            format!("page {g:#x} is in the pinned boot area, which must arrive before the guest runs"),
+                        )));
+                    }
+                    let remote = remote.as_ref().expect("post-copy has its page source");
+                    remote
+                        .mark_pending(&gpas)
+                        .map_err(|reason| mig(unfit("POSTCOPY", f.offset, reason)))?;
+                    break;
+                }
                 other => {
                     return Err(mig(unfit(
                         "stream",
@@ -193,6 +251,7 @@ impl Vm {
         };
         p.check_vcpus(&s.vcpus)
             .map_err(|e| load(e, "STATE", state_at))?;
+        let saved_image_end = saved.image_end;
         let sink = open_console(&p.config)?;
         let config = p.config;
         let mut vm = Vm::assemble(
@@ -205,9 +264,21 @@ impl Vm {
                 sink,
                 uart: Some(&s.devices.serial),
             },
-            received.clone().map(|r| r as Arc<dyn PageSource>),
+            match (&received, &remote) {
+                (Some(r), _) => Some(r.clone() as Arc<dyn PageSource>),
+                (_, Some(r)) => Some(r.clone() as Arc<dyn PageSource>),
+                (None, None) => None,
+            },
             created_at,
         )?;
+        // What the guest may change once it runs, hashed before it does.
+        let pinned_hash = match (&remote, verify) {
+            (Some(_), true) => Some(
+                super::postcopy_in::pinned_hash(&vm, saved_image_end)
+                    .map_err(host("hashing the boot area"))?,
+            ),
+            _ => None,
+        };
         // Checked with the pager running: pages may wait in its source.
         if let Some(want) = digest {
             let got = memory::digest(&vm.ram, vm.pager.as_ref())
@@ -221,10 +292,19 @@ impl Vm {
             }
         }
         vm.load_state(&s).map_err(|e| load(e, "STATE", state_at))?;
-        let how = if received.is_some() { "lazy" } else { "eager" };
+        let how = match (&received, &remote) {
+            (_, Some(_)) => "postcopy",
+            (Some(_), _) => "lazy",
+            (None, None) => "eager",
+        };
         vm.mark_restored("a live migration".into(), how, pages);
         w.frame(Kind::Running, &[&state::host_tsc().to_le_bytes()])
             .map_err(host("answering the source"))?;
+        if let Some(remote) = remote {
+            let w = FrameWriter::new(conn.try_clone().map_err(host("cloning the connection"))?);
+            vm.start_incoming(remote, r, w, recover_at, pinned_hash)
+                .map_err(host("starting the post-copy receiver"))?;
+        }
         Ok(vm)
     }
 }

@@ -51,6 +51,8 @@ pub(super) struct Running {
     governor_reports: Vec<GovernorReport>,
     /// What the API reads for the governor now running, if any.
     governor_live: Arc<Mutex<Option<GovernorSource>>>,
+    /// A post-copy phase that broke off, kept for its recovery.
+    pub(super) postcopy_left: Option<super::postcopy::Interrupted>,
 }
 
 impl Vm {
@@ -78,6 +80,7 @@ impl Vm {
             governor_stats,
             governor_reports: Vec::new(),
             governor_live: Arc::default(),
+            postcopy_left: None,
         };
         if let HaltPoll::Auto { budget_pct } = r.vm.halt_poll {
             r.start_governor(budget_pct)?;
@@ -107,6 +110,8 @@ impl Vm {
         r.set_state(Lifecycle::Exited, None);
         let cpu_us: Vec<u64> = r.vcpus.drain(..).map(|h| h.stop().unwrap_or(0)).collect();
         r.vm.booster.stop();
+        // Before the pager stops: its fetches may wait on pages in flight.
+        let postcopy = r.vm.postcopy_in.take().map(|h| h.finish());
         drop(api);
         r.vm.devices.serial.flush();
         if let Some(p) = r.vm.pager.as_mut() {
@@ -133,9 +138,19 @@ impl Vm {
                 })
             }
         };
-        Ok(r.outcome(
+        let mut outcome = r.outcome(
             ended, exit_code, exit_vcpu, tsc_ref, started_at, exited_at, cpu_us,
-        ))
+        );
+        outcome.postcopy = match postcopy {
+            Some(Ok(report)) => Some(report),
+            Some(Err(e)) => {
+                return Err(Error::Migration(crate::migration::MigrationError::Host(
+                    format!("post-copy: {e}"),
+                )))
+            }
+            None => None,
+        };
+        Ok(outcome)
     }
 
     /// The guest's TSC now, paired with the host instant: lets the guest's
@@ -187,7 +202,7 @@ impl Running {
         self.vcpus.iter().filter_map(VcpuHandle::kicker).collect()
     }
 
-    fn set_state(&mut self, state: Lifecycle, started: Option<Instant>) {
+    pub(super) fn set_state(&mut self, state: Lifecycle, started: Option<Instant>) {
         self.state = state;
         let mut s = self.vm.status.lock().unwrap_or_else(|p| p.into_inner());
         s.state = state;
@@ -245,7 +260,7 @@ impl Running {
                 Err(e) => (Err(e), None),
             },
             Command::Migrate(o) => match self.migrate(&o) {
-                Ok(report) => (Ok(Reply::Migrated(report)), Some(End::Migrated)),
+                Ok(report) => (Ok(Reply::Migrated(Box::new(report))), Some(End::Migrated)),
                 Err(e) => (Err(e), None),
             },
             Command::Boost(u) => (self.set_boost(&u), None),
@@ -566,6 +581,7 @@ impl Running {
             },
             vcpu_cpu_us,
             io: vm.pvio.stats(),
+            postcopy: None,
             vm_stats: crate::stats::read_vm(vm.vm_stats.as_ref()),
         }
     }

@@ -1,0 +1,412 @@
+//! The destination of a post-copy migration: the guest runs while its
+//! memory arrives. [`RemotePages`] is the pager's page source: a page still
+//! at the source is asked for over the connection (a REQUEST frame) and the
+//! fetch waits for it; [`Incoming`] reads the source's frames, places pushed
+//! pages straight into guest memory (one `UFFDIO_COPY` per contiguous run)
+//! or keeps them for a waiting fetch, and re-establishes a broken connection
+//! when the source comes back with RECOVER.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use hover_abi::layout::PAGE_SIZE;
+
+use super::{page_hash, LatencyHist, PostcopyReport};
+use crate::memory::paged::{PageSource, Placer};
+use crate::memory::store::PageBuf;
+use crate::migration::received::ReceivedPages;
+use crate::migration::transport::{Addr, Conn, Listener};
+use crate::migration::wire::{
+    encode_addrs, page_bitmap, split_pages, FrameReader, FrameWriter, Kind, WireError,
+};
+
+/// How long a demanded page may take while the connection is up.
+pub const DEFAULT_PAGE_TIMEOUT: Duration = Duration::from_secs(30);
+
+struct Link {
+    writer: Option<FrameWriter<Conn>>,
+    /// Bumped on each new connection: a fetch waiting across one asks again.
+    epoch: u64,
+    /// Set once the stream proved bad: every fetch fails from then on.
+    failed: Option<String>,
+}
+
+/// Guest pages of a post-copy migration, by guest-physical address: kept
+/// here (`local`), or still at the source (`pending`).
+pub struct RemotePages {
+    local: ReceivedPages,
+    pending: Vec<AtomicBool>,
+    remaining: AtomicU64,
+    link: Mutex<Link>,
+    arrived: Condvar,
+    timeout: Duration,
+    demand: AtomicU64,
+    requests: AtomicU64,
+    latency: LatencyHist,
+}
+
+impl RemotePages {
+    /// Pages below `end`, those held so far in `local`.
+    pub fn new(local: ReceivedPages, end: u64, timeout: Duration) -> Self {
+        RemotePages {
+            local,
+            pending: (0..end / PAGE_SIZE)
+                .map(|_| AtomicBool::new(false))
+                .collect(),
+            remaining: AtomicU64::new(0),
+            link: Mutex::new(Link {
+                writer: None,
+                epoch: 0,
+                failed: None,
+            }),
+            arrived: Condvar::new(),
+            timeout,
+            demand: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            latency: LatencyHist::default(),
+        }
+    }
+
+    /// Keep a page that arrived before the switch (a pre-copy round).
+    pub fn keep(&self, gpa: u64, page: &[u8]) -> io::Result<()> {
+        self.local.write(gpa, page)
+    }
+
+    /// The pages at `gpas` are at the source from now on (those kept here
+    /// are stale).
+    pub fn mark_pending(&self, gpas: &[u64]) -> Result<(), String> {
+        for &g in gpas {
+            let slot = self
+                .pending
+                .get((g / PAGE_SIZE) as usize)
+                .ok_or_else(|| format!("page {g:#x} is outside guest memory"))?;
+            if !slot.swap(true, Ordering::AcqRel) {
+                self.remaining.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+        Ok(())
+    }
+
+    /// Pages still at the source.
+    pub fn remaining(&self) -> u64 {
+        self.remaining.load(Ordering::Acquire)
+    }
+
+    /// Whether the page at `gpa` is still at the source.
+    pub fn is_pending(&self, gpa: u64) -> bool {
+        self.pending
+            .get((gpa / PAGE_SIZE) as usize)
+            .is_some_and(|p| p.load(Ordering::Acquire))
+    }
+
+    /// The order-free hash ([`page_hash`]) of the pages held here and not
+    /// at the source: the memory image's part that came before the switch.
+    pub fn held_hash(&self) -> io::Result<u64> {
+        let mut buf = PageBuf::new();
+        let mut sum = 0u64;
+        for g in self.local.held() {
+            if !self.is_pending(g) && self.local.read(g, &mut buf)? {
+                sum = sum.wrapping_add(page_hash(g, &buf.0));
+            }
+        }
+        Ok(sum)
+    }
+
+    /// Fill `buf` with the page at `gpa` held here; `Ok(false)`: zeros.
+    fn held(&self, gpa: u64, buf: &mut PageBuf) -> io::Result<bool> {
+        self.local.read(gpa, buf)
+    }
+
+    fn pending_gpas(&self) -> Vec<u64> {
+        (0..self.pending.len())
+            .filter(|&i| self.pending[i].load(Ordering::Acquire))
+            .map(|i| i as u64 * PAGE_SIZE)
+            .collect()
+    }
+
+    fn set_writer(&self, w: Option<FrameWriter<Conn>>) {
+        let mut l = self.link.lock().unwrap_or_else(|p| p.into_inner());
+        if w.is_some() {
+            l.epoch += 1;
+        }
+        l.writer = w;
+        self.arrived.notify_all();
+    }
+
+    /// Make every fetch fail from now on (the stream is bad).
+    pub fn fail(&self, why: &str) {
+        let mut l = self.link.lock().unwrap_or_else(|p| p.into_inner());
+        l.failed.get_or_insert_with(|| why.to_string());
+        self.arrived.notify_all();
+    }
+
+    /// Take in a batch the source pushed or was asked for: placed in guest
+    /// memory where the pager lets it, kept here for a waiting fetch
+    /// otherwise. Every page must be one still missing.
+    fn arrive(&self, gpas: &[u64], data: &[u8], placer: &Placer) -> Result<(), String> {
+        let ps = PAGE_SIZE as usize;
+        for &g in gpas {
+            if !self.is_pending(g) {
+                return Err(format!(
+                    "page {g:#x} arrived but is not missing (sent twice, or outside what the source listed)"
+                ));
+            }
+        }
+        let left = placer
+            .place(gpas, data)
+            .map_err(|e| format!("placing pushed pages (UFFDIO_COPY): {e}"))?;
+        for &i in &left {
+            self.local
+                .write(gpas[i], &data[i * ps..(i + 1) * ps])
+                .map_err(|e| format!("keeping page {:#x}: {e}", gpas[i]))?;
+        }
+        let _l = self.link.lock().unwrap_or_else(|p| p.into_inner());
+        for &g in gpas {
+            self.pending[(g / PAGE_SIZE) as usize].store(false, Ordering::Release);
+        }
+        self.remaining
+            .fetch_sub(gpas.len() as u64, Ordering::AcqRel);
+        self.arrived.notify_all();
+        Ok(())
+    }
+
+    /// What the fetches saw.
+    fn fill_report(&self, r: &mut PostcopyReport) {
+        r.demand_pages = self.demand.load(Ordering::Relaxed);
+        r.requests = self.requests.load(Ordering::Relaxed);
+        (r.fault_p50_us, r.fault_p99_us, r.fault_max_us) = self.latency.percentiles();
+    }
+}
+
+impl PageSource for RemotePages {
+    fn read(&self, gpa: u64, buf: &mut PageBuf) -> io::Result<bool> {
+        if !self.is_pending(gpa) {
+            return self.held(gpa, buf);
+        }
+        let t0 = Instant::now();
+        self.demand.fetch_add(1, Ordering::Relaxed);
+        let mut l = self.link.lock().unwrap_or_else(|p| p.into_inner());
+        let mut asked_in = None;
+        let mut deadline = t0 + self.timeout;
+        while self.is_pending(gpa) {
+            if let Some(f) = &l.failed {
+                return Err(io::Error::other(format!(
+                    "page {gpa:#x} will not arrive: {f}"
+                )));
+            }
+            if asked_in != Some(l.epoch) {
+                if let Some(w) = l.writer.as_mut() {
+                    // A broken connection shows on the reading side too.
+                    if w.frame(Kind::Request, &[&encode_addrs(&[gpa])]).is_ok() {
+                        self.requests.fetch_add(1, Ordering::Relaxed);
+                        asked_in = Some(l.epoch);
+                        deadline = Instant::now() + self.timeout;
+                    }
+                }
+            }
+            let now = Instant::now();
+            let connected = l.writer.is_some();
+            if connected && asked_in.is_some() && now >= deadline {
+                return Err(io::Error::other(format!(
+                    "page {gpa:#x} did not arrive within {:?} of asking for it",
+                    self.timeout
+                )));
+            }
+            // Waiting for a reconnect is not bounded: nothing is lost as
+            // long as the source keeps the page.
+            let wait = if connected {
+                deadline
+                    .saturating_duration_since(now)
+                    .max(Duration::from_millis(1))
+            } else {
+                Duration::from_secs(1)
+            };
+            l = self
+                .arrived
+                .wait_timeout(l, wait)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        drop(l);
+        self.latency.record(t0.elapsed());
+        self.held(gpa, buf)
+    }
+}
+
+/// What the destination's receiving thread is told to do when the link
+/// breaks and comes back (pause and resume the guest).
+pub trait LinkEvents: Send {
+    /// The connection to the source broke; the guest should wait.
+    fn lost(&self, why: &str);
+    /// A new connection carries on.
+    fn recovered(&self);
+}
+
+/// The receiving side of the post-copy phase.
+pub struct Incoming {
+    /// The pages.
+    pub pages: std::sync::Arc<RemotePages>,
+    /// Places pushed pages in guest memory.
+    pub placer: Placer,
+    /// The source's frames.
+    pub reader: FrameReader<Conn>,
+    /// Where to listen for the source's recovery connection.
+    pub recover_at: Addr,
+    /// Order-free hash of the memory image as of the switch: pages held
+    /// before it (those not pending), added to as pages arrive.
+    pub hash: u64,
+    /// Guest-physical end of memory.
+    pub end: u64,
+    /// When the guest was started here.
+    pub started: Instant,
+}
+
+impl Incoming {
+    /// Receive until the source says every page was sent; the report. On a
+    /// bad stream every waiting fetch fails (the VM stops: no page is ever
+    /// served wrong) and the error is returned.
+    pub fn run(mut self, events: &dyn LinkEvents) -> Result<PostcopyReport, String> {
+        let mut report = PostcopyReport {
+            pages_at_switch: self.pages.remaining(),
+            ..Default::default()
+        };
+        let result = self.receive(events, &mut report);
+        self.pages.fill_report(&mut report);
+        report.all_arrived_ms = self.started.elapsed().as_secs_f64() * 1e3;
+        if let Err(e) = &result {
+            self.pages.fail(e);
+            let mut l = self.pages.link.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(w) = l.writer.as_mut() {
+                let _ = w.frame(Kind::Error, &[e.as_bytes()]);
+            }
+            l.writer = None;
+        }
+        result.map(|()| report)
+    }
+
+    fn receive(
+        &mut self,
+        events: &dyn LinkEvents,
+        report: &mut PostcopyReport,
+    ) -> Result<(), String> {
+        let mut expected: Option<u64> = None;
+        loop {
+            let f = match self.reader.frame() {
+                Ok(f) => f,
+                Err(e @ (WireError::Io { .. } | WireError::Truncated { .. })) => {
+                    self.pages.set_writer(None);
+                    let why = format!("the connection to the source broke: {e}");
+                    tracing::warn!(
+                        "post-copy: {why}; waiting for `hover ctl migrate --recover` at {}",
+                        self.recover_at
+                    );
+                    events.lost(&why);
+                    self.reconnect()?;
+                    report.recoveries += 1;
+                    events.recovered();
+                    continue;
+                }
+                Err(e) => return Err(e.to_string()),
+            };
+            let at = f.offset;
+            match f.kind {
+                Kind::Pages => {
+                    let (gpas, data) = split_pages(&f.payload)
+                        .map_err(|r| format!("PAGES frame at offset {at}: {r}"))?;
+                    self.pages
+                        .arrive(&gpas, data, &self.placer)
+                        .map_err(|r| format!("PAGES frame at offset {at}: {r}"))?;
+                    for (g, p) in gpas.iter().zip(data.chunks_exact(PAGE_SIZE as usize)) {
+                        self.hash = self.hash.wrapping_add(page_hash(*g, p));
+                    }
+                    report.pages_received += gpas.len() as u64;
+                }
+                Kind::Digest => {
+                    let b: [u8; 8] = f.payload.as_slice().try_into().map_err(|_| {
+                        format!("DIGEST frame at offset {at}: not an 8-byte post-copy hash")
+                    })?;
+                    expected = Some(u64::from_le_bytes(b));
+                }
+                Kind::End => {
+                    let left = self.pages.remaining();
+                    if left > 0 {
+                        return Err(format!(
+                            "END frame at offset {at}: {left} pages never arrived"
+                        ));
+                    }
+                    if let Some(want) = expected {
+                        if want != self.hash {
+                            return Err(format!(
+                                "memory as received hashes to {:#x}, the source's to {want:#x}",
+                                self.hash
+                            ));
+                        }
+                        report.verified = Some(true);
+                    }
+                    let mut l = self.pages.link.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Some(w) = l.writer.as_mut() {
+                        w.frame(Kind::Done, &[])
+                            .map_err(|e| format!("telling the source we are done: {e}"))?;
+                    }
+                    l.writer = None;
+                    return Ok(());
+                }
+                Kind::Error => {
+                    return Err(format!(
+                        "the source gave up: {}",
+                        String::from_utf8_lossy(&f.payload)
+                    ))
+                }
+                other => {
+                    return Err(format!(
+                        "a {other:?} frame at offset {at} does not belong in post-copy"
+                    ))
+                }
+            }
+        }
+    }
+
+    /// Wait for the source to come back with RECOVER, tell it what is
+    /// still missing and carry on with the new connection.
+    fn reconnect(&mut self) -> Result<(), String> {
+        loop {
+            let listener = Listener::bind(&self.recover_at).map_err(|e| {
+                format!("cannot listen at {} for the recovery: {e}", self.recover_at)
+            })?;
+            let conn = listener
+                .accept()
+                .map_err(|e| format!("accepting the recovery connection: {e}"))?;
+            drop(listener);
+            match self.take_recovery(conn) {
+                Ok(()) => return Ok(()),
+                Err(e) => tracing::warn!("post-copy: a recovery attempt failed: {e}"),
+            }
+        }
+    }
+
+    fn take_recovery(&mut self, conn: Conn) -> Result<(), String> {
+        let err = |e: &dyn std::fmt::Display| e.to_string();
+        conn.set_timeout(Some(Duration::from_secs(30)))
+            .map_err(|e| err(&e))?;
+        let mut r = FrameReader::new(conn.try_clone().map_err(|e| err(&e))?);
+        let mut w = FrameWriter::new(conn.try_clone().map_err(|e| err(&e))?);
+        r.hello().map_err(|e| err(&e))?;
+        let f = r.frame().map_err(|e| err(&e))?;
+        if f.kind != Kind::Recover {
+            let _ = w.frame(Kind::Error, &[b"expected RECOVER"]);
+            return Err(format!("the first frame was {:?}, not RECOVER", f.kind));
+        }
+        let missing = page_bitmap(self.pages.pending_gpas(), self.end);
+        w.frame(Kind::Missing, &[&missing]).map_err(|e| err(&e))?;
+        self.reader = r;
+        self.pages.set_writer(Some(w));
+        Ok(())
+    }
+
+    /// Start the link: requests go out on `w`.
+    pub fn connect(&self, w: FrameWriter<Conn>) {
+        self.pages.set_writer(Some(w));
+    }
+}

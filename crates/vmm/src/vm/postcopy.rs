@@ -1,0 +1,266 @@
+//! The source side of post-copy, run by the VM's control loop: the switch
+//! (the pinned boot area and the state while paused, then the list of
+//! pages still here), the post-copy phase that serves the destination, and
+//! its recovery after a broken connection. The destination side is
+//! `migration/postcopy/incoming.rs`, started by `vm/receive.rs`.
+
+use std::time::Instant;
+
+use super::control::{CommandError, Lifecycle, MigrationProgress};
+use super::migrate::{expect, io, pace, PageSender, Reader, Writer};
+use super::run::Running;
+use crate::migration::postcopy::outgoing::{Pending, Serve, ServeError};
+use crate::migration::postcopy::{page_hash, Mode, PostcopyReport};
+use crate::migration::transport::Conn;
+use crate::migration::wire::{bitmap_pages, page_bitmap, FrameReader, FrameWriter, Kind};
+use crate::migration::{MigrateOptions, MigrationError, MigrationReport};
+use crate::state::{self, memory};
+use hover_abi::layout::PAGE_SIZE;
+
+/// Pages hashed at a time for `verify`.
+const HASH_CHUNK: usize = 256;
+
+/// Where a pre-copy stands when it turns into post-copy (the guest paused).
+pub(super) struct Switch {
+    pub(super) w: Writer,
+    pub(super) r: Reader,
+    /// Pages the destination lacks or holds stale.
+    pub(super) last: Vec<u64>,
+    pub(super) report: MigrationReport,
+    pub(super) sender: PageSender,
+    pub(super) paused_at: Instant,
+    pub(super) pause_tsc: u64,
+    pub(super) t0: Instant,
+}
+
+/// A post-copy phase that stopped on a broken connection: what a recovery
+/// carries on with.
+pub(super) struct Interrupted {
+    pending: Pending,
+    hash: Option<u64>,
+    report: MigrationReport,
+    batch: usize,
+    bandwidth: Option<u64>,
+}
+
+impl Running {
+    /// Send the pinned area and the state, have the destination run the
+    /// guest, and serve it every page still here.
+    pub(super) fn switch_to_postcopy(
+        &mut self,
+        o: &MigrateOptions,
+        s: Switch,
+    ) -> Result<MigrationReport, MigrationError> {
+        let Switch {
+            mut w,
+            r,
+            last,
+            mut report,
+            mut sender,
+            paused_at,
+            pause_tsc,
+            t0,
+        } = s;
+        let image_end = self.vm.image_end;
+        let (pinned, rest): (Vec<u64>, Vec<u64>) = last.into_iter().partition(|&g| g < image_end);
+        // The pinned area is not paged at the destination: it goes now.
+        let sent = sender.send(&self.vm.ram, self.vm.pager.as_ref(), &mut w, &pinned, false)?;
+        report.round_pages.push(sent);
+        report.rounds += 1;
+        let st = self
+            .collect_state()
+            .map_err(|e| MigrationError::Host(e.to_string()))?;
+        let st = postcopy_state(&st);
+        w.frame(Kind::State, &[&st])
+            .map_err(io("sending the state"))?;
+        let end = self.vm.ram.end();
+        w.frame(Kind::Postcopy, &[&page_bitmap(rest.iter().copied(), end)])
+            .map_err(io("sending the missing pages"))?;
+        let mut r = r;
+        let running = expect(&mut r, Kind::Running)?;
+        let tsc_khz = self.vm.tsc_khz.max(1) as f64;
+        if let Ok(b) = <[u8; 8]>::try_from(running.as_slice()) {
+            report.guest_downtime_ms =
+                u64::from_le_bytes(b).saturating_sub(pause_tsc) as f64 / tsc_khz;
+        }
+        report.downtime_ms = paused_at.elapsed().as_secs_f64() * 1e3;
+        report.mode = "postcopy".into();
+        // From here on the guest runs there: this VM never resumes.
+        let hash = match o.verify {
+            true => Some(self.memory_hash().map_err(io("hashing guest memory"))?),
+            false => None,
+        };
+        let mut left = Interrupted {
+            pending: Pending::new(&rest, end),
+            hash,
+            report,
+            batch: o.batch_pages,
+            bandwidth: o.bandwidth,
+        };
+        left.report.postcopy = Some(PostcopyReport {
+            pages_at_switch: rest.len() as u64,
+            ..Default::default()
+        });
+        let result = self.serve_postcopy(&mut left, r, w, sender.started, &mut sender);
+        left.report.total_ms = t0.elapsed().as_secs_f64() * 1e3;
+        left.report.pages_sent = sender.pages;
+        left.report.throttled = sender.throttled;
+        self.finish_postcopy(left, result)
+    }
+
+    /// Reconnect a post-copy phase that stopped on a broken connection.
+    pub(super) fn recover_postcopy(
+        &mut self,
+        o: &MigrateOptions,
+    ) -> Result<MigrationReport, CommandError> {
+        if self.state != Lifecycle::PostcopyPaused {
+            return Err(CommandError::WrongState {
+                state: self.state,
+                action: "recover a post-copy migration",
+                needs: "postcopy-paused",
+            });
+        }
+        if !o.recover {
+            return Err(CommandError::Invalid {
+                field: "recover",
+                reason: "this VM's post-copy migration broke off: only `recover` (to the same destination) carries it on".into(),
+            });
+        }
+        let mut left = self
+            .postcopy_left
+            .take()
+            .expect("a postcopy-paused VM keeps what is left");
+        let t0 = Instant::now();
+        let attempt = (|| -> Result<(Writer, Reader, Vec<u64>), MigrationError> {
+            let conn = Conn::connect(&o.to, super::migrate::CONNECT_TIMEOUT).map_err(|source| {
+                MigrationError::Connect {
+                    to: o.to.to_string(),
+                    source,
+                }
+            })?;
+            conn.set_timeout(Some(super::migrate::IO_TIMEOUT))
+                .map_err(io("setting the connection's timeout"))?;
+            let mut w = FrameWriter::new(conn.try_clone().map_err(io("cloning the connection"))?);
+            let mut r = FrameReader::new(conn.try_clone().map_err(io("cloning the connection"))?);
+            w.hello().map_err(io("sending the hello"))?;
+            w.frame(Kind::Recover, &[])
+                .map_err(io("asking to recover"))?;
+            let missing = expect(&mut r, Kind::Missing)?;
+            let gpas = bitmap_pages(&missing, self.vm.ram.end()).map_err(|reason| {
+                MigrationError::Unfit {
+                    section: "MISSING",
+                    offset: 16,
+                    reason,
+                }
+            })?;
+            Ok((w, r, gpas))
+        })();
+        let (w, r, gpas) = match attempt {
+            Ok(x) => x,
+            Err(e) => {
+                self.postcopy_left = Some(left);
+                return Err(e.into());
+            }
+        };
+        left.pending.reset(&gpas);
+        let mut sender_stub = None;
+        let result = self.serve_postcopy_with(&mut left, r, w, t0, &mut sender_stub);
+        if let Some(pc) = left.report.postcopy.as_mut() {
+            pc.recoveries += 1;
+        }
+        left.report.total_ms += t0.elapsed().as_secs_f64() * 1e3;
+        self.finish_postcopy(left, result).map_err(Into::into)
+    }
+
+    fn serve_postcopy(
+        &mut self,
+        left: &mut Interrupted,
+        r: Reader,
+        w: Writer,
+        started: Instant,
+        sender: &mut PageSender,
+    ) -> Result<(), ServeError> {
+        let mut s = Some(sender);
+        self.serve_postcopy_with(left, r, w, started, &mut s)
+    }
+
+    fn serve_postcopy_with(
+        &mut self,
+        left: &mut Interrupted,
+        r: Reader,
+        mut w: Writer,
+        started: Instant,
+        sender: &mut Option<&mut PageSender>,
+    ) -> Result<(), ServeError> {
+        self.progress(Some(MigrationProgress {
+            mode: Mode::Postcopy,
+            postcopy_pages_left: Some(left.pending.left()),
+            ..Default::default()
+        }));
+        let (ram, pager) = (&self.vm.ram, self.vm.pager.as_ref());
+        let bandwidth = left.bandwidth;
+        let bytes0 = w.bytes;
+        let mut read = |gpas: &[u64], out: &mut [u8]| memory::read_pages(ram, pager, gpas, out);
+        let mut after = |w: &Writer| {
+            pace(bandwidth, started, w.bytes - bytes0);
+        };
+        let pc = left.report.postcopy.get_or_insert_with(Default::default);
+        let sent0 = pc.pages_received;
+        let result = Serve {
+            batch: left.batch,
+            end: ram.end(),
+            hash: left.hash,
+            read: &mut read,
+            after_frame: &mut after,
+        }
+        .run(r, &mut w, &mut left.pending, pc);
+        let sent = pc.pages_received - sent0;
+        left.report.bytes_sent += w.bytes;
+        if let Some(s) = sender.as_mut() {
+            s.pages += sent;
+        } else {
+            left.report.pages_sent += sent;
+        }
+        self.progress(None);
+        result
+    }
+
+    fn finish_postcopy(
+        &mut self,
+        left: Interrupted,
+        result: Result<(), ServeError>,
+    ) -> Result<MigrationReport, MigrationError> {
+        match result {
+            Ok(()) => Ok(left.report),
+            Err(e) => {
+                let pages = left.pending.left();
+                tracing::error!("post-copy stopped with {pages} pages still here: {e}");
+                self.postcopy_left = Some(left);
+                self.set_state(Lifecycle::PostcopyPaused, None);
+                Err(MigrationError::PostcopyInterrupted(e.to_string()))
+            }
+        }
+    }
+
+    /// The order-free hash of guest memory ([`page_hash`] summed), read
+    /// with the guest paused.
+    fn memory_hash(&self) -> std::io::Result<u64> {
+        let (ram, pager) = (&self.vm.ram, self.vm.pager.as_ref());
+        let gpas = memory::pages_to_send(ram, pager)?;
+        let ps = PAGE_SIZE as usize;
+        let mut buf = vec![0u8; HASH_CHUNK * ps];
+        let mut sum = 0u64;
+        for chunk in gpas.chunks(HASH_CHUNK) {
+            let out = &mut buf[..chunk.len() * ps];
+            memory::read_pages(ram, pager, chunk, out)?;
+            for (g, p) in chunk.iter().zip(out.chunks_exact(ps)) {
+                sum = sum.wrapping_add(page_hash(*g, p));
+            }
+        }
+        Ok(sum)
+    }
+}
+
+fn postcopy_state(st: &state::VmState) -> Vec<u8> {
+    postcard::to_allocvec(st).expect("state types always encode")
+}

@@ -1,0 +1,128 @@
+//! The destination's post-copy phase as part of its VM: the receiving
+//! thread ([`Incoming`]) started once the guest may run, pausing the guest
+//! while the connection is down, and its report at the end of the run.
+
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::control::{Command, Controller, VmEvent};
+use super::Vm;
+use crate::migration::postcopy::incoming::{Incoming, LinkEvents, RemotePages};
+use crate::migration::postcopy::{page_hash, PostcopyReport};
+use crate::migration::transport::{Addr, Conn};
+use crate::migration::wire::{FrameReader, FrameWriter};
+use crate::state::memory;
+use hover_abi::layout::PAGE_SIZE;
+
+/// How long the end of a run waits for the last pages before it gives up
+/// on them (the guest has ended; the source is told by the closed link).
+const FINISH_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long pausing or resuming the guest around a broken link may take.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The receiving thread of a running post-copy, and its result.
+pub(crate) struct IncomingHandle {
+    done: Receiver<Result<PostcopyReport, String>>,
+    conn: Conn,
+}
+
+impl IncomingHandle {
+    /// Wait for the post-copy phase to end; its report.
+    pub(crate) fn finish(self) -> Result<PostcopyReport, String> {
+        match self.done.recv_timeout(FINISH_TIMEOUT) {
+            Ok(r) => r,
+            Err(RecvTimeoutError::Timeout) => {
+                self.conn.shutdown();
+                Err(format!(
+                    "the run ended and memory was still arriving after {FINISH_TIMEOUT:?}"
+                ))
+            }
+            Err(RecvTimeoutError::Disconnected) => Err("the post-copy receiver stopped".into()),
+        }
+    }
+}
+
+/// Pauses the guest while the link is down, resumes it after.
+struct GuestHold(Controller);
+
+impl LinkEvents for GuestHold {
+    fn lost(&self, why: &str) {
+        if let Err(e) = self.0.request(Command::Pause, COMMAND_TIMEOUT) {
+            tracing::warn!("post-copy link lost ({why}); the guest could not be paused: {e}");
+        }
+    }
+
+    fn recovered(&self) {
+        if let Err(e) = self.0.request(Command::Resume, COMMAND_TIMEOUT) {
+            tracing::warn!("post-copy link recovered; the guest could not be resumed: {e}");
+        }
+    }
+}
+
+/// The hash of the pinned boot area as it is now (before the guest runs).
+pub(super) fn pinned_hash(vm: &Vm, image_end: u64) -> std::io::Result<u64> {
+    let ps = PAGE_SIZE as usize;
+    let mut page = vec![0u8; ps];
+    let mut sum = 0u64;
+    for gpa in (0..image_end).step_by(ps) {
+        if vm.ram.contains(gpa, PAGE_SIZE) {
+            memory::read_page(&vm.ram, gpa, &mut page)?;
+            sum = sum.wrapping_add(page_hash(gpa, &page));
+        }
+    }
+    Ok(sum)
+}
+
+impl Vm {
+    /// Start receiving the rest of a post-copy on `r`/`w`: the pages go to
+    /// `remote` and the pager. `pinned_hash`: with verification, the boot
+    /// area's hash (the pages held so far are added here).
+    pub(super) fn start_incoming(
+        &mut self,
+        remote: Arc<RemotePages>,
+        r: FrameReader<Conn>,
+        w: FrameWriter<Conn>,
+        recover_at: Addr,
+        pinned_hash: Option<u64>,
+    ) -> std::io::Result<()> {
+        let placer = self
+            .pager
+            .as_ref()
+            .expect("a post-copy destination runs a pager")
+            .placer();
+        let conn = w.get_ref().try_clone()?;
+        let hold = GuestHold(self.controller());
+        let events = self.events.clone();
+        let end = self.ram.end();
+        let (tx, done) = mpsc::channel();
+        let incoming = Incoming {
+            pages: remote,
+            placer,
+            reader: r,
+            recover_at,
+            hash: 0,
+            end,
+            started: Instant::now(),
+        };
+        incoming.connect(w);
+        std::thread::Builder::new()
+            .name("postcopy-in".into())
+            .spawn(move || {
+                let mut incoming = incoming;
+                if let Some(h) = pinned_hash {
+                    match incoming.pages.held_hash() {
+                        Ok(held) => incoming.hash = h.wrapping_add(held),
+                        Err(e) => tracing::warn!("post-copy: cannot hash the pages held: {e}"),
+                    }
+                }
+                let result = incoming.run(&hold);
+                if let Err(e) = &result {
+                    let _ = events.send(VmEvent::PagerFailed(format!("post-copy: {e}")));
+                }
+                let _ = tx.send(result);
+            })?;
+        self.postcopy_in = Some(IncomingHandle { done, conn });
+        Ok(())
+    }
+}
