@@ -4,6 +4,7 @@
 #![allow(dead_code)] // not every test file uses every helper
 
 pub mod migrate;
+pub mod proxy;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

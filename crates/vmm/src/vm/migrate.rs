@@ -293,6 +293,13 @@ impl Running {
         let mut policy = Policy::new(o.throttle, throttle.all().len());
         let mut ticker = None;
         tracker.vcpu_dirty_pages();
+        // Under way from here (a hybrid one can be told to switch).
+        self.progress(Some(MigrationProgress {
+            mode: o.mode,
+            dirty_pages: pending.len() as u64,
+            vcpu_throttle_pct: throttle.all(),
+            ..Default::default()
+        }));
         // Pure post-copy sends nothing before the pause.
         let mut switch = o.mode == Mode::Postcopy;
         let (mut least_dirty, mut stalled) = (u64::MAX, 0);
@@ -376,7 +383,7 @@ impl Running {
             if o.mode == Mode::Hybrid {
                 // Rounds that no longer shrink the dirty set will not
                 // converge: let post-copy carry the rest.
-                if dirty * 10 >= least_dirty * 9 {
+                if dirty.saturating_mul(10) >= least_dirty.saturating_mul(9) {
                     stalled += 1;
                 } else {
                     stalled = 0;
@@ -425,6 +432,12 @@ impl Running {
         if self.state == Lifecycle::Running {
             self.pause()
                 .map_err(|e| MigrationError::Host(e.to_string()))?;
+        }
+        // A guest that powered off (or crashed) during the last round must
+        // end here, not be moved: its exit waits in the event queue.
+        if let Some(e) = self.guest_ended() {
+            self.stashed.push_back(e);
+            return Err(MigrationError::GuestEnded);
         }
         let last = merge(
             merge(pending, {

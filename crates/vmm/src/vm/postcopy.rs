@@ -101,7 +101,7 @@ impl Running {
             pages_at_switch: rest.len() as u64,
             ..Default::default()
         });
-        let result = self.serve_postcopy(&mut left, r, w, sender.started, &mut sender);
+        let result = self.serve_postcopy(&mut left, r, w, Instant::now(), &mut sender);
         left.report.total_ms = t0.elapsed().as_secs_f64() * 1e3;
         left.report.pages_sent = sender.pages;
         left.report.throttled = sender.throttled;

@@ -147,13 +147,6 @@ impl RemotePages {
     /// otherwise. Every page must be one still missing.
     fn arrive(&self, gpas: &[u64], data: &[u8], placer: &Placer) -> Result<(), String> {
         let ps = PAGE_SIZE as usize;
-        for &g in gpas {
-            if !self.is_pending(g) {
-                return Err(format!(
-                    "page {g:#x} arrived but is not missing (sent twice, or outside what the source listed)"
-                ));
-            }
-        }
         let left = placer
             .place(gpas, data)
             .map_err(|e| format!("placing pushed pages (UFFDIO_COPY): {e}"))?;
@@ -170,6 +163,30 @@ impl RemotePages {
             .fetch_sub(gpas.len() as u64, Ordering::AcqRel);
         self.arrived.notify_all();
         Ok(())
+    }
+
+    /// Every page of a batch must be one still missing here (not sent
+    /// twice, inside guest memory, among those the source listed).
+    pub fn check_arrivals(&self, gpas: &[u64]) -> Result<(), String> {
+        let mut seen = std::collections::HashSet::new();
+        for &g in gpas {
+            if !self.is_pending(g) || !seen.insert(g) {
+                return Err(format!(
+                    "page {g:#x} is not missing here (sent twice, outside guest memory, or not among the pages the source listed)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Cut the link (a page overdue, or the stream bad): the receiving
+    /// side sees it and waits for a recovery.
+    fn drop_link(&self) {
+        let mut l = self.link.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(w) = l.writer.take() {
+            w.get_ref().shutdown();
+        }
+        self.arrived.notify_all();
     }
 
     /// What the fetches saw.
@@ -209,10 +226,17 @@ impl PageSource for RemotePages {
             let now = Instant::now();
             let connected = l.writer.is_some();
             if connected && asked_in.is_some() && now >= deadline {
-                return Err(io::Error::other(format!(
-                    "page {gpa:#x} did not arrive within {:?} of asking for it",
+                // The source holds the page still: a new connection will
+                // bring it. Cut this one; the receiver waits for the next.
+                tracing::error!(
+                    "post-copy: page {gpa:#x} did not arrive within {:?} of asking for it; dropping the link",
                     self.timeout
-                )));
+                );
+                if let Some(w) = l.writer.take() {
+                    w.get_ref().shutdown();
+                }
+                self.arrived.notify_all();
+                continue;
             }
             // Waiting for a reconnect is not bounded: nothing is lost as
             // long as the source keeps the page.
@@ -233,6 +257,14 @@ impl PageSource for RemotePages {
         self.latency.record(t0.elapsed());
         self.held(gpa, buf)
     }
+}
+
+/// Why receiving stopped.
+enum Broken {
+    /// The link or what came over it: recoverable by a new connection.
+    Link(String),
+    /// This host failed (placing or keeping a page): the VM must stop.
+    Local(String),
 }
 
 /// What the destination's receiving thread is told to do when the link
@@ -293,78 +325,106 @@ impl Incoming {
     ) -> Result<(), String> {
         let mut expected: Option<u64> = None;
         loop {
-            let f = match self.reader.frame() {
-                Ok(f) => f,
-                Err(e @ (WireError::Io { .. } | WireError::Truncated { .. })) => {
-                    self.pages.set_writer(None);
-                    let why = format!("the connection to the source broke: {e}");
-                    tracing::warn!(
-                        "post-copy: {why}; waiting for `hover ctl migrate --recover` at {}",
+            match self.step(&mut expected, report) {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(Broken::Local(e)) => return Err(e),
+                Err(Broken::Link(why)) => {
+                    // Whatever broke the link (a cut, a corrupted frame, a
+                    // peer that sends what it must not, a page that never
+                    // came), the source still has every page missing here:
+                    // drop the link, hold the guest, wait for a recovery.
+                    self.pages.drop_link();
+                    tracing::error!(
+                        "post-copy: {why}; the guest waits for `hover ctl migrate --recover --to {}` on the source",
                         self.recover_at
                     );
                     events.lost(&why);
                     self.reconnect()?;
                     report.recoveries += 1;
                     events.recovered();
-                    continue;
-                }
-                Err(e) => return Err(e.to_string()),
-            };
-            let at = f.offset;
-            match f.kind {
-                Kind::Pages => {
-                    let (gpas, data) = split_pages(&f.payload)
-                        .map_err(|r| format!("PAGES frame at offset {at}: {r}"))?;
-                    self.pages
-                        .arrive(&gpas, data, &self.placer)
-                        .map_err(|r| format!("PAGES frame at offset {at}: {r}"))?;
-                    for (g, p) in gpas.iter().zip(data.chunks_exact(PAGE_SIZE as usize)) {
-                        self.hash = self.hash.wrapping_add(page_hash(*g, p));
-                    }
-                    report.pages_received += gpas.len() as u64;
-                }
-                Kind::Digest => {
-                    let b: [u8; 8] = f.payload.as_slice().try_into().map_err(|_| {
-                        format!("DIGEST frame at offset {at}: not an 8-byte post-copy hash")
-                    })?;
-                    expected = Some(u64::from_le_bytes(b));
-                }
-                Kind::End => {
-                    let left = self.pages.remaining();
-                    if left > 0 {
-                        return Err(format!(
-                            "END frame at offset {at}: {left} pages never arrived"
-                        ));
-                    }
-                    if let Some(want) = expected {
-                        if want != self.hash {
-                            return Err(format!(
-                                "memory as received hashes to {:#x}, the source's to {want:#x}",
-                                self.hash
-                            ));
-                        }
-                        report.verified = Some(true);
-                    }
-                    let mut l = self.pages.link.lock().unwrap_or_else(|p| p.into_inner());
-                    if let Some(w) = l.writer.as_mut() {
-                        w.frame(Kind::Done, &[])
-                            .map_err(|e| format!("telling the source we are done: {e}"))?;
-                    }
-                    l.writer = None;
-                    return Ok(());
-                }
-                Kind::Error => {
-                    return Err(format!(
-                        "the source gave up: {}",
-                        String::from_utf8_lossy(&f.payload)
-                    ))
-                }
-                other => {
-                    return Err(format!(
-                        "a {other:?} frame at offset {at} does not belong in post-copy"
-                    ))
                 }
             }
+        }
+    }
+
+    /// Take one frame: `Ok(true)` once every page is here.
+    fn step(
+        &mut self,
+        expected: &mut Option<u64>,
+        report: &mut PostcopyReport,
+    ) -> Result<bool, Broken> {
+        let link = Broken::Link;
+        let f = match self.reader.frame() {
+            Ok(f) => f,
+            Err(e @ (WireError::Io { .. } | WireError::Truncated { .. })) => {
+                return Err(link(format!("the connection to the source broke: {e}")))
+            }
+            Err(e) => return Err(link(format!("the stream is damaged: {e}"))),
+        };
+        let at = f.offset;
+        match f.kind {
+            Kind::Pages => {
+                let (gpas, data) = split_pages(&f.payload)
+                    .map_err(|r| link(format!("PAGES frame at offset {at}: {r}")))?;
+                self.pages
+                    .check_arrivals(&gpas)
+                    .map_err(|r| link(format!("PAGES frame at offset {at}: {r}")))?;
+                self.pages
+                    .arrive(&gpas, data, &self.placer)
+                    .map_err(Broken::Local)?;
+                for (g, p) in gpas.iter().zip(data.chunks_exact(PAGE_SIZE as usize)) {
+                    self.hash = self.hash.wrapping_add(page_hash(*g, p));
+                }
+                report.pages_received += gpas.len() as u64;
+                Ok(false)
+            }
+            Kind::Digest => {
+                let b: [u8; 8] = f.payload.as_slice().try_into().map_err(|_| {
+                    link(format!(
+                        "DIGEST frame at offset {at}: not an 8-byte post-copy hash"
+                    ))
+                })?;
+                *expected = Some(u64::from_le_bytes(b));
+                Ok(false)
+            }
+            Kind::End => {
+                let left = self.pages.remaining();
+                if left > 0 {
+                    return Err(link(format!(
+                        "END frame at offset {at} with {left} pages never sent"
+                    )));
+                }
+                if let Some(want) = *expected {
+                    // Every page is here and as sent (each frame's CRC
+                    // held): a different sum is a fault of a host, not of
+                    // the link.
+                    if want != self.hash {
+                        return Err(Broken::Local(format!(
+                            "memory as received hashes to {:#x}, the source's to {want:#x}",
+                            self.hash
+                        )));
+                    }
+                    report.verified = Some(true);
+                }
+                let mut l = self.pages.link.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(w) = l.writer.as_mut() {
+                    // Every page is here either way; the source also
+                    // learns of the end from the closed link.
+                    if let Err(e) = w.frame(Kind::Done, &[]) {
+                        tracing::warn!("post-copy: cannot tell the source we are done: {e}");
+                    }
+                }
+                l.writer = None;
+                Ok(true)
+            }
+            Kind::Error => Err(link(format!(
+                "the source gave up: {}",
+                String::from_utf8_lossy(&f.payload)
+            ))),
+            other => Err(link(format!(
+                "a {other:?} frame at offset {at} does not belong in post-copy"
+            ))),
         }
     }
 

@@ -1,0 +1,109 @@
+//! A man in the middle of a migration on Unix sockets: forwards one
+//! connection both ways, and on demand cuts it or flips a byte inside the
+//! payload of the next PAGES frame from the source (frames are parsed as
+//! they pass: a 16-byte hello, then 24-byte headers with the payload length
+//! at offset 8).
+
+use std::io::{Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+const PAGES: u32 = 2;
+
+/// The proxy; dropping it cuts the connection.
+pub struct Proxy {
+    socks: Arc<Mutex<Vec<UnixStream>>>,
+    corrupt: Arc<AtomicBool>,
+    /// Set once a byte was flipped.
+    pub corrupted: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    /// Listen at `listen`; the first connection goes on to `target`.
+    pub fn start(listen: &Path, target: &Path) -> Proxy {
+        let l = UnixListener::bind(listen).unwrap();
+        let target = target.to_path_buf();
+        let socks: Arc<Mutex<Vec<UnixStream>>> = Arc::default();
+        let corrupt = Arc::new(AtomicBool::new(false));
+        let corrupted = Arc::new(AtomicBool::new(false));
+        let (s2, c2, d2) = (socks.clone(), corrupt.clone(), corrupted.clone());
+        std::thread::spawn(move || {
+            let Ok((a, _)) = l.accept() else { return };
+            let b = UnixStream::connect(&target).unwrap();
+            s2.lock()
+                .unwrap()
+                .extend([a.try_clone().unwrap(), b.try_clone().unwrap()]);
+            let (a2, b2) = (a.try_clone().unwrap(), b.try_clone().unwrap());
+            std::thread::spawn(move || pump_back(b2, a2));
+            pump_frames(a, b, c2, d2);
+        });
+        Proxy {
+            socks,
+            corrupt,
+            corrupted,
+        }
+    }
+
+    /// Cut both sides now.
+    pub fn cut(&self) {
+        for s in self.socks.lock().unwrap().iter() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Flip a byte in the payload of the next PAGES frame from the source.
+    pub fn corrupt_next_pages(&self) {
+        self.corrupt.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.cut();
+    }
+}
+
+fn pump_back(mut from: UnixStream, mut to: UnixStream) {
+    let mut buf = vec![0u8; 1 << 16];
+    while let Ok(n) = from.read(&mut buf) {
+        if n == 0 || to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Write);
+}
+
+fn pump_frames(
+    mut from: UnixStream,
+    mut to: UnixStream,
+    corrupt: Arc<AtomicBool>,
+    corrupted: Arc<AtomicBool>,
+) {
+    let mut hello = [0u8; 16];
+    if from.read_exact(&mut hello).is_err() || to.write_all(&hello).is_err() {
+        return;
+    }
+    loop {
+        let mut h = [0u8; 24];
+        if from.read_exact(&mut h).is_err() {
+            break;
+        }
+        let kind = u32::from_le_bytes(h[0..4].try_into().unwrap());
+        let len = u64::from_le_bytes(h[8..16].try_into().unwrap()) as usize;
+        let mut payload = vec![0u8; len];
+        if from.read_exact(&mut payload).is_err() {
+            break;
+        }
+        if kind == PAGES && len > 100 && corrupt.swap(false, Ordering::SeqCst) {
+            // Inside the last page's contents: only the CRC can tell.
+            payload[len - 100] ^= 0x40;
+            corrupted.store(true, Ordering::SeqCst);
+        }
+        if to.write_all(&h).is_err() || to.write_all(&payload).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Both);
+}

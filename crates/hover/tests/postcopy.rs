@@ -1,0 +1,248 @@
+//! Post-copy migration between two `hover` processes: a running `kvstore`
+//! guest starts at the destination at once and its memory follows (pages it
+//! touches first, the rest pushed); the workload's own check passes, the
+//! memory hash matches the source's, and async page faults parked the tasks
+//! that touched a remote page. A hybrid migration switches on request. A
+//! link cut or a corrupted batch during post-copy pauses the destination,
+//! leaves the source `postcopy-paused` (never resumed: the guest ran at the
+//! destination) and is recovered with nothing lost.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::migrate::{finish, receiver};
+use common::proxy::Proxy;
+use common::{report, Scratch, Vm};
+use hover_vmm::host::kvm_for_test;
+
+/// A kvstore guest that keeps writing for `seconds`.
+fn writer(dir: &Scratch, name: &str, seconds: u32) -> Vm {
+    Vm::spawn(
+        &[
+            "run",
+            "--cmdline",
+            &format!("workload=kvstore wss=32M rate=2000 seconds={seconds}"),
+        ],
+        &dir.path(&format!("{name}.sock")),
+    )
+}
+
+/// Wait until `vm`'s migration shows `mode` (within 20 s).
+fn wait_for_mode(vm: &Vm, mode: &str) -> serde_json::Value {
+    let t0 = Instant::now();
+    loop {
+        let v = vm.api().json("GET", "/vm", None).unwrap();
+        if v["migration"]["mode"] == mode {
+            return v;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "no {mode} phase: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn kvstore_runs_at_the_destination_while_its_memory_arrives() {
+    if !kvm_for_test("kvstore_runs_at_the_destination_while_its_memory_arrives") {
+        return;
+    }
+    let dir = Scratch::new("postcopy");
+    for listen in [
+        format!("unix:{}", dir.path("in.sock").display()),
+        "tcp:127.0.0.1:0".to_string(),
+    ] {
+        let (dest, at) = receiver(&listen);
+        let src = writer(&dir, "src", 6);
+        std::thread::sleep(Duration::from_millis(1500));
+        let body = serde_json::json!({ "to": at, "mode": "postcopy", "verify": true });
+        let r = src
+            .api()
+            .json("PUT", "/vm/migrate", Some(&body.to_string()))
+            .unwrap_or_else(|e| panic!("{listen}: {e}"));
+        assert_eq!(r["mode"], "postcopy", "{r}");
+        assert_eq!(
+            r["rounds"], 1,
+            "only the pinned area before the switch: {r}"
+        );
+        let pc = &r["postcopy"];
+        let at_switch = pc["pages_at_switch"].as_u64().unwrap();
+        assert!(at_switch > 256, "most memory followed the guest: {r}");
+        assert_eq!(pc["pages_received"].as_u64().unwrap(), at_switch, "{r}");
+        let (code, o, stderr) = src.wait();
+        assert_eq!(code, Some(0), "{stderr}");
+        assert_eq!(o["ended"], "migrated");
+        let (code, o, stderr) = finish(dest);
+        assert_eq!(code, Some(0), "{listen}: {stderr}");
+        let pc = &o["postcopy"];
+        assert_eq!(pc["verified"], true, "memory hashes as the source's: {pc}");
+        assert_eq!(pc["pages_at_switch"].as_u64().unwrap(), at_switch);
+        assert_eq!(o["restore"]["memory_restore"], "postcopy");
+        // The guest touched pages still at the source: requested, and the
+        // tasks that touched them parked while the vCPU ran others.
+        assert!(pc["demand_pages"].as_u64().unwrap() > 0, "{pc}");
+        assert!(pc["requests"].as_u64().unwrap() > 0, "{pc}");
+        assert!(report(&o, "apf.parked") > 0, "async PF parked tasks");
+        // Pushed pages went in by contiguous runs, fewer copies than pages.
+        let pager = &o["pager"];
+        let (pushed, copies) = (
+            pager["pushed_pages"].as_u64().unwrap(),
+            pager["push_copies"].as_u64().unwrap(),
+        );
+        assert!(pushed > 0 && copies < pushed, "{pager}");
+        assert_eq!(report(&o, "kvstore.errors"), 0);
+        assert!(report(&o, "kvstore.ops") > 0);
+    }
+}
+
+#[test]
+fn a_hybrid_migration_switches_to_postcopy_when_asked() {
+    if !kvm_for_test("a_hybrid_migration_switches_to_postcopy_when_asked") {
+        return;
+    }
+    let dir = Scratch::new("postcopy-hybrid");
+    let (dest, at) = receiver(&format!("unix:{}", dir.path("in.sock").display()));
+    let src = writer(&dir, "src", 8);
+    std::thread::sleep(Duration::from_millis(1000));
+    // Asking outside a migration, or of a pre-copy one, is refused.
+    let r = src.api().call("PUT", "/vm/migrate/postcopy", None).unwrap();
+    assert_eq!(r.status, 409, "{}", r.body);
+    // A slow link and no auto-converge: pre-copy rounds go on until told.
+    let body = serde_json::json!({
+        "to": at, "mode": "hybrid", "verify": true, "bandwidth": 2_000_000,
+        "auto_converge": false, "timeout_s": 60,
+    });
+    let api = src.api();
+    let mig = std::thread::spawn(move || {
+        api.json("PUT", "/vm/migrate", Some(&body.to_string()))
+            .unwrap()
+    });
+    let v = wait_for_mode(&src, "hybrid");
+    assert!(v["migration"]["round"].as_u64().is_some(), "{v}");
+    let r = src.api().call("PUT", "/vm/migrate/postcopy", None).unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = mig.join().unwrap();
+    assert_eq!(r["mode"], "postcopy", "{r}");
+    assert!(
+        r["rounds"].as_u64().unwrap() >= 2,
+        "pre-copy rounds first: {r}"
+    );
+    let (code, _, stderr) = src.wait();
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, o, stderr) = finish(dest);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(o["postcopy"]["verified"], true, "{}", o["postcopy"]);
+    assert_eq!(report(&o, "kvstore.errors"), 0);
+}
+
+/// Migrate `src` in post-copy through a proxy to `dest_at`, break the link
+/// with `damage` once post-copy runs, and recover straight to `dest_at`.
+fn break_and_recover(name: &str, damage: impl FnOnce(&Proxy)) {
+    let dir = Scratch::new(name);
+    let dest_at = format!("unix:{}", dir.path("in.sock").display());
+    let (dest, _) = receiver(&dest_at);
+    let src = writer(&dir, "src", 8);
+    std::thread::sleep(Duration::from_millis(1500));
+    let proxy = Proxy::start(&dir.path("proxy.sock"), &dir.path("in.sock"));
+    let body = serde_json::json!({
+        "to": format!("unix:{}", dir.path("proxy.sock").display()),
+        "mode": "postcopy", "verify": true, "bandwidth": 4_000_000,
+    });
+    let api = src.api();
+    let mig = std::thread::spawn(move || {
+        api.call("PUT", "/vm/migrate", Some(&body.to_string()))
+            .unwrap()
+    });
+    wait_for_mode(&src, "postcopy");
+    std::thread::sleep(Duration::from_millis(300));
+    damage(&proxy);
+    let r = mig.join().unwrap();
+    assert!(r.status >= 500, "{}", r.body);
+    assert!(r.body.contains("--recover"), "{}", r.body);
+    // The source keeps the pages and never resumes the guest.
+    let v = src.api().json("GET", "/vm", None).unwrap();
+    assert_eq!(v["state"], "postcopy-paused", "{v}");
+    let r = src.api().call("PUT", "/vm/resume", None).unwrap();
+    assert_eq!(r.status, 409, "{}", r.body);
+    let plain = serde_json::json!({ "to": dest_at }).to_string();
+    let r = src.api().call("PUT", "/vm/migrate", Some(&plain)).unwrap();
+    assert_eq!(r.status, 400, "only a recovery: {}", r.body);
+    assert!(r.body.contains("recover"), "{}", r.body);
+    let body = serde_json::json!({ "to": dest_at, "recover": true, "verify": true });
+    let r = src
+        .api()
+        .json("PUT", "/vm/migrate", Some(&body.to_string()))
+        .unwrap();
+    assert_eq!(r["postcopy"]["recoveries"], 1, "{r}");
+    let (code, o, stderr) = src.wait();
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(o["ended"], "migrated");
+    let (code, o, stderr) = finish(dest);
+    assert_eq!(code, Some(0), "{stderr}");
+    let pc = &o["postcopy"];
+    assert_eq!(pc["recoveries"], 1, "{pc}");
+    assert_eq!(pc["verified"], true, "nothing lost: {pc}");
+    assert_eq!(report(&o, "kvstore.errors"), 0);
+}
+
+#[test]
+fn a_link_cut_during_postcopy_is_recovered_with_nothing_lost() {
+    if !kvm_for_test("a_link_cut_during_postcopy_is_recovered_with_nothing_lost") {
+        return;
+    }
+    break_and_recover("postcopy-cut", |p| p.cut());
+}
+
+#[test]
+fn a_corrupted_batch_is_never_placed_and_the_link_recovers() {
+    if !kvm_for_test("a_corrupted_batch_is_never_placed_and_the_link_recovers") {
+        return;
+    }
+    break_and_recover("postcopy-corrupt", |p| {
+        p.corrupt_next_pages();
+        let t0 = Instant::now();
+        while !p.corrupted.load(std::sync::atomic::Ordering::SeqCst) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "no PAGES frame passed"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    });
+}
+
+#[test]
+fn a_guest_that_powers_off_during_a_round_is_not_moved() {
+    if !kvm_for_test("a_guest_that_powers_off_during_a_round_is_not_moved") {
+        return;
+    }
+    let dir = Scratch::new("postcopy-ended");
+    let (dest, at) = receiver(&format!("unix:{}", dir.path("in.sock").display()));
+    let src = writer(&dir, "src", 3);
+    std::thread::sleep(Duration::from_millis(2000));
+    // The first round (megabytes at 1 MB/s) outlives the guest; the switch
+    // comes after it, when the guest has powered off: it must end here,
+    // not move.
+    let body = serde_json::json!({
+        "to": at, "mode": "hybrid", "bandwidth": 1_000_000, "auto_converge": false,
+    });
+    let api = src.api();
+    let mig = std::thread::spawn(move || {
+        api.call("PUT", "/vm/migrate", Some(&body.to_string()))
+            .unwrap()
+    });
+    wait_for_mode(&src, "hybrid");
+    let r = src.api().call("PUT", "/vm/migrate/postcopy", None).unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = mig.join().unwrap();
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert!(r.body.contains("guest stopped"), "{}", r.body);
+    let (code, o, stderr) = src.wait();
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(o["ended"], "power_off");
+    let (code, o, _) = finish(dest);
+    assert_ne!(code, Some(0));
+    assert!(o.is_null(), "nothing ran at the destination: {o}");
+}
