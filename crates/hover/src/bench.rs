@@ -93,6 +93,26 @@ enum Scenario {
         /// unix or tcp (loopback).
         #[arg(long, default_value = "unix")]
         transport: String,
+        /// precopy: the trackers, batching and mapping tables (seeds 3, 4);
+        /// postcopy: post-copy with async PF on and off beside pre-copy and
+        /// hybrid over a link with latency and a rate limit (seeds 1+3+4).
+        #[arg(long, default_value = "precopy", value_parser = ["precopy", "postcopy"])]
+        mode: String,
+        /// Post-copy: the link's rate each way, Mbit/s.
+        #[arg(long, default_value_t = 200)]
+        link_mbit: u64,
+        /// Post-copy: the link's one-way latency, ms.
+        #[arg(long, default_value_t = 1.0)]
+        link_delay_ms: f64,
+        /// Post-copy: guest memory.
+        #[arg(long, default_value = "1G")]
+        postcopy_memory: String,
+        /// Post-copy: bm's array, the memory the faulting tasks write.
+        #[arg(long, default_value = "128M")]
+        postcopy_array: String,
+        /// Post-copy: how long bm runs per sample (warm-up and migration included), s.
+        #[arg(long, default_value_t = 18)]
+        postcopy_seconds: u32,
         /// Directory for the JSON results and the plot.
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
@@ -180,33 +200,57 @@ pub fn bench(args: BenchArgs) -> ExitCode {
             batches,
             runs,
             transport,
+            mode,
+            link_mbit,
+            link_delay_ms,
+            postcopy_memory,
+            postcopy_array,
+            postcopy_seconds,
             out,
         } => {
-            if let Err(e) = check_all("--trackers", &trackers, |t| {
-                t.parse::<hover_vmm::migration::Tracker>().map(|_| ())
-            })
-            .and(check_sizes("--memories", &memories))
-            .and(check_sizes("--wss", &wss))
-            .and(check_all(
-                "--transport",
-                std::slice::from_ref(&transport),
-                |t| match t.as_str() {
-                    "unix" | "tcp" => Ok(()),
-                    _ => Err(format!("{t}: use unix or tcp")),
-                },
-            )) {
-                return e;
+            if mode == "postcopy" {
+                if let Err(e) = check_sizes(
+                    "--postcopy-memory",
+                    &[postcopy_memory.clone(), postcopy_array.clone()],
+                ) {
+                    return e;
+                }
+                let b = hover_bench::postcopy::PostcopyBench {
+                    memory: postcopy_memory,
+                    array: postcopy_array,
+                    link_mbit,
+                    delay_ms: link_delay_ms,
+                    runs,
+                    seconds: postcopy_seconds,
+                };
+                hover_bench::postcopy::run(&exe, &b, &out)
+            } else {
+                if let Err(e) = check_all("--trackers", &trackers, |t| {
+                    t.parse::<hover_vmm::migration::Tracker>().map(|_| ())
+                })
+                .and(check_sizes("--memories", &memories))
+                .and(check_sizes("--wss", &wss))
+                .and(check_all(
+                    "--transport",
+                    std::slice::from_ref(&transport),
+                    |t| match t.as_str() {
+                        "unix" | "tcp" => Ok(()),
+                        _ => Err(format!("{t}: use unix or tcp")),
+                    },
+                )) {
+                    return e;
+                }
+                let b = hover_bench::migrate::MigrateBench {
+                    trackers,
+                    memories,
+                    wss,
+                    rate,
+                    batches,
+                    runs,
+                    transport,
+                };
+                hover_bench::migrate::run(&exe, &b, &out)
             }
-            let b = hover_bench::migrate::MigrateBench {
-                trackers,
-                memories,
-                wss,
-                rate,
-                batches,
-                runs,
-                transport,
-            };
-            hover_bench::migrate::run(&exe, &b, &out)
         }
         Scenario::Snapshot {
             memories,

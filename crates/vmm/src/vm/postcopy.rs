@@ -17,6 +17,10 @@ use crate::migration::{MigrateOptions, MigrationError, MigrationReport};
 use crate::state::{self, memory};
 use hover_abi::layout::PAGE_SIZE;
 
+/// Link time one background frame may take under a bandwidth limit.
+const BACKGROUND_FRAME_S: f64 = 0.002;
+/// The smallest background frame, pages.
+const MIN_BACKGROUND_BATCH: usize = 16;
 /// Pages hashed at a time for `verify`.
 const HASH_CHUNK: usize = 256;
 
@@ -206,8 +210,15 @@ impl Running {
         };
         let pc = left.report.postcopy.get_or_insert_with(Default::default);
         let sent0 = pc.pages_received;
+        // Under a bandwidth limit a request waits behind the frame in flight:
+        // keep frames to ~2 ms of the link (seed 3's batching still holds
+        // at 16 pages and up).
+        let batch = bandwidth.map_or(left.batch, |bw| {
+            ((bw as f64 * BACKGROUND_FRAME_S / PAGE_SIZE as f64) as usize)
+                .clamp(MIN_BACKGROUND_BATCH.min(left.batch), left.batch)
+        });
         let result = Serve {
-            batch: left.batch,
+            batch,
             end: ram.end(),
             hash: left.hash,
             read: &mut read,

@@ -470,3 +470,52 @@ impl Incoming {
         self.pages.set_writer(Some(w));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pages(n: u64) -> RemotePages {
+        let store = ReceivedPages::create(Some(&std::env::temp_dir()), n * PAGE_SIZE).unwrap();
+        RemotePages::new(store, n * PAGE_SIZE, Duration::from_millis(50))
+    }
+
+    #[test]
+    fn only_missing_pages_may_arrive_once_each() {
+        let ps = PAGE_SIZE;
+        let r = pages(8);
+        r.mark_pending(&[2 * ps, 3 * ps]).unwrap();
+        assert_eq!(r.remaining(), 2);
+        assert!(r.check_arrivals(&[2 * ps, 3 * ps]).is_ok());
+        assert!(
+            r.check_arrivals(&[2 * ps, 2 * ps]).is_err(),
+            "twice in a batch"
+        );
+        assert!(r.check_arrivals(&[4 * ps]).is_err(), "never listed");
+        assert!(
+            r.check_arrivals(&[64 * ps]).is_err(),
+            "outside guest memory"
+        );
+        assert!(r.mark_pending(&[64 * ps]).is_err());
+    }
+
+    #[test]
+    fn held_pages_are_served_and_stale_ones_are_not() {
+        let ps = PAGE_SIZE;
+        let r = pages(8);
+        r.keep(ps, &[5u8; 4096]).unwrap();
+        r.keep(2 * ps, &[6u8; 4096]).unwrap();
+        // Page 2 was dirtied after it was sent: its copy here is stale.
+        r.mark_pending(&[2 * ps]).unwrap();
+        let mut buf = PageBuf::new();
+        assert!(r.read(ps, &mut buf).unwrap());
+        assert!(buf.0.iter().all(|&b| b == 5));
+        assert!(!r.read(3 * ps, &mut buf).unwrap(), "never sent: zeros");
+        assert_eq!(r.held_hash().unwrap(), page_hash(ps, &[5u8; 4096]));
+        // With the stream failed, a fetch of a remote page errs, never
+        // returning the stale copy.
+        r.fail("test");
+        let e = r.read(2 * ps, &mut buf).unwrap_err();
+        assert!(e.to_string().contains("will not arrive"), "{e}");
+    }
+}

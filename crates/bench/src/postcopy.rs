@@ -1,0 +1,377 @@
+//! `hover bench migrate --mode postcopy`: post-copy through the pager with
+//! async page faults (seeds 1 + 3 + 4). A guest running the async-PF seed's
+//! `bm` (faulting tasks writing random pages of an array, which dirties
+//! memory far faster than the link moves it, and working tasks counting)
+//! is migrated over a link with latency and a rate limit (a network
+//! namespace, veth and `tc netem`, set up here when the bench may; else a
+//! Unix socket through a relay in this process that delays every chunk
+//! each way, with the migration's own bandwidth limit):
+//! - pre-copy (auto-converge off, a short timeout): does it converge?
+//! - post-copy with async PF on and off (the guest's `--async-pf`);
+//! - hybrid: pre-copy rounds, then post-copy when they stop converging.
+//!
+//! Per sample: downtime; time until all memory arrived at the destination;
+//! the working tasks' progress during the post-copy phase as a share of the
+//! second before the migration (the guest keeps its timeline across the
+//! move: `bm.t.K` buckets of TSC time); remote fault latency p50/p99; tasks
+//! parked. Modes are interleaved within each round; every cell is median
+//! (min-max) over the rounds, and the ops share async PF on over off is
+//! given per round.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use hover_vmm::api::ApiClient;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::migrate::spread;
+use crate::netem::{Link, Relay, PEER_ADDR};
+use crate::runner::{guest, rdtsc, spawn_with_api, tsc_khz, wait_json};
+use crate::stats::summarize;
+use crate::{table, BenchError};
+
+/// The scenario's knobs.
+#[derive(Clone, Debug)]
+pub struct PostcopyBench {
+    /// Guest memory.
+    pub memory: String,
+    /// bm's array (the working set the faulting tasks write).
+    pub array: String,
+    /// Link rate, Mbit/s.
+    pub link_mbit: u64,
+    /// One-way link latency, ms.
+    pub delay_ms: f64,
+    /// Rounds (modes interleaved within each).
+    pub runs: u32,
+    /// How long bm runs (warm-up and migration included), seconds.
+    pub seconds: u32,
+}
+
+/// (name, migration mode, guest async PF).
+const MODES: [(&str, &str, &str); 4] = [
+    ("pre-copy", "precopy", "on"),
+    ("post-copy, async PF on", "postcopy", "on"),
+    ("post-copy, async PF off", "postcopy", "off"),
+    ("hybrid, async PF on", "hybrid", "on"),
+];
+
+/// How long the guest runs bm before the migration (its array prefaulted).
+const WARM_UP: Duration = Duration::from_secs(5);
+/// Pre-copy's time before it gives up.
+const PRECOPY_TIMEOUT_S: u64 = 8;
+
+/// One migration.
+#[derive(Clone, Debug, Serialize)]
+pub struct Sample {
+    /// Mode name.
+    pub mode: String,
+    /// Round.
+    pub round: u32,
+    /// Whether the guest moved; else why not.
+    pub error: Option<String>,
+    /// The source's pause, ms.
+    pub downtime_ms: f64,
+    /// From the request to the destination having every page, ms.
+    pub total_ms: f64,
+    /// Working tasks' progress per second in the post-copy phase over the
+    /// second before the migration, percent.
+    pub ops_pct: f64,
+    /// Remote fault latency, us.
+    pub fault_p50_us: f64,
+    /// See `fault_p50_us`.
+    pub fault_p99_us: f64,
+    /// Guest touches of a remote page.
+    pub demand_pages: f64,
+    /// Tasks parked by async PF at the destination.
+    pub parked: f64,
+    /// The migration report.
+    pub report: Value,
+}
+
+fn report(outcome: &Value, key: &str) -> Option<f64> {
+    outcome["reports"]
+        .as_array()?
+        .iter()
+        .find(|r| r["key"] == key)?["value"]
+        .as_f64()
+}
+
+/// bm's working progress in `[from, to)` host TSC ticks.
+fn work_in(outcome: &Value, from: u64, to: u64, khz: u64) -> f64 {
+    let (Some(start), Some(bucket_us)) = (
+        report(outcome, "bm.timeline.start_tsc"),
+        report(outcome, "bm.timeline.bucket_us"),
+    ) else {
+        return 0.0;
+    };
+    let ticks = bucket_us as u64 * khz / 1000;
+    outcome["reports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| {
+            let k: u64 = r["key"].as_str()?.strip_prefix("bm.t.")?.parse().ok()?;
+            let at = start as u64 + k * ticks;
+            (at >= from && at < to)
+                .then(|| r["value"].as_f64())
+                .flatten()
+        })
+        .sum()
+}
+
+fn receiver(exe: &Path, link: Option<&Link>, id: &str) -> Result<(Child, String), BenchError> {
+    let mut cmd = match link {
+        Some(l) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", &l.ns]).arg(exe);
+            c.args(["receive", "--listen", &format!("tcp:{PEER_ADDR}:0")]);
+            c
+        }
+        None => {
+            let mut c = Command::new(exe);
+            let p = std::env::temp_dir().join(format!("hover-bench-pc-{id}.sock"));
+            c.args(["receive", "--listen", &format!("unix:{}", p.display())]);
+            c
+        }
+    };
+    let mut child = cmd
+        .args(["--json", "--console", "off"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| guest(&format!("cannot start hover receive: {e}")))?;
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stderr.as_mut().expect("piped")),
+        &mut line,
+    )
+    .map_err(|e| guest(&format!("hover receive: {e}")))?;
+    let at = line
+        .trim()
+        .rsplit(' ')
+        .next()
+        .filter(|a| a.starts_with("tcp:") || a.starts_with("unix:"))
+        .ok_or_else(|| guest(&format!("hover receive said {line:?}")))?
+        .to_string();
+    Ok((child, at))
+}
+
+fn sample(
+    exe: &Path,
+    b: &PostcopyBench,
+    link: Option<&Link>,
+    (name, mode, apf): (&str, &str, &str),
+    round: u32,
+) -> Result<Sample, BenchError> {
+    let id = format!("{}-{mode}-{apf}-{round}", std::process::id());
+    let (dest, at) = receiver(exe, link, &id)?;
+    let sock = std::env::temp_dir().join(format!("hover-bench-pcsrc-{id}.sock"));
+    let cmdline = format!(
+        "workload=bm faulting=2 working=2 memory={} seconds={} timeline_ms=100",
+        b.array, b.seconds
+    );
+    let args = [
+        "run",
+        "--memory",
+        &b.memory,
+        "--async-pf",
+        apf,
+        "--cmdline",
+        &cmdline,
+    ];
+    let src = spawn_with_api(exe, &args, &sock)?;
+    std::thread::sleep(WARM_UP);
+    // Without netem, the latency comes from a relay in this process.
+    let (at, _relay) = match (link, at.strip_prefix("unix:")) {
+        (None, Some(path)) if b.delay_ms > 0.0 => {
+            let relay_path = std::env::temp_dir().join(format!("hover-bench-pcrelay-{id}.sock"));
+            let relay = Relay::start(
+                &relay_path,
+                path.into(),
+                Duration::from_secs_f64(b.delay_ms / 1000.0),
+            )
+            .map_err(|e| guest(&format!("cannot start the latency relay: {e}")))?;
+            (format!("unix:{}", relay_path.display()), Some(relay))
+        }
+        _ => (at, None),
+    };
+    let mut body = serde_json::json!({ "to": at, "mode": mode, "verify": true });
+    if mode != "postcopy" {
+        body["auto_converge"] = false.into();
+        body["timeout_s"] = PRECOPY_TIMEOUT_S.into();
+    }
+    if link.is_none() {
+        body["bandwidth"] = (b.link_mbit * 1_000_000 / 8).into();
+    }
+    let api = ApiClient::new(&sock, Duration::from_secs(600));
+    let t = rdtsc();
+    let answer = api.json("PUT", "/vm/migrate", Some(&body.to_string()));
+    let rep = match answer {
+        Ok(r) => r,
+        Err(e) => {
+            // Pre-copy that does not converge: the guest runs on here.
+            let _ = api.call("PUT", "/vm/shutdown", None);
+            let _ = wait_json(src, "hover run (source)");
+            let mut dest = dest;
+            let _ = dest.kill();
+            let _ = dest.wait();
+            return Ok(Sample {
+                mode: name.into(),
+                round,
+                error: Some(e.to_string()),
+                downtime_ms: 0.0,
+                total_ms: 0.0,
+                ops_pct: 0.0,
+                fault_p50_us: 0.0,
+                fault_p99_us: 0.0,
+                demand_pages: 0.0,
+                parked: 0.0,
+                report: Value::Null,
+            });
+        }
+    };
+    wait_json(src, "hover run (source)")?;
+    // Stop the guest at the destination once its memory is all there.
+    let out = wait_destination(dest)?;
+    let khz = tsc_khz()?;
+    let num = |v: &Value, k: &str| v[k].as_f64().unwrap_or(0.0);
+    let pc = &out["postcopy"];
+    let downtime = num(&rep, "downtime_ms");
+    let pre_ms = num(&rep, "total_ms") - num(pc, "all_arrived_ms");
+    let switch = t + ((pre_ms.max(0.0) + downtime) * khz as f64) as u64;
+    let end = t + (num(&rep, "total_ms") * khz as f64) as u64;
+    let before = work_in(&out, t.saturating_sub(khz * 1000), t, khz);
+    let during_s = (end - switch.min(end)) as f64 / khz as f64 / 1000.0;
+    let during = work_in(&out, switch, end, khz) / during_s.max(0.1);
+    Ok(Sample {
+        mode: name.into(),
+        round,
+        error: None,
+        downtime_ms: downtime,
+        total_ms: num(&rep, "total_ms"),
+        ops_pct: if before > 0.0 {
+            100.0 * during / before
+        } else {
+            0.0
+        },
+        fault_p50_us: num(pc, "fault_p50_us"),
+        fault_p99_us: num(pc, "fault_p99_us"),
+        demand_pages: num(pc, "demand_pages"),
+        parked: report(&out, "apf.parked").unwrap_or(0.0),
+        report: rep,
+    })
+}
+
+/// The destination's outcome; bm runs for long, so it is shut down through
+/// a signal-free path: the guest's own end (bm's `seconds`).
+fn wait_destination(dest: Child) -> Result<Value, BenchError> {
+    wait_json(dest, "hover receive")
+}
+
+/// Run the scenario: tables on stdout, `OUT/migrate_postcopy.json`.
+pub fn run(exe: &Path, b: &PostcopyBench, out: &Path) -> Result<(), BenchError> {
+    let link = match Link::new(b.delay_ms, b.link_mbit) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            println!(
+                "(no netem link: {e}; instead a Unix socket through a relay in this process that delays each chunk {} ms each way, and the migration's own {} Mbit/s bandwidth limit)",
+                b.delay_ms, b.link_mbit
+            );
+            None
+        }
+    };
+    let what = link.as_ref().map_or_else(
+        || {
+            format!(
+                "Unix socket + relay {} ms each way, --bandwidth {} Mbit/s",
+                b.delay_ms, b.link_mbit
+            )
+        },
+        Link::describe,
+    );
+    println!(
+        "hover bench migrate --mode postcopy: bm (2 faulting + 2 working tasks, {} array) in a {} guest; link: {what}; {} rounds, modes interleaved",
+        b.array, b.memory, b.runs
+    );
+    let mut samples = Vec::new();
+    for round in 0..b.runs {
+        for m in MODES {
+            let s = sample(exe, b, link.as_ref(), m, round)?;
+            eprintln!(
+                "round {round} {}: {}",
+                s.mode,
+                s.error.as_deref().map_or_else(
+                    || format!(
+                        "downtime {:.1} ms, total {:.0} ms, ops {:.0}%",
+                        s.downtime_ms, s.total_ms, s.ops_pct
+                    ),
+                    |e| e.to_string()
+                )
+            );
+            samples.push(s);
+        }
+    }
+    let mut rows = Vec::new();
+    for (name, _, _) in MODES {
+        let of: Vec<&Sample> = samples.iter().filter(|s| s.mode == name).collect();
+        let ok: Vec<&&Sample> = of.iter().filter(|s| s.error.is_none()).collect();
+        let cell = |f: &dyn Fn(&Sample) -> f64, p: usize| {
+            summarize(&ok.iter().map(|s| f(s)).collect::<Vec<_>>())
+                .map_or("-".into(), |s| spread(&s, p))
+        };
+        rows.push(vec![
+            name.to_string(),
+            format!("{}/{}", ok.len(), of.len()),
+            cell(&|s| s.downtime_ms, 1),
+            cell(&|s| s.total_ms / 1000.0, 1),
+            cell(&|s| s.ops_pct, 0),
+            cell(&|s| s.fault_p50_us / 1000.0, 1),
+            cell(&|s| s.fault_p99_us / 1000.0, 1),
+            cell(&|s| s.parked, 0),
+        ]);
+    }
+    table::print(
+        &[
+            "mode",
+            "moved",
+            "downtime ms",
+            "total s",
+            "ops during post-copy, % of before",
+            "remote fault p50 ms",
+            "p99 ms",
+            "tasks parked",
+        ],
+        &rows,
+    );
+    let ratio: Vec<String> = (0..b.runs)
+        .filter_map(|r| {
+            let pct = |name: &str| {
+                samples
+                    .iter()
+                    .find(|s| s.round == r && s.mode == name && s.error.is_none())
+                    .map(|s| s.ops_pct)
+            };
+            let (on, off) = (pct(MODES[1].0)?, pct(MODES[2].0)?);
+            Some(format!("{:.2}", on / off.max(0.1)))
+        })
+        .collect();
+    println!(
+        "\nops during post-copy, async PF on / off, per round: {}",
+        ratio.join(", ")
+    );
+    for s in samples.iter().filter(|s| s.error.is_some()) {
+        println!(
+            "round {} {}: {}",
+            s.round,
+            s.mode,
+            s.error.as_deref().unwrap_or("")
+        );
+    }
+    table::write_json(
+        out,
+        "migrate_postcopy.json",
+        &serde_json::json!({ "scenario": "migrate-postcopy", "link": what, "samples": samples }),
+    )
+}
