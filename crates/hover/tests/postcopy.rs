@@ -63,10 +63,9 @@ fn kvstore_runs_at_the_destination_while_its_memory_arrives() {
             .json("PUT", "/vm/migrate", Some(&body.to_string()))
             .unwrap_or_else(|e| panic!("{listen}: {e}"));
         assert_eq!(r["mode"], "postcopy", "{r}");
-        assert_eq!(
-            r["rounds"], 1,
-            "only the pinned area before the switch: {r}"
-        );
+        // The pinned area while the guest ran, then what it dirtied of it
+        // during the pause: the rest followed the guest.
+        assert_eq!(r["rounds"], 2, "{r}");
         let pc = &r["postcopy"];
         let at_switch = pc["pages_at_switch"].as_u64().unwrap();
         assert!(at_switch > 256, "most memory followed the guest: {r}");

@@ -300,8 +300,20 @@ impl Running {
             vcpu_throttle_pct: throttle.all(),
             ..Default::default()
         }));
-        // Pure post-copy sends nothing before the pause.
         let mut switch = o.mode == Mode::Postcopy;
+        if switch {
+            // Pure post-copy: the pinned boot area (which must be there
+            // before the guest runs) crosses while the guest still runs
+            // here, so the pause carries only what the guest dirties of it
+            // meanwhile; everything above it follows the guest.
+            let image_end = self.vm.image_end;
+            let (pinned, rest): (Vec<u64>, Vec<u64>) =
+                pending.into_iter().partition(|&g| g < image_end);
+            let sent = sender.send(&self.vm.ram, self.vm.pager.as_ref(), &mut w, &pinned, true)?;
+            report.round_pages.push(sent);
+            report.rounds += 1;
+            pending = rest;
+        }
         let (mut least_dirty, mut stalled) = (u64::MAX, 0);
         while !switch {
             if let Some(e) = self.guest_ended() {
