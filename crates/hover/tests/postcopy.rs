@@ -11,7 +11,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::migrate::{finish, receiver};
+use common::migrate::{finish, receiver, receiver_with};
 use common::proxy::Proxy;
 use common::{report, Scratch, Vm};
 use hover_vmm::host::kvm_for_test;
@@ -141,7 +141,8 @@ fn a_hybrid_migration_switches_to_postcopy_when_asked() {
 fn break_and_recover(name: &str, damage: impl FnOnce(&Proxy)) {
     let dir = Scratch::new(name);
     let dest_at = format!("unix:{}", dir.path("in.sock").display());
-    let (dest, _) = receiver(&dest_at);
+    let dest_api = dir.path("dest-api.sock");
+    let (dest, _) = receiver_with(&dest_at, &["--api-socket", dest_api.to_str().unwrap()]);
     let src = writer(&dir, "src", 8);
     std::thread::sleep(Duration::from_millis(1500));
     let proxy = Proxy::start(&dir.path("proxy.sock"), &dir.path("in.sock"));
@@ -160,6 +161,17 @@ fn break_and_recover(name: &str, damage: impl FnOnce(&Proxy)) {
     let r = mig.join().unwrap();
     assert!(r.status >= 500, "{}", r.body);
     assert!(r.body.contains("--recover"), "{}", r.body);
+    // The destination holds its guest until the link is back.
+    let dest_vm = hover_vmm::api::ApiClient::new(&dest_api, Duration::from_secs(30));
+    let t0 = Instant::now();
+    loop {
+        let v = dest_vm.json("GET", "/vm", None).unwrap();
+        if v["state"] == "paused" {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "not paused: {v}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     // The source keeps the pages and never resumes the guest.
     let v = src.api().json("GET", "/vm", None).unwrap();
     assert_eq!(v["state"], "postcopy-paused", "{v}");

@@ -8,8 +8,14 @@ use super::{hover_cmd, text, Scratch, Vm};
 
 /// `hover receive --listen ADDR --json --console off`, and the address it listens on.
 pub fn receiver(listen: &str) -> (Child, String) {
+    receiver_with(listen, &[])
+}
+
+/// [`receiver`] with more arguments (e.g. `--api-socket PATH`).
+pub fn receiver_with(listen: &str, extra: &[&str]) -> (Child, String) {
     let mut child = hover_cmd()
         .args(["receive", "--listen", listen, "--json", "--console", "off"])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -500,6 +500,37 @@ mod tests {
     }
 
     #[test]
+    fn an_overdue_page_drops_the_link_and_the_fetch_waits_on() {
+        use std::io::Read;
+        use std::os::unix::net::UnixStream;
+        let ps = PAGE_SIZE;
+        let r = std::sync::Arc::new(pages(8));
+        r.mark_pending(&[2 * ps]).unwrap();
+        let (ours, mut source) = UnixStream::pair().unwrap();
+        r.set_writer(Some(FrameWriter::new(Conn::Unix(ours))));
+        let fetch = {
+            let r = r.clone();
+            std::thread::spawn(move || r.read(2 * ps, &mut PageBuf::new()))
+        };
+        // The source sees the request, then (50 ms on, nothing sent) the
+        // link closed by the destination.
+        let mut got = Vec::new();
+        source.read_to_end(&mut got).unwrap();
+        let mut f = FrameReader::new(&got[..]);
+        let req = f.frame().unwrap();
+        assert_eq!(req.kind, Kind::Request);
+        assert_eq!(req.payload, encode_addrs(&[2 * ps]));
+        // The fetch is still waiting (for a recovery), not failed.
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            !fetch.is_finished(),
+            "an overdue page must not fail the fetch"
+        );
+        r.fail("given up");
+        assert!(fetch.join().unwrap().is_err());
+    }
+
+    #[test]
     fn held_pages_are_served_and_stale_ones_are_not() {
         let ps = PAGE_SIZE;
         let r = pages(8);
