@@ -257,3 +257,43 @@ fn a_guest_that_powers_off_during_a_round_is_not_moved() {
     assert_ne!(code, Some(0));
     assert!(o.is_null(), "nothing ran at the destination: {o}");
 }
+
+#[test]
+fn a_vm_under_a_memory_budget_moves_in_postcopy_within_its_budget() {
+    if !kvm_for_test("a_vm_under_a_memory_budget_moves_in_postcopy_within_its_budget") {
+        return;
+    }
+    let dir = Scratch::new("postcopy-budget");
+    let (dest, at) = receiver(&format!("unix:{}", dir.path("in.sock").display()));
+    let src = Vm::spawn(
+        &[
+            "run",
+            "--memory-budget",
+            "48M",
+            "--cmdline",
+            "workload=kvstore wss=32M rate=2000 seconds=5",
+        ],
+        &dir.path("src.sock"),
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let body = serde_json::json!({ "to": at, "mode": "postcopy", "verify": true });
+    let r = src
+        .api()
+        .json("PUT", "/vm/migrate", Some(&body.to_string()))
+        .unwrap();
+    assert_eq!(r["mode"], "postcopy", "{r}");
+    let (code, _, stderr) = src.wait();
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, o, stderr) = finish(dest);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(o["postcopy"]["verified"], true, "{}", o["postcopy"]);
+    // Pushed pages beyond the budget wait in the destination's file.
+    let pager = &o["pager"];
+    let budget = pager["budget_pages"].as_u64().unwrap();
+    assert!(
+        pager["resident_pages"].as_u64().unwrap() <= budget,
+        "{pager}"
+    );
+    assert!(pager["pushed_pages"].as_u64().unwrap() <= budget, "{pager}");
+    assert_eq!(report(&o, "kvstore.errors"), 0);
+}
