@@ -71,8 +71,11 @@ pub struct Sample {
     pub round: u32,
     /// Whether the guest moved; else why not.
     pub error: Option<String>,
-    /// The source's pause, ms.
+    /// The source's pause (until the destination's RUNNING arrived), ms.
     pub downtime_ms: f64,
+    /// The gap the guest saw: its TSC at the pause to the destination's
+    /// RUNNING stamp, ms.
+    pub guest_downtime_ms: f64,
     /// From the request to the destination having every page, ms.
     pub total_ms: f64,
     /// Working tasks' progress per second in the post-copy phase over the
@@ -222,6 +225,7 @@ fn sample(
                 round,
                 error: Some(e.to_string()),
                 downtime_ms: 0.0,
+                guest_downtime_ms: 0.0,
                 total_ms: 0.0,
                 ops_pct: 0.0,
                 fault_p50_us: 0.0,
@@ -250,6 +254,7 @@ fn sample(
         round,
         error: None,
         downtime_ms: downtime,
+        guest_downtime_ms: num(&rep, "guest_downtime_ms"),
         total_ms: num(&rep, "total_ms"),
         ops_pct: if before > 0.0 {
             100.0 * during / before
@@ -325,6 +330,7 @@ pub fn run(exe: &Path, b: &PostcopyBench, out: &Path) -> Result<(), BenchError> 
             name.to_string(),
             format!("{}/{}", ok.len(), of.len()),
             cell(&|s| s.downtime_ms, 1),
+            cell(&|s| s.guest_downtime_ms, 1),
             cell(&|s| s.total_ms / 1000.0, 1),
             cell(&|s| s.ops_pct, 0),
             cell(&|s| s.fault_p50_us / 1000.0, 1),
@@ -337,6 +343,7 @@ pub fn run(exe: &Path, b: &PostcopyBench, out: &Path) -> Result<(), BenchError> 
             "mode",
             "moved",
             "downtime ms",
+            "guest saw ms",
             "total s",
             "ops during post-copy, % of before",
             "remote fault p50 ms",

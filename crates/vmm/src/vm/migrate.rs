@@ -126,15 +126,21 @@ impl PageSender {
 /// Hold back to `bandwidth` after `bytes` sent since `started`; whether it
 /// had to wait.
 pub(super) fn pace(bandwidth: Option<u64>, started: Instant, bytes: u64) -> bool {
-    let Some(bw) = bandwidth else { return false };
-    let due = Duration::from_secs_f64(bytes as f64 / bw as f64);
-    match due.checked_sub(started.elapsed()) {
-        Some(wait) => {
-            std::thread::sleep(wait);
-            true
-        }
-        None => false,
+    let wait = pace_wait(bandwidth, started, bytes);
+    if !wait.is_zero() {
+        std::thread::sleep(wait);
     }
+    !wait.is_zero()
+}
+
+/// How long a sender that has sent `bytes` since `started` must wait to
+/// keep to `bandwidth` (zero: it may go on now).
+pub(super) fn pace_wait(bandwidth: Option<u64>, started: Instant, bytes: u64) -> Duration {
+    let Some(bw) = bandwidth else {
+        return Duration::ZERO;
+    };
+    let due = Duration::from_secs_f64(bytes as f64 / bw as f64);
+    due.saturating_sub(started.elapsed())
 }
 
 impl Running {

@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use super::control::{CommandError, Lifecycle, MigrationProgress};
-use super::migrate::{expect, io, pace, PageSender, Reader, Writer};
+use super::migrate::{expect, io, pace_wait, PageSender, Reader, Writer};
 use super::run::Running;
 use crate::migration::postcopy::outgoing::{Pending, Serve, ServeError};
 use crate::migration::postcopy::{page_hash, Mode, PostcopyReport};
@@ -205,9 +205,7 @@ impl Running {
         let bandwidth = left.bandwidth;
         let bytes0 = w.bytes;
         let mut read = |gpas: &[u64], out: &mut [u8]| memory::read_pages(ram, pager, gpas, out);
-        let mut after = |w: &Writer| {
-            pace(bandwidth, started, w.bytes - bytes0);
-        };
+        let mut hold = |w: &Writer| pace_wait(bandwidth, started, w.bytes - bytes0);
         let pc = left.report.postcopy.get_or_insert_with(Default::default);
         let sent0 = pc.pages_received;
         // Under a bandwidth limit a request waits behind the frame in flight:
@@ -222,7 +220,7 @@ impl Running {
             end: ram.end(),
             hash: left.hash,
             read: &mut read,
-            after_frame: &mut after,
+            hold: &mut hold,
         }
         .run(r, &mut w, &mut left.pending, pc);
         let sent = pc.pages_received - sent0;

@@ -5,7 +5,7 @@
 //! carries on when `hover ctl migrate --recover` reconnects.
 
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hover_abi::layout::PAGE_SIZE;
 
@@ -155,8 +155,10 @@ pub struct Serve<'a> {
     pub hash: Option<u64>,
     /// Reads guest pages.
     pub read: &'a mut ReadPages<'a>,
-    /// Runs after each frame (bandwidth pacing).
-    pub after_frame: &'a mut dyn FnMut(&FrameWriter<Conn>),
+    /// After each frame: how long the background push must hold back to
+    /// keep to the bandwidth limit. Requested pages do not wait for it (a
+    /// task waits on each; the push pays their bytes back).
+    pub hold: &'a mut dyn FnMut(&FrameWriter<Conn>) -> Duration,
 }
 
 impl Serve<'_> {
@@ -175,8 +177,20 @@ impl Serve<'_> {
         let mut gpas = Vec::with_capacity(self.batch);
         let mut data = vec![0u8; self.batch * ps];
         let mut ended = false;
+        let mut hold_until = Instant::now();
         loop {
-            let msg = if ended {
+            let now = Instant::now();
+            let held = !ended && demand.is_empty() && hold_until > now;
+            let msg = if held {
+                // Paced: wait for the push's turn, or for a request.
+                match rx.recv_timeout(hold_until - now) {
+                    Ok(m) => Some(m),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => {
+                        return Err(ServeError::Lost("the request reader stopped".into()))
+                    }
+                }
+            } else if ended {
                 match rx.recv_timeout(DONE_TIMEOUT) {
                     Ok(m) => Some(m),
                     Err(RecvTimeoutError::Timeout) => {
@@ -207,6 +221,9 @@ impl Serve<'_> {
                 Some(Msg::Lost(e)) => return Err(ServeError::Lost(e)),
                 None if ended => continue,
                 None => {}
+            }
+            if demand.is_empty() && hold_until > Instant::now() {
+                continue;
             }
             gpas.clear();
             // Demanded pages first: a vCPU (or a parked task) waits on each.
@@ -241,7 +258,7 @@ impl Serve<'_> {
             }
             report.pages_received += gpas.len() as u64;
             report.demanded_sent += demanded;
-            (self.after_frame)(w);
+            hold_until = Instant::now() + (self.hold)(w);
         }
     }
 }
