@@ -57,6 +57,8 @@ pub struct PageStore {
     file: File,
     path: PathBuf,
     direct: bool,
+    /// Whether `path` still names the file (until the store is set up).
+    linked: bool,
 }
 
 /// Where a temporary store goes by default: /var/tmp (a disk, usually) rather
@@ -116,10 +118,11 @@ impl PageStore {
             Err(e) => return Err(unwritable(e)),
         };
         // From here the file is ours: dropping the store on an error removes it.
-        let store = PageStore {
+        let mut store = PageStore {
             file,
             path: path.clone(),
             direct,
+            linked: true,
         };
         // Prove the file takes writes now rather than at the first eviction.
         store.write(0, &PageBuf::new()).map_err(unwritable)?;
@@ -131,10 +134,15 @@ impl PageStore {
                 needed: capacity,
             });
         }
+        // Only the descriptor is used from here: with the name gone, the
+        // file goes with the process however it ends (SIGKILL included).
+        std::fs::remove_file(&path).map_err(unwritable)?;
+        store.linked = false;
         Ok(store)
     }
 
-    /// The file.
+    /// The name the file had (unlinked once the store is set up: it lives
+    /// on through its descriptor only).
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -168,7 +176,10 @@ impl PageStore {
 
 impl Drop for PageStore {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        // Once unlinked the name may be someone else's: leave it alone.
+        if self.linked {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -200,6 +211,7 @@ mod tests {
     fn pages_round_trip_and_the_file_goes_away() {
         let store = PageStore::create(None, 1 << 20).unwrap();
         let path = store.path().to_path_buf();
+        assert!(!path.exists(), "unlinked as soon as it is set up");
         let mut page = PageBuf::new();
         page.0[7] = 42;
         store.write(3, &page).unwrap();

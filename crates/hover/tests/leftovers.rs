@@ -1,0 +1,51 @@
+//! Nothing the VMM makes for itself outlives it, however it ends: a
+//! `hover run` killed with SIGKILL at moments spread over its run (its pager
+//! evicting to the page store, or still starting) leaves no file behind in
+//! the page store's directory.
+
+mod common;
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{hover_cmd, Scratch};
+use hover_vmm::host::kvm_for_test;
+
+#[test]
+fn a_killed_vm_leaves_no_page_store_behind() {
+    if !kvm_for_test("a_killed_vm_leaves_no_page_store_behind") {
+        return;
+    }
+    let dir = Scratch::new("leftovers");
+    // Moments spread from start-up to well into the eviction (no RNG
+    // crate: a fixed spread is as good and repeatable).
+    for ms in [0u64, 5, 40, 150, 400, 900] {
+        let mut child = hover_cmd()
+            .args(["run", "--memory", "128M", "--memory-budget", "16M"])
+            .arg("--page-store")
+            .arg(&dir.0)
+            .args([
+                "--console",
+                "off",
+                "--cmdline",
+                "workload=memtouch size=64M",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(ms));
+        child.kill().unwrap();
+        let status = child.wait().unwrap();
+        let left: Vec<_> = std::fs::read_dir(&dir.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(
+            left.is_empty(),
+            "killed after {ms} ms ({:?}): left {left:?}",
+            status.signal()
+        );
+    }
+}
