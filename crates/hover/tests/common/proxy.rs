@@ -12,6 +12,15 @@ use std::sync::{Arc, Mutex};
 
 const PAGES: u32 = 2;
 
+/// A fault at a byte offset of the source's stream.
+#[derive(Clone, Copy, Debug)]
+pub enum Fault {
+    /// Cut both directions when this many bytes have passed.
+    CutAt(u64),
+    /// Flip a bit of the byte at this offset.
+    FlipAt(u64),
+}
+
 /// The proxy; dropping it cuts the connection.
 pub struct Proxy {
     socks: Arc<Mutex<Vec<UnixStream>>>,
@@ -43,6 +52,63 @@ impl Proxy {
             socks,
             corrupt,
             corrupted,
+        }
+    }
+
+    /// Forward the first connection at `listen` to `target`, with `fault`
+    /// applied to the source's stream (no frame parsing: any byte).
+    pub fn with_fault(listen: &Path, target: &Path, fault: Fault) -> Proxy {
+        let l = UnixListener::bind(listen).unwrap();
+        let target = target.to_path_buf();
+        let socks: Arc<Mutex<Vec<UnixStream>>> = Arc::default();
+        let s2 = socks.clone();
+        std::thread::spawn(move || {
+            let Ok((mut a, _)) = l.accept() else { return };
+            let Ok(mut b) = UnixStream::connect(&target) else {
+                return;
+            };
+            s2.lock()
+                .unwrap()
+                .extend([a.try_clone().unwrap(), b.try_clone().unwrap()]);
+            let (a2, b2) = (a.try_clone().unwrap(), b.try_clone().unwrap());
+            std::thread::spawn(move || pump_back(b2, a2));
+            let mut at = 0u64;
+            let mut buf = vec![0u8; 1 << 16];
+            loop {
+                let n = match a.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                let chunk = &mut buf[..n];
+                let end = at + n as u64;
+                match fault {
+                    Fault::CutAt(c) if c < end => {
+                        let keep = (c - at) as usize;
+                        let _ = b.write_all(&chunk[..keep]);
+                        for s in s2.lock().unwrap().iter() {
+                            let _ = s.shutdown(std::net::Shutdown::Both);
+                        }
+                        return;
+                    }
+                    Fault::FlipAt(f) if f >= at && f < end => chunk[(f - at) as usize] ^= 0x10,
+                    _ => {}
+                }
+                if b.write_all(chunk).is_err() {
+                    // The destination closed: the source must see it, as
+                    // on a direct connection.
+                    for s in s2.lock().unwrap().iter() {
+                        let _ = s.shutdown(std::net::Shutdown::Both);
+                    }
+                    return;
+                }
+                at = end;
+            }
+            let _ = b.shutdown(std::net::Shutdown::Write);
+        });
+        Proxy {
+            socks,
+            corrupt: Arc::default(),
+            corrupted: Arc::default(),
         }
     }
 

@@ -184,7 +184,8 @@ impl<R: Read> FrameReader<R> {
         let mut h = [0u8; 16];
         self.exact(&mut h, || "the hello".into())?;
         let version = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
-        if h[..8] != MAGIC || version != VERSION {
+        // The reserved word must be zero too: a damaged hello is refused.
+        if h[..8] != MAGIC || version != VERSION || h[12..16] != [0; 4] {
             return Err(WireError::Hello {
                 offset: 0,
                 found: format!(
@@ -208,6 +209,14 @@ impl<R: Read> FrameReader<R> {
             offset: at,
             reason: format!("unknown frame kind {raw}"),
         })?;
+        // Reserved header words are zero: the CRC covers only the payload,
+        // so damage there must show here.
+        if h[4..8] != [0; 4] || h[20..24] != [0; 4] {
+            return Err(WireError::Frame {
+                offset: at,
+                reason: "reserved header bytes are not zero".into(),
+            });
+        }
         if len > MAX_FRAME {
             return Err(WireError::Frame {
                 offset: at,
@@ -457,6 +466,14 @@ mod tests {
         assert!(matches!(e, WireError::Crc { offset: 16, .. }), "{e}");
         let mut bad = s.clone();
         bad[0] = b'X';
+        assert!(FrameReader::new(&bad[..]).hello().is_err());
+        let mut bad = s.clone();
+        bad[16 + 21] = 1;
+        let mut r = FrameReader::new(&bad[..]);
+        r.hello().unwrap();
+        assert!(r.frame().unwrap_err().to_string().contains("reserved"));
+        let mut bad = s.clone();
+        bad[13] = 1;
         assert!(FrameReader::new(&bad[..]).hello().is_err());
         let mut bad = s.clone();
         bad[16] = 99;
