@@ -63,7 +63,7 @@ fn faults_anywhere_in_the_stream_leave_the_source_running() {
             0 => rng.next() % 4096,
             _ => rng.next() % stream_len,
         };
-        let fault = if rng.next() % 2 == 0 {
+        let fault = if rng.next().is_multiple_of(2) {
             cuts += 1;
             Fault::CutAt(offset)
         } else {
