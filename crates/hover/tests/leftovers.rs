@@ -1,7 +1,7 @@
 //! Nothing the VMM makes for itself outlives it, however it ends: a
 //! `hover run` killed with SIGKILL at moments spread over its run (its pager
-//! evicting to the page store, or still starting) leaves no file behind in
-//! the page store's directory.
+//! evicting to the page store, its I/O device writing its default file, or
+//! still starting) leaves no file behind.
 
 mod common;
 
@@ -47,5 +47,36 @@ fn a_killed_vm_leaves_no_page_store_behind() {
             "killed after {ms} ms ({:?}): left {left:?}",
             status.signal()
         );
+    }
+}
+
+#[test]
+fn a_killed_vm_leaves_no_io_file_behind() {
+    if !kvm_for_test("a_killed_vm_leaves_no_io_file_behind") {
+        return;
+    }
+    let shm = std::path::Path::new("/dev/shm");
+    if !shm.is_dir() {
+        println!("skipped: no /dev/shm here (the I/O file then goes to the temp dir)");
+        return;
+    }
+    for ms in [0u64, 5, 40, 150, 400] {
+        let mut child = hover_cmd()
+            .args(["run", "--console", "off"])
+            .args(["--cmdline", "workload=iolat size=64K seconds=2"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let prefix = format!("hover-io-{}-", child.id());
+        std::thread::sleep(Duration::from_millis(ms));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let left: Vec<_> = std::fs::read_dir(shm)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with(&prefix))
+            .collect();
+        assert!(left.is_empty(), "killed after {ms} ms: left {left:?}");
     }
 }

@@ -37,7 +37,8 @@ const REQUEST: u64 = 40;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PvioConfig {
     /// The file (created if missing; kept at exit). `None`: a file on tmpfs
-    /// (/dev/shm), which stands for a fast write cache, removed at exit.
+    /// (/dev/shm), which stands for a fast write cache, unlinked as soon as
+    /// it is open.
     pub file: Option<PathBuf>,
 }
 
@@ -81,7 +82,8 @@ pub struct PvioDevice {
     /// Closed while the VM is paused: no request is served.
     gate: Gate,
     path: PathBuf,
-    remove_at_exit: bool,
+    /// The file is the device's own (the default): unlinked once open.
+    own_file: bool,
     thread: Mutex<Option<JoinHandle<()>>>,
     stop: AtomicBool,
     host_writes: Arc<crate::migration::dirty::HostWrites>,
@@ -149,7 +151,7 @@ impl PvioDevice {
                 .map_err(crate::KvmOp::RegisterIrqfd.err())?;
             irqfds.push(fd);
         }
-        let (path, remove_at_exit) = match &config.file {
+        let (path, own_file) = match &config.file {
             Some(p) => (p.clone(), false),
             None => {
                 static N: AtomicU64 = AtomicU64::new(0);
@@ -175,7 +177,7 @@ impl PvioDevice {
             ring: Mutex::new(None),
             gate: Gate::default(),
             path,
-            remove_at_exit,
+            own_file,
             thread: Mutex::new(None),
             stop: AtomicBool::new(false),
             host_writes,
@@ -229,6 +231,15 @@ impl PvioDevice {
         // Checked again on what was opened: the path may have changed since
         // the configuration was checked.
         fit_for_io(&file).map_err(|why| format!("{}: {why}", self.path.display()))?;
+        if self.own_file {
+            // A file of our own making: only the descriptor is used from
+            // here, so with the name gone nothing outlives the process,
+            // however it ends. (The device opens its file once per run:
+            // at the guest's setup, or at a restore.)
+            if let Err(e) = std::fs::remove_file(&self.path) {
+                tracing::warn!("I/O device: cannot unlink {}: {e}", self.path.display());
+            }
+        }
         let dev = self.clone();
         let t = std::thread::Builder::new()
             .name("pvio".into())
@@ -392,14 +403,6 @@ impl PvioDevice {
         let _ = self.doorbell.write(1);
         if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = t.join();
-        }
-    }
-}
-
-impl Drop for PvioDevice {
-    fn drop(&mut self) {
-        if self.remove_at_exit && self.ring.get_mut().map(|r| r.is_some()).unwrap_or(false) {
-            let _ = std::fs::remove_file(&self.path);
         }
     }
 }
