@@ -101,7 +101,8 @@ struct RestoreArgs {
 struct RunOutput {
     /// Serve the control API (HTTP on a Unix socket, mode 0600) while the VM
     /// runs: `hover ctl --api-socket PATH ...`; created here (an existing
-    /// path is refused), removed at exit.
+    /// path is refused, except a stale socket nobody listens on), removed at
+    /// exit.
     #[arg(long)]
     api_socket: Option<PathBuf>,
     /// Where the guest console goes: stdout, stderr, off or file:PATH

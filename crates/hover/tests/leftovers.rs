@@ -80,3 +80,58 @@ fn a_killed_vm_leaves_no_io_file_behind() {
         assert!(left.is_empty(), "killed after {ms} ms: left {left:?}");
     }
 }
+
+#[test]
+fn a_killed_vms_api_socket_is_taken_over_by_the_next_start() {
+    if !kvm_for_test("a_killed_vms_api_socket_is_taken_over_by_the_next_start") {
+        return;
+    }
+    let dir = Scratch::new("leftover-socket");
+    let sock = dir.path("vm.sock");
+    let start = |seconds: u32| {
+        let c = hover_cmd()
+            .args(["run", "--console", "off", "--api-socket"])
+            .arg(&sock)
+            .args([
+                "--cmdline",
+                &format!("workload=spin tasks=1 seconds={seconds}"),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        while !sock.exists() {
+            assert!(t0.elapsed() < Duration::from_secs(20), "no socket");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        c
+    };
+    let mut killed = start(30);
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    assert!(sock.exists(), "SIGKILL leaves the socket file");
+    // The next VM finds nobody listening there and takes the path.
+    let next = start(1);
+    let out = next.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("stale socket"),
+        "it says so"
+    );
+    assert!(!sock.exists(), "and removes it at its exit");
+    // A regular file there is never touched.
+    std::fs::write(&sock, b"keep").unwrap();
+    let out = hover_cmd()
+        .args(["run", "--console", "off", "--api-socket"])
+        .arg(&sock)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(std::fs::read(&sock).unwrap(), b"keep");
+}

@@ -18,7 +18,8 @@
 //! only its own thread: the VM and other clients go on. Commands reach the
 //! VM through its [`Controller`], which carries them out one at a time. The
 //! socket file is created here with mode 0600 (an existing path is refused,
-//! never replaced) and removed when the VM stops.
+//! except a stale socket nobody listens on, left by a killed VM) and removed
+//! when the VM stops.
 
 pub mod client;
 mod metrics;
@@ -71,7 +72,7 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(600);
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     /// The path exists already.
-    #[error("--api-socket {}: already exists; give a new path (a stale socket from a stopped VM can be removed)", .0.display())]
+    #[error("--api-socket {}: already exists (a file, or a socket a running VM serves); give a new path", .0.display())]
     Exists(PathBuf),
     /// Binding failed.
     #[error("--api-socket {}: cannot listen there: {source}", .path.display())]
@@ -336,6 +337,32 @@ fn respond(req: tiny_http::Request, answer: Answer) {
     let _ = req.respond(response);
 }
 
+/// Remove `path` if it is a socket nobody listens on (left by a VM that was
+/// killed): whether it was. Anything else there (a live socket, a file) is
+/// left alone.
+fn remove_if_stale(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    let is_socket = path
+        .symlink_metadata()
+        .is_ok_and(|m| m.file_type().is_socket());
+    if !is_socket {
+        return false;
+    }
+    match std::os::unix::net::UnixStream::connect(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            let removed = std::fs::remove_file(path).is_ok();
+            if removed {
+                tracing::warn!(
+                    "--api-socket {}: removed a stale socket (nothing listened there)",
+                    path.display()
+                );
+            }
+            removed
+        }
+        _ => false,
+    }
+}
+
 /// A name beside `path` for binding before the socket is linked in place,
 /// if a Unix socket address has room for it.
 fn staging_path(path: &Path) -> Option<PathBuf> {
@@ -366,7 +393,7 @@ impl ApiServer {
         sources: LiveSources,
         controller: Controller,
     ) -> Result<ApiServer, ApiError> {
-        if path.symlink_metadata().is_ok() {
+        if path.symlink_metadata().is_ok() && !remove_if_stale(path) {
             return Err(ApiError::Exists(path.into()));
         }
         let bind = |source| ApiError::Bind {
