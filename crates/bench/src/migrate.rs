@@ -139,19 +139,25 @@ fn receiver(exe: &Path, transport: &str, id: &str) -> Result<(Child, String), Be
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| guest(&format!("cannot start hover receive: {e}")))?;
+    let at = listening_at(&mut child)?;
+    Ok((child, at))
+}
+
+/// The address a `hover receive` started with its stderr piped listens at
+/// (the last word of its first line).
+pub(crate) fn listening_at(child: &mut Child) -> Result<String, BenchError> {
     let mut line = String::new();
     let stderr = child.stderr.as_mut().expect("piped");
     BufReader::new(stderr)
         .read_line(&mut line)
         .map_err(|e| guest(&format!("hover receive: {e}")))?;
-    let at = line
+    Ok(line
         .trim()
         .rsplit(' ')
         .next()
         .filter(|a| a.starts_with("tcp:") || a.starts_with("unix:"))
         .ok_or_else(|| guest(&format!("hover receive said {line:?}")))?
-        .to_string();
-    Ok((child, at))
+        .to_string())
 }
 
 fn sum_stat(stats: &Value, name: &str) -> u64 {

@@ -26,7 +26,7 @@ use hover_vmm::api::ApiClient;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::migrate::spread;
+use crate::migrate::{listening_at, spread};
 use crate::netem::{Link, Relay, PEER_ADDR};
 use crate::runner::{guest, rdtsc, spawn_with_api, tsc_khz, wait_json};
 use crate::stats::summarize;
@@ -145,19 +145,7 @@ fn receiver(exe: &Path, link: Option<&Link>, id: &str) -> Result<(Child, String)
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| guest(&format!("cannot start hover receive: {e}")))?;
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(child.stderr.as_mut().expect("piped")),
-        &mut line,
-    )
-    .map_err(|e| guest(&format!("hover receive: {e}")))?;
-    let at = line
-        .trim()
-        .rsplit(' ')
-        .next()
-        .filter(|a| a.starts_with("tcp:") || a.starts_with("unix:"))
-        .ok_or_else(|| guest(&format!("hover receive said {line:?}")))?
-        .to_string();
+    let at = listening_at(&mut child)?;
     Ok((child, at))
 }
 
