@@ -167,12 +167,35 @@ fn sum_stat(stats: &Value, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
-fn report(outcome: &Value, key: &str) -> Option<u64> {
+pub(crate) fn report(outcome: &Value, key: &str) -> Option<u64> {
     outcome["reports"]
         .as_array()?
         .iter()
         .find(|r| r["key"] == key)?["value"]
         .as_u64()
+}
+
+/// The sum of a guest timeline's buckets (reports `PREFIXk`, bucket `k`
+/// starting at TSC `start + k * bucket_ticks`) that start in `[from, to)`.
+pub(crate) fn timeline_sum(
+    outcome: &Value,
+    prefix: &str,
+    start: u64,
+    bucket_ticks: u64,
+    (from, to): (u64, u64),
+) -> f64 {
+    outcome["reports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| {
+            let k: u64 = r["key"].as_str()?.strip_prefix(prefix)?.parse().ok()?;
+            let at = start + k * bucket_ticks;
+            (at >= from && at < to)
+                .then(|| r["value"].as_f64())
+                .flatten()
+        })
+        .sum()
 }
 
 /// Migrate a guest running `cmdline` on `memory`; returns the migration
@@ -234,24 +257,8 @@ fn tracker_sample(
     let start = report(&dest, "kvstore.start_tsc").ok_or_else(|| guest("no kvstore.start_tsc"))?;
     let tsc_khz = crate::runner::tsc_khz()?;
     let bucket = tsc_khz * 100;
-    let ops_in = |from: u64, to: u64| -> f64 {
-        dest["reports"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|r| {
-                let k: u64 = r["key"]
-                    .as_str()?
-                    .strip_prefix("kvstore.ops.")?
-                    .parse()
-                    .ok()?;
-                let at = start + k * bucket;
-                (at >= from && at < to)
-                    .then(|| r["value"].as_f64())
-                    .flatten()
-            })
-            .sum()
-    };
+    let ops_in =
+        |from: u64, to: u64| timeline_sum(&dest, "kvstore.ops.", start, bucket, (from, to));
     let total_ms = rep["total_ms"].as_f64().unwrap_or(0.0).max(100.0);
     let during_ticks = (total_ms * tsc_khz as f64) as u64;
     let before = ops_in(t.saturating_sub(tsc_khz * 1000), t);

@@ -26,7 +26,7 @@ use hover_vmm::api::ApiClient;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::migrate::{listening_at, spread};
+use crate::migrate::{listening_at, report, spread, timeline_sum};
 use crate::netem::{Link, Relay, PEER_ADDR};
 use crate::runner::{guest, rdtsc, spawn_with_api, tsc_khz, wait_json};
 use crate::stats::summarize;
@@ -93,14 +93,6 @@ pub struct Sample {
     pub report: Value,
 }
 
-fn report(outcome: &Value, key: &str) -> Option<f64> {
-    outcome["reports"]
-        .as_array()?
-        .iter()
-        .find(|r| r["key"] == key)?["value"]
-        .as_f64()
-}
-
 /// bm's working progress in `[from, to)` host TSC ticks.
 fn work_in(outcome: &Value, from: u64, to: u64, khz: u64) -> f64 {
     let (Some(start), Some(bucket_us)) = (
@@ -109,19 +101,7 @@ fn work_in(outcome: &Value, from: u64, to: u64, khz: u64) -> f64 {
     ) else {
         return 0.0;
     };
-    let ticks = bucket_us as u64 * khz / 1000;
-    outcome["reports"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|r| {
-            let k: u64 = r["key"].as_str()?.strip_prefix("bm.t.")?.parse().ok()?;
-            let at = start as u64 + k * ticks;
-            (at >= from && at < to)
-                .then(|| r["value"].as_f64())
-                .flatten()
-        })
-        .sum()
+    timeline_sum(outcome, "bm.t.", start, bucket_us * khz / 1000, (from, to))
 }
 
 fn receiver(exe: &Path, link: Option<&Link>, id: &str) -> Result<(Child, String), BenchError> {
@@ -252,7 +232,7 @@ fn sample(
         fault_p50_us: num(pc, "fault_p50_us"),
         fault_p99_us: num(pc, "fault_p99_us"),
         demand_pages: num(pc, "demand_pages"),
-        parked: report(&out, "apf.parked").unwrap_or(0.0),
+        parked: report(&out, "apf.parked").unwrap_or(0) as f64,
         report: rep,
     })
 }
