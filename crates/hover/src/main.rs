@@ -16,8 +16,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use ctl::{CtlAction, CtlArgs};
 use hover_vmm::config::{
-    parse_console, parse_duration, parse_size, ConsoleTarget, GuestImage, MemoryBackend,
-    PagingConfig, VmConfig,
+    parse_console, parse_duration, parse_size, ConsoleTarget, GuestImage, GuestLimits,
+    MemoryBackend, PagingConfig, VmConfig,
 };
 use hover_vmm::config::{HaltPoll, PvioConfig};
 use hover_vmm::sched::boost::{BoostConfig, BoostMode, BoostPolicy};
@@ -70,6 +70,8 @@ struct ReceiveArgs {
     listen: String,
     #[command(flatten)]
     out: RunOutput,
+    #[command(flatten)]
+    guard: GuardArgs,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -93,6 +95,44 @@ struct RestoreArgs {
     page_store: Option<PathBuf>,
     #[command(flatten)]
     out: RunOutput,
+    #[command(flatten)]
+    guard: GuardArgs,
+}
+
+/// What the host lets the guest make it do: `hover run`, `hover restore`
+/// and `hover receive` share these (they are the host's choice, not part of
+/// a saved or migrated VM).
+#[derive(Args)]
+struct GuardArgs {
+    /// Largest offset + length the guest's I/O requests may reach in the
+    /// --io-file (at most 16G); requests past it fail in the guest.
+    #[arg(long, default_value = "16G", value_parser = parse_size)]
+    guest_io_max: u64,
+    /// Longest delay of a guest-requested MSI timer (at most 10s).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    guest_msi_max_delay: Duration,
+    /// Most guest-requested MSI timers waiting at once (1-65536).
+    #[arg(long, default_value_t = 1024)]
+    guest_msi_max_pending: u32,
+    /// Most reports the guest may record over the run (1-1048576).
+    #[arg(long, default_value_t = 65_536)]
+    guest_reports_max: u32,
+    /// Most bytes of guest log messages passed to the log over the run
+    /// (at most 1G); later messages are refused.
+    #[arg(long, default_value = "1M", value_parser = parse_size)]
+    guest_log_max: u64,
+}
+
+impl GuardArgs {
+    fn limits(&self) -> GuestLimits {
+        GuestLimits {
+            io_file_bytes: self.guest_io_max,
+            msi_delay: self.guest_msi_max_delay,
+            msi_pending: self.guest_msi_max_pending,
+            reports: self.guest_reports_max,
+            log_bytes: self.guest_log_max,
+        }
+    }
 }
 
 /// What `hover run` and `hover restore` share: the API socket, the console
@@ -239,6 +279,8 @@ struct RunArgs {
     cmdline: String,
     #[command(flatten)]
     out: RunOutput,
+    #[command(flatten)]
+    guard: GuardArgs,
 }
 
 fn main() -> ExitCode {
@@ -306,6 +348,7 @@ fn receive(args: ReceiveArgs) -> ExitCode {
     let opts = RestoreOptions {
         console: console_for(args.out.console, args.out.json),
         api_socket: args.out.api_socket,
+        limits: args.guard.limits(),
         ..Default::default()
     };
     let announce = |at: &str| eprintln!("hover: waiting for a migrating VM on {at}");
@@ -325,6 +368,7 @@ fn restore(args: RestoreArgs) -> ExitCode {
         console: console_for(args.out.console, args.out.json),
         api_socket: args.out.api_socket,
         page_store: args.page_store,
+        limits: args.guard.limits(),
     };
     finish(
         Vm::restore(&args.path, &opts).and_then(Vm::run),
@@ -380,6 +424,7 @@ fn run(args: RunArgs) -> ExitCode {
             max_rate: args.boost_max_rate,
             poll_us: args.boost_poll_us,
         },
+        limits: args.guard.limits(),
     };
     finish(
         Vm::new(&config).and_then(Vm::run),

@@ -112,6 +112,18 @@ fn bad_input_is_one_line_and_exit_2() {
             "--boost-poll-us 10 is out of range",
         ),
         (&["run", "--vcpus", "33"], "1 to 32 vCPUs"),
+        (
+            &["run", "--guest-io-max", "32G"],
+            "--guest-io-max must be between 4K and 16G",
+        ),
+        (
+            &["run", "--guest-msi-max-pending", "0"],
+            "--guest-msi-max-pending must be",
+        ),
+        (
+            &["restore", "/nonexistent", "--guest-log-max", "2G"],
+            "--guest-log-max must be at most 1G",
+        ),
         (&["run", "--vcpus=-1"], "--vcpus"),
         (&["run", "--memory", "1000"], "not a multiple of 4 KiB"),
         (&["run", "--memory", "2M"], "needs at least"),
@@ -322,6 +334,69 @@ fn io_errors_reach_the_guest_and_the_vm_keeps_running() {
         stdout.contains("iolat.errors"),
         "the guest reported its errors: {stdout}"
     );
+}
+
+/// `--guest-io-max` bounds how far into the file the guest may write: 32
+/// slots of 4 KiB fit in 128K, the other 32 are refused with BAD_REQUEST
+/// (status 2), logged once with the flag to raise, and nothing is written
+/// past the limit.
+#[test]
+fn guest_io_past_the_user_limit_is_refused() {
+    if !kvm_for_test("guest_io_past_the_user_limit_is_refused") {
+        return;
+    }
+    let file = std::env::temp_dir().join(format!("hover-io-limit-{}", std::process::id()));
+    let out = hover(&[
+        "run",
+        "--io-file",
+        file.to_str().unwrap(),
+        "--guest-io-max",
+        "128K",
+        "--cmdline",
+        "workload=iolat size=4K seconds=1",
+    ]);
+    let len = std::fs::metadata(&file).map(|m| m.len());
+    let _ = std::fs::remove_file(&file);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(20), "{stdout}\n{stderr}");
+    assert!(stdout.contains("status 2"), "{stdout}");
+    assert!(stderr.contains("--guest-io-max"), "{stderr}");
+    assert_eq!(len.unwrap(), 128 << 10, "the file stops at the limit");
+    // At the limit exactly, every write fits.
+    let out = hover(&[
+        "run",
+        "--guest-io-max",
+        "256K",
+        "--cmdline",
+        "workload=iolat size=4K seconds=1",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stdout));
+}
+
+/// `--guest-msi-max-delay` refuses a guest's MSI timer longer than it.
+#[test]
+fn guest_msi_delay_past_the_user_limit_is_refused() {
+    if !kvm_for_test("guest_msi_delay_past_the_user_limit_is_refused") {
+        return;
+    }
+    let run = |limit: &str| {
+        hover(&[
+            "run",
+            "--guest-msi-max-delay",
+            limit,
+            "--cmdline",
+            "workload=irq count=3 delay_us=2000",
+        ])
+    };
+    let out = run("1ms");
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(20), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("refused the MSI request (status 3)"),
+        "{stdout}"
+    );
+    assert!(stderr.contains("--guest-msi-max-delay"), "{stderr}");
+    assert!(run("3ms").status.success());
 }
 
 /// Make files the child writes stop growing at `bytes` (writes past it fail

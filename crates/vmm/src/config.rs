@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use hover_abi::boot::CMDLINE_MAX;
 use hover_abi::cmdline::CmdlineError;
 
+pub use crate::devices::limits::GuestLimits;
 pub use crate::devices::pvio::PvioConfig;
 pub use crate::memory::paged::PagingConfig;
 pub use crate::sched::halt_poll::HaltPoll;
@@ -107,6 +108,8 @@ pub struct VmConfig {
     pub dirty_ring: Option<u32>,
     /// vCPU priority boosting (`--boost`, `--vcpu-rt`).
     pub boost: crate::sched::boost::BoostConfig,
+    /// What guest requests may make the host do (`--guest-*`).
+    pub limits: GuestLimits,
 }
 
 impl Default for VmConfig {
@@ -126,6 +129,7 @@ impl Default for VmConfig {
             api_socket: None,
             dirty_ring: None,
             boost: Default::default(),
+            limits: GuestLimits::default(),
         }
     }
 }
@@ -233,6 +237,9 @@ pub enum ConfigError {
     /// A boosting setting out of range.
     #[error("{0}")]
     Boost(String),
+    /// A `--guest-*` limit out of range.
+    #[error("{0}")]
+    Limits(String),
 }
 
 impl VmConfig {
@@ -276,6 +283,7 @@ impl VmConfig {
             }
         }
         self.boost.check().map_err(ConfigError::Boost)?;
+        self.limits.check().map_err(ConfigError::Limits)?;
         match self.halt_poll {
             HaltPoll::Fixed { window_ns: ns } if ns > MAX_WINDOW_NS => {
                 return Err(ConfigError::HaltPollTooLarge(ns))

@@ -2,6 +2,23 @@
 
 use std::path::Path;
 
+/// Block SIGXFSZ in the calling thread (and so in every thread it starts
+/// from now on): a write past a file-size limit (page store, I/O device
+/// file, snapshot) then fails with EFBIG, which is reported, instead of
+/// killing the process. Only the thread's mask changes: the process's
+/// signal dispositions are the embedding program's business. SIGXFSZ is
+/// sent to the thread that wrote, so blocking it there is enough.
+pub fn block_file_size_signal() {
+    // SAFETY: the set is initialised by sigemptyset before use, and
+    // pthread_sigmask only changes this thread's mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGXFSZ);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
 /// The KVM device.
 pub const KVM_DEVICE: &str = "/dev/kvm";
 

@@ -13,7 +13,8 @@ use hover_abi::control::{
     op, status, ControlRequest, Report, MAX_LOG_LEN, MAX_MSI_DELAY_NS, MAX_REPORTS_PER_REQUEST,
 };
 
-use super::msi::{MsiInjector, PendingMsi};
+use super::limits::{GuestLimits, LimitHit};
+use super::msi::{InjectError, MsiInjector, PendingMsi};
 use serde::{Deserialize, Serialize};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -67,6 +68,12 @@ pub struct ControlDevice {
     pvio: Option<std::sync::Arc<super::pvio::PvioDevice>>,
     host_writes: std::sync::Arc<crate::migration::dirty::HostWrites>,
     booster: Option<std::sync::Arc<crate::sched::boost::Booster>>,
+    limits: GuestLimits,
+    /// Bytes of guest log messages passed on so far.
+    logged: std::sync::atomic::AtomicU64,
+    report_hit: LimitHit,
+    log_hit: LimitHit,
+    msi_hit: LimitHit,
 }
 
 fn decode_request(b: &[u8; REQUEST_SIZE]) -> ControlRequest {
@@ -103,7 +110,19 @@ impl ControlDevice {
             pvio: None,
             host_writes: Default::default(),
             booster: None,
+            limits: GuestLimits::default(),
+            logged: Default::default(),
+            report_hit: Default::default(),
+            log_hit: Default::default(),
+            msi_hit: Default::default(),
         }
+    }
+
+    /// Bound what guest requests may ask for by `l` (the MSI injector's
+    /// pending limit is set where it is built).
+    pub fn with_limits(mut self, l: GuestLimits) -> Self {
+        self.limits = l;
+        self
     }
 
     /// Record the device's writes to guest memory in `w` (for migration).
@@ -266,6 +285,12 @@ impl ControlDevice {
             return status::BAD_RANGE;
         }
         let mut batch = Vec::with_capacity(count as usize);
+        let kept = self.reports.lock().unwrap_or_else(|p| p.into_inner()).len();
+        if kept as u64 + count > self.limits.reports as u64 {
+            self.report_hit
+                .hit("reports", "guest-reports-max", self.limits.reports);
+            return status::BAD_RANGE;
+        }
         for chunk in raw.chunks_exact(REPORT_SIZE) {
             let r = decode_report(chunk);
             let (Ok(key), Some(value)) = (r.key_str(), ReportValue::from_record(&r)) else {
@@ -294,11 +319,20 @@ impl ControlDevice {
         {
             return status::BAD_RANGE;
         }
+        if Duration::from_nanos(delay_ns) > self.limits.msi_delay {
+            let limit = format!("{:?}", self.limits.msi_delay);
+            self.msi_hit.hit("MSI delay", "guest-msi-max-delay", limit);
+            return status::BAD_RANGE;
+        }
         let Some(msi) = &self.msi else {
             return status::BAD_OP;
         };
         match msi.inject_after(dest, vector, Duration::from_nanos(delay_ns)) {
             Ok(()) => status::OK,
+            Err(InjectError::Full(n)) => {
+                self.msi_hit.hit("delayed MSIs", "guest-msi-max-pending", n);
+                status::BAD_RANGE
+            }
             Err(e) => {
                 tracing::warn!("MSI {vector:#x} to vCPU {dest} failed: {e}");
                 status::BAD_RANGE
@@ -308,6 +342,14 @@ impl ControlDevice {
 
     fn log(&self, vcpu: usize, gpa: u64, len: u64) -> u32 {
         if len > MAX_LOG_LEN {
+            return status::BAD_RANGE;
+        }
+        let before = self
+            .logged
+            .fetch_add(len, std::sync::atomic::Ordering::Relaxed);
+        if before + len > self.limits.log_bytes {
+            self.log_hit
+                .hit("log bytes", "guest-log-max", self.limits.log_bytes);
             return status::BAD_RANGE;
         }
         let mut raw = vec![0u8; len as usize];
@@ -476,5 +518,41 @@ mod tests {
             status::BAD_RANGE
         );
         assert_eq!(refused(op::INJECT_MSI, 0x50, 0).1, status::BAD_OP);
+    }
+
+    #[test]
+    fn user_limits_refuse_reports_logs_and_msi_delays_past_them() {
+        let d = setup().with_limits(GuestLimits {
+            reports: 3,
+            log_bytes: 10,
+            msi_delay: Duration::from_millis(1),
+            ..Default::default()
+        });
+        for i in 0..3u64 {
+            put_report(&d, 0x2000 + i * 0x30, Report::u64("r", i));
+        }
+        assert_eq!(request(&d, op::REPORT, 0x2000, 2).1, status::OK);
+        // Two more would make four: refused whole, the kept two unchanged.
+        assert_eq!(request(&d, op::REPORT, 0x2000, 2).1, status::BAD_RANGE);
+        assert_eq!(request(&d, op::REPORT, 0x2000, 1).1, status::OK);
+        assert_eq!(d.reports().len(), 3);
+        assert_eq!(request(&d, op::REPORT, 0x2000, 1).1, status::BAD_RANGE);
+
+        d.memory
+            .write_slice(b"12345678", GuestAddress(0x3000))
+            .unwrap();
+        assert_eq!(request(&d, op::LOG, 0x3000, 8).1, status::OK);
+        assert_eq!(request(&d, op::LOG, 0x3000, 3).1, status::BAD_RANGE);
+
+        // Within the ABI's 10 s but past the user's 1 ms.
+        assert_eq!(
+            request(&d, op::INJECT_MSI, 0x50, 2_000_000).1,
+            status::BAD_RANGE
+        );
+        // Within the limit, it gets as far as the (missing) injector.
+        assert_eq!(
+            request(&d, op::INJECT_MSI, 0x50, 1_000_000).1,
+            status::BAD_OP
+        );
     }
 }

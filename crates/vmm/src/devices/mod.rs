@@ -2,6 +2,7 @@
 
 pub mod control;
 pub mod gate;
+pub mod limits;
 pub mod msi;
 pub mod pvio;
 pub mod serial;

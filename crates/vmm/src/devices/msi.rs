@@ -56,6 +56,31 @@ impl Shared {
 pub struct MsiInjector {
     vm: Arc<VmFd>,
     shared: Arc<Shared>,
+    max_pending: usize,
+}
+
+/// Why an MSI was not injected.
+#[derive(Debug, PartialEq, Eq)]
+pub enum InjectError {
+    /// This many delayed MSIs already wait: the limit.
+    Full(usize),
+    /// The host failed.
+    Host(String),
+}
+
+impl std::fmt::Display for InjectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            InjectError::Full(n) => write!(f, "{n} delayed MSIs already wait (the limit)"),
+            InjectError::Host(e) => f.write_str(e),
+        }
+    }
+}
+
+impl From<InjectError> for String {
+    fn from(e: InjectError) -> String {
+        e.to_string()
+    }
 }
 
 /// Raise `vector` on the vCPU whose APIC id is `dest` (fixed delivery, physical destination).
@@ -75,7 +100,14 @@ impl MsiInjector {
         MsiInjector {
             vm,
             shared: Arc::default(),
+            max_pending: crate::devices::limits::GuestLimits::default().msi_pending as usize,
         }
+    }
+
+    /// Keep at most `n` delayed MSIs waiting; more are refused.
+    pub fn with_max_pending(mut self, n: u32) -> Self {
+        self.max_pending = n as usize;
+        self
     }
 
     /// Boost each destination vCPU with `booster` before injecting into it.
@@ -88,21 +120,24 @@ impl MsiInjector {
     }
 
     /// Raise `vector` on vCPU `dest` after `delay` (at once if zero).
-    pub fn inject_after(&self, dest: u8, vector: u8, delay: Duration) -> Result<(), String> {
+    pub fn inject_after(&self, dest: u8, vector: u8, delay: Duration) -> Result<(), InjectError> {
         if delay.is_zero() {
             if let Some(b) = &self.shared.booster {
                 b.on_interrupt(dest as usize);
             }
             return signal(&self.vm, dest, vector)
-                .map_err(|e| format!("KVM_SIGNAL_MSI failed: {e}"));
+                .map_err(|e| InjectError::Host(format!("KVM_SIGNAL_MSI failed: {e}")));
         }
         let mut t = self.shared.lock();
+        if t.pending.len() >= self.max_pending {
+            return Err(InjectError::Full(t.pending.len()));
+        }
         if !t.thread {
             let (vm, shared) = (self.vm.clone(), self.shared.clone());
             thread::Builder::new()
                 .name("msi-timer".into())
                 .spawn(move || timer_loop(&vm, &shared))
-                .map_err(|e| format!("cannot start the MSI thread: {e}"))?;
+                .map_err(|e| InjectError::Host(format!("cannot start the MSI thread: {e}")))?;
             t.thread = true;
         }
         t.pending
@@ -178,5 +213,24 @@ fn timer_loop(vm: &VmFd, shared: &Shared) {
             .wait_timeout(t, wait)
             .unwrap_or_else(|p| p.into_inner())
             .0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delayed_msis_past_the_pending_limit_are_refused() {
+        if !crate::host::kvm_for_test("delayed_msis_past_the_pending_limit_are_refused") {
+            return;
+        }
+        let vm = Arc::new(kvm_ioctls::Kvm::new().unwrap().create_vm().unwrap());
+        let msi = MsiInjector::new(vm).with_max_pending(2);
+        let later = Duration::from_secs(10);
+        msi.inject_after(0, 0x40, later).unwrap();
+        msi.inject_after(0, 0x41, later).unwrap();
+        assert_eq!(msi.inject_after(0, 0x42, later), Err(InjectError::Full(2)));
+        assert_eq!(msi.pending().len(), 2, "the refused one was not queued");
     }
 }

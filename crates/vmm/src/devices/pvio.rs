@@ -93,6 +93,8 @@ pub struct PvioDevice {
     bad: AtomicU64,
     errors: AtomicU64,
     bytes: AtomicU64,
+    max_bytes: u64,
+    max_hit: super::limits::LimitHit,
 }
 
 fn routing(vcpus: u32) -> Result<KvmIrqRouting, String> {
@@ -122,12 +124,14 @@ fn routing(vcpus: u32) -> Result<KvmIrqRouting, String> {
 
 impl PvioDevice {
     /// Wire the device into `vm` (doorbell ioeventfd, one completion irqfd
-    /// per vCPU). The file is opened when the guest sets the ring up.
+    /// per vCPU). The file is opened when the guest sets the ring up;
+    /// requests may reach `max_bytes` into it (`--guest-io-max`).
     pub fn new(
         vm: &VmFd,
         memory: GuestMemoryMmap,
         vcpus: u32,
         config: &PvioConfig,
+        max_bytes: u64,
         host_writes: Arc<crate::migration::dirty::HostWrites>,
         booster: Option<Arc<crate::sched::boost::Booster>>,
     ) -> Result<Arc<Self>, crate::Error> {
@@ -186,6 +190,8 @@ impl PvioDevice {
             bad: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
+            max_bytes,
+            max_hit: Default::default(),
         }))
     }
 
@@ -352,9 +358,12 @@ impl PvioDevice {
         let (op, len, offset, gbuf, vcpu) =
             (u32_at(0), u32_at(4), u64_at(8), u64_at(16), u32_at(24));
         let vcpu_ok = (vcpu as usize) < self.irqfds.len();
-        let in_file = offset
-            .checked_add(len as u64)
-            .is_some_and(|e| e <= MAX_FILE_BYTES);
+        let end = offset.checked_add(len as u64);
+        let in_file = end.is_some_and(|e| e <= self.max_bytes);
+        if end.is_some_and(|e| e <= MAX_FILE_BYTES) && !in_file {
+            self.max_hit
+                .hit("I/O file bytes", "guest-io-max", self.max_bytes);
+        }
         buf.resize(len as usize, 0);
         if op != io_op::WRITE
             || len > MAX_LEN

@@ -222,6 +222,7 @@ impl Vm {
             m.ram.memory().clone(),
             config.vcpus,
             &config.pvio,
+            config.limits.io_file_bytes,
             host_writes.clone(),
             Some(booster.clone()),
         )?;
@@ -229,9 +230,14 @@ impl Vm {
             serial,
             control: ControlDevice::new(
                 m.ram.memory().clone(),
-                Some(MsiInjector::new(fd.clone()).with_booster(booster.clone())),
+                Some(
+                    MsiInjector::new(fd.clone())
+                        .with_booster(booster.clone())
+                        .with_max_pending(config.limits.msi_pending),
+                ),
                 config.vcpus,
             )
+            .with_limits(config.limits)
             .with_pvio(pvio.clone())
             .with_host_writes(host_writes.clone())
             .with_booster(booster.clone()),
@@ -331,10 +337,7 @@ impl Vm {
 impl Machine {
     /// Open KVM and create the VM with its RAM, irqchip and halt-poll settings.
     fn create(config: &VmConfig) -> Result<Machine, Error> {
-        // A write past a file-size limit (page store, I/O device file) must
-        // fail with EFBIG and be reported, not kill the process.
-        // SAFETY: setting a signal's disposition to "ignore" is always sound.
-        unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+        crate::host::block_file_size_signal();
         let kvm = Kvm::new().map_err(Error::KvmUnavailable)?;
         let kvm_max = kvm.get_max_vcpus() as u32;
         if config.vcpus > kvm_max {

@@ -52,6 +52,7 @@ impl Vm {
         opts: &RestoreOptions,
         on_listening: impl FnOnce(&str),
     ) -> Result<Vm, Error> {
+        opts.check()?;
         let listener = Listener::bind(listen).map_err(|e| {
             Error::Migration(MigrationError::Host(format!(
                 "cannot listen at {listen}: {e}"

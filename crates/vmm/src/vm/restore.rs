@@ -55,6 +55,18 @@ pub struct RestoreOptions {
     pub api_socket: Option<PathBuf>,
     /// Page store for an overcommitted VM (`None`: a temporary file).
     pub page_store: Option<PathBuf>,
+    /// What guest requests may make the host do (not part of the saved
+    /// VM: the host that runs it decides).
+    pub limits: crate::config::GuestLimits,
+}
+
+impl RestoreOptions {
+    /// Check the run's own settings before anything is read or listened on.
+    pub(crate) fn check(&self) -> Result<(), Error> {
+        self.limits
+            .check()
+            .map_err(|e| crate::config::ConfigError::Limits(e).into())
+    }
 }
 
 /// Leaves and registers whose feature bits the guest may rely on, and bits
@@ -124,6 +136,7 @@ fn config_from(saved: &SavedConfig, opts: &RestoreOptions) -> VmConfig {
         api_socket: opts.api_socket.clone(),
         dirty_ring: saved.dirty_ring,
         boost: saved.boost,
+        limits: opts.limits,
     }
 }
 
@@ -270,6 +283,7 @@ impl Vm {
         let phase = |what: &str| {
             tracing::debug!(us = us_since(created_at, Instant::now()), "restore: {what}")
         };
+        opts.check()?;
         let snap = Arc::new(Snapshot::open(path)?);
         phase("snapshot checked");
         let s = &snap.state;

@@ -61,6 +61,8 @@ impl Vm {
     /// (returns [`Error::GuestCrash`] with a register dump). Every thread
     /// of the VM has ended when this returns.
     pub fn run(self) -> Result<RunOutcome, Error> {
+        // The run may be on another thread than the one that built the VM.
+        crate::host::block_file_size_signal();
         let tsc_ref = match self.restored {
             None => Some(self.read_guest_tsc()?),
             Some(_) => None,
