@@ -21,6 +21,7 @@ use hover_vmm::config::{
 };
 use hover_vmm::config::{HaltPoll, PvioConfig};
 use hover_vmm::sched::boost::{BoostConfig, BoostMode, BoostPolicy};
+use hover_vmm::seccomp::Mode as SeccompMode;
 use hover_vmm::{Error, MemoryRestore, RestoreOptions, Vm};
 
 fn parse_boost_policy(s: &str) -> Result<BoostPolicy, String> {
@@ -121,6 +122,16 @@ struct GuardArgs {
     /// (at most 1G); later messages are refused.
     #[arg(long, default_value = "1M", value_parser = parse_size)]
     guest_log_max: u64,
+    /// seccomp filters on the VMM's threads, one per kind (vCPU, pager,
+    /// I/O, API, governor, boost, timer, migration): `on` stops the VMM
+    /// with a message naming a forbidden call, `log` lets it through and
+    /// has the kernel log it, `off` installs none.
+    #[arg(long, default_value = "on", value_parser = parse_seccomp)]
+    seccomp: SeccompMode,
+}
+
+fn parse_seccomp(s: &str) -> Result<SeccompMode, String> {
+    s.parse()
 }
 
 impl GuardArgs {
@@ -349,6 +360,7 @@ fn receive(args: ReceiveArgs) -> ExitCode {
         console: console_for(args.out.console, args.out.json),
         api_socket: args.out.api_socket,
         limits: args.guard.limits(),
+        seccomp: args.guard.seccomp,
         ..Default::default()
     };
     let announce = |at: &str| eprintln!("hover: waiting for a migrating VM on {at}");
@@ -369,6 +381,7 @@ fn restore(args: RestoreArgs) -> ExitCode {
         api_socket: args.out.api_socket,
         page_store: args.page_store,
         limits: args.guard.limits(),
+        seccomp: args.guard.seccomp,
     };
     finish(
         Vm::restore(&args.path, &opts).and_then(Vm::run),
@@ -425,6 +438,7 @@ fn run(args: RunArgs) -> ExitCode {
             poll_us: args.boost_poll_us,
         },
         limits: args.guard.limits(),
+        seccomp: args.guard.seccomp,
     };
     finish(
         Vm::new(&config).and_then(Vm::run),

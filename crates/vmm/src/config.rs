@@ -110,6 +110,8 @@ pub struct VmConfig {
     pub boost: crate::sched::boost::BoostConfig,
     /// What guest requests may make the host do (`--guest-*`).
     pub limits: GuestLimits,
+    /// seccomp filters on the VMM's threads (`--seccomp`).
+    pub seccomp: crate::seccomp::Mode,
 }
 
 impl Default for VmConfig {
@@ -130,6 +132,7 @@ impl Default for VmConfig {
             dirty_ring: None,
             boost: Default::default(),
             limits: GuestLimits::default(),
+            seccomp: Default::default(),
         }
     }
 }

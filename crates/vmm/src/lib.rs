@@ -15,11 +15,14 @@ pub mod arch;
 pub mod boot;
 pub mod config;
 pub mod devices;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod host;
 pub mod memory;
 pub mod migration;
 pub mod report;
 pub mod sched;
+pub mod seccomp;
 pub mod state;
 pub mod stats;
 pub mod vcpu;
@@ -74,6 +77,9 @@ pub enum Error {
     /// A configuration value is out of range.
     #[error(transparent)]
     Config(#[from] config::ConfigError),
+    /// seccomp filters cannot be used (`--seccomp off` runs without).
+    #[error(transparent)]
+    Seccomp(#[from] seccomp::Error),
     /// The guest image cannot be booted.
     #[error(transparent)]
     Image(#[from] boot::ImageError),

@@ -382,8 +382,16 @@ pub struct ApiServer {
     /// The socket file's (device, inode): removed at the end only if the
     /// path still names it (a user may have put something else there).
     inode: Option<(u64, u64)>,
-    server: Arc<Server>,
+    server: Option<Arc<Server>>,
     thread: Option<JoinHandle<()>>,
+}
+
+/// Name the calling thread (threads it starts inherit the name).
+fn name_thread(name: &str) {
+    if let Ok(c) = std::ffi::CString::new(name) {
+        // SAFETY: PR_SET_NAME copies at most 16 bytes of a NUL-terminated string.
+        unsafe { libc::prctl(libc::PR_SET_NAME, c.as_ptr()) };
+    }
 }
 
 impl ApiServer {
@@ -419,54 +427,85 @@ impl ApiServer {
             unbind();
             return Err(bind(e));
         }
-        let server = match Server::from_listener(listener, None) {
-            Ok(s) => Arc::new(s),
-            Err(e) => {
-                unbind();
-                return Err(bind(std::io::Error::other(e.to_string())));
-            }
-        };
-        if bound_at != path {
-            let linked = std::fs::hard_link(bound_at, path);
-            unbind();
-            match linked {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    return Err(ApiError::Exists(path.into()))
-                }
-                Err(e) => return Err(bind(e)),
-            }
-        }
         let ctx = Arc::new(Ctx {
             sources,
             controller,
             answering: Default::default(),
         });
-        let (s, c) = (server.clone(), ctx.clone());
-        let thread = std::thread::Builder::new()
-            .name("api".into())
-            .spawn(move || {
-                while let Ok(req) = s.recv() {
-                    let ctx = c.clone();
-                    let spawned = std::thread::Builder::new()
-                        .name("api-request".into())
-                        .spawn(move || handle(&ctx, req));
-                    if let Err(e) = spawned {
-                        tracing::warn!("API: cannot start a request thread: {e}");
-                    }
+        // The HTTP server is made on the API thread, so that the threads it
+        // starts (accepting, reading requests: outside input) run under the
+        // API's seccomp filter too.
+        let (made_tx, made) = std::sync::mpsc::channel();
+        let c = ctx.clone();
+        static SERVERS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let tag = format!(
+            "api-http{}",
+            SERVERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 10_000_000
+        );
+        let spawned = crate::seccomp::spawn(crate::seccomp::Kind::Api, "api".into(), move || {
+            // tiny_http's threads (accept, connection pool) take this name
+            // from the thread that starts them. Its accept thread ends when
+            // the server stops, its idle pool threads up to 5 s later
+            // (tiny_http's idle timeout).
+            name_thread(&tag);
+            let made = Server::from_listener(listener, None);
+            name_thread("api");
+            let s = match made {
+                Ok(s) => Arc::new(s),
+                Err(e) => {
+                    let _ = made_tx.send(Err(e.to_string()));
+                    return;
                 }
-            })
-            .map_err(|e| {
-                let _ = std::fs::remove_file(path);
-                bind(e)
-            })?;
+            };
+            let _ = made_tx.send(Ok(s.clone()));
+            while let Ok(req) = s.recv() {
+                let ctx = c.clone();
+                // Of the API's kind: it inherits this thread's filter.
+                let spawned = std::thread::Builder::new()
+                    .name("api-request".into())
+                    .spawn(move || handle(&ctx, req));
+                if let Err(e) = spawned {
+                    tracing::warn!("API: cannot start a request thread: {e}");
+                }
+            }
+        });
+        let made = match spawned {
+            Ok(t) => made
+                .recv()
+                .unwrap_or_else(|_| Err("the API thread ended".into()))
+                .map(|s| (s, t)),
+            Err(e) => Err(e.to_string()),
+        };
+        let (server, thread) = match made {
+            Ok(m) => m,
+            Err(e) => {
+                unbind();
+                return Err(bind(std::io::Error::other(e)));
+            }
+        };
+        if bound_at != path {
+            let linked = std::fs::hard_link(bound_at, path);
+            unbind();
+            let refused = match linked {
+                Ok(()) => None,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    Some(ApiError::Exists(path.into()))
+                }
+                Err(e) => Some(bind(e)),
+            };
+            if let Some(e) = refused {
+                server.unblock();
+                let _ = thread.join();
+                return Err(e);
+            }
+        }
         use std::os::unix::fs::MetadataExt;
         let inode = std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
         Ok(ApiServer {
             path: path.into(),
             ctx,
             inode,
-            server,
+            server: Some(server),
             thread: Some(thread),
         })
     }
@@ -474,7 +513,9 @@ impl ApiServer {
     /// Stop serving and remove the socket.
     pub fn stop(&mut self) {
         if let Some(t) = self.thread.take() {
-            self.server.unblock();
+            if let Some(s) = &self.server {
+                s.unblock();
+            }
             let _ = t.join();
             // Let answers being written go out (bounded: a slow client must
             // not hold the VM's exit).
@@ -491,7 +532,12 @@ impl ApiServer {
             use std::os::unix::fs::MetadataExt;
             let still_ours = std::fs::symlink_metadata(&self.path)
                 .is_ok_and(|m| Some((m.dev(), m.ino())) == self.inode);
+            // The last reference: tiny_http marks itself closed, but the
+            // connection it makes to wake its accept thread goes to the
+            // name it was bound under, which is gone; so wake it here.
+            self.server.take();
             if still_ours {
+                let _ = std::os::unix::net::UnixStream::connect(&self.path);
                 let _ = std::fs::remove_file(&self.path);
             }
         }
@@ -501,5 +547,27 @@ impl ApiServer {
 impl Drop for ApiServer {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Parse `body` as the request of one endpoint (`which` picks it) and
+/// check it as the server does (the fuzz target `api_body`).
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fuzz_body(which: u8, body: &[u8]) {
+    match which % 4 {
+        0 => {
+            let _ = parse_body::<SnapshotRequest>(body);
+        }
+        1 => {
+            if let Ok(u) = parse_body::<crate::sched::boost::BoostUpdate>(body) {
+                let _ = u.apply(Default::default());
+            }
+        }
+        2 => {
+            let _ = parse_body::<HaltPollRequest>(body).and_then(|r| r.setting());
+        }
+        _ => {
+            let _ = parse_body::<MigrateRequest>(body).and_then(|r| r.options());
+        }
     }
 }

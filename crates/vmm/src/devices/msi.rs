@@ -5,7 +5,6 @@
 
 use std::collections::BinaryHeap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread;
 use std::time::{Duration, Instant};
 
 use std::cmp::Reverse;
@@ -57,6 +56,8 @@ pub struct MsiInjector {
     vm: Arc<VmFd>,
     shared: Arc<Shared>,
     max_pending: usize,
+    /// The delivery thread, joined when the injector goes.
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 /// Why an MSI was not injected.
@@ -101,6 +102,7 @@ impl MsiInjector {
             vm,
             shared: Arc::default(),
             max_pending: crate::devices::limits::GuestLimits::default().msi_pending as usize,
+            thread: Mutex::new(None),
         }
     }
 
@@ -128,22 +130,36 @@ impl MsiInjector {
             return signal(&self.vm, dest, vector)
                 .map_err(|e| InjectError::Host(format!("KVM_SIGNAL_MSI failed: {e}")));
         }
-        let mut t = self.shared.lock();
+        let mut t = self.start_locked()?;
         if t.pending.len() >= self.max_pending {
             return Err(InjectError::Full(t.pending.len()));
-        }
-        if !t.thread {
-            let (vm, shared) = (self.vm.clone(), self.shared.clone());
-            thread::Builder::new()
-                .name("msi-timer".into())
-                .spawn(move || timer_loop(&vm, &shared))
-                .map_err(|e| InjectError::Host(format!("cannot start the MSI thread: {e}")))?;
-            t.thread = true;
         }
         t.pending
             .push(Reverse((Instant::now() + delay, dest, vector)));
         self.shared.changed.notify_all();
         Ok(())
+    }
+
+    /// Start the delivery thread now, from the VM's own thread (so that it
+    /// gets the timer's seccomp filter, not that of the vCPU whose request
+    /// would otherwise start it).
+    pub fn start(&self) -> Result<(), InjectError> {
+        self.start_locked().map(|_| ())
+    }
+
+    fn start_locked(&self) -> Result<MutexGuard<'_, Timers>, InjectError> {
+        let mut t = self.shared.lock();
+        if !t.thread {
+            let (vm, shared) = (self.vm.clone(), self.shared.clone());
+            let h =
+                crate::seccomp::spawn(crate::seccomp::Kind::Timer, "msi-timer".into(), move || {
+                    timer_loop(&vm, &shared)
+                })
+                .map_err(|e| InjectError::Host(format!("cannot start the MSI thread: {e}")))?;
+            *self.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(h);
+            t.thread = true;
+        }
+        Ok(t)
     }
 
     /// Stop delivering (the VM pauses); returns once no delivery is under way.
@@ -180,6 +196,9 @@ impl Drop for MsiInjector {
     fn drop(&mut self) {
         self.shared.lock().stop = true;
         self.shared.changed.notify_all();
+        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = t.join();
+        }
     }
 }
 

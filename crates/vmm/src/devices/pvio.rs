@@ -12,7 +12,8 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 
 use super::gate::Gate;
@@ -27,6 +28,34 @@ use kvm_ioctls::{IoEventAddress, NoDatamatch, VmFd};
 use serde::{Deserialize, Serialize};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
+
+/// Where the I/O thread is to serve from, and where it answers whether it
+/// could open the file.
+struct Start {
+    gpa: u64,
+    entries: u64,
+    done: u64,
+    reply: Sender<Result<(), String>>,
+}
+
+/// The I/O thread: wait to be started, open the file, serve until stopped.
+/// It holds the device only weakly while it waits, so a device dropped
+/// before its guest set it up ends the thread.
+fn io_thread(dev: Weak<PvioDevice>, rx: Receiver<Start>) {
+    while let Ok(s) = rx.recv() {
+        let Some(dev) = dev.upgrade() else { return };
+        match dev.open() {
+            Ok(file) => {
+                let _ = s.reply.send(Ok(()));
+                dev.serve(file, s.gpa, s.entries, s.done);
+                return;
+            }
+            Err(e) => {
+                let _ = s.reply.send(Err(e));
+            }
+        }
+    }
+}
 
 /// GSIs the IOAPIC pins occupy; the device's per-vCPU MSI routes follow.
 const IOAPIC_PINS: u32 = 24;
@@ -84,7 +113,11 @@ pub struct PvioDevice {
     path: PathBuf,
     /// The file is the device's own (the default): unlinked once open.
     own_file: bool,
+    /// The I/O thread, started with the device (by the VM's own thread,
+    /// so that it gets the I/O seccomp filter, not a vCPU's); it opens the
+    /// file and serves the ring once told where it is.
     thread: Mutex<Option<JoinHandle<()>>>,
+    start_tx: Mutex<Option<Sender<Start>>>,
     stop: AtomicBool,
     host_writes: Arc<crate::migration::dirty::HostWrites>,
     /// Boosts the submitting vCPU before its completion interrupt.
@@ -174,7 +207,7 @@ impl PvioDevice {
                 )
             }
         };
-        Ok(Arc::new(PvioDevice {
+        let dev = Arc::new(PvioDevice {
             memory,
             doorbell,
             irqfds,
@@ -192,7 +225,17 @@ impl PvioDevice {
             bytes: AtomicU64::new(0),
             max_bytes,
             max_hit: Default::default(),
-        }))
+            start_tx: Mutex::new(None),
+        });
+        let (tx, rx) = mpsc::channel();
+        *dev.start_tx.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+        let weak = Arc::downgrade(&dev);
+        let t = crate::seccomp::spawn(crate::seccomp::Kind::Io, "pvio".into(), move || {
+            io_thread(weak, rx)
+        })
+        .map_err(|e| host("start the I/O thread", e))?;
+        *dev.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);
+        Ok(dev)
     }
 
     /// The guest's IO_SETUP request: check the ring, open the file, start the
@@ -226,8 +269,29 @@ impl PvioDevice {
         }
     }
 
-    /// Open the file and start serving the ring at `gpa` from request `done` on.
-    fn start(self: &Arc<Self>, gpa: u64, entries: u64, done: u64) -> Result<(), String> {
+    /// Have the I/O thread open the file and serve the ring at `gpa` from
+    /// request `done` on.
+    fn start(&self, gpa: u64, entries: u64, done: u64) -> Result<(), String> {
+        let gone = || "its thread has stopped".to_string();
+        let tx = self
+            .start_tx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(gone)?;
+        let (reply, answer) = mpsc::channel();
+        tx.send(Start {
+            gpa,
+            entries,
+            done,
+            reply,
+        })
+        .map_err(|_| gone())?;
+        answer.recv().map_err(|_| gone())?
+    }
+
+    /// Open the file (on the I/O thread).
+    fn open(&self) -> Result<File, String> {
         let file = OpenOptions::new()
             .write(true)
             .create(true)
@@ -246,13 +310,7 @@ impl PvioDevice {
                 tracing::warn!("I/O device: cannot unlink {}: {e}", self.path.display());
             }
         }
-        let dev = self.clone();
-        let t = std::thread::Builder::new()
-            .name("pvio".into())
-            .spawn(move || dev.serve(file, gpa, entries, done))
-            .map_err(|e| format!("cannot start its thread: {e}"))?;
-        *self.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);
-        Ok(())
+        Ok(file)
     }
 
     /// The device's state (the VM is paused).
@@ -408,6 +466,11 @@ impl PvioDevice {
     /// Stop the I/O thread (the VM is stopping).
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
+        // A thread still waiting to be started ends.
+        self.start_tx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         self.gate.open();
         let _ = self.doorbell.write(1);
         if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {

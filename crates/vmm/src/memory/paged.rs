@@ -505,19 +505,23 @@ impl Pager {
         let sh = pager.shared.clone();
         let wake = RawEventFd(pager.wake.as_raw_fd());
         pager.threads.push(
-            thread::Builder::new()
-                .name("pager-faults".into())
-                .spawn(move || fault_loop(sh, wake))
-                .map_err(PagerError::Thread)?,
+            crate::seccomp::spawn(
+                crate::seccomp::Kind::Pager,
+                "pager-faults".into(),
+                move || fault_loop(sh, wake),
+            )
+            .map_err(PagerError::Thread)?,
         );
         for i in 0..WORKERS {
             let sh = pager.shared.clone();
             let page = staging + i as u64 * PAGE_SIZE;
             pager.threads.push(
-                thread::Builder::new()
-                    .name(format!("pager-{i}"))
-                    .spawn(move || worker_loop(sh, page))
-                    .map_err(PagerError::Thread)?,
+                crate::seccomp::spawn(
+                    crate::seccomp::Kind::Pager,
+                    format!("pager-{i}"),
+                    move || worker_loop(sh, page),
+                )
+                .map_err(PagerError::Thread)?,
             );
         }
         tracing::debug!(pages, budget, store = ?pager.shared.store.as_ref().map(|s| s.path().to_path_buf()), "pager started");

@@ -87,6 +87,7 @@ impl ProcessSender {
             .args(["--batch", &batch.to_string()])
             .args(["--conn-fd", &conn_fd.to_string()])
             .args(["--ctl-fd", &ctl_fd.to_string()])
+            .args(["--seccomp", crate::seccomp::mode().name()])
             .stdin(Stdio::null())
             .stdout(Stdio::null());
         for r in &regions {
@@ -186,6 +187,7 @@ struct Args {
     conn_fd: RawFd,
     ctl_fd: RawFd,
     regions: Vec<Region>,
+    seccomp: crate::seccomp::Mode,
 }
 
 fn parse(args: &[String]) -> Result<Args, String> {
@@ -196,6 +198,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
         conn_fd: -1,
         ctl_fd: -1,
         regions: Vec::new(),
+        seccomp: crate::seccomp::Mode::On,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -208,6 +211,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
             "--conn-fd" => a.conn_fd = num(v)? as RawFd,
             "--ctl-fd" => a.ctl_fd = num(v)? as RawFd,
             "--region" => a.regions.push(Region::parse(v)?),
+            "--seccomp" => a.seccomp = v.parse()?,
             _ => return Err(format!("unknown argument {flag}")),
         }
     }
@@ -245,6 +249,11 @@ pub fn child_main(args: &[String]) -> i32 {
         Ok(m) => Ok(m),
         Err(e) => Err(e.to_string()),
     };
+    // Set up: from here the helper only reads guest memory and writes frames.
+    if let Err(e) = crate::seccomp::apply(crate::seccomp::Kind::Sender, a.seccomp) {
+        eprintln!("hover {SUBCOMMAND}: {e}");
+        return 1;
+    }
     let mut w = FrameWriter::new(conn);
     let mut frames = Batcher::new(a.batch);
     let mut serving_us = 0u64;

@@ -255,9 +255,10 @@ impl Ticker {
     ) -> std::io::Result<Ticker> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("throttle".into())
-            .spawn(move || {
+        let thread = crate::seccomp::spawn(
+            crate::seccomp::Kind::Migration,
+            "throttle".into(),
+            move || {
                 while !flag.load(Ordering::Relaxed) {
                     for (i, p) in throttle.all().into_iter().enumerate() {
                         if p > 0 {
@@ -266,7 +267,8 @@ impl Ticker {
                     }
                     std::thread::sleep(SLICE);
                 }
-            })?;
+            },
+        )?;
         Ok(Ticker {
             stop,
             thread: Some(thread),

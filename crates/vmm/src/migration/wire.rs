@@ -73,7 +73,7 @@ pub const MODE_PRECOPY: u8 = 0;
 pub const MODE_POSTCOPY: u8 = 1;
 
 impl Kind {
-    fn from(v: u32) -> Option<Kind> {
+    pub(crate) fn from(v: u32) -> Option<Kind> {
         Some(match v {
             1 => Kind::Conf,
             2 => Kind::Pages,

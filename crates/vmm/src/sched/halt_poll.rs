@@ -228,9 +228,10 @@ impl Governor {
             ..Default::default()
         }));
         let (stop2, report2) = (stop.clone(), report.clone());
-        let thread = thread::Builder::new()
-            .name("halt-poll".into())
-            .spawn(move || {
+        let thread = crate::seccomp::spawn(
+            crate::seccomp::Kind::Governor,
+            "halt-poll".into(),
+            move || {
                 let started = Instant::now();
                 let mut window = 0u64;
                 if let Err(e) = set_window(&vm, window) {
@@ -279,13 +280,13 @@ impl Governor {
                     let span_ns = (PERIOD * periods.len() as u32).as_nanos() as f64;
                     let budget_ns = budget_pct / 100.0 * span_ns * stats.len() as f64;
                     let next = choose_window(&total, budget_ns, MAX_WINDOW_NS);
-                tracing::trace!(
-                    window,
-                    next,
-                    budget_ns,
-                    hist = ?total.iter().enumerate().filter(|(_, &n)| n > 0).map(|(i, &n)| (1u64 << i.saturating_sub(1), n)).collect::<Vec<_>>(),
-                    "halt-poll governor"
-                );
+                    tracing::trace!(
+                        window,
+                        next,
+                        budget_ns,
+                        hist = ?total.iter().enumerate().filter(|(_, &n)| n > 0).map(|(i, &n)| (1u64 << i.saturating_sub(1), n)).collect::<Vec<_>>(),
+                        "halt-poll governor"
+                    );
                     if next != window {
                         if let Err(e) = set_window(&vm, next) {
                             tracing::warn!("halt-poll governor cannot set the window: {e}");
@@ -305,7 +306,8 @@ impl Governor {
                         .unwrap_or_else(|p| p.into_inner())
                         .final_window_ns = window;
                 }
-            })?;
+            },
+        )?;
         Ok(Governor {
             stop,
             thread: Some(thread),

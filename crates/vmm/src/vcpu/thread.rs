@@ -149,9 +149,10 @@ impl VcpuHandle {
         } else {
             RunState::Running
         };
-        let thread = std::thread::Builder::new()
-            .name(format!("vcpu{index}"))
-            .spawn(move || {
+        let thread = crate::seccomp::spawn(
+            crate::seccomp::Kind::Vcpu,
+            format!("vcpu{index}"),
+            move || {
                 let mut t = VcpuThread {
                     vcpu,
                     devices,
@@ -167,7 +168,8 @@ impl VcpuHandle {
                     (t.on_event)(VcpuEvent::Panicked { vcpu: index });
                 }
                 crate::vm::thread_cpu_us()
-            })?;
+            },
+        )?;
         Ok(VcpuHandle {
             index,
             tx,

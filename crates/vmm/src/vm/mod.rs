@@ -68,6 +68,7 @@ pub struct Vm {
     pager: Option<Pager>,
     halt_poll: HaltPoll,
     api_socket: Option<std::path::PathBuf>,
+    seccomp: crate::seccomp::Mode,
     pvio: Arc<PvioDevice>,
     saved: SavedConfig,
     restored: Option<RestoreReport>,
@@ -226,21 +227,20 @@ impl Vm {
             host_writes.clone(),
             Some(booster.clone()),
         )?;
+        let msi = MsiInjector::new(fd.clone())
+            .with_booster(booster.clone())
+            .with_max_pending(config.limits.msi_pending);
+        msi.start().map_err(|e| Error::Host {
+            what: "start the MSI timer thread",
+            source: std::io::Error::other(e.to_string()),
+        })?;
         let devices = Arc::new(Devices {
             serial,
-            control: ControlDevice::new(
-                m.ram.memory().clone(),
-                Some(
-                    MsiInjector::new(fd.clone())
-                        .with_booster(booster.clone())
-                        .with_max_pending(config.limits.msi_pending),
-                ),
-                config.vcpus,
-            )
-            .with_limits(config.limits)
-            .with_pvio(pvio.clone())
-            .with_host_writes(host_writes.clone())
-            .with_booster(booster.clone()),
+            control: ControlDevice::new(m.ram.memory().clone(), Some(msi), config.vcpus)
+                .with_limits(config.limits)
+                .with_pvio(pvio.clone())
+                .with_host_writes(host_writes.clone())
+                .with_booster(booster.clone()),
         });
         let (events, events_rx) = mpsc::channel();
         let paging = match (&config.paging, &source) {
@@ -295,6 +295,7 @@ impl Vm {
             pager,
             halt_poll: config.halt_poll,
             api_socket: config.api_socket.clone(),
+            seccomp: config.seccomp,
             pvio,
             saved,
             restored: None,
@@ -338,6 +339,9 @@ impl Machine {
     /// Open KVM and create the VM with its RAM, irqchip and halt-poll settings.
     fn create(config: &VmConfig) -> Result<Machine, Error> {
         crate::host::block_file_size_signal();
+        // Every thread the VM starts from here takes this mode.
+        crate::seccomp::set_mode(config.seccomp);
+        crate::seccomp::check(config.seccomp)?;
         let kvm = Kvm::new().map_err(Error::KvmUnavailable)?;
         let kvm_max = kvm.get_max_vcpus() as u32;
         if config.vcpus > kvm_max {

@@ -106,9 +106,10 @@ impl Vm {
             started: Instant::now(),
         };
         incoming.connect(w);
-        std::thread::Builder::new()
-            .name("postcopy-in".into())
-            .spawn(move || {
+        crate::seccomp::spawn(
+            crate::seccomp::Kind::Migration,
+            "postcopy-in".into(),
+            move || {
                 let mut incoming = incoming;
                 if let Some(h) = pinned_hash {
                     match incoming.pages.held_hash() {
@@ -121,7 +122,8 @@ impl Vm {
                     let _ = events.send(VmEvent::PagerFailed(format!("post-copy: {e}")));
                 }
                 let _ = tx.send(result);
-            })?;
+            },
+        )?;
         self.postcopy_in = Some(IncomingHandle { done, conn });
         Ok(())
     }

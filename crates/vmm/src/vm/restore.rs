@@ -58,6 +58,8 @@ pub struct RestoreOptions {
     /// What guest requests may make the host do (not part of the saved
     /// VM: the host that runs it decides).
     pub limits: crate::config::GuestLimits,
+    /// seccomp filters on the VMM's threads.
+    pub seccomp: crate::seccomp::Mode,
 }
 
 impl RestoreOptions {
@@ -137,6 +139,7 @@ fn config_from(saved: &SavedConfig, opts: &RestoreOptions) -> VmConfig {
         dirty_ring: saved.dirty_ring,
         boost: saved.boost,
         limits: opts.limits,
+        seccomp: opts.seccomp,
     }
 }
 

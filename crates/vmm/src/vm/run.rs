@@ -63,6 +63,7 @@ impl Vm {
     pub fn run(self) -> Result<RunOutcome, Error> {
         // The run may be on another thread than the one that built the VM.
         crate::host::block_file_size_signal();
+        crate::seccomp::set_mode(self.seccomp);
         let tsc_ref = match self.restored {
             None => Some(self.read_guest_tsc()?),
             Some(_) => None,

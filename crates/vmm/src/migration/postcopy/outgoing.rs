@@ -112,9 +112,10 @@ enum Msg {
 /// are seen while pages go out.
 fn listen(mut r: FrameReader<Conn>, end: u64) -> Receiver<Msg> {
     let (tx, rx) = mpsc::channel();
-    let spawned = std::thread::Builder::new()
-        .name("postcopy-requests".into())
-        .spawn(move || loop {
+    let spawned = crate::seccomp::spawn(
+        crate::seccomp::Kind::Migration,
+        "postcopy-requests".into(),
+        move || loop {
             let msg = match r.frame() {
                 Ok(f) => match f.kind {
                     Kind::Request => match decode_addrs(&f.payload, end) {
@@ -136,7 +137,8 @@ fn listen(mut r: FrameReader<Conn>, end: u64) -> Receiver<Msg> {
             if tx.send(msg).is_err() || last {
                 return;
             }
-        });
+        },
+    );
     if let Err(e) = spawned {
         let (tx, rx) = mpsc::channel();
         let _ = tx.send(Msg::Lost(format!("cannot start the request reader: {e}")));

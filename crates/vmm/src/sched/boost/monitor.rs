@@ -33,9 +33,11 @@ impl Monitor {
     pub(super) fn start(booster: Arc<Booster>) -> std::io::Result<Monitor> {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let flag = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("boost-monitor".into())
-            .spawn(move || run(&booster, &flag))?;
+        let thread = crate::seccomp::spawn(
+            crate::seccomp::Kind::Boost,
+            "boost-monitor".into(),
+            move || run(&booster, &flag),
+        )?;
         Ok(Monitor { stop, thread })
     }
 

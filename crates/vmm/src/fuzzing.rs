@@ -1,0 +1,150 @@
+//! Entry points for the fuzz targets (`fuzz/`, `scripts/fuzz.sh`): each
+//! takes arbitrary bytes and hands them to one parser of outside input,
+//! exactly as the VMM does, with no KVM needed. Built only with the
+//! `fuzzing` feature. A parser may refuse its input; it must never panic,
+//! hang or touch memory it should not.
+
+use std::io::Write;
+use std::sync::Arc;
+
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use crate::boot::{self, ImageBytes};
+use crate::devices::control::ControlDevice;
+use crate::migration::dirty::HostWrites;
+use crate::migration::wire::{self, FrameReader, Kind};
+use crate::sched::boost::{BoostConfig, BoostMode, Booster};
+use crate::state::{SavedConfig, VmState};
+
+/// The ELF loader's checks on a guest image (`--guest PATH`).
+pub fn elf(data: &[u8]) {
+    let img = ImageBytes {
+        name: "fuzz".into(),
+        bytes: data.to_vec().into(),
+    };
+    if let Ok(layout) = boot::inspect(&img) {
+        let _ = boot::check_fits(&img, &layout, 256 << 20);
+    }
+}
+
+/// The guest command line's check against the workload table (`--cmdline`).
+pub fn cmdline(data: &[u8]) {
+    if let Ok(s) = std::str::from_utf8(data) {
+        let _ = crate::config::check_builtin_cmdline(s);
+    }
+}
+
+/// A control API request body; the first byte picks the endpoint.
+pub fn api_body(data: &[u8]) {
+    if let Some((&which, body)) = data.split_first() {
+        crate::api::fuzz_body(which, body);
+    }
+}
+
+/// A snapshot file: opened and checked, then every stored page read.
+pub fn snapshot(data: &[u8]) {
+    // A memfd stands for the file, so nothing touches the disk.
+    let Ok(mut f) = memfd() else { return };
+    if f.write_all(data).is_err() {
+        return;
+    }
+    let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&f));
+    let Ok(snap) = crate::state::file::Snapshot::open(std::path::Path::new(&path)) else {
+        return;
+    };
+    let mut page = vec![0u8; 4096];
+    for (_, slot) in snap.stored_pages().take(4096) {
+        let _ = snap.read_stored(slot, &mut page);
+    }
+}
+
+fn memfd() -> std::io::Result<std::fs::File> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: memfd_create with a static name; the descriptor is ours.
+    let fd = unsafe { libc::memfd_create(c"hover-fuzz".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd is a new descriptor we own.
+    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
+}
+
+/// A migration stream as a destination reads it: the hello, then frames,
+/// each payload decoded as its kind says.
+///
+/// Every frame carries a CRC, which random bytes rarely match; so an input
+/// whose first byte has its top bit set is one payload instead, decoded as
+/// the kind in the low bits: the decoders behind the CRC are fuzzed too.
+pub fn migration_stream(data: &[u8]) {
+    match data.split_first() {
+        Some((&k, payload)) if k & 0x80 != 0 => decode(k & 0x7f, payload),
+        _ => {
+            let mut r = FrameReader::new(data);
+            if r.hello().is_err() {
+                return;
+            }
+            while let Ok(f) = r.frame() {
+                decode(f.kind as u8, &f.payload);
+            }
+        }
+    }
+}
+
+fn decode(kind: u8, payload: &[u8]) {
+    const END: u64 = 1 << 30;
+    {
+        match Kind::from(kind as u32).unwrap_or(Kind::End) {
+            Kind::Conf => {
+                let _ = postcard::from_bytes::<SavedConfig>(payload);
+            }
+            Kind::State => {
+                let _ = postcard::from_bytes::<VmState>(payload);
+            }
+            Kind::Pages => {
+                let _ = wire::split_pages(payload);
+            }
+            Kind::Postcopy | Kind::Missing => {
+                let _ = wire::bitmap_pages(payload, END);
+            }
+            Kind::Request => {
+                let _ = wire::decode_addrs(payload, END);
+            }
+            Kind::Error => {
+                let _ = String::from_utf8_lossy(payload);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Guest-written records: `data` becomes the first MiB of guest memory,
+/// then control requests at addresses taken from its first bytes are
+/// handled (reports, logs, MSI and I/O setup requests) and boost areas
+/// registered and read.
+pub fn guest_records(data: &[u8]) {
+    const RAM: usize = 1 << 20;
+    let Ok(mem) = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), RAM)]) else {
+        return;
+    };
+    let n = data.len().min(RAM);
+    if mem.write_slice(&data[..n], GuestAddress(0)).is_err() {
+        return;
+    }
+    let booster = Booster::new(
+        BoostConfig {
+            mode: BoostMode::Off,
+            ..Default::default()
+        },
+        mem.clone(),
+        Arc::new(HostWrites::new(RAM as u64)),
+        2,
+        1_000_000,
+    );
+    let dev = ControlDevice::new(mem, None, 2).with_booster(booster.clone());
+    for (i, c) in data.chunks_exact(8).take(16).enumerate() {
+        let at = u64::from_le_bytes(c.try_into().expect("8 bytes")) % RAM as u64;
+        let _ = dev.handle(i % 2, at & !7);
+        booster.on_exit(i % 2);
+    }
+    let _ = dev.reports();
+}

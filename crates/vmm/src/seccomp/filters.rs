@@ -1,0 +1,293 @@
+//! The allow-lists, one per thread kind. Each list is what that kind was
+//! seen to make over the whole test suite and the benches (under
+//! `strace -f`, attributed by thread name), grouped by purpose; arguments
+//! are checked where a call's purpose fixes them: ioctls by their type
+//! byte (KVM 0xAE, userfaultfd 0xAA), memory mappings never executable,
+//! files opened by the API and the pager read-only.
+
+use std::collections::BTreeMap;
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition,
+    SeccompFilter, SeccompRule,
+};
+
+use super::{Kind, Mode};
+
+/// Every kind, for checking that all filters compile.
+pub const KINDS: [Kind; 9] = [
+    Kind::Vcpu,
+    Kind::Pager,
+    Kind::Io,
+    Kind::Api,
+    Kind::Governor,
+    Kind::Boost,
+    Kind::Timer,
+    Kind::Migration,
+    Kind::Sender,
+];
+
+/// A call and the rules of which any one must match (none: any arguments).
+type Allow = (i64, Vec<SeccompRule>);
+
+fn cond(arg: u8, op: Op, value: u64) -> SeccompCondition {
+    SeccompCondition::new(arg, Len::Dword, op, value).expect("argument index below 6")
+}
+
+fn rule(c: Vec<SeccompCondition>) -> SeccompRule {
+    SeccompRule::new(c).expect("a rule has conditions")
+}
+
+fn any(calls: &[i64]) -> Vec<Allow> {
+    calls.iter().map(|&c| (c, Vec::new())).collect()
+}
+
+/// `ioctl` with a request of one of these types (the request's second byte).
+fn ioctl_types(types: &[u64]) -> Allow {
+    (
+        libc::SYS_ioctl,
+        types
+            .iter()
+            .map(|t| rule(vec![cond(1, Op::MaskedEq(0xff00), t << 8)]))
+            .collect(),
+    )
+}
+
+/// `openat` for reading only.
+fn open_read_only() -> Allow {
+    let writes = (libc::O_WRONLY | libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC) as u64;
+    (
+        libc::SYS_openat,
+        vec![rule(vec![cond(2, Op::MaskedEq(writes), 0)])],
+    )
+}
+
+/// `prctl` with one of these options.
+fn prctl(options: &[i32]) -> Allow {
+    (
+        libc::SYS_prctl,
+        options
+            .iter()
+            .map(|&o| rule(vec![cond(0, Op::Eq, o as u64)]))
+            .collect(),
+    )
+}
+
+const KVM: u64 = 0xae;
+const UFFD: u64 = 0xaa;
+
+/// What every thread does: the Rust runtime (allocation, locks, thread
+/// start and exit), logging to stderr, time, and the SIGSYS handler's
+/// own calls (`write`, `exit_group`).
+fn base() -> Vec<Allow> {
+    let no_exec = || vec![rule(vec![cond(2, Op::MaskedEq(libc::PROT_EXEC as u64), 0)])];
+    let mut v = vec![
+        (libc::SYS_mmap, no_exec()),
+        (libc::SYS_mprotect, no_exec()),
+        // Closing a descriptor checks first that it is open (std, debug builds).
+        (
+            libc::SYS_fcntl,
+            vec![rule(vec![cond(1, Op::Eq, libc::F_GETFD as u64)])],
+        ),
+    ];
+    v.extend(any(&[
+        libc::SYS_futex,
+        libc::SYS_munmap,
+        libc::SYS_madvise,
+        libc::SYS_mremap,
+        libc::SYS_brk,
+        libc::SYS_rt_sigprocmask,
+        libc::SYS_rt_sigreturn,
+        libc::SYS_sigaltstack,
+        libc::SYS_gettid,
+        libc::SYS_getpid,
+        libc::SYS_sched_getaffinity,
+        libc::SYS_sched_yield,
+        libc::SYS_clock_gettime,
+        libc::SYS_clock_nanosleep,
+        libc::SYS_nanosleep,
+        libc::SYS_restart_syscall,
+        libc::SYS_getrandom,
+        libc::SYS_write,
+        libc::SYS_writev,
+        libc::SYS_getrusage,
+        libc::SYS_close,
+        libc::SYS_exit,
+        libc::SYS_exit_group,
+        // What a new thread does before it can take a signal (glibc
+        // starts it with every signal blocked, so a trap there would kill
+        // the process without a word).
+        libc::SYS_rseq,
+        libc::SYS_set_robust_list,
+    ]));
+    v
+}
+
+/// Raising and lowering threads' priorities (boosting; the pager's nice).
+fn priorities() -> Vec<Allow> {
+    any(&[
+        libc::SYS_sched_setscheduler,
+        libc::SYS_sched_getscheduler,
+        libc::SYS_sched_getparam,
+        libc::SYS_setpriority,
+        libc::SYS_getpriority,
+    ])
+}
+
+fn allow_list(kind: Kind) -> Vec<Allow> {
+    let mut v = base();
+    match kind {
+        Kind::Vcpu => {
+            v.push(ioctl_types(&[KVM]));
+            v.extend(priorities());
+            v.push((libc::SYS_tgkill, Vec::new()));
+        }
+        Kind::Pager => {
+            v.push(ioctl_types(&[UFFD]));
+            v.push(open_read_only());
+            v.push(prctl(&[libc::PR_SET_TIMERSLACK]));
+            v.extend(priorities());
+            v.extend(any(&[
+                libc::SYS_read,
+                libc::SYS_pread64,
+                libc::SYS_pwrite64,
+                libc::SYS_poll,
+                libc::SYS_ppoll,
+                libc::SYS_fdatasync,
+            ]));
+        }
+        Kind::Io => {
+            v.extend(priorities());
+            v.extend(any(&[
+                libc::SYS_openat,
+                libc::SYS_fstat,
+                libc::SYS_statx,
+                libc::SYS_fstatfs,
+                libc::SYS_fcntl,
+                libc::SYS_unlink,
+                libc::SYS_read,
+                libc::SYS_pwrite64,
+                libc::SYS_tgkill,
+            ]));
+        }
+        Kind::Api => {
+            v.push(open_read_only());
+            // Naming its request threads.
+            v.push(prctl(&[libc::PR_SET_NAME]));
+            v.extend(any(&[
+                libc::SYS_clone3,
+                libc::SYS_clone,
+                libc::SYS_accept4,
+                libc::SYS_accept,
+                libc::SYS_getsockname,
+                libc::SYS_getpeername,
+                libc::SYS_setsockopt,
+                libc::SYS_getsockopt,
+                libc::SYS_read,
+                libc::SYS_recvfrom,
+                libc::SYS_sendto,
+                libc::SYS_writev,
+                libc::SYS_shutdown,
+                libc::SYS_poll,
+                libc::SYS_pread64,
+                libc::SYS_fcntl,
+                libc::SYS_statx,
+                libc::SYS_fstat,
+                libc::SYS_lseek,
+            ]));
+        }
+        Kind::Governor => {
+            v.push(ioctl_types(&[KVM]));
+            v.extend(any(&[libc::SYS_pread64, libc::SYS_read]));
+        }
+        Kind::Boost => {
+            v.push(prctl(&[libc::PR_SET_TIMERSLACK]));
+            v.extend(priorities());
+            v.push((libc::SYS_tgkill, Vec::new()));
+        }
+        Kind::Timer => {
+            v.push(ioctl_types(&[KVM]));
+            v.extend(priorities());
+            v.push((libc::SYS_tgkill, Vec::new()));
+        }
+        Kind::Migration => {
+            v.push(ioctl_types(&[KVM, UFFD]));
+            v.extend(any(&[
+                libc::SYS_read,
+                libc::SYS_readv,
+                libc::SYS_writev,
+                libc::SYS_recvfrom,
+                libc::SYS_sendto,
+                libc::SYS_pread64,
+                libc::SYS_pwrite64,
+                libc::SYS_poll,
+                libc::SYS_ppoll,
+                libc::SYS_shutdown,
+                libc::SYS_tgkill,
+                libc::SYS_fcntl,
+                libc::SYS_setsockopt,
+                libc::SYS_getsockopt,
+                // Post-copy recovery: the destination listens again.
+                libc::SYS_socket,
+                libc::SYS_bind,
+                libc::SYS_listen,
+                libc::SYS_accept4,
+                libc::SYS_getsockname,
+                libc::SYS_newfstatat,
+                libc::SYS_statx,
+                libc::SYS_unlink,
+            ]));
+        }
+        Kind::Sender => {
+            v.extend(any(&[
+                libc::SYS_read,
+                libc::SYS_readv,
+                libc::SYS_writev,
+                libc::SYS_pread64,
+                libc::SYS_preadv,
+                libc::SYS_process_vm_readv,
+                libc::SYS_sendto,
+                libc::SYS_recvfrom,
+                libc::SYS_poll,
+            ]));
+        }
+    }
+    v
+}
+
+/// The BPF program for `kind` in `mode` (not [`Mode::Off`]).
+pub fn compile(kind: Kind, mode: Mode) -> Result<BpfProgram, String> {
+    // `None`: any arguments (a call allowed so anywhere stays so).
+    let mut merged: BTreeMap<i64, Option<Vec<SeccompRule>>> = BTreeMap::new();
+    for (call, r) in allow_list(kind) {
+        match (
+            merged.entry(call).or_insert_with(|| Some(Vec::new())),
+            r.is_empty(),
+        ) {
+            (e, true) => *e = None,
+            (Some(rs), false) => rs.extend(r),
+            (None, false) => {}
+        }
+    }
+    let rules = merged
+        .into_iter()
+        .map(|(call, r)| (call, r.unwrap_or_default()))
+        .collect();
+    let mismatch = match mode {
+        Mode::On => SeccompAction::Trap,
+        Mode::Log => SeccompAction::Log,
+        Mode::Off => return Err("no program for --seccomp off".into()),
+    };
+    let filter = SeccompFilter::new(
+        rules,
+        mismatch,
+        SeccompAction::Allow,
+        std::env::consts::ARCH
+            .try_into()
+            .map_err(|e| format!("{e:?}"))?,
+    )
+    .map_err(|e| e.to_string())?;
+    filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| e.to_string())
+}

@@ -1,0 +1,304 @@
+//! seccomp filters per thread kind (`--seccomp off|log|on`, default on).
+//!
+//! Each thread the VMM starts ([`spawn`]) installs, before running its
+//! work, a filter that allows the system calls its kind makes and nothing
+//! else ([`filters`]): a vCPU thread may issue KVM ioctls but not open a
+//! file; the API thread may accept and read but not map executable memory.
+//! The thread that builds and runs the VM (the caller's) stays unfiltered:
+//! it opens the files and sockets the user names (snapshots, migration
+//! peers) and starts the migration's sender process.
+//!
+//! Modes: `on` traps a forbidden call: a one-line message on stderr names
+//! the thread, its kind and the call, and the process exits with status 1
+//! (a thread that vanished would leave the VM waiting on it forever, and a
+//! VMM thread making a call it never makes means a bug or a compromise).
+//! `log` lets the call through and has the kernel log it (audit log or
+//! dmesg, `type=SECCOMP`): for finding what a new code path needs. `off`
+//! installs nothing.
+//!
+//! The mode a thread applies is the one of the thread that started it:
+//! [`set_mode`] sets it for the thread that builds or runs a VM, and
+//! [`spawn`] passes it on. Threads a filtered thread starts inherit its
+//! filter as well (filters stack), so every kind's threads are started
+//! by the VM's own thread, except the API's per-request threads, which
+//! are of the API's kind.
+
+pub mod filters;
+mod trap;
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+use std::thread::JoinHandle;
+
+use seccompiler::BpfProgram;
+use serde::Serialize;
+
+/// How filters are applied.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// No filter.
+    Off,
+    /// Forbidden calls go through and the kernel logs them.
+    Log,
+    /// Forbidden calls stop the process with a message naming them.
+    #[default]
+    On,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(Mode::Off),
+            "log" => Ok(Mode::Log),
+            "on" => Ok(Mode::On),
+            _ => Err(format!("--seccomp {s:?}: expected off, log or on")),
+        }
+    }
+}
+
+impl Mode {
+    /// The flag's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Off => "off",
+            Mode::Log => "log",
+            Mode::On => "on",
+        }
+    }
+}
+
+/// The kinds of VMM thread, each with its own filter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// Runs one vCPU (`KVM_RUN`) and its exits.
+    Vcpu,
+    /// The userfaultfd pager's fault reader and workers.
+    Pager,
+    /// The paravirtual I/O device's thread.
+    Io,
+    /// The API server and its request threads.
+    Api,
+    /// The halt-polling governor.
+    Governor,
+    /// The boost monitor.
+    Boost,
+    /// Delivers the guest's delayed MSIs.
+    Timer,
+    /// Live migration's helpers: the dirty-rate throttle, post-copy's
+    /// request server (source) and page receiver (destination).
+    Migration,
+    /// The migration's sender process, once set up.
+    Sender,
+}
+
+impl Kind {
+    /// Its name in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Vcpu => "vcpu",
+            Kind::Pager => "pager",
+            Kind::Io => "io",
+            Kind::Api => "api",
+            Kind::Governor => "governor",
+            Kind::Boost => "boost",
+            Kind::Timer => "timer",
+            Kind::Migration => "migration",
+            Kind::Sender => "sender",
+        }
+    }
+}
+
+thread_local! {
+    static MODE: Cell<Mode> = const { Cell::new(Mode::On) };
+}
+
+/// Set the mode for the threads this thread starts from now on.
+pub fn set_mode(mode: Mode) {
+    MODE.with(|m| m.set(mode));
+}
+
+/// The mode this thread passes on.
+pub fn mode() -> Mode {
+    MODE.with(|m| m.get())
+}
+
+/// Why seccomp cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The filter did not compile (a bug in [`filters`]).
+    #[error("the {0} seccomp filter does not compile: {1}")]
+    Build(&'static str, String),
+    /// The kernel refused it.
+    #[error("cannot install the {0} seccomp filter: {1} (--seccomp off runs without filters)")]
+    Install(&'static str, String),
+}
+
+fn program(kind: Kind, mode: Mode) -> Result<BpfProgram, Error> {
+    type Cache = Mutex<HashMap<(Kind, Mode), BpfProgram>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(p) = c.get(&(kind, mode)) {
+        return Ok(p.clone());
+    }
+    let p = filters::compile(kind, mode).map_err(|e| Error::Build(kind.name(), e))?;
+    c.insert((kind, mode), p.clone());
+    Ok(p)
+}
+
+/// Check that every kind's filter compiles and that this kernel takes
+/// filters, before a VM starts (so a thread never fails to install one).
+pub fn check(mode: Mode) -> Result<(), Error> {
+    if mode == Mode::Off {
+        return Ok(());
+    }
+    for kind in filters::KINDS {
+        program(kind, mode)?;
+    }
+    // SAFETY: PR_GET_SECCOMP only reads this thread's seccomp mode.
+    if unsafe { libc::prctl(libc::PR_GET_SECCOMP) } < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(Error::Install(
+            "any",
+            format!("this kernel has no seccomp: {e}"),
+        ));
+    }
+    trap::install().map_err(|e| Error::Install("any", format!("SIGSYS handler: {e}")))
+}
+
+/// Install `kind`'s filter on the calling thread, in `mode`.
+pub fn apply(kind: Kind, mode: Mode) -> Result<(), Error> {
+    if mode == Mode::Off {
+        return Ok(());
+    }
+    let prog = program(kind, mode)?;
+    trap::install().map_err(|e| Error::Install(kind.name(), format!("SIGSYS handler: {e}")))?;
+    trap::name_this_thread(kind);
+    seccompiler::apply_filter(&prog).map_err(|e| Error::Install(kind.name(), e.to_string()))
+}
+
+/// Start a thread of `kind` named `name`: it takes this thread's mode and
+/// installs its filter before `f` runs. A filter that cannot be installed
+/// (which [`check`] rules out) stops the process rather than run the thread
+/// unfiltered.
+pub fn spawn<F, T>(kind: Kind, name: String, f: F) -> std::io::Result<JoinHandle<T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    let mode = mode();
+    std::thread::Builder::new().name(name).spawn(move || {
+        set_mode(mode);
+        if let Err(e) = apply(kind, mode) {
+            eprintln!("hover: error: {e}");
+            std::process::exit(1);
+        }
+        f()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Run this test binary again as a child running only `test`, with
+    /// `HOVER_SECCOMP_CHILD` set: what a filter does to a process is seen
+    /// from outside it.
+    fn child(test: &str, mode: Mode) -> std::process::Output {
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args([test, "--exact", "--nocapture", "--test-threads", "1"])
+            .env("HOVER_SECCOMP_CHILD", mode.name())
+            .output()
+            .unwrap()
+    }
+
+    fn child_mode() -> Option<Mode> {
+        std::env::var("HOVER_SECCOMP_CHILD").ok()?.parse().ok()
+    }
+
+    /// In the child: a vCPU thread makes allowed calls, then opens a
+    /// socket, which no vCPU thread does.
+    fn misbehave(mode: Mode) {
+        set_mode(mode);
+        check(mode).unwrap();
+        let t = spawn(Kind::Vcpu, "vcpu-test".into(), || {
+            // SAFETY: plain calls with valid arguments.
+            unsafe {
+                libc::gettid();
+                let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+                libc::close(fd);
+                fd
+            }
+        })
+        .unwrap();
+        let fd = t.join().unwrap();
+        println!("the thread went on (socket: {fd})");
+    }
+
+    #[test]
+    fn a_forbidden_call_stops_the_process_with_a_line_naming_thread_and_call() {
+        if let Some(mode) = child_mode() {
+            return misbehave(mode);
+        }
+        let out = child(
+            "seccomp::tests::a_forbidden_call_stops_the_process_with_a_line_naming_thread_and_call",
+            Mode::On,
+        );
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+        assert!(
+            stderr.contains(
+                "seccomp: thread 'vcpu-test' (vcpu filter) made the forbidden system call socket (41)"
+            ),
+            "{stderr}"
+        );
+        assert!(!stdout.contains("went on"), "{stdout}");
+    }
+
+    #[test]
+    fn log_mode_lets_a_forbidden_call_through() {
+        if let Some(mode) = child_mode() {
+            return misbehave(mode);
+        }
+        for mode in [Mode::Log, Mode::Off] {
+            let out = child(
+                "seccomp::tests::log_mode_lets_a_forbidden_call_through",
+                mode,
+            );
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{mode:?}: {stdout}");
+            assert!(stdout.contains("the thread went on (socket: "), "{stdout}");
+            assert!(
+                !stdout.contains("socket: -1"),
+                "{mode:?}: the call ran: {stdout}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_kind_compiles_in_both_modes() {
+        for kind in filters::KINDS {
+            for mode in [Mode::On, Mode::Log] {
+                filters::compile(kind, mode).unwrap();
+            }
+        }
+        assert!(filters::compile(Kind::Vcpu, Mode::Off).is_err());
+    }
+
+    #[test]
+    fn modes_parse_from_their_flag_spelling() {
+        for m in [Mode::Off, Mode::Log, Mode::On] {
+            assert_eq!(m.name().parse::<Mode>(), Ok(m));
+        }
+        assert!("strict"
+            .parse::<Mode>()
+            .unwrap_err()
+            .contains("off, log or on"));
+    }
+}
