@@ -1,8 +1,10 @@
 //! Entry points for the fuzz targets (`fuzz/`, `scripts/fuzz.sh`): each
 //! takes arbitrary bytes and hands them to one parser of outside input,
-//! exactly as the VMM does, with no KVM needed. Built only with the
-//! `fuzzing` feature. A parser may refuse its input; it must never panic,
-//! hang or touch memory it should not.
+//! exactly as the VMM does, with no KVM needed. A parser may refuse its
+//! input; it must never panic, hang or touch memory it should not. The
+//! normal suite replays every committed corpus input through them
+//! (`tests/fuzz_corpus.rs`), so a finding added to a corpus stays a
+//! regression test.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -117,12 +119,12 @@ fn decode(kind: u8, payload: &[u8]) {
     }
 }
 
-/// Guest-written records: `data` becomes the first MiB of guest memory,
+/// Guest-written records: `data` becomes guest memory (64 KiB),
 /// then control requests at addresses taken from its first bytes are
 /// handled (reports, logs, MSI and I/O setup requests) and boost areas
 /// registered and read.
 pub fn guest_records(data: &[u8]) {
-    const RAM: usize = 1 << 20;
+    const RAM: usize = 64 << 10;
     let Ok(mem) = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), RAM)]) else {
         return;
     };

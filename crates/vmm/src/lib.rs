@@ -15,7 +15,7 @@ pub mod arch;
 pub mod boot;
 pub mod config;
 pub mod devices;
-#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
 pub mod fuzzing;
 pub mod host;
 pub mod memory;
