@@ -226,6 +226,10 @@ struct RunArgs {
     /// (e.g. 100us, 2ms).
     #[arg(long, default_value = "0", value_parser = parse_duration, requires = "memory_budget")]
     page_store_latency: Duration,
+    /// A further random delay on each page-store read, uniform up to this
+    /// (e.g. 1ms): a device whose latency varies.
+    #[arg(long, default_value = "0", value_parser = parse_duration, requires = "memory_budget")]
+    page_store_jitter: Duration,
     /// Offer KVM's asynchronous page faults to the guest (on: the guest runs
     /// another task while a page is fetched; off: the vCPU waits).
     #[arg(long, value_enum, default_value = "on")]
@@ -410,6 +414,7 @@ fn run(args: RunArgs) -> ExitCode {
             budget,
             store: args.page_store.clone(),
             store_latency: args.page_store_latency,
+            store_jitter: args.page_store_jitter,
         }),
         async_pf: args.async_pf == OnOff::On,
         halt_poll: match (args.halt_poll_ns, args.halt_poll) {

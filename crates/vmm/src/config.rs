@@ -456,6 +456,7 @@ mod tests {
                 budget,
                 store: None,
                 store_latency: std::time::Duration::ZERO,
+                store_jitter: std::time::Duration::ZERO,
             }),
             ..VmConfig::default()
         };

@@ -18,6 +18,7 @@ fn paged(memory_mib: u64, budget_mib: u64, async_pf: bool, cmdline: &str) -> (Ru
             budget: budget_mib << 20,
             store: None,
             store_latency: Duration::ZERO,
+            store_jitter: Duration::ZERO,
         }),
         async_pf,
         cmdline: cmdline.into(),

@@ -76,6 +76,7 @@ fn run_cycle(i: usize, scratch: &Path) {
                 budget: 32 << 20,
                 store: None,
                 store_latency: Duration::ZERO,
+                store_jitter: Duration::ZERO,
             }),
         ),
         _ => ("workload=iolat seconds=1", None),

@@ -72,6 +72,10 @@ pub struct PagingConfig {
     pub store: Option<PathBuf>,
     /// Extra delay on every read from the store.
     pub store_latency: Duration,
+    /// A further delay on each read, uniformly random up to this much (a
+    /// device whose latency varies; the pager stress uses it). Not kept in
+    /// a snapshot: the host that restores decides.
+    pub store_jitter: Duration,
 }
 
 /// Why the pager could not start.
@@ -141,6 +145,11 @@ struct Shared {
     ranges: Vec<Range>,
     states: Vec<AtomicU8>,
     stored: Vec<AtomicBool>,
+    /// CRC32 of each page as written to the store, checked when it is read
+    /// back: a store that loses or changes data (a file cut short or
+    /// rewritten under the VMM, a failing device returning zeros) stops
+    /// the VM instead of handing the guest wrong bytes.
+    crcs: Vec<std::sync::atomic::AtomicU32>,
     fifo: Mutex<VecDeque<u32>>,
     /// Held (shared) by a worker serving a fault; held exclusively while
     /// guest memory is read for a snapshot, so no page moves meanwhile.
@@ -156,6 +165,7 @@ struct Shared {
     /// `None` when the budget covers all pageable memory (nothing is evicted).
     store: Option<PageStore>,
     latency: Duration,
+    jitter: Duration,
     stop: AtomicBool,
     faults: AtomicU64,
     zero_fills: AtomicU64,
@@ -287,6 +297,9 @@ impl Shared {
         }
         // SAFETY: staging is this worker's page-aligned staging page, which
         // now holds the moved page.
+        let page = unsafe { std::slice::from_raw_parts(staging as *const u8, PAGE_SIZE as usize) };
+        self.crcs[v].store(crc32fast::hash(page), Ordering::Release);
+        // SAFETY: as above.
         if let Err(e) = unsafe { store.write_raw(v as u64, staging as *const u8) } {
             // Put the page back: its only copy is in staging.
             let back = self.uffd.move_pages(host, staging, PAGE_SIZE);
@@ -335,8 +348,11 @@ impl Shared {
             attempts += 1;
         }
         let from_store = self.stored[page].load(Ordering::Acquire);
-        if from_store && !self.latency.is_zero() {
-            thread::sleep(self.latency);
+        if from_store {
+            let delay = self.latency + jitter(self.jitter);
+            if !delay.is_zero() {
+                thread::sleep(delay);
+            }
         }
         if let Err(e) = self.initial_or_stored(page, buf) {
             // The faulting access stays blocked; the VM is stopped.
@@ -380,6 +396,34 @@ impl Shared {
             self.zero_fills.fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+/// A uniformly random delay up to `max` (xorshift per thread: the
+/// delay models a device, it needs no better randomness).
+fn jitter(max: Duration) -> Duration {
+    use std::cell::Cell;
+    thread_local! {
+        static X: Cell<u64> = Cell::new(
+            // SAFETY: gettid has no preconditions.
+            0x9e37_79b9_7f4a_7c15 ^ (unsafe { libc::gettid() } as u64)
+                ^ std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |d| d.as_nanos() as u64),
+        );
+    }
+    let ns = max.as_nanos() as u64;
+    if ns == 0 {
+        return Duration::ZERO;
+    }
+    let r = X.with(|x| {
+        let mut v = x.get();
+        v ^= v << 13;
+        v ^= v >> 7;
+        v ^= v << 17;
+        x.set(v);
+        v
+    });
+    Duration::from_nanos(r % (ns + 1))
 }
 
 impl Pager {
@@ -471,6 +515,9 @@ impl Pager {
                 ranges,
                 states: (0..pages).map(|_| AtomicU8::new(ABSENT)).collect(),
                 stored: (0..pages).map(|_| AtomicBool::new(false)).collect(),
+                crcs: (0..pages)
+                    .map(|_| std::sync::atomic::AtomicU32::new(0))
+                    .collect(),
                 fifo: Mutex::new(VecDeque::new()),
                 busy: RwLock::new(()),
                 source,
@@ -483,6 +530,7 @@ impl Pager {
                 budget,
                 store,
                 latency: config.store_latency,
+                jitter: config.store_jitter,
                 stop: AtomicBool::new(false),
                 faults: AtomicU64::new(0),
                 zero_fills: AtomicU64::new(0),

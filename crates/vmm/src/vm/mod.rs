@@ -250,6 +250,7 @@ impl Vm {
                 budget: m.ram.size(),
                 store: None,
                 store_latency: std::time::Duration::ZERO,
+                store_jitter: std::time::Duration::ZERO,
             }),
             (None, None) => None,
         };

@@ -128,6 +128,7 @@ fn config_from(saved: &SavedConfig, opts: &RestoreOptions) -> VmConfig {
             budget: p.budget,
             store: opts.page_store.clone(),
             store_latency: Duration::from_nanos(p.store_latency_ns),
+            store_jitter: Duration::ZERO,
         }),
         async_pf: saved.async_pf,
         halt_poll: saved.halt_poll,

@@ -40,6 +40,18 @@ impl Shared {
                 .as_ref()
                 .expect("pages are stored only with a store");
             store.read(page as u64, buf)?;
+            let (want, got) = (
+                self.crcs[page].load(Ordering::Acquire),
+                crc32fast::hash(&buf.0),
+            );
+            if got != want {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "the page store returned other data than was written (CRC {got:#010x}, written {want:#010x}): the store file was changed or its device failed"
+                    ),
+                ));
+            }
             return Ok(true);
         }
         let filled = match &self.source {
