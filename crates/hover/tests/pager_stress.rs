@@ -101,7 +101,7 @@ fn a_page_store_cut_short_stops_the_vm_with_a_clear_error() {
         ],
         &dir.path("api.sock"),
     );
-    let pid = vm.child.id();
+    let pid = vm.pid();
     // Once pages come back from the store, cut it short.
     let api = vm.api();
     let t0 = Instant::now();

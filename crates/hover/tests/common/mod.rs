@@ -53,8 +53,19 @@ impl Drop for Scratch {
 
 /// A `hover run` or `hover restore` in a child process, with its API socket.
 pub struct Vm {
-    pub child: Child,
+    child: Option<Child>,
     pub socket: PathBuf,
+}
+
+/// A test that fails midway must not leave its VM running (a post-copy
+/// source that lost its link waits for a recovery for ever).
+impl Drop for Vm {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.child {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
 
 impl Vm {
@@ -80,9 +91,14 @@ impl Vm {
             std::thread::sleep(Duration::from_millis(5));
         }
         Vm {
-            child,
+            child: Some(child),
             socket: socket.into(),
         }
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("not waited for").id()
     }
 
     /// A client of its API.
@@ -91,8 +107,8 @@ impl Vm {
     }
 
     /// Wait for the process: its exit status, its JSON outcome (or Null) and stderr.
-    pub fn wait(self) -> (Option<i32>, serde_json::Value, String) {
-        let out = self.child.wait_with_output().unwrap();
+    pub fn wait(mut self) -> (Option<i32>, serde_json::Value, String) {
+        let out = self.child.take().expect("waited once").wait_with_output().unwrap();
         let v = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
         (out.status.code(), v, text(&out.stderr))
     }
