@@ -61,6 +61,16 @@ enum Command {
     Restore(RestoreArgs),
     /// Wait for one VM migrating here (`hover ctl migrate --to`) and run it.
     Receive(ReceiveArgs),
+    /// Write the built-in guest's ELF to a new file, to boot it elsewhere
+    /// (`hover run --guest PATH`, or another VMM).
+    GuestImage(GuestImageArgs),
+}
+
+#[derive(Args)]
+struct GuestImageArgs {
+    /// The file to write (a new file: an existing path is refused).
+    #[arg(long)]
+    out: PathBuf,
 }
 
 #[derive(Args)]
@@ -322,6 +332,42 @@ fn main() -> ExitCode {
         Command::Ctl(args) => ctl::ctl(args),
         Command::Restore(args) => restore(args),
         Command::Receive(args) => receive(args),
+        Command::GuestImage(args) => guest_image(&args.out),
+    }
+}
+
+fn guest_image(out: &std::path::Path) -> ExitCode {
+    use std::io::Write;
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(out)
+        .and_then(|mut f| {
+            f.write_all(hover_vmm::boot::BUILTIN_GUEST)
+                .and_then(|()| f.sync_all())
+        });
+    match written {
+        Ok(()) => {
+            eprintln!(
+                "hover: wrote the built-in guest ({} bytes, x86_64 ELF) to {}",
+                hover_vmm::boot::BUILTIN_GUEST.len(),
+                out.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            eprintln!(
+                "hover: error: --out {}: already exists (choose a new path; nothing is overwritten)",
+                out.display()
+            );
+            ExitCode::from(EXIT_BAD_INPUT)
+        }
+        Err(e) => {
+            // A partly written file is not a guest image.
+            let _ = std::fs::remove_file(out);
+            eprintln!("hover: error: cannot write {}: {e}", out.display());
+            ExitCode::from(EXIT_HOST_FAILURE)
+        }
     }
 }
 

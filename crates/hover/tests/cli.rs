@@ -399,6 +399,42 @@ fn guest_msi_delay_past_the_user_limit_is_refused() {
     assert!(run("3ms").status.success());
 }
 
+/// `hover guest-image --out PATH` writes the built-in guest, which then
+/// boots from the file like any other image; an existing path is refused
+/// and left as it was.
+#[test]
+fn guest_image_writes_the_builtin_guest_and_refuses_an_existing_path() {
+    if !kvm_for_test("guest_image_writes_the_builtin_guest_and_refuses_an_existing_path") {
+        return;
+    }
+    let path = std::env::temp_dir().join(format!("hover-guest-image-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let out = hover(&["guest-image", "--out", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let bytes = std::fs::read(&path).unwrap();
+    assert_eq!(&bytes[..4], b"\x7fELF");
+    let run = hover(&["run", "--guest", path.to_str().unwrap()]);
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    assert!(
+        text(&run.stdout).contains("vcpus_seen"),
+        "{}",
+        text(&run.stdout)
+    );
+    let again = hover(&["guest-image", "--out", path.to_str().unwrap()]);
+    assert_eq!(again.status.code(), Some(2));
+    assert!(
+        text(&again.stderr).contains("already exists"),
+        "{}",
+        text(&again.stderr)
+    );
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        bytes,
+        "the existing file is untouched"
+    );
+    std::fs::remove_file(&path).unwrap();
+}
+
 /// Make files the child writes stop growing at `bytes` (writes past it fail
 /// with EFBIG), to provoke write errors.
 fn limit_file_size(cmd: &mut Command, bytes: u64) {

@@ -108,7 +108,12 @@ impl Vm {
 
     /// Wait for the process: its exit status, its JSON outcome (or Null) and stderr.
     pub fn wait(mut self) -> (Option<i32>, serde_json::Value, String) {
-        let out = self.child.take().expect("waited once").wait_with_output().unwrap();
+        let out = self
+            .child
+            .take()
+            .expect("waited once")
+            .wait_with_output()
+            .unwrap();
         let v = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
         (out.status.code(), v, text(&out.stderr))
     }
