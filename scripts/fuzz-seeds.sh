@@ -13,9 +13,10 @@ mkdir -p $C/elf $C/cmdline $C/api_body $C/snapshot $C/migration_stream $C/guest_
 cargo build -q --release -p hover
 H=target/release/hover
 
-# ELF: the smallest image the loader takes, and the built-in guest.
-printf '.globl _start\n_start: hlt\n jmp _start\n' > "$T/min.s"
-gcc -nostdlib -static -Wl,-Ttext=0x100000 -Wl,--build-id=none -o "$T/min" "$T/min.s"
+# ELF: the smallest image the loader takes (a guest that spins at 1 MiB),
+# and the built-in guest.
+printf '.globl _start\n_start: pause\n jmp _start\n' > "$T/min.s"
+gcc -nostdlib -static -Wl,-Ttext=0x101000 -Wl,--build-id=none -o "$T/min" "$T/min.s"
 strip -o $C/elf/minimal "$T/min"
 guest=$(ls -t target/release/build/hover-vmm-*/out/guest-target/release/hover-guest | head -1)
 strip -o $C/elf/builtin "$guest"
@@ -42,12 +43,22 @@ sleep 1
 $H ctl --api-socket "$T/api.sock" snapshot --stop "$T/vm.snap" > /dev/null
 wait $run || true
 cp "$T/vm.snap" $C/snapshot/spin-32M
+# The minimal guest's: 8 pages, quick to mutate.
+$H run --guest $C/elf/minimal --memory 16M --console off --api-socket "$T/min.sock" > /dev/null &
+run=$!
+sleep 1
+$H ctl --api-socket "$T/min.sock" snapshot --stop "$T/min.snap" > /dev/null
+wait $run || true
+cp "$T/min.snap" $C/snapshot/minimal-16M
 
-# A migration stream of the same VM, recorded by a relay between the
+# Migration streams of the same VMs, recorded by a relay between the
 # source and `hover receive`.
-$H receive --listen "unix:$T/in.sock" --console off > /dev/null 2>&1 &
-recv=$!
-python3 - "$T/relay.sock" "$T/in.sock" "$C/migration_stream/spin-32M" <<'PY' &
+record_migration() { # NAME, then the source's `hover run` arguments
+    name=$1; shift
+    rm -f "$T/in.sock" "$T/relay.sock" "$T/src.sock"
+    $H receive --listen "unix:$T/in.sock" --console off > /dev/null 2>&1 &
+    recv=$!
+    python3 - "$T/relay.sock" "$T/in.sock" "$C/migration_stream/$name" <<'PY' &
 import socket, sys, threading
 listen, to, out = sys.argv[1:]
 s = socket.socket(socket.AF_UNIX); s.bind(listen); s.listen(1)
@@ -68,15 +79,19 @@ def pump(x, y, f=None):
 t = threading.Thread(target=pump, args=(b, a)); t.start()
 pump(a, b, rec); t.join(); rec.close()
 PY
-relay=$!
-$H run --memory 32M --cmdline "workload=spin tasks=1 seconds=3" --console off \
-    --api-socket "$T/src.sock" > /dev/null &
-run=$!
-sleep 1
-$H ctl --api-socket "$T/src.sock" migrate --to "unix:$T/relay.sock" > /dev/null
-wait $run || true
-wait $recv || true
-wait $relay || true
+    relay=$!
+    $H run "$@" --console off --api-socket "$T/src.sock" > /dev/null &
+    run=$!
+    sleep 1
+    $H ctl --api-socket "$T/src.sock" migrate --to "unix:$T/relay.sock" > /dev/null
+    wait $run || true
+    wait $relay || true
+    # The minimal guest never ends by itself.
+    kill $recv 2> /dev/null || true
+    wait $recv || true
+}
+record_migration spin-32M --memory 32M --cmdline "workload=spin tasks=1 seconds=3"
+record_migration minimal-16M --guest $C/elf/minimal --memory 16M
 
 # Its first frames alone (hello, CONF, MODE, the first pages): quicker to mutate.
 head -c 16384 $C/migration_stream/spin-32M > $C/migration_stream/spin-32M-head
