@@ -1,7 +1,7 @@
 #!/bin/sh
 # Run every fuzz target (fuzz/, cargo-fuzz on the nightly toolchain) for
 # SECONDS each (default 60; with RUNS=N set, until N executions or SECONDS,
-# whichever comes first), growing its corpus in fuzz/corpus/TARGET, and
+# whichever comes first; MAX_LEN=N caps input size), growing its corpus in fuzz/corpus/TARGET, and
 # print per target the executions and the findings (crash, leak or
 # timeout inputs, kept in fuzz/artifacts/TARGET). A finding is turned into
 # a regression test in the normal suite (crates/vmm/src/fuzzing.rs tests).
@@ -20,7 +20,7 @@ printf '%-18s %14s %10s %9s\n' target executions exec/s findings
 for t in $TARGETS; do
     mkdir -p "fuzz/corpus/$t" "fuzz/artifacts/$t"
     "$BIN/$t" "fuzz/corpus/$t" -artifact_prefix="fuzz/artifacts/$t/" \
-        -max_total_time="$SECONDS_EACH" ${RUNS:+-runs=$RUNS} -print_final_stats=1 -rss_limit_mb=4096 \
+        -max_total_time="$SECONDS_EACH" ${RUNS:+-runs=$RUNS} ${MAX_LEN:+-max_len=$MAX_LEN} -print_final_stats=1 -rss_limit_mb=4096 \
         > "fuzz/logs/$t.log" 2>&1 || true
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "fuzz/logs/$t.log" | tail -1)
     rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "fuzz/logs/$t.log" | tail -1)
