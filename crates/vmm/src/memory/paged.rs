@@ -39,6 +39,7 @@ use super::uffd::{Uffd, FEATURE_MOVE};
 use super::GuestRam;
 use workers::{fault_loop, worker_loop, RawEventFd};
 
+mod delay;
 mod place;
 mod source;
 mod workers;
@@ -145,10 +146,8 @@ struct Shared {
     ranges: Vec<Range>,
     states: Vec<AtomicU8>,
     stored: Vec<AtomicBool>,
-    /// CRC32 of each page as written to the store, checked when it is read
-    /// back: a store that loses or changes data (a file cut short or
-    /// rewritten under the VMM, a failing device returning zeros) stops
-    /// the VM instead of handing the guest wrong bytes.
+    /// CRC32 of each page as stored, checked when read back: a store that
+    /// loses or changes data stops the VM instead of feeding the guest.
     crcs: Vec<std::sync::atomic::AtomicU32>,
     fifo: Mutex<VecDeque<u32>>,
     /// Held (shared) by a worker serving a fault; held exclusively while
@@ -349,7 +348,7 @@ impl Shared {
         }
         let from_store = self.stored[page].load(Ordering::Acquire);
         if from_store {
-            let delay = self.latency + jitter(self.jitter);
+            let delay = self.latency + delay::jitter(self.jitter);
             if !delay.is_zero() {
                 thread::sleep(delay);
             }
@@ -396,34 +395,6 @@ impl Shared {
             self.zero_fills.fetch_add(1, Ordering::Relaxed);
         }
     }
-}
-
-/// A uniformly random delay up to `max` (xorshift per thread: the
-/// delay models a device, it needs no better randomness).
-fn jitter(max: Duration) -> Duration {
-    use std::cell::Cell;
-    thread_local! {
-        static X: Cell<u64> = Cell::new(
-            // SAFETY: gettid has no preconditions.
-            0x9e37_79b9_7f4a_7c15 ^ (unsafe { libc::gettid() } as u64)
-                ^ std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(1, |d| d.as_nanos() as u64),
-        );
-    }
-    let ns = max.as_nanos() as u64;
-    if ns == 0 {
-        return Duration::ZERO;
-    }
-    let r = X.with(|x| {
-        let mut v = x.get();
-        v ^= v << 13;
-        v ^= v >> 7;
-        v ^= v << 17;
-        x.set(v);
-        v
-    });
-    Duration::from_nanos(r % (ns + 1))
 }
 
 impl Pager {
@@ -515,9 +486,7 @@ impl Pager {
                 ranges,
                 states: (0..pages).map(|_| AtomicU8::new(ABSENT)).collect(),
                 stored: (0..pages).map(|_| AtomicBool::new(false)).collect(),
-                crcs: (0..pages)
-                    .map(|_| std::sync::atomic::AtomicU32::new(0))
-                    .collect(),
+                crcs: (0..pages).map(|_| Default::default()).collect(),
                 fifo: Mutex::new(VecDeque::new()),
                 busy: RwLock::new(()),
                 source,
