@@ -52,13 +52,12 @@ pub enum StoreError {
 
 /// An open page store. The store always creates its file itself (it never
 /// opens an existing one, so it cannot clobber or delete anything it did not
-/// make) and removes it when dropped.
+/// make) and unlinks it as soon as it is open: it lives on through its
+/// descriptor only, and goes with the process however that ends.
 pub struct PageStore {
     file: File,
     path: PathBuf,
     direct: bool,
-    /// Whether `path` still names the file (until the store is set up).
-    linked: bool,
 }
 
 /// Where a temporary store goes by default: /var/tmp (a disk, usually) rather
@@ -117,12 +116,14 @@ impl PageStore {
             }
             Err(e) => return Err(unwritable(e)),
         };
-        // From here the file is ours: dropping the store on an error removes it.
-        let mut store = PageStore {
+        // Only the descriptor is used from here: with the name gone at once
+        // (before the checks below, whose disk write can take milliseconds),
+        // the file goes with the process however it ends, SIGKILL included.
+        std::fs::remove_file(&path).map_err(unwritable)?;
+        let store = PageStore {
             file,
             path: path.clone(),
             direct,
-            linked: true,
         };
         // Prove the file takes writes now rather than at the first eviction.
         store.write(0, &PageBuf::new()).map_err(unwritable)?;
@@ -134,10 +135,6 @@ impl PageStore {
                 needed: capacity,
             });
         }
-        // Only the descriptor is used from here: with the name gone, the
-        // file goes with the process however it ends (SIGKILL included).
-        std::fs::remove_file(&path).map_err(unwritable)?;
-        store.linked = false;
         Ok(store)
     }
 
@@ -171,15 +168,6 @@ impl PageStore {
         // SAFETY: guaranteed by the caller.
         let page = unsafe { std::slice::from_raw_parts(src, PAGE_SIZE as usize) };
         self.file.write_all_at(page, index * PAGE_SIZE)
-    }
-}
-
-impl Drop for PageStore {
-    fn drop(&mut self) {
-        // Once unlinked the name may be someone else's: leave it alone.
-        if self.linked {
-            let _ = std::fs::remove_file(&self.path);
-        }
     }
 }
 
