@@ -46,7 +46,9 @@ pub fn api_body(data: &[u8]) {
 /// A snapshot file: opened and checked, then every stored page read.
 pub fn snapshot(data: &[u8]) {
     // A memfd stands for the file, so nothing touches the disk.
-    let Ok(mut f) = memfd() else { return };
+    let Ok(mut f) = crate::memory::memfd(0) else {
+        return;
+    };
     if f.write_all(data).is_err() {
         return;
     }
@@ -58,17 +60,6 @@ pub fn snapshot(data: &[u8]) {
     for (_, slot) in snap.stored_pages().take(4096) {
         let _ = snap.read_stored(slot, &mut page);
     }
-}
-
-fn memfd() -> std::io::Result<std::fs::File> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: memfd_create with a static name; the descriptor is ours.
-    let fd = unsafe { libc::memfd_create(c"hover-fuzz".as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: fd is a new descriptor we own.
-    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
 }
 
 /// A migration stream as a destination reads it: the hello, then frames,

@@ -144,7 +144,8 @@ impl GuestRam {
     }
 }
 
-fn memfd(size: u64) -> io::Result<File> {
+/// A new memfd of `size` bytes (guest RAM; the snapshot fuzz target's file).
+pub(crate) fn memfd(size: u64) -> io::Result<File> {
     // SAFETY: the name is a valid C string; the result is checked.
     let fd = unsafe { libc::memfd_create(c"hover-guest-ram".as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {
