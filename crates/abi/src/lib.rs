@@ -11,6 +11,7 @@ pub mod boost;
 pub mod boot;
 pub mod cmdline;
 pub mod control;
+pub mod haltpoll;
 pub mod layout;
 pub mod pv;
 pub mod pvio;

@@ -91,11 +91,18 @@ pub const GLOBAL_PARAMS: &[ParamSpec] = &[
     ),
     ParamSpec {
         name: "idle",
-        help: "what an idle vCPU does: halt (HLT, exits to KVM) or poll (spins in the guest)",
+        help: "what an idle vCPU does: halt (HLT, exits to KVM), poll (spins in the guest) or haltpoll (polls for an adaptive window, then halts)",
         kind: ParamKind::Choice {
-            values: &["halt", "poll"],
+            values: &["halt", "poll", "haltpoll"],
         },
     },
+    num(
+        "poll_us",
+        "idle=haltpoll: the longest poll window, microseconds (the monitor may allow less)",
+        1,
+        10_000,
+        200,
+    ),
 ];
 
 /// Every workload of the built-in guest.

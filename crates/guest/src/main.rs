@@ -23,6 +23,7 @@ mod event;
 mod exception;
 mod fmtbuf;
 mod frames;
+mod haltpoll;
 mod irq;
 mod kernel;
 mod mem;
@@ -67,7 +68,7 @@ pub extern "C" fn rust_start(boot_info: u64, cpu: u64, tsc_hi: u64, tsc_lo: u64)
             println!("guest: boot-info page has bad magic or version");
             control::exit(exit_code::BAD_BOOT_INFO);
         }
-        sched::idle_loop(false);
+        sched::idle_loop(sched::Idle::Halt);
     }
     clock::init(boot.tsc_khz);
     apic::enable();
@@ -82,7 +83,13 @@ pub extern "C" fn rust_start(boot_info: u64, cpu: u64, tsc_hi: u64, tsc_lo: u64)
     } else {
         100
     };
-    let poll = valid && workload::global("idle").choice(cmdline) == "poll";
+    let idle = match (valid, workload::global("idle").choice(cmdline)) {
+        (true, "poll") => sched::Idle::Poll,
+        (true, "haltpoll") => sched::Idle::HaltPoll {
+            max_us: workload::global("poll_us").number(cmdline),
+        },
+        _ => sched::Idle::Halt,
+    };
     timer::init_cpu(pc, hz);
     if cpu == 0 {
         if boot.cmdline().is_none() {
@@ -93,7 +100,7 @@ pub extern "C" fn rust_start(boot_info: u64, cpu: u64, tsc_hi: u64, tsc_lo: u64)
         sched::init(boot.vcpu_count as usize);
         workloads::start(boot, cmdline, (tsc_hi << 32) | (tsc_lo & 0xffff_ffff));
     }
-    sched::idle_loop(poll)
+    sched::idle_loop(idle)
 }
 
 #[panic_handler]

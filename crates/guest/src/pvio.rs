@@ -10,7 +10,7 @@ use hover_abi::pvio::{
     io_op, io_status, IoRequest, IoRingHeader, COMPLETION_VECTOR, DOORBELL_PORT,
 };
 
-use crate::{control, irq, percpu};
+use crate::{control, haltpoll, irq, percpu};
 
 const ENTRIES: usize = 16;
 
@@ -79,9 +79,18 @@ pub fn write_sync(buf: u64, len: u32, offset: u64) -> (u32, i32) {
         fence(Ordering::Release);
         write_volatile(addr_of_mut!((*ring).header.submitted), seq + 1);
         core::arch::asm!("out dx, eax", in("dx") DOORBELL_PORT, in("eax") 1u32, options(nostack, preserves_flags));
+        // An idle vCPU in `idle=haltpoll` mode watches `completed` itself.
+        let pc = percpu::this_cpu();
+        haltpoll::watch(
+            pc,
+            addr_of!((*ring).header.completed),
+            seq + 1,
+            COMPLETION_VECTOR,
+        );
         while read_volatile(addr_of!((*ring).header.completed)) <= seq {
             irq::wait(COMPLETION_VECTOR);
         }
+        haltpoll::unwatch(pc);
         fence(Ordering::Acquire);
         (
             read_volatile(addr_of!((*slot).status)),

@@ -409,9 +409,30 @@ extern "C" fn preempt_irq() {
     reschedule();
 }
 
-/// This vCPU's idle loop: run whatever is runnable, otherwise halt (or spin
-/// with `idle=poll`) until an interrupt says there is work.
-pub fn idle_loop(poll: bool) -> ! {
+/// What an idle vCPU does (`idle=` on the command line).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Idle {
+    /// HLT through the nub.
+    Halt,
+    /// Spin in the guest until there is work.
+    Poll,
+    /// Poll for an adaptive window of at most `max_us`, then HLT.
+    HaltPoll {
+        /// The guest's own bound on the window (`poll_us=`).
+        max_us: u64,
+    },
+}
+
+/// Halt this vCPU until an interrupt (the nub checks `need_resched` last).
+fn halt(pc: &PerCpu) {
+    pc.halted.store(1, Ordering::SeqCst);
+    nub::halt();
+    pc.halted.store(0, Ordering::SeqCst);
+}
+
+/// This vCPU's idle loop: run whatever is runnable, otherwise halt, spin or
+/// poll and then halt (see [`Idle`]) until there is work.
+pub fn idle_loop(mode: Idle) -> ! {
     let me = idle_of(this_cpu().index());
     let mut switched_in = runs(me);
     loop {
@@ -426,14 +447,14 @@ pub fn idle_loop(poll: bool) -> ! {
         let after_task = now_in != switched_in;
         switched_in = now_in;
         timer::program_idle(pc, after_task);
-        if poll {
-            while pc.need_resched.load(Ordering::Relaxed) == 0 {
-                core::hint::spin_loop();
+        match mode {
+            Idle::Poll => {
+                while pc.need_resched.load(Ordering::Relaxed) == 0 {
+                    core::hint::spin_loop();
+                }
             }
-        } else {
-            pc.halted.store(1, Ordering::SeqCst);
-            nub::halt();
-            pc.halted.store(0, Ordering::SeqCst);
+            Idle::Halt => halt(pc),
+            Idle::HaltPoll { max_us } => crate::haltpoll::idle(pc, max_us, || halt(pc)),
         }
     }
 }

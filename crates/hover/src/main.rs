@@ -269,6 +269,12 @@ struct RunArgs {
     /// wake-ups cost nothing, but each vCPU keeps a host CPU busy.
     #[arg(long)]
     disable_hlt_exits: bool,
+    /// The longest an idle vCPU of a guest in `idle=haltpoll` mode may poll
+    /// before it halts (e.g. 200us; 0: no guest polling; at most 10ms). The
+    /// guest adapts its window below this; while it polls, I/O completion
+    /// interrupts to it are skipped.
+    #[arg(long, default_value = "200us", value_parser = parse_duration)]
+    guest_halt_poll_max: Duration,
     /// Dynamic vCPU priority boosting: the guest asks through a shared page
     /// per vCPU, the VMM boosts the vCPU's thread (and on interrupts it
     /// injects) and the guest unboosts when its sensitive work ends.
@@ -471,6 +477,7 @@ fn run(args: RunArgs) -> ExitCode {
             (None, None) => HaltPoll::KvmDefault,
         },
         hlt_exits: !args.disable_hlt_exits,
+        guest_poll_max_ns: args.guest_halt_poll_max.as_nanos().min(u64::MAX as u128) as u64,
         pvio: PvioConfig {
             file: args.io_file.clone(),
         },

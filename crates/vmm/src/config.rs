@@ -99,6 +99,9 @@ pub struct VmConfig {
     pub halt_poll: HaltPoll,
     /// Whether guest HLT exits to KVM (`false`: KVM_CAP_X86_DISABLE_EXITS).
     pub hlt_exits: bool,
+    /// The longest the guest may poll before it halts, ns (0: no guest
+    /// polling; `--guest-halt-poll-max`, `hover_abi::haltpoll`).
+    pub guest_poll_max_ns: u64,
     /// The paravirtual I/O device's file.
     pub pvio: PvioConfig,
     /// Serve live figures on this Unix socket while running.
@@ -127,6 +130,7 @@ impl Default for VmConfig {
             async_pf: true,
             halt_poll: HaltPoll::KvmDefault,
             hlt_exits: true,
+            guest_poll_max_ns: hover_abi::haltpoll::DEFAULT_POLL_NS,
             pvio: PvioConfig::default(),
             api_socket: None,
             dirty_ring: None,
@@ -217,6 +221,9 @@ pub enum ConfigError {
     /// A halt-poll window out of range.
     #[error("--halt-poll-ns {0} is too large: at most {MAX_WINDOW_NS} (10 ms) is accepted")]
     HaltPollTooLarge(u64),
+    /// A guest poll limit out of range.
+    #[error(transparent)]
+    GuestPollMax(#[from] crate::sched::guest_poll::LimitError),
     /// A governor budget out of range.
     #[error("--halt-poll-budget {0}% is out of range: give a share of one CPU in (0, 100]")]
     HaltPollBudget(f64),
@@ -287,6 +294,7 @@ impl VmConfig {
         }
         self.boost.check().map_err(ConfigError::Boost)?;
         self.limits.check().map_err(ConfigError::Limits)?;
+        crate::sched::guest_poll::check_limit(self.guest_poll_max_ns)?;
         match self.halt_poll {
             HaltPoll::Fixed { window_ns: ns } if ns > MAX_WINDOW_NS => {
                 return Err(ConfigError::HaltPollTooLarge(ns))

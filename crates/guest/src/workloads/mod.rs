@@ -153,6 +153,7 @@ fn main_task(_: usize) {
     crate::apf::report(&mut r, ctx.vcpus());
     crate::timer::report(&mut r, ctx.vcpus());
     crate::boost::report(&mut r, ctx.vcpus());
+    crate::haltpoll::report(&mut r, ctx.vcpus());
     r.send();
     exit(code)
 }

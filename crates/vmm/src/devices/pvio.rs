@@ -84,6 +84,9 @@ pub struct PvioStats {
     pub io_errors: u64,
     /// Bytes written.
     pub bytes: u64,
+    /// Completion interrupts not raised: the guest was polling for them
+    /// (`idle=haltpoll`).
+    pub irqs_skipped: u64,
 }
 
 /// The device's state, as saved in a snapshot.
@@ -123,6 +126,8 @@ pub struct PvioDevice {
     /// Boosts the submitting vCPU before its completion interrupt.
     booster: Option<Arc<crate::sched::boost::Booster>>,
     requests: AtomicU64,
+    /// Completion interrupts skipped: the guest was polling for them.
+    irqs_skipped: AtomicU64,
     bad: AtomicU64,
     errors: AtomicU64,
     bytes: AtomicU64,
@@ -220,6 +225,7 @@ impl PvioDevice {
             host_writes,
             booster,
             requests: AtomicU64::new(0),
+            irqs_skipped: AtomicU64::new(0),
             bad: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
@@ -396,6 +402,15 @@ impl PvioDevice {
                 } else {
                     0
                 };
+                // A guest polling for this completion needs no interrupt.
+                if crate::sched::guest_poll::completion_seen_by_poll(
+                    &self.memory,
+                    index,
+                    &self.host_writes,
+                ) {
+                    self.irqs_skipped.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
                 if let Some(b) = &self.booster {
                     b.on_interrupt(index);
                 }
@@ -460,6 +475,7 @@ impl PvioDevice {
             bad_requests: self.bad.load(Ordering::Relaxed),
             io_errors: self.errors.load(Ordering::Relaxed),
             bytes: self.bytes.load(Ordering::Relaxed),
+            irqs_skipped: self.irqs_skipped.load(Ordering::Relaxed),
         })
     }
 

@@ -34,6 +34,7 @@ use crate::memory::GuestRam;
 use crate::migration::dirty::{HostWrites, RingSet};
 use crate::migration::throttle::Throttle;
 use crate::sched::boost::Booster;
+use crate::sched::guest_poll;
 use crate::sched::halt_poll::{self, HaltPoll};
 use crate::state::{SavedConfig, SavedPaging};
 use crate::stats::KvmStats;
@@ -134,6 +135,12 @@ impl Vm {
             cpuid::pv_features(&m.supported) & !pv_withheld(config.async_pf),
             &config.cmdline,
             &layout,
+        )?;
+        guest_poll::offer(
+            m.ram.memory(),
+            config.vcpus,
+            config.guest_poll_max_ns,
+            &Default::default(),
         )?;
         let saved = saved_config(config, &layout);
         let sink = open_console(config)?;

@@ -133,6 +133,9 @@ fn config_from(saved: &SavedConfig, opts: &RestoreOptions) -> VmConfig {
         async_pf: saved.async_pf,
         halt_poll: saved.halt_poll,
         hlt_exits: saved.hlt_exits,
+        // The offer made at boot is in the saved memory (the boot area)
+        // and goes on as it was; this value is not written again.
+        guest_poll_max_ns: hover_abi::haltpoll::DEFAULT_POLL_NS,
         pvio: PvioConfig {
             file: saved.io_file.clone(),
         },

@@ -1,0 +1,252 @@
+//! `idle=haltpoll`: guest-side adaptive halt polling (docs/ABI.md,
+//! `hover_abi::haltpoll`; Linux's cpuidle-haltpoll is the model).
+//!
+//! HLT costs a trip through the nub (emulated CPL0) and, once halted, a
+//! wake-up needs an interrupt delivered through emulated CPL0 as well. An
+//! idle vCPU therefore first polls in CPL3 for a window: its run queue and
+//! the one completion counter its waiting task named with [`watch`]. With
+//! the monitor's consent (`SUPPRESS_IRQ`) it says it is polling, and the
+//! monitor skips the I/O completion interrupt: a completion found by the
+//! poll costs no exit at all.
+//!
+//! The window adapts per vCPU as in Linux's haltpoll governor: when the
+//! vCPU's idle period ended after the window but within the maximum, the
+//! window grows (to 50 us, then doubling); when it outlasted the maximum,
+//! it halves, so a vCPU that only sees timer ticks stops polling.
+
+use core::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+
+use hover_abi::haltpoll::{area_gpa, flags, offset, HALTPOLL_AREA_SIZE};
+use hover_abi::layout::MAX_VCPUS;
+
+use crate::clock::{now, ticks_for_us, ticks_to_ns};
+use crate::percpu::PerCpu;
+
+/// First window after a poll that would have caught the wake-up (Linux's
+/// `guest_halt_poll_grow_start`).
+const GROW_START_NS: u64 = 50_000;
+
+/// The shared area, as atomics (the layout of `haltpoll::HaltPollArea`).
+#[repr(C, align(64))]
+struct Area {
+    max_ns: AtomicU64,
+    flags: AtomicU32,
+    polling: AtomicU32,
+    window_ns: AtomicU64,
+    polls: AtomicU64,
+    hits: AtomicU64,
+    irqs_skipped: AtomicU64,
+    pad: [u64; 2],
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<Area>() as u64 == HALTPOLL_AREA_SIZE);
+    assert!(core::mem::offset_of!(Area, flags) as u64 == offset::FLAGS);
+    assert!(core::mem::offset_of!(Area, polling) as u64 == offset::POLLING);
+    assert!(core::mem::offset_of!(Area, window_ns) as u64 == offset::WINDOW_NS);
+    assert!(core::mem::offset_of!(Area, polls) as u64 == offset::POLLS);
+    assert!(core::mem::offset_of!(Area, hits) as u64 == offset::HITS);
+    assert!(core::mem::offset_of!(Area, irqs_skipped) as u64 == offset::IRQS_SKIPPED);
+};
+
+fn area(cpu: usize) -> &'static Area {
+    // SAFETY: the boot area is identity-mapped (user, writable) for the
+    // whole run, the monitor placed vCPU `cpu`'s area there, and both sides
+    // use it only through atomics.
+    unsafe { &*(area_gpa(cpu) as *const Area) }
+}
+
+/// Per-vCPU state the monitor does not see.
+struct Local {
+    /// The poll limit in force: the window, ns.
+    window_ns: AtomicU64,
+    /// Address of the counter the task waiting here watches (0: none).
+    watch_addr: AtomicU64,
+    /// The value it waits for the counter to reach.
+    watch_target: AtomicU64,
+    /// The device vector to signal when it does.
+    watch_vector: AtomicU32,
+    grows: AtomicU64,
+    shrinks: AtomicU64,
+    halts: AtomicU64,
+    polled_ns: AtomicU64,
+    window_peak_ns: AtomicU64,
+}
+
+static LOCAL: [Local; MAX_VCPUS] = [const {
+    Local {
+        window_ns: AtomicU64::new(0),
+        watch_addr: AtomicU64::new(0),
+        watch_target: AtomicU64::new(0),
+        watch_vector: AtomicU32::new(0),
+        grows: AtomicU64::new(0),
+        shrinks: AtomicU64::new(0),
+        halts: AtomicU64::new(0),
+        polled_ns: AtomicU64::new(0),
+        window_peak_ns: AtomicU64::new(0),
+    }
+}; MAX_VCPUS];
+
+/// The task about to block on this vCPU waits until the 64-bit counter at
+/// `addr` reaches `target`, and is woken through device vector `vector`:
+/// a poll that sees the counter get there signals it directly.
+pub fn watch(pc: &PerCpu, addr: *const u64, target: u64, vector: u8) {
+    let l = &LOCAL[pc.index()];
+    l.watch_target.store(target, Ordering::Relaxed);
+    l.watch_vector.store(vector as u32, Ordering::Relaxed);
+    l.watch_addr.store(addr as u64, Ordering::Release);
+}
+
+/// The watch set by [`watch`] is over.
+pub fn unwatch(pc: &PerCpu) {
+    LOCAL[pc.index()].watch_addr.store(0, Ordering::Release);
+}
+
+/// Whether the watched counter has reached its target; if so, the watch is
+/// over and its waiter signaled.
+fn watch_fired(cpu: usize) -> bool {
+    let l = &LOCAL[cpu];
+    let addr = l.watch_addr.load(Ordering::Acquire);
+    if addr == 0 {
+        return false;
+    }
+    // SAFETY: `watch` was handed the address of a live, aligned u64 that
+    // stays valid until `unwatch` (the waiting task's ring).
+    let value = unsafe { (*(addr as *const AtomicU64)).load(Ordering::Acquire) };
+    if value < l.watch_target.load(Ordering::Relaxed) {
+        return false;
+    }
+    l.watch_addr.store(0, Ordering::Relaxed);
+    crate::irq::signal_local(cpu, l.watch_vector.load(Ordering::Relaxed) as u8);
+    true
+}
+
+/// Linux's haltpoll window update for an idle period of `block_ns`.
+fn adjust(l: &Local, block_ns: u64, max_ns: u64) {
+    let w = l.window_ns.load(Ordering::Relaxed);
+    let next = if block_ns > w && block_ns <= max_ns {
+        (w * 2).max(GROW_START_NS).min(max_ns)
+    } else if block_ns > max_ns {
+        w / 2
+    } else {
+        w
+    };
+    if next > w {
+        l.grows.fetch_add(1, Ordering::Relaxed);
+    } else if next < w {
+        l.shrinks.fetch_add(1, Ordering::Relaxed);
+    }
+    let next = next.min(max_ns);
+    l.window_ns.store(next, Ordering::Relaxed);
+    l.window_peak_ns.fetch_max(next, Ordering::Relaxed);
+}
+
+/// One idle pass in `idle=haltpoll` mode with the guest's own maximum
+/// `poll_us`: poll for the window, then halt with `halt` unless work showed
+/// up (a woken task, or the watched counter reaching its target).
+pub fn idle(pc: &PerCpu, poll_us: u64, halt: impl FnOnce()) {
+    let cpu = pc.index();
+    let (a, l) = (area(cpu), &LOCAL[cpu]);
+    let max_ns = (poll_us * 1000).min(a.max_ns.load(Ordering::Relaxed));
+    if max_ns == 0 {
+        if watch_fired(cpu) {
+            return;
+        }
+        halt();
+        return;
+    }
+    let suppress = a.flags.load(Ordering::Relaxed) & flags::SUPPRESS_IRQ != 0;
+    let window = l.window_ns.load(Ordering::Relaxed).min(max_ns);
+    let start = now();
+    let work = |cpu| pc.need_resched.load(Ordering::Relaxed) != 0 || watch_fired(cpu);
+    let mut found = false;
+    if window > 0 {
+        a.polls.fetch_add(1, Ordering::Relaxed);
+        if suppress {
+            a.polling.store(1, Ordering::SeqCst);
+        }
+        // ticks_for_us(ns) / 1000 = ticks in `window` nanoseconds.
+        let end = start + (ticks_for_us(window) / 1000).max(1);
+        loop {
+            if work(cpu) {
+                found = true;
+                break;
+            }
+            if now() >= end {
+                break;
+            }
+            core::hint::spin_loop();
+        }
+        if suppress {
+            a.polling.store(0, Ordering::SeqCst);
+            // Pairs with the monitor's fence between writing the completion
+            // counter and reading `polling`: one side sees the other.
+            fence(Ordering::SeqCst);
+            found = found || work(cpu);
+        }
+        l.polled_ns
+            .fetch_add(ticks_to_ns(now() - start), Ordering::Relaxed);
+        if found {
+            a.hits.fetch_add(1, Ordering::Relaxed);
+        }
+    } else if watch_fired(cpu) {
+        found = true;
+    }
+    if !found {
+        l.halts.fetch_add(1, Ordering::Relaxed);
+        halt();
+    }
+    adjust(l, ticks_to_ns(now() - start), max_ns);
+    a.window_ns
+        .store(l.window_ns.load(Ordering::Relaxed), Ordering::Relaxed);
+}
+
+/// Add the `haltpoll.*` counters (all vCPUs) to `r`.
+pub fn report(r: &mut crate::kernel::Reports, vcpus: usize) {
+    let sum_local = |f: fn(&Local) -> &AtomicU64| {
+        LOCAL[..vcpus]
+            .iter()
+            .map(|l| f(l).load(Ordering::Relaxed))
+            .sum::<u64>()
+    };
+    let sum_area = |f: fn(&Area) -> &AtomicU64| {
+        (0..vcpus)
+            .map(|c| f(area(c)).load(Ordering::Relaxed))
+            .sum::<u64>()
+    };
+    let polls = sum_area(|a| &a.polls);
+    if polls == 0 && sum_local(|l| &l.halts) == 0 {
+        return;
+    }
+    r.u64(
+        format_args!("haltpoll.max_ns"),
+        area(0).max_ns.load(Ordering::Relaxed),
+    );
+    r.u64(format_args!("haltpoll.polls"), polls);
+    r.u64(format_args!("haltpoll.hits"), sum_area(|a| &a.hits));
+    r.u64(format_args!("haltpoll.halts"), sum_local(|l| &l.halts));
+    r.u64(format_args!("haltpoll.grows"), sum_local(|l| &l.grows));
+    r.u64(format_args!("haltpoll.shrinks"), sum_local(|l| &l.shrinks));
+    r.u64(
+        format_args!("haltpoll.polled_us"),
+        sum_local(|l| &l.polled_ns) / 1000,
+    );
+    r.u64(
+        format_args!("haltpoll.window_peak_ns"),
+        LOCAL[..vcpus]
+            .iter()
+            .map(|l| l.window_peak_ns.load(Ordering::Relaxed))
+            .max()
+            .unwrap_or(0),
+    );
+    for (c, l) in LOCAL[..vcpus].iter().enumerate() {
+        r.u64(
+            format_args!("haltpoll.window_ns.{}", c),
+            l.window_ns.load(Ordering::Relaxed),
+        );
+    }
+    r.u64(
+        format_args!("haltpoll.irqs_skipped"),
+        sum_area(|a| &a.irqs_skipped),
+    );
+}

@@ -1,0 +1,181 @@
+//! The host half of guest-side halt polling (`hover_abi::haltpoll`): the
+//! monitor offers a poll limit in every vCPU's area, skips I/O completion
+//! interrupts to a vCPU that says it is polling, and reads back the windows
+//! the guest chose, for the governor and for stats.
+//!
+//! The areas live in the boot area (never paged, part of every snapshot and
+//! migration as ordinary memory), so there is no registration to save.
+
+use std::sync::atomic::{fence, AtomicBool, Ordering};
+
+use hover_abi::haltpoll::{area_gpa, flags, offset, MAX_POLL_NS};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use crate::migration::dirty::HostWrites;
+
+/// Why a poll limit is refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("--guest-halt-poll-max {0} ns is out of range: give 0 (no guest polling) up to {MAX_POLL_NS} ns (10ms)")]
+pub struct LimitError(pub u64);
+
+/// Check a poll limit the user asked for.
+pub fn check_limit(max_ns: u64) -> Result<(), LimitError> {
+    if max_ns > MAX_POLL_NS {
+        return Err(LimitError(max_ns));
+    }
+    Ok(())
+}
+
+/// Offer `max_ns` of guest polling (0: none) to `vcpus` vCPUs, with
+/// interrupt suppression whenever polling is offered. Written at boot,
+/// and again when a restored or received VM runs under new flags.
+pub fn offer(
+    mem: &GuestMemoryMmap,
+    vcpus: u32,
+    max_ns: u64,
+    writes: &HostWrites,
+) -> Result<(), vm_memory::GuestMemoryError> {
+    let f = if max_ns > 0 { flags::SUPPRESS_IRQ } else { 0 };
+    for v in 0..vcpus as usize {
+        let a = area_gpa(v);
+        mem.write_obj(max_ns, GuestAddress(a + offset::MAX_NS))?;
+        mem.write_obj(f, GuestAddress(a + offset::FLAGS))?;
+        writes.mark(a, 16);
+    }
+    Ok(())
+}
+
+/// Called by the I/O thread after it has written a completion count that
+/// vCPU `vcpu` may be polling for: whether the guest watches it itself (its
+/// `polling` flag is up), so no interrupt is needed. Counted in the area.
+pub fn completion_seen_by_poll(mem: &GuestMemoryMmap, vcpu: usize, writes: &HostWrites) -> bool {
+    // Pairs with the guest's fence between clearing `polling` and its last
+    // look at the counter: one side sees the other's store.
+    fence(Ordering::SeqCst);
+    let a = area_gpa(vcpu);
+    let polling = mem
+        .load::<u32>(GuestAddress(a + offset::POLLING), Ordering::SeqCst)
+        .is_ok_and(|p| p == 1);
+    if polling {
+        // The I/O thread is this counter's only writer.
+        let at = GuestAddress(a + offset::IRQS_SKIPPED);
+        if let Ok(n) = mem.load::<u64>(at, Ordering::Relaxed) {
+            let _ = mem.store(n.wrapping_add(1), at, Ordering::Relaxed);
+            writes.mark(at.0, 8);
+        }
+    }
+    polling
+}
+
+/// What the guest says about its polling, per vCPU.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct GuestPoll {
+    /// The limit the monitor offers, ns.
+    pub max_ns: u64,
+    /// Each vCPU's window, clamped to `max_ns`.
+    pub window_ns: Vec<u64>,
+    /// Polls started, all vCPUs.
+    pub polls: u64,
+    /// Polls that found work, all vCPUs.
+    pub hits: u64,
+    /// Completion interrupts skipped, all vCPUs.
+    pub irqs_skipped: u64,
+}
+
+/// Read the areas of `vcpus` vCPUs. A window above the offered limit is
+/// nonsense from the guest: clamped, and logged once per process via
+/// `warned`.
+pub fn read(mem: &GuestMemoryMmap, vcpus: u32, warned: &AtomicBool) -> GuestPoll {
+    let r64 = |gpa: u64| mem.read_obj::<u64>(GuestAddress(gpa)).unwrap_or(0);
+    let max_ns = r64(area_gpa(0) + offset::MAX_NS).min(MAX_POLL_NS);
+    let mut out = GuestPoll {
+        max_ns,
+        ..Default::default()
+    };
+    for v in 0..vcpus as usize {
+        let a = area_gpa(v);
+        let w = r64(a + offset::WINDOW_NS);
+        if w > max_ns && !warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                vcpu = v,
+                window_ns = w,
+                max_ns,
+                "guest halt polling: the guest claims a window above the monitor's limit; clamped"
+            );
+        }
+        out.window_ns.push(w.min(max_ns));
+        out.polls = out.polls.saturating_add(r64(a + offset::POLLS));
+        out.hits = out.hits.saturating_add(r64(a + offset::HITS));
+        out.irqs_skipped = out
+            .irqs_skipped
+            .saturating_add(r64(a + offset::IRQS_SKIPPED));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mem() -> GuestMemoryMmap {
+        GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap()
+    }
+
+    #[test]
+    fn limits_past_10ms_are_refused() {
+        assert!(check_limit(0).is_ok());
+        assert!(check_limit(MAX_POLL_NS).is_ok());
+        assert_eq!(
+            check_limit(MAX_POLL_NS + 1),
+            Err(LimitError(MAX_POLL_NS + 1))
+        );
+    }
+
+    #[test]
+    fn the_offer_reaches_every_vcpu_and_suppression_follows_it() {
+        let m = mem();
+        let w = HostWrites::default();
+        offer(&m, 3, 150_000, &w).unwrap();
+        for v in 0..3 {
+            let a = area_gpa(v);
+            assert_eq!(m.read_obj::<u64>(GuestAddress(a)).unwrap(), 150_000);
+            assert_eq!(
+                m.read_obj::<u32>(GuestAddress(a + offset::FLAGS)).unwrap(),
+                flags::SUPPRESS_IRQ
+            );
+        }
+        offer(&m, 3, 0, &w).unwrap();
+        assert_eq!(
+            m.read_obj::<u32>(GuestAddress(area_gpa(2) + offset::FLAGS))
+                .unwrap(),
+            0
+        );
+    }
+
+    #[test]
+    fn an_interrupt_is_skipped_only_while_the_guest_polls() {
+        let m = mem();
+        let w = HostWrites::default();
+        assert!(!completion_seen_by_poll(&m, 1, &w));
+        m.write_obj(1u32, GuestAddress(area_gpa(1) + offset::POLLING))
+            .unwrap();
+        assert!(completion_seen_by_poll(&m, 1, &w));
+        assert!(!completion_seen_by_poll(&m, 0, &w));
+        let seen = read(&m, 2, &AtomicBool::new(false));
+        assert_eq!(seen.irqs_skipped, 1);
+    }
+
+    #[test]
+    fn a_window_above_the_limit_is_clamped() {
+        let m = mem();
+        offer(&m, 2, 100_000, &HostWrites::default()).unwrap();
+        m.write_obj(u64::MAX, GuestAddress(area_gpa(1) + offset::WINDOW_NS))
+            .unwrap();
+        m.write_obj(40_000u64, GuestAddress(area_gpa(0) + offset::WINDOW_NS))
+            .unwrap();
+        let warned = AtomicBool::new(false);
+        let seen = read(&m, 2, &warned);
+        assert_eq!(seen.window_ns, vec![40_000, 100_000]);
+        assert!(warned.load(Ordering::Relaxed));
+    }
+}
