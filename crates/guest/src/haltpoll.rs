@@ -14,7 +14,7 @@
 //! window grows (to 50 us, then doubling); when it outlasted the maximum,
 //! it halves, so a vCPU that only sees timer ticks stops polling.
 
-use core::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use hover_abi::haltpoll::{area_gpa, flags, offset, HALTPOLL_AREA_SIZE};
 use hover_abi::layout::MAX_VCPUS;
@@ -87,19 +87,53 @@ static LOCAL: [Local; MAX_VCPUS] = [const {
     }
 }; MAX_VCPUS];
 
-/// The task about to block on this vCPU waits until the 64-bit counter at
-/// `addr` reaches `target`, and is woken through device vector `vector`:
-/// a poll that sees the counter get there signals it directly.
+/// Whether this guest runs in `idle=haltpoll` mode.
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// Switch `idle=haltpoll` mode on (at boot, before any task runs).
+pub fn enable() {
+    ENABLED.store(true, Ordering::Relaxed);
+}
+
+/// The running task is about to wait on this vCPU until the 64-bit counter
+/// at `addr` reaches `target`, and is woken through device vector `vector`.
+/// From here until this vCPU runs another task or halts, the vCPU watches
+/// the counter itself (the task's own check, then the idle poll), so with
+/// the monitor's consent it says it is polling and the completion
+/// interrupt is skipped.
 pub fn watch(pc: &PerCpu, addr: *const u64, target: u64, vector: u8) {
-    let l = &LOCAL[pc.index()];
+    let (l, a) = (&LOCAL[pc.index()], area(pc.index()));
     l.watch_target.store(target, Ordering::Relaxed);
     l.watch_vector.store(vector as u32, Ordering::Relaxed);
     l.watch_addr.store(addr as u64, Ordering::Release);
+    if ENABLED.load(Ordering::Relaxed)
+        && a.max_ns.load(Ordering::Relaxed) > 0
+        && a.flags.load(Ordering::Relaxed) & flags::SUPPRESS_IRQ != 0
+    {
+        a.polling.store(1, Ordering::SeqCst);
+    }
 }
 
-/// The watch set by [`watch`] is over.
+/// The watch set by [`watch`] is over (its counter got there).
 pub fn unwatch(pc: &PerCpu) {
     LOCAL[pc.index()].watch_addr.store(0, Ordering::Release);
+    area(pc.index()).polling.store(0, Ordering::Release);
+}
+
+/// This vCPU stops watching (it switches to another task, or halts): from
+/// here completions must interrupt it. Whether the watched counter had
+/// already got there (its waiter is then signaled).
+pub fn stop_polling(pc: &PerCpu) -> bool {
+    let cpu = pc.index();
+    let a = area(cpu);
+    if a.polling.load(Ordering::Relaxed) == 0 {
+        return false;
+    }
+    a.polling.store(0, Ordering::SeqCst);
+    // Pairs with the monitor's fence between writing the completion
+    // counter and reading `polling`: one side sees the other.
+    fence(Ordering::SeqCst);
+    watch_fired(cpu)
 }
 
 /// Whether the watched counter has reached its target; if so, the watch is
@@ -149,7 +183,7 @@ pub fn idle(pc: &PerCpu, poll_us: u64, halt: impl FnOnce()) {
     let (a, l) = (area(cpu), &LOCAL[cpu]);
     let max_ns = (poll_us * 1000).min(a.max_ns.load(Ordering::Relaxed));
     if max_ns == 0 {
-        if watch_fired(cpu) {
+        if stop_polling(pc) || watch_fired(cpu) {
             return;
         }
         halt();
@@ -177,20 +211,14 @@ pub fn idle(pc: &PerCpu, poll_us: u64, halt: impl FnOnce()) {
             }
             core::hint::spin_loop();
         }
-        if suppress {
-            a.polling.store(0, Ordering::SeqCst);
-            // Pairs with the monitor's fence between writing the completion
-            // counter and reading `polling`: one side sees the other.
-            fence(Ordering::SeqCst);
-            found = found || work(cpu);
-        }
+        found = stop_polling(pc) || found || work(cpu);
         l.polled_ns
             .fetch_add(ticks_to_ns(now() - start), Ordering::Relaxed);
         if found {
             a.hits.fetch_add(1, Ordering::Relaxed);
         }
-    } else if watch_fired(cpu) {
-        found = true;
+    } else {
+        found = stop_polling(pc) || watch_fired(cpu);
     }
     if !found {
         l.halts.fetch_add(1, Ordering::Relaxed);

@@ -90,6 +90,9 @@ pub extern "C" fn rust_start(boot_info: u64, cpu: u64, tsc_hi: u64, tsc_lo: u64)
         },
         _ => sched::Idle::Halt,
     };
+    if matches!(idle, sched::Idle::HaltPoll { .. }) {
+        haltpoll::enable();
+    }
     timer::init_cpu(pc, hz);
     if cpu == 0 {
         if boot.cmdline().is_none() {

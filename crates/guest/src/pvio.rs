@@ -76,10 +76,9 @@ pub fn write_sync(buf: u64, len: u32, offset: u64) -> (u32, i32) {
                 reserved: 0,
             },
         );
-        fence(Ordering::Release);
-        write_volatile(addr_of_mut!((*ring).header.submitted), seq + 1);
-        core::arch::asm!("out dx, eax", in("dx") DOORBELL_PORT, in("eax") 1u32, options(nostack, preserves_flags));
-        // An idle vCPU in `idle=haltpoll` mode watches `completed` itself.
+        // In `idle=haltpoll` mode this vCPU watches `completed` itself from
+        // before the doorbell: the device may finish before the doorbell's
+        // exit has even returned, and its interrupt is then not needed.
         let pc = percpu::this_cpu();
         haltpoll::watch(
             pc,
@@ -87,6 +86,9 @@ pub fn write_sync(buf: u64, len: u32, offset: u64) -> (u32, i32) {
             seq + 1,
             COMPLETION_VECTOR,
         );
+        fence(Ordering::Release);
+        write_volatile(addr_of_mut!((*ring).header.submitted), seq + 1);
+        core::arch::asm!("out dx, eax", in("dx") DOORBELL_PORT, in("eax") 1u32, options(nostack, preserves_flags));
         while read_volatile(addr_of!((*ring).header.completed)) <= seq {
             irq::wait(COMPLETION_VECTOR);
         }

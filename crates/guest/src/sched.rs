@@ -383,6 +383,9 @@ fn schedule(reason: Reason) {
     pc.current.store(next, Ordering::Relaxed);
     if next != idle {
         timer::ensure_tick(pc);
+        // Another task's code may run for a while: completions must
+        // interrupt again.
+        crate::haltpoll::stop_polling(pc);
     }
     // SAFETY: prev is the running context (its saved_rsp is ours to write),
     // next is runnable and not running anywhere (tasks run only at home).

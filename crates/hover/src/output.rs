@@ -102,6 +102,22 @@ pub fn print_summary(o: &RunOutcome) {
             store
         );
     }
+    if let Some(g) = o
+        .guest_halt_poll
+        .as_ref()
+        .filter(|g| g.vcpus.iter().any(|v| v.polls > 0))
+    {
+        let windows: Vec<String> = g.vcpus.iter().map(|v| v.window_ns.to_string()).collect();
+        out!(
+            w,
+            "guest halt polling (limit {} ns): windows [{}] ns; {} polls, {} found work; {} completion interrupts skipped",
+            g.max_ns,
+            windows.join(", "),
+            g.vcpus.iter().map(|v| v.polls).sum::<u64>(),
+            g.vcpus.iter().map(|v| v.hits).sum::<u64>(),
+            g.irqs_skipped()
+        );
+    }
     if let Some(h) = &o.halt_poll {
         let changes: Vec<String> = h
             .changes
@@ -316,9 +332,28 @@ pub fn print_live(v: &serde_json::Value) {
     if !h.is_null() {
         out!(
             w,
-            "halt-poll governor: window {} ns (budget {}%)",
+            "halt-poll governor: window {} ns (budget {}%, guest polls took {:.2}%)",
             h["final_window_ns"],
-            h["budget_pct"]
+            h["budget_pct"],
+            h["guest_poll_cost_pct"].as_f64().unwrap_or(0.0)
+        );
+    }
+    let g = &v["guest_halt_poll"];
+    if let Some(vcpus) = g["vcpus"].as_array() {
+        let per: Vec<String> = vcpus
+            .iter()
+            .map(|s| {
+                format!(
+                    "{} ns, {} polls, {} hits",
+                    s["window_ns"], s["polls"], s["hits"]
+                )
+            })
+            .collect();
+        out!(
+            w,
+            "guest halt polling (limit {} ns): {}",
+            g["max_ns"],
+            per.join("; ")
         );
     }
     let b = &v["boost"];

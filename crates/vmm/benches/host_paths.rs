@@ -53,9 +53,9 @@ fn control_report_batch(c: &mut Criterion) {
 }
 
 fn governor_choice(c: &mut Criterion) {
-    let mut h: WakeHist = [0; 64];
+    let mut h: WakeHist = [0.0; 64];
     for (i, n) in [(15, 300u64), (16, 2000), (17, 400), (18, 20), (27, 5)] {
-        h[i] = n;
+        h[i] = n as f64;
     }
     c.bench_function("governor: choose the window", |b| {
         b.iter(|| choose_window(black_box(&h), 2.5e6, MAX_WINDOW_NS))

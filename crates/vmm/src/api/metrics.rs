@@ -4,7 +4,8 @@
 //! for cumulative ones, gauges for instant and peak ones; histograms are
 //! left to `GET /vm/stats`), the pager, the halt-poll governor and the I/O
 //! device. Names: `hover_vcpu_<kvm name>{vcpu="N"}`, `hover_vm_<kvm name>`,
-//! `hover_pager_*`, `hover_halt_poll_window_ns`, `hover_boost_*{vcpu="N"}`,
+//! `hover_pager_*`, `hover_halt_poll_window_ns`,
+//! `hover_guest_halt_poll_*{vcpu="N"}`, `hover_boost_*{vcpu="N"}`,
 //! `hover_io_*`, `hover_up`.
 
 use prometheus_client::collector::Collector;
@@ -222,6 +223,54 @@ pub fn render(src: &LiveSources, controller: &Controller) -> String {
                     .collect(),
             });
         }
+    }
+    if let Some(g) = src.guest_poll.as_ref().map(|f| f()) {
+        type Field = fn(&crate::sched::guest_poll::GuestPollVcpu) -> u64;
+        let fields: [(&str, &str, bool, Field); 4] = [
+            (
+                "guest_halt_poll_window_ns",
+                "the poll window the guest uses before it halts (idle=haltpoll)",
+                false,
+                |v| v.window_ns,
+            ),
+            (
+                "guest_halt_poll_polls",
+                "guest idle polls started",
+                true,
+                |v| v.polls,
+            ),
+            (
+                "guest_halt_poll_hits",
+                "guest idle polls that found work",
+                true,
+                |v| v.hits,
+            ),
+            (
+                "guest_halt_poll_irqs_skipped",
+                "I/O completion interrupts skipped: the guest was polling",
+                true,
+                |v| v.irqs_skipped,
+            ),
+        ];
+        for (name, help, counter, f) in fields {
+            families.push(Family {
+                name: name.into(),
+                help: help.into(),
+                counter,
+                samples: g
+                    .vcpus
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| (vec![("vcpu".to_string(), i.to_string())], f(s)))
+                    .collect(),
+            });
+        }
+        families.push(Family::one(
+            "guest_halt_poll_max_ns",
+            "the longest guest poll the monitor allows",
+            false,
+            g.max_ns,
+        ));
     }
     if let Some(io) = src.io.stats() {
         for (name, help, v) in [

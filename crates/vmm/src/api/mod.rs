@@ -41,6 +41,7 @@ use tiny_http::{Header, Method, Response, Server};
 
 use crate::devices::pvio::{PvioDevice, PvioStats};
 use crate::memory::paged::PagerStats;
+use crate::sched::guest_poll::GuestPoll;
 use crate::sched::halt_poll::GovernorReport;
 use crate::stats::KvmStats;
 use crate::vm::{Command, Controller};
@@ -127,6 +128,8 @@ pub struct LiveSources {
     pub boost: Option<Arc<crate::sched::boost::Booster>>,
     /// The I/O device.
     pub io: Arc<PvioDevice>,
+    /// The guest's own halt polling (`idle=haltpoll`).
+    pub guest_poll: Option<Box<dyn Fn() -> GuestPoll + Send + Sync>>,
     /// When the vCPUs started.
     pub started: Instant,
 }
@@ -146,6 +149,8 @@ pub struct LiveStats {
     pub pager: Option<PagerStats>,
     /// The halt-poll governor, if governing.
     pub halt_poll: Option<GovernorReport>,
+    /// The guest's own halt polling, when the monitor offers it.
+    pub guest_halt_poll: Option<GuestPoll>,
     /// vCPU priority boosting, when on.
     pub boost: Option<crate::sched::boost::BoostReport>,
     /// The I/O device, once the guest has set it up.
@@ -167,6 +172,7 @@ impl LiveSources {
                 .unwrap_or_else(|p| p.into_inner())
                 .as_ref()
                 .map(|f| f()),
+            guest_halt_poll: self.guest_poll.as_ref().map(|f| f()),
             boost: self.boost.as_ref().map(|b| b.report()),
             io: self.io.stats(),
         }

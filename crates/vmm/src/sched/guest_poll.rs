@@ -67,30 +67,43 @@ pub fn completion_seen_by_poll(mem: &GuestMemoryMmap, vcpu: usize, writes: &Host
     polling
 }
 
-/// What the guest says about its polling, per vCPU.
+/// What the guest says about its polling.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct GuestPoll {
-    /// The limit the monitor offers, ns.
+    /// The limit the monitor offers, ns (0: guest polling not offered).
     pub max_ns: u64,
-    /// Each vCPU's window, clamped to `max_ns`.
-    pub window_ns: Vec<u64>,
-    /// Polls started, all vCPUs.
+    /// Per vCPU.
+    pub vcpus: Vec<GuestPollVcpu>,
+}
+
+/// One vCPU's guest polling.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct GuestPollVcpu {
+    /// Its window, clamped to the limit, ns.
+    pub window_ns: u64,
+    /// Polls started.
     pub polls: u64,
-    /// Polls that found work, all vCPUs.
+    /// Polls that found work.
     pub hits: u64,
-    /// Completion interrupts skipped, all vCPUs.
+    /// Completion interrupts skipped.
     pub irqs_skipped: u64,
 }
 
+impl GuestPoll {
+    /// Completion interrupts skipped, all vCPUs.
+    pub fn irqs_skipped(&self) -> u64 {
+        self.vcpus.iter().map(|v| v.irqs_skipped).sum()
+    }
+}
+
 /// Read the areas of `vcpus` vCPUs. A window above the offered limit is
-/// nonsense from the guest: clamped, and logged once per process via
-/// `warned`.
+/// nonsense from the guest: clamped, and logged once per `warned`.
 pub fn read(mem: &GuestMemoryMmap, vcpus: u32, warned: &AtomicBool) -> GuestPoll {
     let r64 = |gpa: u64| mem.read_obj::<u64>(GuestAddress(gpa)).unwrap_or(0);
     let max_ns = r64(area_gpa(0) + offset::MAX_NS).min(MAX_POLL_NS);
     let mut out = GuestPoll {
         max_ns,
-        ..Default::default()
+        vcpus: Vec::new(),
     };
     for v in 0..vcpus as usize {
         let a = area_gpa(v);
@@ -103,12 +116,12 @@ pub fn read(mem: &GuestMemoryMmap, vcpus: u32, warned: &AtomicBool) -> GuestPoll
                 "guest halt polling: the guest claims a window above the monitor's limit; clamped"
             );
         }
-        out.window_ns.push(w.min(max_ns));
-        out.polls = out.polls.saturating_add(r64(a + offset::POLLS));
-        out.hits = out.hits.saturating_add(r64(a + offset::HITS));
-        out.irqs_skipped = out
-            .irqs_skipped
-            .saturating_add(r64(a + offset::IRQS_SKIPPED));
+        out.vcpus.push(GuestPollVcpu {
+            window_ns: w.min(max_ns),
+            polls: r64(a + offset::POLLS),
+            hits: r64(a + offset::HITS),
+            irqs_skipped: r64(a + offset::IRQS_SKIPPED),
+        });
     }
     out
 }
@@ -162,7 +175,7 @@ mod tests {
         assert!(completion_seen_by_poll(&m, 1, &w));
         assert!(!completion_seen_by_poll(&m, 0, &w));
         let seen = read(&m, 2, &AtomicBool::new(false));
-        assert_eq!(seen.irqs_skipped, 1);
+        assert_eq!(seen.irqs_skipped(), 1);
     }
 
     #[test]
@@ -175,7 +188,8 @@ mod tests {
             .unwrap();
         let warned = AtomicBool::new(false);
         let seen = read(&m, 2, &warned);
-        assert_eq!(seen.window_ns, vec![40_000, 100_000]);
+        let windows: Vec<u64> = seen.vcpus.iter().map(|v| v.window_ns).collect();
+        assert_eq!(windows, vec![40_000, 100_000]);
         assert!(warned.load(Ordering::Relaxed));
     }
 }

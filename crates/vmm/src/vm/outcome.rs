@@ -102,6 +102,8 @@ pub struct RunOutcome {
     pub pager: Option<PagerStats>,
     /// What the halt-poll governor did (with --halt-poll auto).
     pub halt_poll: Option<GovernorReport>,
+    /// The guest's own halt polling (when the monitor offered it).
+    pub guest_halt_poll: Option<crate::sched::guest_poll::GuestPoll>,
     /// What vCPU priority boosting did (with --boost on or --vcpu-rt).
     pub boost: Option<crate::sched::boost::BoostReport>,
     /// Host CPU time each vCPU thread used, microseconds.

@@ -438,12 +438,14 @@ impl Running {
                 what: "open KVM statistics for the halt-poll governor",
                 source,
             })?;
-        let gov = Governor::start(self.vm.fd.clone(), stats, budget_pct).map_err(|source| {
-            Error::Host {
-                what: "start the halt-poll governor",
-                source,
-            }
-        })?;
+        let guest = Some(self.vm.ram.memory().clone());
+        let gov =
+            Governor::start(self.vm.fd.clone(), stats, budget_pct, guest).map_err(|source| {
+                Error::Host {
+                    what: "start the halt-poll governor",
+                    source,
+                }
+            })?;
         *self.governor_live.lock().unwrap_or_else(|p| p.into_inner()) =
             Some(Box::new(gov.report_source()));
         self.governor = Some(gov);
@@ -534,6 +536,13 @@ impl Running {
                 governor: self.governor_live.clone(),
                 boost: Some(self.vm.booster.clone()),
                 io: self.vm.pvio.clone(),
+                guest_poll: {
+                    let (mem, n) = (self.vm.ram.memory().clone(), self.vm.saved.vcpus);
+                    let warned = std::sync::atomic::AtomicBool::new(false);
+                    Some(Box::new(move || {
+                        crate::sched::guest_poll::read(&mem, n, &warned)
+                    }))
+                },
                 started,
             };
         Ok(ApiServer::start(path, sources, self.vm.controller())?)
@@ -578,6 +587,14 @@ impl Running {
             vcpu_histograms,
             pager: vm.pager.as_ref().map(|p| p.stats()),
             halt_poll: self.governor_reports.last().cloned(),
+            guest_halt_poll: {
+                let g = crate::sched::guest_poll::read(
+                    vm.ram.memory(),
+                    vm.saved.vcpus,
+                    &Default::default(),
+                );
+                (g.max_ns > 0).then_some(g)
+            },
             boost: {
                 let r = vm.booster.report();
                 (r.mode != BoostMode::Off || r.vcpus.iter().any(|v| v.boosts > 0)).then_some(r)
