@@ -224,6 +224,13 @@ pub const WORKLOADS: &[WorkloadSpec] = &[
                 kind: ParamKind::Size { min: 512, max: 1 << 20, default: 4096 },
             },
             num("seconds", "how long to write", 1, 3600, 5),
+            num(
+                "idle_ms",
+                "then stay idle this long, in sleeps longer than the idle=haltpoll window (its window collapses); reports the windows before",
+                0,
+                60_000,
+                0,
+            ),
         ],
     },
     WorkloadSpec {

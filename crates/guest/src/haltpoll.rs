@@ -186,6 +186,7 @@ pub fn idle(pc: &PerCpu, poll_us: u64, halt: impl FnOnce()) {
         if stop_polling(pc) || watch_fired(cpu) {
             return;
         }
+        l.halts.fetch_add(1, Ordering::Relaxed);
         halt();
         return;
     }
@@ -229,6 +230,16 @@ pub fn idle(pc: &PerCpu, poll_us: u64, halt: impl FnOnce()) {
         .store(l.window_ns.load(Ordering::Relaxed), Ordering::Relaxed);
 }
 
+/// Add each vCPU's window now as `PREFIX.N`.
+pub fn report_windows(r: &mut crate::kernel::Reports, prefix: &str, vcpus: usize) {
+    for (c, l) in LOCAL[..vcpus].iter().enumerate() {
+        r.u64(
+            format_args!("{}.{}", prefix, c),
+            l.window_ns.load(Ordering::Relaxed),
+        );
+    }
+}
+
 /// Add the `haltpoll.*` counters (all vCPUs) to `r`.
 pub fn report(r: &mut crate::kernel::Reports, vcpus: usize) {
     let sum_local = |f: fn(&Local) -> &AtomicU64| {
@@ -242,10 +253,10 @@ pub fn report(r: &mut crate::kernel::Reports, vcpus: usize) {
             .map(|c| f(area(c)).load(Ordering::Relaxed))
             .sum::<u64>()
     };
-    let polls = sum_area(|a| &a.polls);
-    if polls == 0 && sum_local(|l| &l.halts) == 0 {
+    if !ENABLED.load(Ordering::Relaxed) {
         return;
     }
+    let polls = sum_area(|a| &a.polls);
     r.u64(
         format_args!("haltpoll.max_ns"),
         area(0).max_ns.load(Ordering::Relaxed),
@@ -267,12 +278,7 @@ pub fn report(r: &mut crate::kernel::Reports, vcpus: usize) {
             .max()
             .unwrap_or(0),
     );
-    for (c, l) in LOCAL[..vcpus].iter().enumerate() {
-        r.u64(
-            format_args!("haltpoll.window_ns.{}", c),
-            l.window_ns.load(Ordering::Relaxed),
-        );
-    }
+    report_windows(r, "haltpoll.window_ns", vcpus);
     r.u64(
         format_args!("haltpoll.irqs_skipped"),
         sum_area(|a| &a.irqs_skipped),

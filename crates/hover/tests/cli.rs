@@ -204,6 +204,14 @@ fn bad_input_is_one_line_and_exit_2() {
             "cannot be used with",
         ),
         (&["run", "--halt-poll", "sometimes"], "--halt-poll"),
+        (
+            &["run", "--guest-halt-poll-max", "11ms"],
+            "--guest-halt-poll-max 11000000 ns is out of range",
+        ),
+        (
+            &["run", "--guest-halt-poll-max", "soon"],
+            "--guest-halt-poll-max",
+        ),
         // The guest's writes must land in storage, never in the monitor's
         // own memory or a kernel knob.
         (&["run", "--io-file", "/proc/self/mem"], "procfs or sysfs"),

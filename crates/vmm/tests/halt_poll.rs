@@ -159,3 +159,110 @@ fn the_device_writes_exactly_what_the_guest_sent() {
         assert_eq!(bad, None, "slot {slot} (write {k}) differs at byte {bad:?}");
     }
 }
+
+fn run_guest_polling(cmdline: &str, limit_ns: u64) -> RunOutcome {
+    let config = VmConfig {
+        cmdline: cmdline.into(),
+        guest_poll_max_ns: limit_ns,
+        ..VmConfig::default()
+    };
+    let (result, console) = boot(config);
+    let o = result.unwrap_or_else(|e| panic!("{cmdline}: {e}\nconsole:\n{console}"));
+    assert_eq!(o.exit_code, 0, "{cmdline}\nconsole:\n{console}");
+    o
+}
+
+#[test]
+fn guest_window_grows_under_quick_wakeups_and_collapses_when_idle() {
+    if !kvm_for_test("guest_window_grows_under_quick_wakeups_and_collapses_when_idle") {
+        return;
+    }
+    let _serial = serial();
+    // The largest window the guest and the monitor allow (10 ms), so that
+    // completions count as quick even on a loaded host.
+    let o = run_guest_polling(
+        "workload=iolat seconds=1 idle=haltpoll poll_us=10000 idle_ms=400",
+        10_000_000,
+    );
+    assert!(report(&o, "iolat.requests") > 100);
+    assert!(report(&o, "haltpoll.grows") > 0, "{:?}", o.reports);
+    let after_io =
+        report(&o, "iolat.window_after_io_ns.0").max(report(&o, "iolat.window_after_io_ns.1"));
+    assert!(
+        after_io >= 50_000,
+        "the window grew under I/O: {after_io} ns"
+    );
+    assert!(report(&o, "haltpoll.window_peak_ns") <= 10_000_000);
+    // Then 400 ms of sleeps of 20 ms each, longer than any window.
+    assert!(report(&o, "haltpoll.shrinks") > 0);
+    // Down to at most the window a single short idle period restarts it
+    // at (50 us, Linux's grow_start: the wake-up after each sleep is one).
+    for v in 0..2 {
+        let w = report(&o, &format!("haltpoll.window_ns.{v}"));
+        assert!(
+            w <= 50_000,
+            "vCPU {v}: {w} ns after idling; {:?}",
+            o.reports
+        );
+    }
+    // The monitor sees the same windows, and skipped interrupts while the
+    // guest polled.
+    let g = o.guest_halt_poll.as_ref().expect("guest polling offered");
+    // (The guest may run one more idle pass between its report and the exit.)
+    assert!(g.vcpus.iter().all(|v| v.window_ns <= 50_000), "{g:?}");
+    assert_eq!(g.irqs_skipped(), report(&o, "haltpoll.irqs_skipped"));
+    assert_eq!(o.io.as_ref().unwrap().irqs_skipped, g.irqs_skipped());
+}
+
+#[test]
+fn the_guest_never_polls_past_the_monitors_limit() {
+    if !kvm_for_test("the_guest_never_polls_past_the_monitors_limit") {
+        return;
+    }
+    let _serial = serial();
+    // The guest would allow 10 ms; the monitor offers 30 us.
+    let o = run_guest_polling(
+        "workload=iolat seconds=1 idle=haltpoll poll_us=10000",
+        30_000,
+    );
+    assert_eq!(report(&o, "haltpoll.max_ns"), 30_000);
+    assert!(
+        report(&o, "haltpoll.window_peak_ns") <= 30_000,
+        "{:?}",
+        o.reports
+    );
+    let g = o.guest_halt_poll.as_ref().expect("offered");
+    assert_eq!(g.max_ns, 30_000);
+    assert!(g.vcpus.iter().all(|v| v.window_ns <= 30_000));
+    // Offered nothing, the guest never polls and every completion interrupts.
+    let o = run_guest_polling("workload=iolat seconds=1 idle=haltpoll poll_us=10000", 0);
+    assert_eq!(report(&o, "haltpoll.polls"), 0, "{:?}", o.reports);
+    assert_eq!(report(&o, "haltpoll.irqs_skipped"), 0);
+    assert!(o.guest_halt_poll.is_none());
+    assert_eq!(o.io.as_ref().unwrap().irqs_skipped, 0);
+}
+
+#[test]
+fn an_idle_haltpoll_guest_stays_under_the_cpu_budget() {
+    if !kvm_for_test("an_idle_haltpoll_guest_stays_under_the_cpu_budget") {
+        return;
+    }
+    let _serial = serial();
+    // A mostly idle guest: a task wakes every 20 ms.
+    let o = run_guest_polling(
+        "workload=timer interval_us=20000 seconds=2 idle=haltpoll",
+        hover_abi::haltpoll::DEFAULT_POLL_NS,
+    );
+    let cpu_us: u64 = o.vcpu_cpu_us.iter().sum();
+    let wall_us = o.timings.exit_us.max(1) * o.vcpu_cpu_us.len() as u64;
+    let share = cpu_us as f64 / wall_us as f64;
+    // The seed's budget is 2.5% of a CPU per idle vCPU; the bound is loose
+    // (4x) so that a slow host does not fail it. Spinning (idle=poll) would
+    // take ~100%.
+    assert!(
+        share < 0.10,
+        "idle vCPUs used {:.1}% of a CPU each ({:?} us)",
+        share * 100.0,
+        o.vcpu_cpu_us
+    );
+}

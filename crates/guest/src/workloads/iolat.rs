@@ -11,7 +11,8 @@ use hover_abi::exit_code;
 use hover_abi::pvio::io_status;
 
 use super::Context;
-use crate::kernel::{now, ticks_per_sec, ticks_to_ns, Reports};
+use crate::clock::ticks_for_us;
+use crate::kernel::{now, sleep_until, ticks_per_sec, ticks_to_ns, Reports};
 use crate::{frames, println, pvio};
 
 /// Slots the writes cycle through.
@@ -75,6 +76,18 @@ pub fn run(ctx: &Context) -> u32 {
     let elapsed_ns = ticks_to_ns(now() - start).max(1);
     let iops = n as f64 * 1e9 / elapsed_ns as f64;
     let mut r = Reports::new();
+    let idle_ms = ctx.number("idle_ms");
+    if idle_ms > 0 {
+        // The windows as the I/O left them; then long sleeps (each past
+        // the largest window, poll_us <= 10 ms) let them shrink.
+        crate::haltpoll::report_windows(&mut r, "iolat.window_after_io_ns", ctx.vcpus());
+        let poll_us = hover_abi::workload::global("poll_us").number(ctx.cmdline);
+        let step = ticks_for_us(2 * poll_us.max(500));
+        let until = now() + ticks_for_us(idle_ms * 1000);
+        while now() < until {
+            sleep_until(now() + step);
+        }
+    }
     r.u64(format_args!("iolat.requests"), n);
     r.u64(format_args!("iolat.errors"), errors);
     r.u64(format_args!("iolat.size"), size);
