@@ -26,7 +26,7 @@ use serde::Serialize;
 use crate::hostload::{Hogs, Probe, ProbeResult};
 use crate::plot::{self, Series};
 use crate::runner::run_hover;
-use crate::stats::summarize;
+use crate::stats::{ratios, spread, summarize};
 use crate::{table, BenchError};
 
 /// Knobs of the scenario.
@@ -154,29 +154,6 @@ struct Row {
     mode: &'static str,
     command: String,
     runs: Vec<Sample>,
-}
-
-/// "median (min-max)" of `v`.
-fn spread(v: &[f64], digits: usize) -> String {
-    match summarize(v) {
-        Some(s) if s.n > 1 => format!("{:.d$} ({:.d$}-{:.d$})", s.p50, s.min, s.max, d = digits),
-        Some(s) => format!("{:.d$}", s.p50, d = digits),
-        None => "-".into(),
-    }
-}
-
-/// Per-round ratios `base / x` (min/median/max); "-" if undefined.
-fn ratios(base: &[f64], x: &[f64]) -> String {
-    let r: Vec<f64> = base
-        .iter()
-        .zip(x)
-        .filter(|(_, &x)| x > 0.0)
-        .map(|(b, x)| b / x)
-        .collect();
-    match summarize(&r) {
-        Some(s) => format!("{:.2}/{:.2}/{:.2}x", s.min, s.p50, s.max),
-        None => "-".into(),
-    }
 }
 
 /// Run the scenario with the `hover` binary at `exe`.

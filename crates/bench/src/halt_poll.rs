@@ -1,21 +1,26 @@
 //! `hover bench halt-poll`: the halt-polling seed's experiment, side by side.
 //!
-//! The seed measured a latency-bound guest (synchronous writes to a fast
-//! disk) with and without KVM halt polling, and the host CPU an idle guest
-//! burns. Here: the built-in guest's `iolat` (queue-depth-1 O_DSYNC writes
-//! through the paravirtual I/O device, 4 KiB) on 2 vCPUs under each way of
-//! waiting, and an idle guest (a timer task waking every 100 ms) under the
-//! same setting, measuring the host CPU time of its vCPU threads:
+//! The seed measured a latency-bound guest (synchronous writes to a fast,
+//! battery-backed disk) with and without halt polling, and the host CPU an
+//! idle guest burns. Here: the built-in guest's `iolat` (queue-depth-1
+//! O_DSYNC writes through the paravirtual I/O device, 4 KiB) on 2 vCPUs
+//! under each way of waiting, and an idle guest (a timer task waking every
+//! 100 ms) under the same setting, measuring the host CPU time of its vCPU
+//! threads:
 //! - off: `--halt-poll-ns 0`;
 //! - KVM's default (module parameter);
 //! - fixed windows: 50 us, 200 us, 1 ms;
 //! - the governor: `--halt-poll auto` (2.5% budget);
+//! - guest haltpoll: `idle=haltpoll` (the guest polls before HLT; host
+//!   polling off), and guest haltpoll + governor;
 //! - guest `idle=poll` and `--disable-hlt-exits`: the upper bounds.
 //!
-//! The device's file is on a real disk (`--io-dir`, default /var/tmp): on
-//! tmpfs a write completes in about the time the guest needs to reach HLT
-//! (its privileged paths are emulated here), so the vCPU rarely halts.
-//! Each row is the median of `runs` interleaved runs.
+//! Two devices: fast (the file on tmpfs, /dev/shm: the seed's
+//! battery-backed disk) and slow (a real disk, /var/tmp). Rounds are
+//! interleaved (every mode once per round, devices in turn); a row shows the
+//! run with the median IOPS, every figure of it from that same run (the
+//! idle-CPU run is made right after it), and the spread of the per-round
+//! ratio to polling off.
 
 use std::path::{Path, PathBuf};
 
@@ -23,7 +28,6 @@ use serde::Serialize;
 
 use crate::plot::{self, Series};
 use crate::runner::run_hover;
-use crate::stats::summarize;
 use crate::{table, BenchError};
 
 /// Knobs of the scenario.
@@ -32,8 +36,8 @@ pub struct HaltPollBench {
     pub seconds: u32,
     /// Runs per mode.
     pub runs: u32,
-    /// Directory for the device's file.
-    pub io_dir: PathBuf,
+    /// The devices: (name, directory for the device's file).
+    pub devices: Vec<(String, PathBuf)>,
 }
 
 struct Mode {
@@ -81,6 +85,18 @@ const MODES: &[Mode] = &[
         upper_bound: false,
     },
     Mode {
+        name: "guest haltpoll",
+        args: &["--halt-poll-ns", "0"],
+        cmdline_extra: " idle=haltpoll",
+        upper_bound: false,
+    },
+    Mode {
+        name: "guest haltpoll + governor",
+        args: &["--halt-poll", "auto"],
+        cmdline_extra: " idle=haltpoll",
+        upper_bound: false,
+    },
+    Mode {
         name: "guest idle=poll",
         args: &[],
         cmdline_extra: " idle=poll",
@@ -103,14 +119,23 @@ struct Run {
     successful_polls: u64,
     attempted_polls: u64,
     governor_window_ns: Option<u64>,
+    /// Guest polls that found work / started (idle=haltpoll).
+    guest_poll_hits: u64,
+    guest_polls: u64,
+    /// Completion interrupts skipped because the guest polled.
+    irqs_skipped: u64,
     idle_cpu_pct: f64,
 }
 
 #[derive(Serialize)]
 struct Row {
+    device: String,
     mode: &'static str,
     command: String,
+    /// The run with the median IOPS.
     median: Run,
+    /// Per round, IOPS / IOPS with polling off in the same round.
+    ratio_to_off: Vec<f64>,
     runs: Vec<Run>,
 }
 
@@ -120,10 +145,14 @@ fn sum_stat(r: &crate::runner::Run, stat: &str) -> u64 {
         .map_or(0, |a| a.iter().map(|s| s[stat].as_u64().unwrap_or(0)).sum())
 }
 
-fn run_mode(exe: &Path, b: &HaltPollBench, m: &Mode, round: u32) -> Result<Run, BenchError> {
-    let file = b
-        .io_dir
-        .join(format!("hover-bench-io-{}-{round}", std::process::id()));
+fn run_mode(
+    exe: &Path,
+    b: &HaltPollBench,
+    dir: &Path,
+    m: &Mode,
+    round: u32,
+) -> Result<Run, BenchError> {
+    let file = dir.join(format!("hover-bench-io-{}-{round}", std::process::id()));
     let cmdline = format!(
         "workload=iolat size=4K seconds={}{}",
         b.seconds, m.cmdline_extra
@@ -154,92 +183,128 @@ fn run_mode(exe: &Path, b: &HaltPollBench, m: &Mode, round: u32) -> Result<Run, 
         successful_polls: sum_stat(&r, "halt_successful_poll"),
         attempted_polls: sum_stat(&r, "halt_attempted_poll"),
         governor_window_ns: r.outcome["halt_poll"]["final_window_ns"].as_u64(),
+        guest_poll_hits: r.report("haltpoll.hits").unwrap_or(0.0) as u64,
+        guest_polls: r.report("haltpoll.polls").unwrap_or(0.0) as u64,
+        irqs_skipped: r.outcome["io"]["irqs_skipped"].as_u64().unwrap_or(0),
         idle_cpu_pct,
     })
 }
 
 /// Run the scenario with the `hover` binary at `exe`.
 pub fn run(exe: &Path, b: &HaltPollBench, out: &Path) -> Result<(), BenchError> {
+    let devices: Vec<String> = b
+        .devices
+        .iter()
+        .map(|(n, d)| format!("{n} = {}", d.display()))
+        .collect();
     println!(
-        "hover bench halt-poll: iolat (QD1 4 KiB O_DSYNC writes to {}) on 2 vCPUs, {} s per run, median of {} runs; idle guest CPU from a 100 ms timer task",
-        b.io_dir.display(),
+        "hover bench halt-poll: iolat (QD1 4 KiB O_DSYNC writes; devices {}) on 2 vCPUs, {} s per run, {} interleaved rounds; idle guest CPU from a 100 ms timer task run right after each",
+        devices.join(", "),
         b.seconds,
         b.runs
     );
-    let mut all: Vec<Vec<Run>> = vec![Vec::new(); MODES.len()];
+    // all[device][mode] = runs in round order.
+    let mut all: Vec<Vec<Vec<Run>>> = vec![vec![Vec::new(); MODES.len()]; b.devices.len()];
     for round in 0..b.runs.max(1) {
-        for (i, m) in MODES.iter().enumerate() {
-            let r = run_mode(exe, b, m, round)?;
-            eprintln!(
-                "  run {} {:<20} {:>8.0} IOPS, idle CPU {:.2}%",
-                round + 1,
-                m.name,
-                r.iops,
-                r.idle_cpu_pct
-            );
-            all[i].push(r);
+        for (d, (dname, dir)) in b.devices.iter().enumerate() {
+            for (i, m) in MODES.iter().enumerate() {
+                let r = run_mode(exe, b, dir, m, round)?;
+                eprintln!(
+                    "  round {} {:<5} {:<26} {:>8.0} IOPS, idle CPU {:.2}%",
+                    round + 1,
+                    dname,
+                    m.name,
+                    r.iops,
+                    r.idle_cpu_pct
+                );
+                all[d][i].push(r);
+            }
         }
     }
-    let rows: Vec<Row> = MODES
-        .iter()
-        .zip(all)
-        .map(|(m, mut runs)| {
-            runs.sort_by(|a, b| a.iops.total_cmp(&b.iops));
-            let median = runs[(runs.len() - 1) / 2].clone();
-            let mut med_idle = median.clone();
-            med_idle.idle_cpu_pct =
-                summarize(&runs.iter().map(|r| r.idle_cpu_pct).collect::<Vec<_>>())
-                    .map_or(0.0, |s| s.p50);
-            Row {
+    let mut rows: Vec<Row> = Vec::new();
+    for ((dname, _), per_mode) in b.devices.iter().zip(all) {
+        let off: Vec<f64> = per_mode[0].iter().map(|r| r.iops).collect();
+        for (m, runs) in MODES.iter().zip(per_mode) {
+            let mut by_iops = runs.clone();
+            by_iops.sort_by(|a, b| a.iops.total_cmp(&b.iops));
+            let median = by_iops[(by_iops.len() - 1) / 2].clone();
+            rows.push(Row {
+                device: dname.clone(),
                 mode: m.name,
                 command: format!(
-                    "hover run {} --io-file FILE --cmdline \"workload=iolat size=4K seconds={}{}\"",
+                    "hover run {} --vcpus 2 --io-file FILE --cmdline \"workload=iolat size=4K seconds={}{}\"",
                     m.args.join(" "),
                     b.seconds,
                     m.cmdline_extra
                 ),
-                median: med_idle,
+                median,
+                ratio_to_off: off
+                    .iter()
+                    .zip(&runs)
+                    .filter(|(o, _)| **o > 0.0)
+                    .map(|(o, r)| r.iops / o)
+                    .collect(),
                 runs,
-            }
-        })
-        .collect();
-    let best = rows
-        .iter()
-        .zip(MODES)
-        .filter(|(_, m)| m.upper_bound)
-        .map(|(r, _)| r.median.iops)
-        .fold(0.0, f64::max);
-    let off = rows[0].median.iops;
-    let table_rows: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| {
+            });
+        }
+    }
+    let mut table_rows: Vec<Vec<String>> = Vec::new();
+    for (dname, _) in &b.devices {
+        let dev: Vec<&Row> = rows.iter().filter(|r| &r.device == dname).collect();
+        let best = dev
+            .iter()
+            .zip(MODES)
+            .filter(|(_, m)| m.upper_bound)
+            .map(|(r, _)| r.median.iops)
+            .fold(0.0, f64::max);
+        let idle_poll: Vec<f64> = dev
+            .iter()
+            .find(|r| r.mode == "guest idle=poll")
+            .map(|r| r.runs.iter().map(|x| x.iops).collect())
+            .unwrap_or_default();
+        for r in dev {
             let m = &r.median;
-            vec![
+            let iops: Vec<f64> = r.runs.iter().map(|x| x.iops).collect();
+            let to_off = crate::stats::summarize(&r.ratio_to_off).map_or("-".into(), |s| {
+                format!("{:.2}/{:.2}/{:.2}x", s.min, s.p50, s.max)
+            });
+            table_rows.push(vec![
+                r.device.clone(),
                 r.mode.to_string(),
                 format!("{:.0}", m.iops),
                 format!("{:.0}", m.avg_us),
-                format!("{:.0}", m.p50_us),
                 format!("{:.0}", m.p99_us),
-                format!("{:.0}%", 100.0 * m.iops / best),
-                format!("{:.2}x", m.iops / off),
+                to_off,
+                crate::stats::ratios(&iops, &idle_poll),
+                format!("{:.0}%", 100.0 * m.iops / best.max(1.0)),
                 format!("{}/{}", m.successful_polls, m.attempted_polls),
+                if m.guest_polls > 0 {
+                    format!(
+                        "{}/{}, {} irqs skipped",
+                        m.guest_poll_hits, m.guest_polls, m.irqs_skipped
+                    )
+                } else {
+                    String::new()
+                },
                 m.governor_window_ns
                     .map(|w| format!("{} us", w / 1000))
                     .unwrap_or_default(),
                 format!("{:.2}%", m.idle_cpu_pct),
-            ]
-        })
-        .collect();
+            ]);
+        }
+    }
     table::print(
         &[
+            "device",
             "mode",
             "IOPS",
             "avg us",
-            "p50 us",
             "p99 us",
+            "vs off min/med/max",
+            "vs idle=poll",
             "of best bound",
-            "vs off",
-            "polls ok/attempted",
+            "KVM polls ok/attempted",
+            "guest polls ok/started",
             "governor window",
             "idle CPU per vCPU",
         ],
@@ -248,22 +313,28 @@ pub fn run(exe: &Path, b: &HaltPollBench, out: &Path) -> Result<(), BenchError> 
     table::write_json(
         out,
         "halt_poll.json",
-        &serde_json::json!({ "scenario": "halt-poll", "seconds": b.seconds, "rows": rows }),
+        &serde_json::json!({ "scenario": "halt-poll", "seconds": b.seconds, "rounds": b.runs, "rows": rows }),
     )?;
-    let labels: Vec<String> = rows.iter().map(|r| r.mode.replace("fixed ", "")).collect();
+    let labels: Vec<String> = MODES.iter().map(|m| m.name.replace("fixed ", "")).collect();
+    let series: Vec<Series> = b
+        .devices
+        .iter()
+        .map(|(dname, _)| Series {
+            label: format!("{dname} device: IOPS (median run)"),
+            points: rows
+                .iter()
+                .filter(|r| &r.device == dname)
+                .enumerate()
+                .map(|(i, r)| (i as f64, r.median.iops))
+                .collect(),
+        })
+        .collect();
     plot::lines(
         &out.join("halt_poll.svg"),
         "iolat: QD1 synchronous 4 KiB writes by way of waiting",
         "how an idle vCPU waits",
         "IOPS",
         &labels,
-        &[Series {
-            label: "IOPS (median)".into(),
-            points: rows
-                .iter()
-                .enumerate()
-                .map(|(i, r)| (i as f64, r.median.iops))
-                .collect(),
-        }],
+        &series,
     )
 }

@@ -37,6 +37,29 @@ pub fn summarize(values: &[f64]) -> Option<Summary> {
     })
 }
 
+/// "median (min-max)" of `v`.
+pub(crate) fn spread(v: &[f64], digits: usize) -> String {
+    match summarize(v) {
+        Some(s) if s.n > 1 => format!("{:.d$} ({:.d$}-{:.d$})", s.p50, s.min, s.max, d = digits),
+        Some(s) => format!("{:.d$}", s.p50, d = digits),
+        None => "-".into(),
+    }
+}
+
+/// Per-round ratios `base / x` (min/median/max); "-" if undefined.
+pub(crate) fn ratios(base: &[f64], x: &[f64]) -> String {
+    let r: Vec<f64> = base
+        .iter()
+        .zip(x)
+        .filter(|(_, &x)| x > 0.0)
+        .map(|(b, x)| b / x)
+        .collect();
+    match summarize(&r) {
+        Some(s) => format!("{:.2}/{:.2}/{:.2}x", s.min, s.p50, s.max),
+        None => "-".into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

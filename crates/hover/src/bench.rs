@@ -46,8 +46,9 @@ enum Scenario {
         out: PathBuf,
     },
     /// The halt-polling seed's experiment: iolat under each way of waiting
-    /// (off, KVM default, fixed windows, the governor, idle=poll, HLT exits
-    /// disabled) and the host CPU an idle guest burns under each.
+    /// (off, KVM default, fixed windows, the governor, guest haltpoll with
+    /// and without the governor, idle=poll, HLT exits disabled) on a fast
+    /// and a slow device, and the host CPU an idle guest burns under each.
     HaltPoll {
         /// Seconds per run.
         #[arg(long, default_value_t = 3)]
@@ -55,9 +56,16 @@ enum Scenario {
         /// Runs per mode (the median is reported).
         #[arg(long, default_value_t = 3)]
         runs: u32,
-        /// Directory for the I/O device's file (a real disk: see the scenario's doc).
+        /// The fast device: directory for the I/O device's file (tmpfs, the
+        /// seed's battery-backed disk).
+        #[arg(long, default_value = "/dev/shm")]
+        fast_dir: PathBuf,
+        /// The slow device: a directory on a real disk.
         #[arg(long, default_value = "/var/tmp")]
         io_dir: PathBuf,
+        /// Which devices to run: fast, slow or both.
+        #[arg(long, value_enum, value_delimiter = ',', default_value = "fast,slow")]
+        devices: Vec<Device>,
         /// Directory for the JSON results and the plot.
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
@@ -179,6 +187,15 @@ enum Scenario {
 }
 
 /// Run `hover bench <scenario>`.
+/// A device of `hover bench halt-poll`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Device {
+    /// tmpfs (`--fast-dir`).
+    Fast,
+    /// A real disk (`--io-dir`).
+    Slow,
+}
+
 pub fn bench(args: BenchArgs) -> ExitCode {
     die_on_broken_pipe();
     // Scenarios run `hover run` as fresh processes, as a user would.
@@ -312,17 +329,28 @@ pub fn bench(args: BenchArgs) -> ExitCode {
         Scenario::HaltPoll {
             seconds,
             runs,
+            fast_dir,
             io_dir,
+            devices,
             out,
-        } => hover_bench::halt_poll::run(
-            &exe,
-            &hover_bench::halt_poll::HaltPollBench {
-                seconds,
-                runs,
-                io_dir,
-            },
-            &out,
-        ),
+        } => {
+            let chosen = devices
+                .iter()
+                .map(|d| match d {
+                    Device::Fast => ("fast".to_string(), fast_dir.clone()),
+                    Device::Slow => ("slow".to_string(), io_dir.clone()),
+                })
+                .collect();
+            hover_bench::halt_poll::run(
+                &exe,
+                &hover_bench::halt_poll::HaltPollBench {
+                    seconds,
+                    runs,
+                    devices: chosen,
+                },
+                &out,
+            )
+        }
         Scenario::Apf {
             latencies,
             seconds,
