@@ -112,8 +112,9 @@ fn decode(kind: u8, payload: &[u8]) {
 
 /// Guest-written records: `data` becomes guest memory (64 KiB),
 /// then control requests at addresses taken from its first bytes are
-/// handled (reports, logs, MSI and I/O setup requests) and boost areas
-/// registered and read.
+/// handled (reports, logs, MSI and I/O setup requests), boost areas
+/// registered and read, and the halt-polling areas (at 0x4000) read as the
+/// governor and the I/O thread read them.
 pub fn guest_records(data: &[u8]) {
     const RAM: usize = 64 << 10;
     let Ok(mem) = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), RAM)]) else {
@@ -133,6 +134,9 @@ pub fn guest_records(data: &[u8]) {
         2,
         1_000_000,
     );
+    let writes = HostWrites::new(RAM as u64);
+    let _ = crate::sched::guest_poll::read(&mem, 2, &std::sync::atomic::AtomicBool::new(false));
+    let _ = crate::sched::guest_poll::completion_seen_by_poll(&mem, 1, &writes);
     let dev = ControlDevice::new(mem, None, 2).with_booster(booster.clone());
     for (i, c) in data.chunks_exact(8).take(16).enumerate() {
         let at = u64::from_le_bytes(c.try_into().expect("8 bytes")) % RAM as u64;
