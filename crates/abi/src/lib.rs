@@ -14,6 +14,7 @@ pub mod control;
 pub mod haltpoll;
 pub mod layout;
 pub mod pv;
+pub mod pvh;
 pub mod pvio;
 pub mod vectors;
 pub mod workload;

@@ -29,6 +29,7 @@ mod kernel;
 mod mem;
 mod nub;
 mod percpu;
+mod pvh;
 mod pvio;
 mod report;
 mod sched;
@@ -53,9 +54,10 @@ pub extern "C" fn rust_start(boot_info: u64, cpu: u64, tsc_hi: u64, tsc_lo: u64)
     }
     // SAFETY: called once on this CPU, cpu < MAX_VCPUS.
     let pc = unsafe { percpu::init(cpu) };
-    // SAFETY: the monitor passes the boot-info page's address, which is
-    // identity-mapped; its contents are checked before use below.
-    let boot: &'static BootInfo = unsafe { &*(boot_info as *const BootInfo) };
+    // The monitor passes the boot-info page's address (or, through the PVH
+    // entry, the start-info page's), identity-mapped; the contents are
+    // checked before use below.
+    let boot: &'static BootInfo = pvh::boot_info(boot_info);
     if cpu == 0 {
         tables::init_idt();
     } else {

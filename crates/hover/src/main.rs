@@ -191,6 +191,14 @@ struct StatsArgs {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BootArg {
+    /// Hover's 64-bit entry.
+    Hover,
+    /// The PVH 32-bit entry.
+    Pvh,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum HaltPollArg {
     /// The governor.
     Auto,
@@ -308,6 +316,11 @@ struct RunArgs {
     /// Guest command line, e.g. "workload=hello".
     #[arg(long, default_value = hover_vmm::config::DEFAULT_CMDLINE)]
     cmdline: String,
+    /// How the boot vCPU enters the image: `hover` (Hover's 64-bit entry,
+    /// every vCPU) or `pvh` (the image's PVH 32-bit entry, as QEMU boots it;
+    /// one vCPU).
+    #[arg(long, value_enum, default_value = "hover")]
+    boot: BootArg,
     #[command(flatten)]
     out: RunOutput,
     #[command(flatten)]
@@ -461,6 +474,10 @@ fn run(args: RunArgs) -> ExitCode {
             GuestImage::Path(args.guest.into())
         },
         cmdline: args.cmdline,
+        boot: match args.boot {
+            BootArg::Hover => hover_vmm::config::BootProtocol::Hover,
+            BootArg::Pvh => hover_vmm::config::BootProtocol::Pvh,
+        },
         console,
         paging: args.memory_budget.map(|budget| PagingConfig {
             budget,

@@ -18,6 +18,7 @@ pub static BUILTIN_GUEST: &[u8] = include_bytes!(env!("HOVER_GUEST_ELF"));
 const EHDR_SIZE: usize = 64;
 const PHDR_SIZE: usize = 56;
 const PT_LOAD: u32 = 1;
+const PT_NOTE: u32 = 4;
 const PF_X: u32 = 1;
 const EM_X86_64: u16 = 62;
 const ET_EXEC: u16 = 2;
@@ -110,6 +111,38 @@ pub struct ImageLayout {
     pub end: u64,
     /// `(address, file size, memory size)` of each loadable segment.
     pub segments: Vec<(u64, u64, u64)>,
+    /// The PVH 32-bit entry point, if the image has a Xen
+    /// `PHYS32_ENTRY` note (`hover_abi::pvh`).
+    pub pvh_entry: Option<u64>,
+}
+
+/// The PVH entry named by the notes in `notes` (the contents of a PT_NOTE
+/// segment), if any: a note named "Xen" of type `XEN_ELFNOTE_PHYS32_ENTRY`
+/// whose descriptor is a 4- or 8-byte address.
+fn pvh_entry_in(notes: &[u8]) -> Option<u64> {
+    let mut o = 0usize;
+    while o + 12 <= notes.len() {
+        let namesz = u32_at(notes, o) as usize;
+        let descsz = u32_at(notes, o + 4) as usize;
+        let kind = u32_at(notes, o + 8);
+        let name_at = o + 12;
+        let desc_at = name_at.checked_add(namesz.checked_add(3)? & !3)?;
+        let next = desc_at.checked_add(descsz.checked_add(3)? & !3)?;
+        if desc_at.checked_add(descsz)? > notes.len() {
+            return None;
+        }
+        if kind == hover_abi::pvh::XEN_ELFNOTE_PHYS32_ENTRY
+            && notes[name_at..name_at + namesz].starts_with(b"Xen")
+        {
+            return match descsz {
+                4 => Some(u32_at(notes, desc_at) as u64),
+                8 => Some(u64_at(notes, desc_at)),
+                _ => None,
+            };
+        }
+        o = next;
+    }
+    None
 }
 
 fn u16_at(b: &[u8], o: usize) -> u16 {
@@ -156,8 +189,20 @@ pub fn inspect(img: &ImageBytes) -> Result<ImageLayout, ImageError> {
     }
     let mut segments = Vec::new();
     let mut entry_ok = false;
+    let mut pvh_entry = None;
     for i in 0..phnum {
         let p = &b[phoff as usize + i * PHDR_SIZE..][..PHDR_SIZE];
+        if u32_at(p, 0) == PT_NOTE && pvh_entry.is_none() {
+            let (offset, filesz) = (u64_at(p, 8), u64_at(p, 32));
+            if let Some(notes) = offset
+                .checked_add(filesz)
+                .filter(|&e| e <= b.len() as u64)
+                .map(|e| &b[offset as usize..e as usize])
+            {
+                pvh_entry = pvh_entry_in(notes);
+            }
+            continue;
+        }
         if u32_at(p, 0) != PT_LOAD {
             continue;
         }
@@ -208,6 +253,7 @@ pub fn inspect(img: &ImageBytes) -> Result<ImageLayout, ImageError> {
         start,
         end,
         segments,
+        pvh_entry,
     })
 }
 
@@ -343,6 +389,43 @@ mod tests {
         assert_eq!(l.start, BOOT_AREA_END);
         assert!(l.end > l.start);
         assert!(l.entry >= l.start && l.entry < l.end);
+        let pvh = l.pvh_entry.expect("the built-in guest has a PVH entry");
+        assert!(pvh >= l.start && pvh < l.end && pvh != l.entry);
+    }
+
+    fn note(name: &[u8], kind: u32, desc: &[u8]) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend((name.len() as u32).to_le_bytes());
+        v.extend((desc.len() as u32).to_le_bytes());
+        v.extend(kind.to_le_bytes());
+        v.extend(name);
+        v.resize(v.len().div_ceil(4) * 4, 0);
+        v.extend(desc);
+        v.resize(v.len().div_ceil(4) * 4, 0);
+        v
+    }
+
+    #[test]
+    fn the_pvh_entry_note_is_found_among_others_and_bad_ones_are_ignored() {
+        let mut notes = note(b"GNU\0", 3, &[1, 2, 3, 4, 5]);
+        notes.extend(note(b"Xen\0", 18, &0x10_0038u64.to_le_bytes()));
+        assert_eq!(pvh_entry_in(&notes), Some(0x10_0038));
+        // A 32-bit descriptor works too.
+        assert_eq!(
+            pvh_entry_in(&note(b"Xen\0", 18, &0x20_0000u32.to_le_bytes())),
+            Some(0x20_0000)
+        );
+        // Other owners, other types, odd sizes, truncation: no entry, no panic.
+        assert_eq!(pvh_entry_in(&note(b"Linux\0", 18, &[0; 8])), None);
+        assert_eq!(pvh_entry_in(&note(b"Xen\0", 17, &[0; 8])), None);
+        assert_eq!(pvh_entry_in(&note(b"Xen\0", 18, &[0; 2])), None);
+        let n = note(b"Xen\0", 18, &[0; 8]);
+        for cut in 0..n.len() {
+            assert_eq!(pvh_entry_in(&n[..cut]), None);
+        }
+        let mut huge = n.clone();
+        huge[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(pvh_entry_in(&huge), None);
     }
 
     #[test]

@@ -75,6 +75,17 @@ impl fmt::Debug for ConsoleTarget {
     }
 }
 
+/// How the boot vCPU enters the guest image.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BootProtocol {
+    /// Hover's 64-bit entry (docs/ABI.md, "Entry state"), every vCPU at once.
+    #[default]
+    Hover,
+    /// The PVH protocol's 32-bit entry (the image's Xen PHYS32_ENTRY note),
+    /// as QEMU boots it; one vCPU.
+    Pvh,
+}
+
 /// Everything needed to build a VM.
 #[derive(Clone, Debug)]
 pub struct VmConfig {
@@ -88,6 +99,8 @@ pub struct VmConfig {
     pub guest: GuestImage,
     /// The guest command line, e.g. `workload=hello`.
     pub cmdline: String,
+    /// How the boot vCPU enters the image (`--boot`).
+    pub boot: BootProtocol,
     /// Where the serial console goes.
     pub console: ConsoleTarget,
     /// Overcommit guest memory with the pager (`None`: all RAM stays resident).
@@ -125,6 +138,7 @@ impl Default for VmConfig {
             memory_backend: MemoryBackend::Anonymous,
             guest: GuestImage::Builtin,
             cmdline: DEFAULT_CMDLINE.to_string(),
+            boot: BootProtocol::Hover,
             console: ConsoleTarget::Stdout,
             paging: None,
             async_pf: true,
@@ -221,6 +235,12 @@ pub enum ConfigError {
     /// A halt-poll window out of range.
     #[error("--halt-poll-ns {0} is too large: at most {MAX_WINDOW_NS} (10 ms) is accepted")]
     HaltPollTooLarge(u64),
+    /// PVH boot of an image without a PVH entry.
+    #[error("--boot pvh: the guest image has no PVH entry (an ELF note \"Xen\" of type XEN_ELFNOTE_PHYS32_ENTRY, 18)")]
+    NoPvhEntry,
+    /// PVH boot with more than one vCPU.
+    #[error("--boot pvh starts one vCPU (bringing up others with INIT/SIPI is not built yet); got --vcpus {0}")]
+    PvhVcpus(u32),
     /// A guest poll limit out of range.
     #[error(transparent)]
     GuestPollMax(#[from] crate::sched::guest_poll::LimitError),
@@ -295,6 +315,9 @@ impl VmConfig {
         self.boost.check().map_err(ConfigError::Boost)?;
         self.limits.check().map_err(ConfigError::Limits)?;
         crate::sched::guest_poll::check_limit(self.guest_poll_max_ns)?;
+        if self.boot == BootProtocol::Pvh && self.vcpus != 1 {
+            return Err(ConfigError::PvhVcpus(self.vcpus));
+        }
         match self.halt_poll {
             HaltPoll::Fixed { window_ns: ns } if ns > MAX_WINDOW_NS => {
                 return Err(ConfigError::HaltPollTooLarge(ns))

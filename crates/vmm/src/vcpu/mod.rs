@@ -125,6 +125,20 @@ pub enum VcpuEvent {
     },
 }
 
+/// Where a vCPU starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Entry {
+    /// Hover's 64-bit entry at this address (docs/ABI.md, "Entry state").
+    Hover(u64),
+    /// The PVH protocol's 32-bit entry, with EBX = `start_info`.
+    Pvh {
+        /// The 32-bit entry point.
+        entry: u64,
+        /// Guest-physical address of the start-info page.
+        start_info: u64,
+    },
+}
+
 /// One vCPU, before its thread starts.
 pub struct Vcpu {
     index: u32,
@@ -182,14 +196,23 @@ impl Vcpu {
     /// Load CPUID and the 64-bit entry state, and make the vCPU runnable
     /// (application processors start in wait-for-SIPI otherwise).
     pub fn configure(&self, cpuid: &CpuId, entry_point: u64) -> Result<(), crate::Error> {
+        self.configure_with(cpuid, Entry::Hover(entry_point))
+    }
+
+    /// Set CPUID and enter through `how` (Hover's 64-bit entry, or the PVH
+    /// protocol's 32-bit one), runnable.
+    pub fn configure_with(&self, cpuid: &CpuId, how: Entry) -> Result<(), crate::Error> {
         self.fd.set_cpuid2(cpuid).map_err(KvmOp::SetCpuid.err())?;
         let sregs = self.fd.get_sregs().map_err(KvmOp::GetSregs.err())?;
-        self.fd
-            .set_sregs(&entry::sregs(sregs, self.index))
-            .map_err(KvmOp::SetSregs.err())?;
-        self.fd
-            .set_regs(&entry::regs(entry_point, self.index))
-            .map_err(KvmOp::SetRegs.err())?;
+        let (sregs, regs) = match how {
+            Entry::Hover(at) => (entry::sregs(sregs, self.index), entry::regs(at, self.index)),
+            Entry::Pvh {
+                entry: at,
+                start_info,
+            } => (entry::pvh_sregs(sregs), entry::pvh_regs(at, start_info)),
+        };
+        self.fd.set_sregs(&sregs).map_err(KvmOp::SetSregs.err())?;
+        self.fd.set_regs(&regs).map_err(KvmOp::SetRegs.err())?;
         self.fd
             .set_fpu(&entry::fpu())
             .map_err(KvmOp::SetFpu.err())?;

@@ -21,9 +21,9 @@ use kvm_ioctls::{Kvm, VmFd};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::arch::x86_64::{cpuid, tables};
+use crate::arch::x86_64::{cpuid, pvh, tables};
 use crate::boot::{self, ImageLayout};
-use crate::config::{ConfigError, GuestImage, VmConfig};
+use crate::config::{BootProtocol, ConfigError, GuestImage, VmConfig};
 use crate::devices::control::ControlDevice;
 use crate::devices::msi::MsiInjector;
 use crate::devices::pvio::PvioDevice;
@@ -39,7 +39,7 @@ use crate::sched::halt_poll::{self, HaltPoll};
 use crate::state::{SavedConfig, SavedPaging};
 use crate::stats::KvmStats;
 use crate::vcpu::state::StateLayout;
-use crate::vcpu::Vcpu;
+use crate::vcpu::{Entry, Vcpu};
 use crate::{Error, KvmOp};
 use hover_abi::layout::PAGE_SIZE;
 use hover_abi::pv::{FEATURE_ASYNC_PF, FEATURE_ASYNC_PF_INT, FEATURE_ASYNC_PF_VMEXIT};
@@ -121,13 +121,24 @@ impl Vm {
             return Err(ConfigError::AsyncPfUnsupported.into());
         }
         let vcpus = m.create_vcpus(config.vcpus)?;
-        for v in &vcpus {
-            v.configure(&m.vcpu_cpuid(config, v.index()), layout.entry)?;
-        }
         let tsc_khz = vcpus[0]
             .fd()
             .get_tsc_khz()
             .map_err(KvmOp::GetTscKhz.err())?;
+        match config.boot {
+            BootProtocol::Hover => {
+                for v in &vcpus {
+                    v.configure(&m.vcpu_cpuid(config, v.index()), layout.entry)?;
+                }
+            }
+            BootProtocol::Pvh => {
+                let entry = layout.pvh_entry.ok_or(ConfigError::NoPvhEntry)?;
+                let start_info =
+                    pvh::write_start_info(m.ram.memory(), m.ram.size(), &config.cmdline)?;
+                let cpuid = pvh::with_tsc_leaf(&m.vcpu_cpuid(config, 0), tsc_khz);
+                vcpus[0].configure_with(&cpuid, Entry::Pvh { entry, start_info })?;
+            }
+        }
         boot::write_boot_info(
             &m.ram,
             config.vcpus,

@@ -123,6 +123,8 @@ fn config_from(saved: &SavedConfig, opts: &RestoreOptions) -> VmConfig {
             GuestImage::Path(saved.guest.clone().into())
         },
         cmdline: saved.cmdline.clone(),
+        // A restored VM resumes where it stopped: no entry is used.
+        boot: Default::default(),
         console: opts.console.clone(),
         paging: saved.paging.as_ref().map(|p| PagingConfig {
             budget: p.budget,

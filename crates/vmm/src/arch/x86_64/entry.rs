@@ -86,6 +86,60 @@ pub fn regs(entry: u64, index: u32) -> kvm_regs {
     }
 }
 
+/// Special registers for the PVH entry (Xen's PVH boot ABI): 32-bit
+/// protected mode, paging off, flat 4 GiB code and data segments at CPL0,
+/// a 32-bit TSS; the guest builds long mode itself.
+pub fn pvh_sregs(mut s: kvm_sregs) -> kvm_sregs {
+    let flat32 = |selector: u16, type_: u8| kvm_segment {
+        base: 0,
+        limit: 0xffff_ffff,
+        selector,
+        type_,
+        present: 1,
+        dpl: 0,
+        db: 1,
+        s: 1,
+        l: 0,
+        g: 1,
+        avl: 0,
+        unusable: 0,
+        padding: 0,
+    };
+    s.cs = flat32(KERNEL_CS, 0xb);
+    s.ds = flat32(KERNEL_DS, 0x3);
+    s.es = s.ds;
+    s.fs = s.ds;
+    s.gs = s.ds;
+    s.ss = s.ds;
+    s.tr = kvm_segment {
+        base: 0,
+        limit: 0x67,
+        selector: 0,
+        type_: 0xb, // busy 32-bit TSS
+        present: 1,
+        ..Default::default()
+    };
+    s.gdt.base = BOOT_GDT_GPA;
+    s.gdt.limit = (hover_abi::layout::GDT_ENTRIES * 8 - 1) as u16;
+    s.idt.base = 0;
+    s.idt.limit = 0;
+    s.cr0 = CR0_PE | CR0_ET;
+    s.cr3 = 0;
+    s.cr4 = 0;
+    s.efer = 0;
+    s
+}
+
+/// General registers for the PVH entry at `entry`: EBX = the start-info page.
+pub fn pvh_regs(entry: u64, start_info: u64) -> kvm_regs {
+    kvm_regs {
+        rip: entry,
+        rbx: start_info,
+        rflags: 0x2,
+        ..Default::default()
+    }
+}
+
 /// x87/SSE state as after FNINIT, with all SSE exceptions masked.
 pub fn fpu() -> kvm_fpu {
     kvm_fpu {

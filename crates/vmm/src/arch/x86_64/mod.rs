@@ -3,4 +3,5 @@
 
 pub mod cpuid;
 pub mod entry;
+pub mod pvh;
 pub mod tables;

@@ -1,0 +1,120 @@
+/* PVH entry (docs/ABI.md, "PVH entry"): another VMM enters the image here in
+ * 32-bit protected mode, paging off, CPL0, EBX = the hvm_start_info page.
+ * Build what Hover's 64-bit entry state gives: identity paging of the first
+ * 4 GiB (2 MiB pages, U bit set), a GDT with Hover's selectors and a TSS,
+ * long mode, a boot stack; then enter `_start` with RDI = the start-info
+ * page and RSI = 0 (the boot vCPU). Emulated here (CPL0): kept short. */
+    .section .note.Xen, "a", @note
+    .balign 4
+    .long 4                          /* namesz */
+    .long 8                          /* descsz */
+    .long {phys32_entry_note}        /* type */
+    .asciz "Xen"
+    .balign 4
+    .quad pvh_start32
+    .balign 4
+
+    .section .text.boot, "ax"
+    .code32
+    .global pvh_start32
+pvh_start32:
+    cld
+    mov %ebx, %esi                   /* keep the start-info page */
+    /* The TSC rate, from the hypervisor leaf 0x4000_0010 when offered
+     * (CPUID at CPL0 is the VMM's table here). */
+    mov $0x40000000, %eax
+    cpuid
+    cmp $0x40000010, %eax
+    jb 1f
+    mov $0x40000010, %eax
+    cpuid
+    mov %eax, {pvh_tsc_khz}
+1:
+    /* Page directories: 2048 x 2 MiB, present | writable | user | large. */
+    mov ${pvh_pd}, %edi
+    xor %ecx, %ecx
+2:  mov %ecx, %eax
+    shl $21, %eax
+    or $0x87, %eax
+    mov %eax, (%edi,%ecx,8)
+    movl $0, 4(%edi,%ecx,8)
+    inc %ecx
+    cmp $2048, %ecx
+    jne 2b
+    /* PDPT entries 0-3 -> the four directories; PML4 entry 0 -> the PDPT. */
+    mov ${pvh_pdpt}, %edi
+    mov ${pvh_pd}, %eax
+    or $7, %eax
+    mov %eax, (%edi)
+    add $0x1000, %eax
+    mov %eax, 8(%edi)
+    add $0x1000, %eax
+    mov %eax, 16(%edi)
+    add $0x1000, %eax
+    mov %eax, 24(%edi)
+    mov ${pvh_pml4}, %edi
+    mov ${pvh_pdpt}, %eax
+    or $7, %eax
+    mov %eax, (%edi)
+    /* The TSS descriptor (GDT entries 5-6) for pvh_tss, limit 0x67. */
+    mov ${pvh_tss}, %eax
+    mov %eax, %edx
+    shl $16, %eax
+    or $0x67, %eax
+    mov %eax, pvh_gdt + 0x28
+    mov %edx, %eax
+    shr $16, %eax
+    and $0xff, %eax
+    or $0x8900, %eax
+    mov %edx, %ecx
+    and $0xff000000, %ecx
+    or %ecx, %eax
+    mov %eax, pvh_gdt + 0x2c
+    /* RSP0 of the TSS: the top of the PVH boot stack. */
+    mov ${pvh_stack}+16384, %eax
+    mov %eax, {pvh_tss}+4
+    lgdt pvh_gdtr
+    /* Long mode: PAE, CR3, EFER.LME, then paging (with SSE and FSGSBASE
+     * enabled as Hover's entry state has them). */
+    mov ${entry_cr4}, %eax
+    mov %eax, %cr4
+    mov ${pvh_pml4}, %eax
+    mov %eax, %cr3
+    mov $0xc0000080, %ecx
+    rdmsr
+    or $0x101, %eax                  /* LME | SCE */
+    wrmsr
+    mov ${entry_cr0}, %eax
+    mov %eax, %cr0
+    ljmp ${kernel_cs}, $pvh_start64
+
+    .code64
+pvh_start64:
+    mov ${kernel_ds}, %eax
+    mov %eax, %ds
+    mov %eax, %es
+    mov %eax, %ss
+    mov %eax, %fs
+    mov %eax, %gs
+    mov ${tss_sel}, %eax
+    ltr %ax
+    mov ${pvh_stack}+16384, %rsp
+    mov %esi, %edi                   /* rdi = start-info page */
+    xor %esi, %esi                   /* rsi = vCPU 0 */
+    jmp _start
+
+    .section .data
+    .balign 16
+pvh_gdt:
+    .quad 0
+    .quad 0x00AF9A000000FFFF         /* 0x08: 64-bit code, DPL0 */
+    .quad 0x00CF92000000FFFF         /* 0x10: data, DPL0 */
+    .quad 0x00CFF2000000FFFF         /* 0x18: data, DPL3 */
+    .quad 0x00AFFA000000FFFF         /* 0x20: 64-bit code, DPL3 */
+    .quad 0                          /* 0x28: TSS, filled in */
+    .quad 0
+pvh_gdt_end:
+pvh_gdtr:
+    .word pvh_gdt_end - pvh_gdt - 1
+    .quad pvh_gdt
+    .text
