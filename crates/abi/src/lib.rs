@@ -36,4 +36,7 @@ pub mod exit_code {
     pub const WORKLOAD_FAILED: u32 = 20;
     /// The boot-info page was missing or had the wrong magic/version.
     pub const BAD_BOOT_INFO: u32 = 21;
+    /// The workload needs a device this platform lacks (under another VMM:
+    /// Hover's I/O device, MSI injection); a message names it.
+    pub const UNAVAILABLE: u32 = 22;
 }

@@ -1,13 +1,103 @@
 //! The control port (docs/ABI.md): exit, reports and log messages.
+//!
+//! Under another VMM (booted through the PVH entry) there is no control
+//! port: reading it does not return Hover's ABI revision. The guest then
+//! prints its reports on the serial console in `hover run`'s form
+//! (`  vcpu N   key = value`), exits through QEMU's `isa-debug-exit` port,
+//! and answers every other request UNAVAILABLE itself.
 
 use core::arch::asm;
 use core::ptr;
+use core::sync::atomic::{AtomicU8, Ordering};
 
-use hover_abi::control::{op, status, ControlRequest, Report, CONTROL_PORT};
+use crate::println;
+
+use hover_abi::control::{
+    op, status, value_kind, ControlRequest, Report, CONTROL_ABI_REVISION, CONTROL_PORT,
+};
+
+/// QEMU's `isa-debug-exit` device (`-device isa-debug-exit,iobase=0xf4`):
+/// writing `v` ends QEMU with exit status `(v << 1) | 1`.
+pub const DEBUG_EXIT_PORT: u16 = 0xf4;
+
+/// 0: not looked yet, 1: Hover's control port answers, 2: it does not.
+static PRESENT: AtomicU8 = AtomicU8::new(0);
+
+/// Whether Hover's control port is there (read once: the port answers
+/// reads with the ABI revision).
+pub fn present() -> bool {
+    match PRESENT.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => {
+            let v: u32;
+            // SAFETY: the TSS I/O bitmap grants this port; a read has no
+            // effect on Hover's device and none on an absent one.
+            unsafe {
+                asm!("in eax, dx", in("dx") CONTROL_PORT, out("eax") v, options(nostack, preserves_flags, nomem))
+            };
+            let here = v == CONTROL_ABI_REVISION;
+            PRESENT.store(if here { 1 } else { 2 }, Ordering::Relaxed);
+            here
+        }
+    }
+}
+
+/// Print one report as `hover run` does.
+fn print_report(vcpu: usize, r: &Report) {
+    let len = r.key.iter().position(|&b| b == 0).unwrap_or(r.key.len());
+    let key = core::str::from_utf8(&r.key[..len]).unwrap_or("?");
+    match r.kind {
+        value_kind::I64 => println!("  vcpu {}   {} = {}", vcpu, key, r.value as i64),
+        value_kind::F64 => println!("  vcpu {}   {} = {}", vcpu, key, f64::from_bits(r.value)),
+        _ => println!("  vcpu {}   {} = {}", vcpu, key, r.value),
+    }
+}
+
+/// Carry out `req` without a monitor: reports and log messages go to the
+/// console, EXIT to `isa-debug-exit`; anything else is unavailable.
+fn local(req: &mut ControlRequest) -> u32 {
+    match req.op {
+        op::REPORT => {
+            let vcpu = crate::percpu::cpu_index().unwrap_or(0);
+            let n = (req.arg1 as usize).min(hover_abi::control::MAX_REPORTS_PER_REQUEST as usize);
+            // SAFETY: the caller's batch of `arg1` records at `arg0`.
+            let batch = unsafe { core::slice::from_raw_parts(req.arg0 as *const Report, n) };
+            for r in batch {
+                print_report(vcpu, r);
+            }
+            status::OK
+        }
+        op::LOG => {
+            let n = (req.arg1 as usize).min(hover_abi::control::MAX_LOG_LEN as usize);
+            // SAFETY: the caller's message of `arg1` bytes at `arg0`.
+            let bytes = unsafe { core::slice::from_raw_parts(req.arg0 as *const u8, n) };
+            println!(
+                "{}",
+                core::str::from_utf8(bytes).unwrap_or("(log message not UTF-8)")
+            );
+            status::OK
+        }
+        op::EXIT => {
+            println!("guest: exit code {}", req.arg0);
+            // SAFETY: the TSS I/O bitmap grants this port; without the
+            // device the write does nothing and the caller halts.
+            unsafe {
+                asm!("out dx, eax", in("dx") DEBUG_EXIT_PORT, in("eax") req.arg0 as u32, options(nostack, preserves_flags, nomem))
+            };
+            status::OK
+        }
+        _ => status::UNAVAILABLE,
+    }
+}
 
 /// Send `req` (anywhere in guest memory below 4 GiB) to the monitor and
 /// return its status.
 pub fn send(req: &mut ControlRequest) -> u32 {
+    if !present() {
+        req.status = local(req);
+        return req.status;
+    }
     req.status = status::PENDING;
     // Identity mapping: the request's address is its guest-physical address,
     // and the image lives below 4 GiB, so 32 bits carry it.

@@ -78,12 +78,14 @@ pub fn wait_for_idt() {
     }
 }
 
-/// Ports CPL3 code may use: the serial console, the control port and the
-/// I/O device's doorbell.
-const ALLOWED_PORTS: [(u16, u16); 3] = [
+/// Ports CPL3 code may use: the serial console, the control port, the
+/// I/O device's doorbell and QEMU's isa-debug-exit (used only without the
+/// control port).
+const ALLOWED_PORTS: [(u16, u16); 4] = [
     (0x3f8, 8),
     (CONTROL_PORT, 4),
     (hover_abi::pvio::DOORBELL_PORT, 4),
+    (crate::control::DEBUG_EXIT_PORT, 4),
 ];
 
 /// Build this CPU's GDT and TSS and load them through the nub.

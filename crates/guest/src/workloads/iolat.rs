@@ -42,6 +42,10 @@ pub fn run(ctx: &Context) -> u32 {
         return exit_code::WORKLOAD_FAILED;
     };
     let st = pvio::setup();
+    if st == hover_abi::control::status::UNAVAILABLE {
+        println!("iolat: skipped: this platform has no Hover I/O device (no control port)");
+        return exit_code::UNAVAILABLE;
+    }
     if !pvio::setup_ok(st) {
         println!("iolat: the monitor refused the I/O ring (status {})", st);
         return exit_code::WORKLOAD_FAILED;

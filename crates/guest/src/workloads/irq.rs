@@ -19,6 +19,10 @@ pub fn run(ctx: &Context) -> u32 {
     for _ in 0..count {
         let t0 = now();
         let status = inject_msi(vector, cpu, delay_us * 1000);
+        if status == hover_abi::control::status::UNAVAILABLE {
+            println!("irq: skipped: this platform cannot inject MSIs on request (no control port)");
+            return exit_code::UNAVAILABLE;
+        }
         if status != hover_abi::control::status::OK {
             println!(
                 "irq: the monitor refused the MSI request (status {})",
