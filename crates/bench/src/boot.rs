@@ -130,3 +130,131 @@ pub fn run(exe: &Path, runs: u32, vcpus: u32, out: &Path) -> Result<(), BenchErr
     table::write_json(out, "boot.json", &doc)?;
     Ok(())
 }
+
+/// One round of the peer comparison: whole-process times, ms.
+#[derive(Clone, Debug, Default, Serialize)]
+struct PeerSample {
+    hover_exit_ms: f64,
+    hover_first_byte_ms: f64,
+    microvm_exit_ms: f64,
+    microvm_first_byte_ms: f64,
+    pc_exit_ms: f64,
+    pc_first_byte_ms: f64,
+}
+
+/// `hover bench boot --peer qemu`: the same image (the built-in guest,
+/// written out with `hover guest-image`), the same workload (`hello`, 1
+/// vCPU, 256 MiB) as a whole process: `hover run` against QEMU `microvm`
+/// (booting the image's PVH entry) and QEMU `pc`, interleaved per round.
+pub fn run_peer(exe: &Path, runs: u32, out: &Path) -> Result<(), BenchError> {
+    let qemu = match crate::peer::find() {
+        Ok(q) => q,
+        Err(e) => {
+            println!("hover bench boot --peer qemu: skipped: {e}");
+            return Ok(());
+        }
+    };
+    let image = std::env::temp_dir().join(format!("hover-bench-guest-{}", std::process::id()));
+    let made = std::process::Command::new(exe)
+        .args(["guest-image", "--out"])
+        .arg(&image)
+        .status()
+        .map_err(|e| BenchError::Guest(format!("hover guest-image: {e}")))?;
+    if !made.success() {
+        return Err(BenchError::Guest(format!(
+            "hover guest-image failed: {made}"
+        )));
+    }
+    let result = peer_rounds(exe, &qemu, &image, runs);
+    let _ = std::fs::remove_file(&image);
+    let samples = result?;
+    println!(
+        "hover bench boot --peer qemu: {} interleaved rounds; the built-in guest (workload=hello, 1 vCPU, 256 MiB) as a whole process: `hover run` vs {} -M microvm / -M pc booting the same image's PVH entry",
+        samples.len(),
+        qemu.display()
+    );
+    let col = |f: fn(&PeerSample) -> f64| samples.iter().map(f).collect::<Vec<f64>>();
+    let spread = |v: &[f64]| crate::stats::spread(v, 1);
+    let hover_exit = col(|s| s.hover_exit_ms);
+    let rows = vec![
+        vec![
+            "hover run".to_string(),
+            spread(&col(|s| s.hover_first_byte_ms)),
+            spread(&hover_exit),
+            "1.00/1.00/1.00x".into(),
+        ],
+        vec![
+            "QEMU microvm".to_string(),
+            spread(&col(|s| s.microvm_first_byte_ms)),
+            spread(&col(|s| s.microvm_exit_ms)),
+            crate::stats::ratios(&col(|s| s.microvm_exit_ms), &hover_exit),
+        ],
+        vec![
+            "QEMU pc".to_string(),
+            spread(&col(|s| s.pc_first_byte_ms)),
+            spread(&col(|s| s.pc_exit_ms)),
+            crate::stats::ratios(&col(|s| s.pc_exit_ms), &hover_exit),
+        ],
+    ];
+    table::print(
+        &[
+            "VMM",
+            "start -> first console byte ms",
+            "start -> exit ms",
+            "exit time vs hover run (min/median/max)",
+        ],
+        &rows,
+    );
+    table::write_json(
+        out,
+        "boot_peer.json",
+        &serde_json::json!({ "scenario": "boot --peer qemu", "samples": samples }),
+    )?;
+    Ok(())
+}
+
+fn peer_rounds(
+    exe: &Path,
+    qemu: &Path,
+    image: &Path,
+    runs: u32,
+) -> Result<Vec<PeerSample>, BenchError> {
+    use crate::peer::{run as qemu_run, Machine};
+    let cmdline = "workload=hello";
+    let timeout = std::time::Duration::from_secs(60);
+    let mut samples = Vec::new();
+    for _ in 0..runs.max(1) {
+        let h = run_hover(exe, &["--vcpus", "1", "--cmdline", cmdline])?;
+        let ms = |t: Instant| t.duration_since(h.started).as_secs_f64() * 1000.0;
+        let first = h
+            .first_console_byte
+            .ok_or_else(|| BenchError::Guest("no console output".into()))?;
+        let mut s = PeerSample {
+            hover_exit_ms: ms(h.exited),
+            hover_first_byte_ms: ms(first),
+            ..Default::default()
+        };
+        for m in [Machine::Microvm, Machine::Pc] {
+            let r = qemu_run(qemu, m, image, 256, cmdline, timeout)
+                .map_err(|e| BenchError::Guest(format!("{}: {e}", m.name())))?;
+            if r.exit_code != 0 || r.number("vcpus_seen") != Some(1.0) {
+                return Err(BenchError::Guest(format!(
+                    "{}: the guest exited with {} (console: {})",
+                    m.name(),
+                    r.exit_code,
+                    r.console
+                )));
+            }
+            let wall = r.wall.as_secs_f64() * 1000.0;
+            let first = r
+                .first_console_byte
+                .map_or(wall, |d| d.as_secs_f64() * 1000.0);
+            match m {
+                Machine::Microvm => (s.microvm_exit_ms, s.microvm_first_byte_ms) = (wall, first),
+                Machine::Pc => (s.pc_exit_ms, s.pc_first_byte_ms) = (wall, first),
+            }
+        }
+        samples.push(s);
+    }
+    Ok(samples)
+}

@@ -11,6 +11,7 @@ pub mod hostload;
 pub mod mapping;
 pub mod migrate;
 pub mod netem;
+pub mod peer;
 pub mod plot;
 pub mod postcopy;
 pub mod runner;

@@ -20,6 +20,12 @@
 pvh_start32:
     cld
     mov %ebx, %esi                   /* keep the start-info page */
+    /* Mask the legacy PICs: firmware (SeaBIOS under QEMU's pc machine)
+     * leaves the PIT ticking through them, and the runtime enables
+     * interrupts before its IDT is filled. */
+    mov $0xff, %al
+    out %al, $0xa1
+    out %al, $0x21
     /* The TSC rate, from the hypervisor leaf 0x4000_0010 when offered
      * (CPUID at CPL0 is the VMM's table here). */
     mov $0x40000000, %eax

@@ -25,6 +25,11 @@ enum Scenario {
         /// vCPUs per VM.
         #[arg(long, default_value_t = 2)]
         vcpus: u32,
+        /// Also boot the same image under this peer VMM (`qemu`: QEMU
+        /// microvm and pc through the image's PVH entry), interleaved with
+        /// `hover run`, 1 vCPU; skipped with a message if it is not installed.
+        #[arg(long, value_enum)]
+        peer: Option<Peer>,
         /// Directory for the JSON results.
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
@@ -187,6 +192,13 @@ enum Scenario {
 }
 
 /// Run `hover bench <scenario>`.
+/// A peer VMM for `--peer`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Peer {
+    /// QEMU (`qemu-system-x86_64`, Debian package qemu-system-x86).
+    Qemu,
+}
+
 /// A device of `hover bench halt-poll`.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum Device {
@@ -207,7 +219,15 @@ pub fn bench(args: BenchArgs) -> ExitCode {
         }
     };
     bench_result(match args.scenario {
-        Scenario::Boot { runs, vcpus, out } => hover_bench::boot::run(&exe, runs, vcpus, &out),
+        Scenario::Boot {
+            runs,
+            vcpus,
+            peer,
+            out,
+        } => hover_bench::boot::run(&exe, runs, vcpus, &out).and_then(|()| match peer {
+            Some(Peer::Qemu) => hover_bench::boot::run_peer(&exe, runs, &out),
+            None => Ok(()),
+        }),
         Scenario::Runtime { runs, out } => hover_bench::runtime::run(&exe, runs, &out),
         Scenario::Migrate {
             trackers,

@@ -1,0 +1,81 @@
+//! The built-in guest under QEMU (#12's peer): written out with `hover
+//! guest-image`, booted by QEMU's microvm machine through its PVH entry,
+//! reporting on the serial console and exiting through isa-debug-exit.
+//! `.ci/run` installs QEMU (Debian package qemu-system-x86); outside CI a
+//! machine without it skips with a printed reason.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{hover, text, Scratch};
+use hover_bench::peer::{self, Machine};
+use hover_vmm::host::kvm_for_test;
+
+fn qemu(test: &str) -> Option<std::path::PathBuf> {
+    if !kvm_for_test(test) {
+        return None;
+    }
+    match peer::find() {
+        Ok(q) => Some(q),
+        Err(e) if std::env::var_os("CI").is_some() => panic!("{test}: {e} (.ci/run installs it)"),
+        Err(e) => {
+            eprintln!("skipping {test}: {e}");
+            None
+        }
+    }
+}
+
+#[test]
+fn the_builtin_guest_runs_under_qemu_and_reports_on_its_console() {
+    let Some(qemu) = qemu("the_builtin_guest_runs_under_qemu_and_reports_on_its_console") else {
+        return;
+    };
+    let scratch = Scratch::new("qemu-peer");
+    let image = scratch.0.join("guest.elf");
+    let out = hover(&["guest-image", "--out", image.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let r = peer::run(
+        &qemu,
+        Machine::Microvm,
+        &image,
+        128,
+        "workload=timer interval_us=1000 seconds=1",
+        Duration::from_secs(60),
+    )
+    .unwrap_or_else(|e| panic!("QEMU run: {e}"));
+    assert_eq!(r.exit_code, 0, "console:\n{}", r.console);
+    // The command line came through the start-info page, the reports
+    // through the serial console, and the TSC rate through CPUID: 1000
+    // periods of 1 ms took about a second.
+    assert_eq!(
+        r.number("timer.samples"),
+        Some(1000.0),
+        "console:\n{}",
+        r.console
+    );
+    assert!(r.number("timer.avg_ns").is_some_and(|v| v > 0.0));
+    assert!(r.wall >= Duration::from_millis(900), "{:?}", r.wall);
+    // A workload that needs Hover's I/O device says so and exits 22.
+    let r = peer::run(
+        &qemu,
+        Machine::Microvm,
+        &image,
+        128,
+        "workload=iolat seconds=1",
+        Duration::from_secs(60),
+    )
+    .unwrap_or_else(|e| panic!("QEMU run: {e}"));
+    assert_eq!(
+        r.exit_code,
+        hover_abi::exit_code::UNAVAILABLE,
+        "console:\n{}",
+        r.console
+    );
+    assert!(
+        r.console
+            .contains("iolat: skipped: this platform has no Hover I/O device"),
+        "{}",
+        r.console
+    );
+}
