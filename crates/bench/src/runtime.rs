@@ -4,12 +4,18 @@
 //! - a preemptive task switch at 1000 Hz (`ctxsw mode=preempt`, 1 vCPU):
 //!   interrupt delivery, the emulated handler, the native switch;
 //! - one trip through the privileged nub (`nubcall`);
-//! - timer wake-up latency at a 1000 us interval (`timer`, 2 vCPUs);
+//! - timer wake-up latency at a 1000 us interval (`timer`, 1 and 2 vCPUs);
 //! - MSI delivery to a waiting task (`irq`, 100 us delay);
 //! - a cross-vCPU event round trip (`pingpong`), with idle vCPUs halting
 //!   and with `idle=poll`.
 //!
-//! Each measurement is the median over `runs` runs.
+//! Each measurement is the median over `runs` runs. With the QEMU peer
+//! (`--peer qemu`), each one-vCPU case also runs, interleaved, under QEMU
+//! microvm on the same image (its PVH entry): the guest's own paths on the
+//! same KVM, with QEMU's device model and vCPU loop instead of Hover's. The
+//! two-vCPU cases have no QEMU column (the guest brings up only its boot
+//! vCPU under QEMU so far), nor have the MSI cases (they ask Hover's
+//! control device for the interrupt).
 
 use std::path::Path;
 
@@ -28,6 +34,8 @@ struct Row {
     value: f64,
     /// Every run's value.
     values: Vec<f64>,
+    /// The same under QEMU microvm (with `--peer qemu`, one-vCPU cases).
+    qemu_values: Vec<f64>,
 }
 
 /// One `hover run` and the reports it yields: (metric, report key, unit, scale).
@@ -64,6 +72,24 @@ const CASES: &[Case] = &[
             "us",
             US,
         )],
+    },
+    Case {
+        vcpus: 1,
+        cmdline: "workload=timer interval_us=1000 seconds=3",
+        metrics: &[
+            (
+                "timer wake-up latency at 1000 us, 1 vCPU, mean",
+                "timer.avg_ns",
+                "us",
+                US,
+            ),
+            (
+                "timer wake-up latency at 1000 us, 1 vCPU, max",
+                "timer.max_ns",
+                "us",
+                US,
+            ),
+        ],
     },
     Case {
         vcpus: 2,
@@ -131,43 +157,119 @@ const CASES: &[Case] = &[
     },
 ];
 
-/// Run the scenario with the `hover` binary at `exe`; print the table and
-/// write `runtime.json` into `out`.
-pub fn run(exe: &Path, runs: u32, out: &Path) -> Result<(), BenchError> {
+/// Run the scenario with the `hover` binary at `exe` (and, with `peer`,
+/// QEMU beside it); print the table and write `runtime.json` into `out`.
+pub fn run(exe: &Path, runs: u32, peer: bool, out: &Path) -> Result<(), BenchError> {
     println!("hover bench runtime: median of {runs} run(s) per row");
-    let mut rows = Vec::new();
-    let mut table_rows = Vec::new();
-    for c in CASES {
-        let vcpus = c.vcpus.to_string();
-        let mut values = vec![Vec::new(); c.metrics.len()];
-        for _ in 0..runs.max(1) {
-            let r = run_hover(exe, &["--vcpus", &vcpus, "--cmdline", c.cmdline])?;
-            for (m, &(_, key, _, scale)) in c.metrics.iter().enumerate() {
-                values[m].push(r.report(key)? * scale);
+    let qemu = if peer {
+        match crate::peer::find() {
+            Ok(q) => Some(q),
+            Err(e) => {
+                println!("--peer qemu: skipped: {e}");
+                None
             }
         }
-        let command = format!("hover run --vcpus {} --cmdline \"{}\"", c.vcpus, c.cmdline);
-        for (&(metric, _, unit, _), values) in c.metrics.iter().zip(values) {
-            let value = summarize(&values).expect("at least one run").p50;
-            table_rows.push(vec![
-                metric.to_string(),
-                format!("{value:.2}"),
-                unit.to_string(),
-                format!("`{command}`"),
-            ]);
-            rows.push(Row {
-                metric,
-                command: command.clone(),
-                unit,
-                value,
-                values,
-            });
+    } else {
+        None
+    };
+    let image = std::env::temp_dir().join(format!("hover-bench-guest-{}", std::process::id()));
+    if qemu.is_some() {
+        let made = std::process::Command::new(exe)
+            .args(["guest-image", "--out"])
+            .arg(&image)
+            .status()
+            .map_err(|e| BenchError::Guest(format!("hover guest-image: {e}")))?;
+        if !made.success() {
+            return Err(BenchError::Guest(format!(
+                "hover guest-image failed: {made}"
+            )));
         }
     }
-    table::print(&["metric", "value", "unit", "command"], &table_rows);
+    let result = cases(exe, runs, qemu.as_deref(), &image);
+    let _ = std::fs::remove_file(&image);
+    let rows = result?;
+    let mut table_rows = Vec::new();
+    for r in &rows {
+        let mut row = vec![r.metric.to_string(), format!("{:.2}", r.value)];
+        if qemu.is_some() {
+            match summarize(&r.qemu_values) {
+                Some(q) => {
+                    row.push(format!("{:.2}", q.p50));
+                    row.push(crate::stats::ratios(&r.qemu_values, &r.values));
+                }
+                None => row.extend(["-".to_string(), "-".to_string()]),
+            }
+        }
+        row.push(r.unit.to_string());
+        row.push(format!("`{}`", r.command));
+        table_rows.push(row);
+    }
+    if qemu.is_some() {
+        table::print(
+            &[
+                "metric",
+                "hover",
+                "QEMU microvm",
+                "QEMU/hover per run",
+                "unit",
+                "command",
+            ],
+            &table_rows,
+        );
+    } else {
+        table::print(&["metric", "value", "unit", "command"], &table_rows);
+    }
     table::write_json(
         out,
         "runtime.json",
         &serde_json::json!({ "scenario": "runtime", "runs": runs, "rows": rows }),
     )
+}
+
+/// Every case, `runs` times, interleaved with its QEMU run when there is one.
+fn cases(exe: &Path, runs: u32, qemu: Option<&Path>, image: &Path) -> Result<Vec<Row>, BenchError> {
+    let mut rows = Vec::new();
+    for c in CASES {
+        let vcpus = c.vcpus.to_string();
+        let peer = qemu.filter(|_| c.vcpus == 1 && !c.cmdline.contains("workload=irq"));
+        let mut values = vec![Vec::new(); c.metrics.len()];
+        let mut qemu_values = vec![Vec::new(); c.metrics.len()];
+        for _ in 0..runs.max(1) {
+            let r = run_hover(exe, &["--vcpus", &vcpus, "--cmdline", c.cmdline])?;
+            for (m, &(_, key, _, scale)) in c.metrics.iter().enumerate() {
+                values[m].push(r.report(key)? * scale);
+            }
+            if let Some(q) = peer {
+                let p = crate::peer::run(
+                    q,
+                    crate::peer::Machine::Microvm,
+                    image,
+                    256,
+                    c.cmdline,
+                    std::time::Duration::from_secs(120),
+                )
+                .map_err(|e| BenchError::Guest(format!("QEMU, {}: {e}", c.cmdline)))?;
+                for (m, &(_, key, _, scale)) in c.metrics.iter().enumerate() {
+                    let v = p.number(key).ok_or_else(|| {
+                        BenchError::Guest(format!("QEMU, {}: no report {key}", c.cmdline))
+                    })?;
+                    qemu_values[m].push(v * scale);
+                }
+            }
+        }
+        let command = format!("hover run --vcpus {} --cmdline \"{}\"", c.vcpus, c.cmdline);
+        for ((&(metric, _, unit, _), values), qemu_values) in
+            c.metrics.iter().zip(values).zip(qemu_values)
+        {
+            rows.push(Row {
+                metric,
+                command: command.clone(),
+                unit,
+                value: summarize(&values).expect("at least one run").p50,
+                values,
+                qemu_values,
+            });
+        }
+    }
+    Ok(rows)
 }

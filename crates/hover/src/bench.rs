@@ -185,6 +185,11 @@ enum Scenario {
         /// Runs per measurement (the median is reported).
         #[arg(long, default_value_t = 3)]
         runs: u32,
+        /// Also run the one-vCPU cases under this peer VMM (`qemu`: QEMU
+        /// microvm on the same image), interleaved; skipped with a message
+        /// if it is not installed.
+        #[arg(long, value_enum)]
+        peer: Option<Peer>,
         /// Directory for the JSON results.
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
@@ -228,7 +233,9 @@ pub fn bench(args: BenchArgs) -> ExitCode {
             Some(Peer::Qemu) => hover_bench::boot::run_peer(&exe, runs, &out),
             None => Ok(()),
         }),
-        Scenario::Runtime { runs, out } => hover_bench::runtime::run(&exe, runs, &out),
+        Scenario::Runtime { runs, peer, out } => {
+            hover_bench::runtime::run(&exe, runs, peer.is_some(), &out)
+        }
         Scenario::Migrate {
             trackers,
             memories,
