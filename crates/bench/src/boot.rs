@@ -154,20 +154,8 @@ pub fn run_peer(exe: &Path, runs: u32, out: &Path) -> Result<(), BenchError> {
             return Ok(());
         }
     };
-    let image = std::env::temp_dir().join(format!("hover-bench-guest-{}", std::process::id()));
-    let made = std::process::Command::new(exe)
-        .args(["guest-image", "--out"])
-        .arg(&image)
-        .status()
-        .map_err(|e| BenchError::Guest(format!("hover guest-image: {e}")))?;
-    if !made.success() {
-        return Err(BenchError::Guest(format!(
-            "hover guest-image failed: {made}"
-        )));
-    }
-    let result = peer_rounds(exe, &qemu, &image, runs);
-    let _ = std::fs::remove_file(&image);
-    let samples = result?;
+    let image = crate::peer::GuestImageFile::write(exe)?;
+    let samples = peer_rounds(exe, &qemu, &image.0, runs)?;
     println!(
         "hover bench boot --peer qemu: {} interleaved rounds; the built-in guest (workload=hello, 1 vCPU, 256 MiB) as a whole process: `hover run` vs {} -M microvm / -M pc booting the same image's PVH entry",
         samples.len(),

@@ -100,6 +100,36 @@ impl PeerRun {
     }
 }
 
+/// The built-in guest's ELF as `hover guest-image` writes it (the image
+/// the peer boots), in a temporary file removed when this is dropped.
+pub struct GuestImageFile(pub PathBuf);
+
+impl GuestImageFile {
+    /// Write it with the `hover` binary at `exe`.
+    pub fn write(exe: &Path) -> Result<Self, crate::BenchError> {
+        let path = std::env::temp_dir().join(format!("hover-bench-guest-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let file = GuestImageFile(path);
+        let made = Command::new(exe)
+            .args(["guest-image", "--out"])
+            .arg(&file.0)
+            .status()
+            .map_err(|e| crate::BenchError::Guest(format!("hover guest-image: {e}")))?;
+        if !made.success() {
+            return Err(crate::BenchError::Guest(format!(
+                "hover guest-image failed: {made}"
+            )));
+        }
+        Ok(file)
+    }
+}
+
+impl Drop for GuestImageFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// Find QEMU on `PATH`.
 pub fn find() -> Result<PathBuf, PeerError> {
     let path = std::env::var_os("PATH").unwrap_or_default();

@@ -172,22 +172,16 @@ pub fn run(exe: &Path, runs: u32, peer: bool, out: &Path) -> Result<(), BenchErr
     } else {
         None
     };
-    let image = std::env::temp_dir().join(format!("hover-bench-guest-{}", std::process::id()));
-    if qemu.is_some() {
-        let made = std::process::Command::new(exe)
-            .args(["guest-image", "--out"])
-            .arg(&image)
-            .status()
-            .map_err(|e| BenchError::Guest(format!("hover guest-image: {e}")))?;
-        if !made.success() {
-            return Err(BenchError::Guest(format!(
-                "hover guest-image failed: {made}"
-            )));
-        }
-    }
-    let result = cases(exe, runs, qemu.as_deref(), &image);
-    let _ = std::fs::remove_file(&image);
-    let rows = result?;
+    let image = match qemu {
+        Some(_) => Some(crate::peer::GuestImageFile::write(exe)?),
+        None => None,
+    };
+    let rows = cases(
+        exe,
+        runs,
+        qemu.as_deref(),
+        image.as_ref().map(|i| i.0.as_path()),
+    )?;
     let mut table_rows = Vec::new();
     for r in &rows {
         let mut row = vec![r.metric.to_string(), format!("{:.2}", r.value)];
@@ -227,11 +221,18 @@ pub fn run(exe: &Path, runs: u32, peer: bool, out: &Path) -> Result<(), BenchErr
 }
 
 /// Every case, `runs` times, interleaved with its QEMU run when there is one.
-fn cases(exe: &Path, runs: u32, qemu: Option<&Path>, image: &Path) -> Result<Vec<Row>, BenchError> {
+fn cases(
+    exe: &Path,
+    runs: u32,
+    qemu: Option<&Path>,
+    image: Option<&Path>,
+) -> Result<Vec<Row>, BenchError> {
     let mut rows = Vec::new();
     for c in CASES {
         let vcpus = c.vcpus.to_string();
-        let peer = qemu.filter(|_| c.vcpus == 1 && !c.cmdline.contains("workload=irq"));
+        let peer = qemu
+            .zip(image)
+            .filter(|_| c.vcpus == 1 && !c.cmdline.contains("workload=irq"));
         let mut values = vec![Vec::new(); c.metrics.len()];
         let mut qemu_values = vec![Vec::new(); c.metrics.len()];
         for _ in 0..runs.max(1) {
@@ -239,7 +240,7 @@ fn cases(exe: &Path, runs: u32, qemu: Option<&Path>, image: &Path) -> Result<Vec
             for (m, &(_, key, _, scale)) in c.metrics.iter().enumerate() {
                 values[m].push(r.report(key)? * scale);
             }
-            if let Some(q) = peer {
+            if let Some((q, image)) = peer {
                 let p = crate::peer::run(
                     q,
                     crate::peer::Machine::Microvm,

@@ -8,8 +8,10 @@ use serde::Serialize;
 use crate::devices::pvio::PvioStats;
 use crate::memory::paged::PagerStats;
 use crate::memory::GuestRam;
-use crate::report::ReportEntry;
+use crate::report::{self, ReportEntry};
+use crate::sched::boost::BoostMode;
 use crate::sched::halt_poll::GovernorReport;
+use crate::vm::Vm;
 
 /// Boot timings, in microseconds from the start of [`super::Vm::new`] (or
 /// of [`super::Vm::restore`]).
@@ -152,4 +154,64 @@ fn process_resident_bytes() -> std::io::Result<u64> {
     // SAFETY: sysconf has no side effects.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
     Ok(pages * page)
+}
+
+/// The outcome of a run of `vm` that ended with `ended`/`code` (from
+/// `vcpu`); `governor` is the halt-poll governor's last report.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn collect(
+    vm: &Vm,
+    governor: Option<GovernorReport>,
+    ended: EndReason,
+    code: u32,
+    vcpu: Option<usize>,
+    tsc_ref: Option<(Instant, u64)>,
+    started: Instant,
+    exited: Instant,
+    vcpu_cpu_us: Vec<u64>,
+) -> RunOutcome {
+    let us = |t: Instant| us_since(vm.created_at, t);
+    let reports = vm.devices.control.reports();
+    let first_instruction_us = tsc_ref.and_then(|(at, tsc0)| {
+        report::find(&reports, "boot_tsc")
+            .and_then(|r| r.value.as_u64())
+            .and_then(|tsc| tsc.checked_sub(tsc0))
+            .map(|ticks| us(at) + ticks * 1000 / vm.tsc_khz.max(1) as u64)
+    });
+    let (vcpu_stats, vcpu_histograms) = crate::stats::read_vcpus(&vm.vcpu_stats);
+    RunOutcome {
+        ended,
+        exit_code: code,
+        exit_vcpu: vcpu,
+        reports,
+        timings: BootTimings {
+            setup_us: us(started),
+            first_instruction_us,
+            first_console_byte_us: vm.devices.serial.first_byte_at().map(us),
+            exit_us: us(exited),
+        },
+        restore: vm.restored.clone(),
+        memory: memory_usage(&vm.ram),
+        console_bytes: vm.devices.serial.bytes_written(),
+        vcpu_stats,
+        vcpu_histograms,
+        pager: vm.pager.as_ref().map(|p| p.stats()),
+        halt_poll: governor,
+        guest_halt_poll: {
+            let g = crate::sched::guest_poll::read(
+                vm.ram.memory(),
+                vm.saved.vcpus,
+                &Default::default(),
+            );
+            (g.max_ns > 0).then_some(g)
+        },
+        boost: {
+            let r = vm.booster.report();
+            (r.mode != BoostMode::Off || r.vcpus.iter().any(|v| v.boosts > 0)).then_some(r)
+        },
+        vcpu_cpu_us,
+        io: vm.pvio.stats(),
+        postcopy: None,
+        vm_stats: crate::stats::read_vm(vm.vm_stats.as_ref()),
+    }
 }

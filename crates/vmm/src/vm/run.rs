@@ -8,12 +8,11 @@ use std::time::{Duration, Instant};
 use kvm_bindings::{kvm_irqchip, kvm_msr_entry, Msrs};
 
 use super::control::{Command, CommandError, Lifecycle, Reply, SnapshotInfo, VmEvent};
-use super::outcome::{memory_usage, us_since, BootTimings, EndReason, RunOutcome};
+use super::outcome::{us_since, EndReason, RunOutcome};
 use super::Vm;
 use crate::api::{ApiServer, GovernorSource, LiveSources};
 use crate::memory::paged::PagerStats;
-use crate::report;
-use crate::sched::boost::{BoostMode, BoostUpdate};
+use crate::sched::boost::BoostUpdate;
 use crate::sched::halt_poll::{self, Governor, GovernorReport, HaltPoll, MAX_WINDOW_NS};
 use crate::state::file::SnapshotWriter;
 use crate::state::{self, DevicesState, MachineState, VmState};
@@ -141,8 +140,16 @@ impl Vm {
                 })
             }
         };
-        let mut outcome = r.outcome(
-            ended, exit_code, exit_vcpu, tsc_ref, started_at, exited_at, cpu_us,
+        let mut outcome = super::outcome::collect(
+            &r.vm,
+            r.governor_reports.last().cloned(),
+            ended,
+            exit_code,
+            exit_vcpu,
+            tsc_ref,
+            started_at,
+            exited_at,
+            cpu_us,
         );
         outcome.postcopy = match postcopy {
             Some(Ok(report)) => Some(report),
@@ -546,64 +553,6 @@ impl Running {
                 started,
             };
         Ok(ApiServer::start(path, sources, self.vm.controller())?)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn outcome(
-        &self,
-        ended: EndReason,
-        code: u32,
-        vcpu: Option<usize>,
-        tsc_ref: Option<(Instant, u64)>,
-        started: Instant,
-        exited: Instant,
-        vcpu_cpu_us: Vec<u64>,
-    ) -> RunOutcome {
-        let vm = &self.vm;
-        let us = |t: Instant| us_since(vm.created_at, t);
-        let reports = vm.devices.control.reports();
-        let first_instruction_us = tsc_ref.and_then(|(at, tsc0)| {
-            report::find(&reports, "boot_tsc")
-                .and_then(|r| r.value.as_u64())
-                .and_then(|tsc| tsc.checked_sub(tsc0))
-                .map(|ticks| us(at) + ticks * 1000 / vm.tsc_khz.max(1) as u64)
-        });
-        let (vcpu_stats, vcpu_histograms) = crate::stats::read_vcpus(&vm.vcpu_stats);
-        RunOutcome {
-            ended,
-            exit_code: code,
-            exit_vcpu: vcpu,
-            reports,
-            timings: BootTimings {
-                setup_us: us(started),
-                first_instruction_us,
-                first_console_byte_us: vm.devices.serial.first_byte_at().map(us),
-                exit_us: us(exited),
-            },
-            restore: vm.restored.clone(),
-            memory: memory_usage(&vm.ram),
-            console_bytes: vm.devices.serial.bytes_written(),
-            vcpu_stats,
-            vcpu_histograms,
-            pager: vm.pager.as_ref().map(|p| p.stats()),
-            halt_poll: self.governor_reports.last().cloned(),
-            guest_halt_poll: {
-                let g = crate::sched::guest_poll::read(
-                    vm.ram.memory(),
-                    vm.saved.vcpus,
-                    &Default::default(),
-                );
-                (g.max_ns > 0).then_some(g)
-            },
-            boost: {
-                let r = vm.booster.report();
-                (r.mode != BoostMode::Off || r.vcpus.iter().any(|v| v.boosts > 0)).then_some(r)
-            },
-            vcpu_cpu_us,
-            io: vm.pvio.stats(),
-            postcopy: None,
-            vm_stats: crate::stats::read_vm(vm.vm_stats.as_ref()),
-        }
     }
 }
 

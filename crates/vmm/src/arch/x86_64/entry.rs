@@ -29,7 +29,9 @@ pub const ENTRY_CR4: u64 = CR4_PAE | CR4_OSFXSR | CR4_OSXMMEXCPT | CR4_FSGSBASE;
 /// EFER: long mode active.
 pub const ENTRY_EFER: u64 = EFER_SCE | EFER_LME | EFER_LMA;
 
-fn flat_segment(selector: u16, code: bool) -> kvm_segment {
+/// A flat 4 GiB CPL0 segment: code (64-bit in long mode, else 32-bit) or data.
+fn flat_segment(selector: u16, code: bool, long_mode: bool) -> kvm_segment {
+    let code64 = code && long_mode;
     kvm_segment {
         base: 0,
         limit: 0xffff_ffff,
@@ -37,9 +39,9 @@ fn flat_segment(selector: u16, code: bool) -> kvm_segment {
         type_: if code { 0xb } else { 0x3 },
         present: 1,
         dpl: 0,
-        db: u8::from(!code),
+        db: u8::from(!code64),
         s: 1,
-        l: u8::from(code),
+        l: u8::from(code64),
         g: 1,
         avl: 0,
         unusable: 0,
@@ -49,8 +51,8 @@ fn flat_segment(selector: u16, code: bool) -> kvm_segment {
 
 /// Special registers for vCPU `index`, starting from what KVM reported.
 pub fn sregs(mut s: kvm_sregs, index: u32) -> kvm_sregs {
-    s.cs = flat_segment(KERNEL_CS, true);
-    s.ds = flat_segment(KERNEL_DS, false);
+    s.cs = flat_segment(KERNEL_CS, true, true);
+    s.ds = flat_segment(KERNEL_DS, false, true);
     s.es = s.ds;
     s.fs = s.ds;
     s.gs = s.ds;
@@ -90,23 +92,8 @@ pub fn regs(entry: u64, index: u32) -> kvm_regs {
 /// protected mode, paging off, flat 4 GiB code and data segments at CPL0,
 /// a 32-bit TSS; the guest builds long mode itself.
 pub fn pvh_sregs(mut s: kvm_sregs) -> kvm_sregs {
-    let flat32 = |selector: u16, type_: u8| kvm_segment {
-        base: 0,
-        limit: 0xffff_ffff,
-        selector,
-        type_,
-        present: 1,
-        dpl: 0,
-        db: 1,
-        s: 1,
-        l: 0,
-        g: 1,
-        avl: 0,
-        unusable: 0,
-        padding: 0,
-    };
-    s.cs = flat32(KERNEL_CS, 0xb);
-    s.ds = flat32(KERNEL_DS, 0x3);
+    s.cs = flat_segment(KERNEL_CS, true, false);
+    s.ds = flat_segment(KERNEL_DS, false, false);
     s.es = s.ds;
     s.fs = s.ds;
     s.gs = s.ds;
