@@ -28,12 +28,17 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn run(halt_poll: HaltPoll, cmdline: &str, file: Option<PathBuf>) -> RunOutcome {
-    let config = VmConfig {
+    run_ok(VmConfig {
         halt_poll,
         pvio: PvioConfig { file },
         cmdline: cmdline.into(),
         ..VmConfig::default()
-    };
+    })
+}
+
+/// Boot `config` and check that the guest ended well.
+fn run_ok(config: VmConfig) -> RunOutcome {
+    let cmdline = config.cmdline.clone();
     let (result, console) = boot(config);
     let o = result.unwrap_or_else(|e| panic!("{cmdline}: {e}\nconsole:\n{console}"));
     assert_eq!(o.exit_code, 0, "{cmdline}\nconsole:\n{console}");
@@ -161,15 +166,11 @@ fn the_device_writes_exactly_what_the_guest_sent() {
 }
 
 fn run_guest_polling(cmdline: &str, limit_ns: u64) -> RunOutcome {
-    let config = VmConfig {
+    run_ok(VmConfig {
         cmdline: cmdline.into(),
         guest_poll_max_ns: limit_ns,
         ..VmConfig::default()
-    };
-    let (result, console) = boot(config);
-    let o = result.unwrap_or_else(|e| panic!("{cmdline}: {e}\nconsole:\n{console}"));
-    assert_eq!(o.exit_code, 0, "{cmdline}\nconsole:\n{console}");
-    o
+    })
 }
 
 #[test]

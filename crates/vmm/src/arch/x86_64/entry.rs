@@ -49,14 +49,24 @@ fn flat_segment(selector: u16, code: bool, long_mode: bool) -> kvm_segment {
     }
 }
 
-/// Special registers for vCPU `index`, starting from what KVM reported.
-pub fn sregs(mut s: kvm_sregs, index: u32) -> kvm_sregs {
-    s.cs = flat_segment(KERNEL_CS, true, true);
-    s.ds = flat_segment(KERNEL_DS, false, true);
+/// Both entry states' segments at CPL0 (code 64-bit in long mode, else
+/// 32-bit; every data segment flat), the placeholder GDT and an empty IDT.
+fn flat_segments(s: &mut kvm_sregs, long_mode: bool) {
+    s.cs = flat_segment(KERNEL_CS, true, long_mode);
+    s.ds = flat_segment(KERNEL_DS, false, long_mode);
     s.es = s.ds;
     s.fs = s.ds;
     s.gs = s.ds;
     s.ss = s.ds;
+    s.gdt.base = BOOT_GDT_GPA;
+    s.gdt.limit = (hover_abi::layout::GDT_ENTRIES * 8 - 1) as u16;
+    s.idt.base = 0;
+    s.idt.limit = 0;
+}
+
+/// Special registers for vCPU `index`, starting from what KVM reported.
+pub fn sregs(mut s: kvm_sregs, index: u32) -> kvm_sregs {
+    flat_segments(&mut s, true);
     s.tr = kvm_segment {
         base: boot_tss(index),
         limit: BOOT_TSS_LIMIT,
@@ -65,10 +75,6 @@ pub fn sregs(mut s: kvm_sregs, index: u32) -> kvm_sregs {
         present: 1,
         ..Default::default()
     };
-    s.gdt.base = BOOT_GDT_GPA;
-    s.gdt.limit = (hover_abi::layout::GDT_ENTRIES * 8 - 1) as u16;
-    s.idt.base = 0;
-    s.idt.limit = 0;
     s.cr0 = ENTRY_CR0;
     s.cr3 = PML4_GPA;
     s.cr4 = ENTRY_CR4;
@@ -92,12 +98,7 @@ pub fn regs(entry: u64, index: u32) -> kvm_regs {
 /// protected mode, paging off, flat 4 GiB code and data segments at CPL0,
 /// a 32-bit TSS; the guest builds long mode itself.
 pub fn pvh_sregs(mut s: kvm_sregs) -> kvm_sregs {
-    s.cs = flat_segment(KERNEL_CS, true, false);
-    s.ds = flat_segment(KERNEL_DS, false, false);
-    s.es = s.ds;
-    s.fs = s.ds;
-    s.gs = s.ds;
-    s.ss = s.ds;
+    flat_segments(&mut s, false);
     s.tr = kvm_segment {
         base: 0,
         limit: 0x67,
@@ -106,10 +107,6 @@ pub fn pvh_sregs(mut s: kvm_sregs) -> kvm_sregs {
         present: 1,
         ..Default::default()
     };
-    s.gdt.base = BOOT_GDT_GPA;
-    s.gdt.limit = (hover_abi::layout::GDT_ENTRIES * 8 - 1) as u16;
-    s.idt.base = 0;
-    s.idt.limit = 0;
     s.cr0 = CR0_PE | CR0_ET;
     s.cr3 = 0;
     s.cr4 = 0;
