@@ -40,7 +40,7 @@ pub(crate) fn sender_sample(
     } else {
         serde_json::json!({ "sender_process": sender })
     };
-    let (rep, _, _, _, _) = migrate_once(exe, &b.transport, "1G", cmdline, body, &id)?;
+    let rep = migrate_once(exe, &b.transport, &[], ("1G", cmdline), body, &id)?.report;
     let num = |k: &str| rep[k].as_f64().unwrap_or(0.0);
     let pages = num("pages_sent").max(1.0);
     let tsc_khz = crate::runner::tsc_khz()? as f64;

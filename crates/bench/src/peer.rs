@@ -180,6 +180,50 @@ pub fn guest_exit(status: Option<i32>, console: &str) -> Option<u32> {
     (status & 1 == 1 && (status >> 1) as u32 == said & 0x7f).then_some(said)
 }
 
+/// How QEMU boots the guest.
+#[derive(Clone, Copy, Debug)]
+pub struct Boot<'a> {
+    /// The machine type.
+    pub machine: Machine,
+    /// The guest's ELF (its PVH entry).
+    pub image: &'a Path,
+    /// Guest memory, MiB.
+    pub memory_mib: u32,
+    /// The guest's command line (`-append`).
+    pub cmdline: &'a str,
+    /// KVM dirty rings of this many entries per vCPU instead of the bitmap.
+    pub dirty_ring: Option<u32>,
+    /// Pin the guest's TSC rate (kHz): QEMU refuses to migrate a guest
+    /// that sees an invariant TSC unless its rate is fixed.
+    pub tsc_khz: Option<u64>,
+}
+
+/// QEMU's command line for `boot`, one vCPU, no devices but isa-debug-exit;
+/// the caller picks the serial console (and monitor).
+pub fn command(qemu: &Path, boot: &Boot) -> Command {
+    let mut accel = "kvm".to_string();
+    if let Some(n) = boot.dirty_ring {
+        accel += &format!(",dirty-ring-size={n}");
+    }
+    // The guest reads its TSC rate from CPUID 0x4000_0010, which QEMU
+    // offers only with an invariant TSC; -arch-capabilities: QEMU cannot
+    // set MSR 0x10a on this KVM.
+    let mut cpu = "host,-arch-capabilities,+invtsc".to_string();
+    if let Some(khz) = boot.tsc_khz {
+        cpu += &format!(",tsc-frequency={}", khz * 1000);
+    }
+    let mut c = Command::new(qemu);
+    c.args(["-M", boot.machine.arg()])
+        .args(["-accel", &accel, "-cpu", &cpu])
+        .args(["-m", &boot.memory_mib.to_string(), "-smp", "1"])
+        .arg("-kernel")
+        .arg(boot.image)
+        .args(["-append", boot.cmdline])
+        .args(["-nographic", "-no-reboot", "-nodefaults"])
+        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"]);
+    c
+}
+
 /// Boot `image` under QEMU (`machine`, 1 vCPU, `memory_mib`) with `cmdline`;
 /// stop it after `timeout`.
 pub fn run(
@@ -191,21 +235,16 @@ pub fn run(
     timeout: Duration,
 ) -> Result<PeerRun, PeerError> {
     let started = Instant::now();
-    let mut child = Command::new(qemu)
-        .args(["-M", machine.arg()])
-        .args(["-enable-kvm", "-cpu", "host,-arch-capabilities,+invtsc"])
-        .args(["-m", &memory_mib.to_string(), "-smp", "1"])
-        .arg("-kernel")
-        .arg(image)
-        .args(["-append", cmdline])
-        .args([
-            "-nographic",
-            "-no-reboot",
-            "-nodefaults",
-            "-serial",
-            "stdio",
-        ])
-        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"])
+    let boot = Boot {
+        machine,
+        image,
+        memory_mib,
+        cmdline,
+        dirty_ring: None,
+        tsc_khz: None,
+    };
+    let mut child = command(qemu, &boot)
+        .args(["-serial", "stdio"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

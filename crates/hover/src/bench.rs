@@ -111,6 +111,13 @@ enum Scenario {
         /// hybrid over a link with latency and a rate limit (seeds 1+3+4).
         #[arg(long, default_value = "precopy", value_parser = ["precopy", "postcopy"])]
         mode: String,
+        /// Pre-copy beside this peer VMM instead of the trackers, batching
+        /// and mapping tables (`qemu`: QEMU microvm migrating the same
+        /// 1-vCPU kvstore guest over TCP, dirty bitmap and dirty ring, beside
+        /// `hover` with `bitmap` and `ring`; `--memories`, `--wss`, `--rate`
+        /// and `--runs` apply); skipped with a message if it is not installed.
+        #[arg(long, value_enum)]
+        peer: Option<Peer>,
         /// Post-copy: the link's rate each way, Mbit/s.
         #[arg(long, default_value_t = 200)]
         link_mbit: u64,
@@ -245,6 +252,7 @@ pub fn bench(args: BenchArgs) -> ExitCode {
             runs,
             transport,
             mode,
+            peer,
             link_mbit,
             link_delay_ms,
             postcopy_memory,
@@ -252,7 +260,23 @@ pub fn bench(args: BenchArgs) -> ExitCode {
             postcopy_seconds,
             out,
         } => {
-            if mode == "postcopy" {
+            if peer.is_some() && mode == "postcopy" {
+                eprintln!("hover: error: --peer qemu compares pre-copy only (--mode precopy): QEMU's post-copy has no counterpart of Hover's async-PF destination to compare");
+                return ExitCode::from(EXIT_BAD_INPUT);
+            }
+            if let Some(Peer::Qemu) = peer {
+                if let Err(e) = check_sizes("--memories", &memories).and(check_sizes("--wss", &wss))
+                {
+                    return e;
+                }
+                let b = hover_bench::migrate_peer::PeerMigrateBench {
+                    memories,
+                    wss,
+                    rate,
+                    runs,
+                };
+                hover_bench::migrate_peer::run(&exe, &b, &out)
+            } else if mode == "postcopy" {
                 if let Err(e) = check_sizes(
                     "--postcopy-memory",
                     &[postcopy_memory.clone(), postcopy_array.clone()],
