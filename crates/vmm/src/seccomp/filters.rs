@@ -287,7 +287,48 @@ pub fn compile(kind: Kind, mode: Mode) -> Result<BpfProgram, String> {
             .map_err(|e| format!("{e:?}"))?,
     )
     .map_err(|e| e.to_string())?;
-    filter
+    let prog: BpfProgram = filter
         .try_into()
-        .map_err(|e: seccompiler::BackendError| e.to_string())
+        .map_err(|e: seccompiler::BackendError| e.to_string())?;
+    Ok(if allows_open(kind) {
+        prog
+    } else {
+        failing_open().into_iter().chain(prog).collect()
+    })
+}
+
+/// Whether `kind` may open files (read-only or not).
+fn allows_open(kind: Kind) -> bool {
+    allow_list(kind)
+        .iter()
+        .any(|(call, _)| *call == libc::SYS_openat)
+}
+
+/// Instructions that make `openat` fail with ENOENT, for the kinds that
+/// never open a file, ahead of their allow-list. The C library opens files
+/// behind the program's back, from whichever thread happens to get there
+/// first: glibc's malloc reads /proc/sys/vm/overcommit_memory the first
+/// time any thread's arena shrinks (seen from a vCPU thread in a
+/// migration, which stopped the VMM), and takes a failed open as "no".
+/// Failing the call keeps the guarantee (no file is opened) without
+/// stopping a VM over a library's lookup.
+fn failing_open() -> [seccompiler::sock_filter; 5] {
+    // Classic BPF opcodes (linux/filter.h): BPF_LD|BPF_W|BPF_ABS,
+    // BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K.
+    const LD_W_ABS: u16 = 0x20;
+    const JEQ_K: u16 = 0x15;
+    const RET_K: u16 = 0x06;
+    const ARCH_OFFSET: u32 = 4;
+    const NR_OFFSET: u32 = 0;
+    const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
+    let op = |code, jt, jf, k| seccompiler::sock_filter { code, jt, jf, k };
+    [
+        // Another architecture's call numbers mean other calls: leave
+        // them to the allow-list, which refuses other architectures.
+        op(LD_W_ABS, 0, 0, ARCH_OFFSET),
+        op(JEQ_K, 0, 3, AUDIT_ARCH_X86_64),
+        op(LD_W_ABS, 0, 0, NR_OFFSET),
+        op(JEQ_K, 0, 1, libc::SYS_openat as u32),
+        op(RET_K, 0, 0, libc::SECCOMP_RET_ERRNO | libc::ENOENT as u32),
+    ]
 }

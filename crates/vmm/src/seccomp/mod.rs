@@ -8,6 +8,11 @@
 //! it opens the files and sockets the user names (snapshots, migration
 //! peers) and starts the migration's sender process.
 //!
+//! Kinds that never open a file get ENOENT from `openat` instead of a
+//! trap (see `filters::failing_open`): the C library's own lookups (glibc's
+//! malloc reads /proc/sys/vm/overcommit_memory from whichever thread first
+//! shrinks an arena) must not stop a VM, and the file still stays shut.
+//!
 //! Modes: `on` traps a forbidden call: a one-line message on stderr names
 //! the thread, its kind and the call, and the process exits with status 1
 //! (a thread that vanished would leave the VM waiting on it forever, and a
@@ -278,6 +283,58 @@ mod tests {
                 !stdout.contains("socket: -1"),
                 "{mode:?}: the call ran: {stdout}"
             );
+        }
+    }
+
+    /// In the child: a vCPU thread opens the file glibc's malloc reads,
+    /// then makes an allowed call.
+    fn library_open(mode: Mode) {
+        set_mode(mode);
+        check(mode).unwrap();
+        let t = spawn(Kind::Vcpu, "vcpu-test".into(), || {
+            let path = c"/proc/sys/vm/overcommit_memory";
+            // SAFETY: a valid NUL-terminated path; the fd, if any, is closed.
+            unsafe {
+                let fd = libc::openat(libc::AT_FDCWD, path.as_ptr(), libc::O_RDONLY);
+                let errno = std::io::Error::last_os_error().raw_os_error();
+                if fd >= 0 {
+                    libc::close(fd);
+                }
+                libc::gettid();
+                (fd, errno)
+            }
+        })
+        .unwrap();
+        let (fd, errno) = t.join().unwrap();
+        println!("open: fd {fd}, errno {errno:?}");
+    }
+
+    #[test]
+    fn an_open_in_a_thread_that_never_opens_files_fails_without_stopping_the_vmm() {
+        if let Some(mode) = child_mode() {
+            return library_open(mode);
+        }
+        let out = child(
+            "seccomp::tests::an_open_in_a_thread_that_never_opens_files_fails_without_stopping_the_vmm",
+            Mode::On,
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains(&format!("open: fd -1, errno Some({})", libc::ENOENT)),
+            "{stdout}"
+        );
+        // The kinds that open files still can.
+        for kind in filters::KINDS {
+            let prog = filters::compile(kind, Mode::On).unwrap();
+            let fails_open =
+                prog[4].code == 0x06 && prog[4].k == libc::SECCOMP_RET_ERRNO | libc::ENOENT as u32;
+            let opens = matches!(kind, Kind::Pager | Kind::Io | Kind::Api);
+            assert_eq!(fails_open, !opens, "{kind:?}");
         }
     }
 
