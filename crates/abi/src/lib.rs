@@ -7,6 +7,7 @@
 #![no_std]
 #![deny(missing_docs)]
 
+pub mod acpi;
 pub mod boost;
 pub mod boot;
 pub mod cmdline;

@@ -207,7 +207,7 @@ fn peer_rounds(
     image: &Path,
     runs: u32,
 ) -> Result<Vec<PeerSample>, BenchError> {
-    use crate::peer::{run as qemu_run, Machine};
+    use crate::peer::{run as qemu_run, Boot, Machine};
     let cmdline = "workload=hello";
     let timeout = std::time::Duration::from_secs(60);
     let mut samples = Vec::new();
@@ -223,7 +223,7 @@ fn peer_rounds(
             ..Default::default()
         };
         for m in [Machine::Microvm, Machine::Pc] {
-            let r = qemu_run(qemu, m, image, 256, cmdline, timeout)
+            let r = qemu_run(qemu, &Boot::new(m, image, 1, 256, cmdline), timeout)
                 .map_err(|e| BenchError::Guest(format!("{}: {e}", m.name())))?;
             if r.exit_code != 0 || r.number("vcpus_seen") != Some(1.0) {
                 return Err(BenchError::Guest(format!(

@@ -205,12 +205,9 @@ pub fn qemu_sample(
     }
     let cmdline = cmdline(b, wss);
     let boot = Boot {
-        machine: Machine::Microvm,
-        image,
-        memory_mib: mib(memory)?,
-        cmdline: &cmdline,
         dirty_ring: (tracker == "ring").then_some(RING_ENTRIES),
         tsc_khz: Some(tsc_khz),
+        ..Boot::new(Machine::Microvm, image, 1, mib(memory)?, &cmdline)
     };
     let spawn = |sock: &Path, serial: &Path, extra: &[String]| {
         peer::command(qemu, &boot)

@@ -187,6 +187,9 @@ pub struct Boot<'a> {
     pub machine: Machine,
     /// The guest's ELF (its PVH entry).
     pub image: &'a Path,
+    /// vCPUs (`-smp`): the boot vCPU enters at the PVH entry and starts
+    /// the others itself.
+    pub vcpus: u32,
     /// Guest memory, MiB.
     pub memory_mib: u32,
     /// The guest's command line (`-append`).
@@ -198,7 +201,7 @@ pub struct Boot<'a> {
     pub tsc_khz: Option<u64>,
 }
 
-/// QEMU's command line for `boot`, one vCPU, no devices but isa-debug-exit;
+/// QEMU's command line for `boot`, no devices but isa-debug-exit;
 /// the caller picks the serial console (and monitor).
 pub fn command(qemu: &Path, boot: &Boot) -> Command {
     let mut accel = "kvm".to_string();
@@ -215,7 +218,8 @@ pub fn command(qemu: &Path, boot: &Boot) -> Command {
     let mut c = Command::new(qemu);
     c.args(["-M", boot.machine.arg()])
         .args(["-accel", &accel, "-cpu", &cpu])
-        .args(["-m", &boot.memory_mib.to_string(), "-smp", "1"])
+        .args(["-m", &boot.memory_mib.to_string()])
+        .args(["-smp", &boot.vcpus.to_string()])
         .arg("-kernel")
         .arg(boot.image)
         .args(["-append", boot.cmdline])
@@ -224,26 +228,32 @@ pub fn command(qemu: &Path, boot: &Boot) -> Command {
     c
 }
 
-/// Boot `image` under QEMU (`machine`, 1 vCPU, `memory_mib`) with `cmdline`;
-/// stop it after `timeout`.
-pub fn run(
-    qemu: &Path,
-    machine: Machine,
-    image: &Path,
-    memory_mib: u32,
-    cmdline: &str,
-    timeout: Duration,
-) -> Result<PeerRun, PeerError> {
+impl<'a> Boot<'a> {
+    /// `image` with `cmdline` on `machine`: `vcpus` vCPUs, `memory_mib`
+    /// MiB, the dirty bitmap, the TSC rate left to QEMU.
+    pub fn new(
+        machine: Machine,
+        image: &'a Path,
+        vcpus: u32,
+        memory_mib: u32,
+        cmdline: &'a str,
+    ) -> Self {
+        Boot {
+            machine,
+            image,
+            vcpus,
+            memory_mib,
+            cmdline,
+            dirty_ring: None,
+            tsc_khz: None,
+        }
+    }
+}
+
+/// Boot the guest under QEMU as `boot` says; stop it after `timeout`.
+pub fn run(qemu: &Path, boot: &Boot, timeout: Duration) -> Result<PeerRun, PeerError> {
     let started = Instant::now();
-    let boot = Boot {
-        machine,
-        image,
-        memory_mib,
-        cmdline,
-        dirty_ring: None,
-        tsc_khz: None,
-    };
-    let mut child = command(qemu, &boot)
+    let mut child = command(qemu, boot)
         .args(["-serial", "stdio"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -357,10 +367,13 @@ mod tests {
     fn a_qemu_that_cannot_start_is_a_clear_error() {
         let e = run(
             Path::new("/nonexistent/qemu-system-x86_64"),
-            Machine::Microvm,
-            Path::new("/nonexistent/guest"),
-            128,
-            "workload=hello",
+            &Boot::new(
+                Machine::Microvm,
+                Path::new("/nonexistent/guest"),
+                1,
+                128,
+                "workload=hello",
+            ),
             Duration::from_secs(5),
         )
         .unwrap_err()

@@ -10,12 +10,11 @@
 //!   and with `idle=poll`.
 //!
 //! Each measurement is the median over `runs` runs. With the QEMU peer
-//! (`--peer qemu`), each one-vCPU case also runs, interleaved, under QEMU
-//! microvm on the same image (its PVH entry): the guest's own paths on the
-//! same KVM, with QEMU's device model and vCPU loop instead of Hover's. The
-//! two-vCPU cases have no QEMU column (the guest brings up only its boot
-//! vCPU under QEMU so far), nor have the MSI cases (they ask Hover's
-//! control device for the interrupt).
+//! (`--peer qemu`), each case also runs, interleaved, under QEMU microvm on
+//! the same image with as many vCPUs (its PVH entry; the boot vCPU starts
+//! the others with INIT/SIPI): the guest's own paths on the same KVM, with
+//! QEMU's device model and vCPU loop instead of Hover's. The MSI cases have
+//! no QEMU column: they ask Hover's control device for the interrupt.
 
 use std::path::Path;
 
@@ -34,7 +33,7 @@ struct Row {
     value: f64,
     /// Every run's value.
     values: Vec<f64>,
-    /// The same under QEMU microvm (with `--peer qemu`, one-vCPU cases).
+    /// The same under QEMU microvm (with `--peer qemu`; none for the MSI cases).
     qemu_values: Vec<f64>,
 }
 
@@ -232,7 +231,7 @@ fn cases(
         let vcpus = c.vcpus.to_string();
         let peer = qemu
             .zip(image)
-            .filter(|_| c.vcpus == 1 && !c.cmdline.contains("workload=irq"));
+            .filter(|_| !c.cmdline.contains("workload=irq"));
         let mut values = vec![Vec::new(); c.metrics.len()];
         let mut qemu_values = vec![Vec::new(); c.metrics.len()];
         for _ in 0..runs.max(1) {
@@ -241,15 +240,15 @@ fn cases(
                 values[m].push(r.report(key)? * scale);
             }
             if let Some((q, image)) = peer {
-                let p = crate::peer::run(
-                    q,
+                let boot = crate::peer::Boot::new(
                     crate::peer::Machine::Microvm,
                     image,
+                    c.vcpus,
                     256,
                     c.cmdline,
-                    std::time::Duration::from_secs(120),
-                )
-                .map_err(|e| BenchError::Guest(format!("QEMU, {}: {e}", c.cmdline)))?;
+                );
+                let p = crate::peer::run(q, &boot, std::time::Duration::from_secs(120))
+                    .map_err(|e| BenchError::Guest(format!("QEMU, {}: {e}", c.cmdline)))?;
                 for (m, &(_, key, _, scale)) in c.metrics.iter().enumerate() {
                     let v = p.number(key).ok_or_else(|| {
                         BenchError::Guest(format!("QEMU, {}: no report {key}", c.cmdline))

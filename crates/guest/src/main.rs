@@ -54,6 +54,7 @@ pub extern "C" fn rust_start(boot_info: u64, cpu: u64, tsc_hi: u64, tsc_lo: u64)
     }
     // SAFETY: called once on this CPU, cpu < MAX_VCPUS.
     let pc = unsafe { percpu::init(cpu) };
+    pvh::checked_in();
     // The monitor passes the boot-info page's address (or, through the PVH
     // entry, the start-info page's), identity-mapped; the contents are
     // checked before use below.
@@ -97,6 +98,7 @@ pub extern "C" fn rust_start(boot_info: u64, cpu: u64, tsc_hi: u64, tsc_lo: u64)
     }
     timer::init_cpu(pc, hz);
     if cpu == 0 {
+        pvh::start_other_vcpus(boot);
         if boot.cmdline().is_none() {
             println!("guest: command line is not UTF-8");
             control::exit(exit_code::BAD_CMDLINE);

@@ -20,6 +20,7 @@
 pvh_start32:
     cld
     mov %ebx, %esi                   /* keep the start-info page */
+    mov %ebx, {pvh_start_info}       /* ... for the other vCPUs too */
     /* Mask the legacy PICs: firmware (SeaBIOS under QEMU's pc machine)
      * leaves the PIT ticking through them, and the runtime enables
      * interrupts before its IDT is filled. */
@@ -109,6 +110,61 @@ pvh_start64:
     xor %esi, %esi                   /* rsi = vCPU 0 */
     jmp _start
 
+/* The other vCPUs (started by vCPU 0 with INIT/SIPI, pvh.rs): the SIPI
+ * starts them in real mode at the page the trampoline was copied to. They
+ * reuse vCPU 0's page tables and GDT, one at a time on one small stack
+ * (vCPU 0 waits for each to reach the runtime), and skip `ltr`: the
+ * runtime loads each CPU's own TSS before it enables that CPU's LAPIC,
+ * which is off until then, so nothing can interrupt them first. */
+    .code16
+    .global pvh_ap_tramp, pvh_ap_tramp_end
+pvh_ap_tramp:
+    cli
+    cld
+    mov %cs, %ax
+    mov %ax, %ds
+    lgdtl pvh_ap_gdtr - pvh_ap_tramp
+    mov %cr0, %eax
+    or $1, %al
+    mov %eax, %cr0
+    ljmpl $0x38, $pvh_ap_start32
+    .balign 4
+pvh_ap_gdtr:
+    .word pvh_gdt_end - pvh_gdt - 1
+    .long pvh_gdt
+pvh_ap_tramp_end:
+
+    .code32
+pvh_ap_start32:
+    mov ${kernel_ds}, %eax
+    mov %eax, %ds
+    mov %eax, %es
+    mov %eax, %ss
+    mov ${entry_cr4}, %eax
+    mov %eax, %cr4
+    mov ${pvh_pml4}, %eax
+    mov %eax, %cr3
+    mov $0xc0000080, %ecx
+    rdmsr
+    or $0x101, %eax                  /* LME | SCE */
+    wrmsr
+    mov ${entry_cr0}, %eax
+    mov %eax, %cr0
+    ljmp ${kernel_cs}, $pvh_ap_start64
+
+    .code64
+pvh_ap_start64:
+    mov ${kernel_ds}, %eax
+    mov %eax, %ds
+    mov %eax, %es
+    mov %eax, %ss
+    mov %eax, %fs
+    mov %eax, %gs
+    mov ${pvh_ap_stack}+4096, %rsp
+    mov {pvh_ap_index}(%rip), %esi   /* rsi = this vCPU's index */
+    mov {pvh_start_info}(%rip), %edi /* rdi = the start-info page */
+    jmp _start
+
     .section .data
     .balign 16
 pvh_gdt:
@@ -119,6 +175,7 @@ pvh_gdt:
     .quad 0x00AFFA000000FFFF         /* 0x20: 64-bit code, DPL3 */
     .quad 0                          /* 0x28: TSS, filled in */
     .quad 0
+    .quad 0x00CF9A000000FFFF         /* 0x38: 32-bit code, for the APs */
 pvh_gdt_end:
 pvh_gdtr:
     .word pvh_gdt_end - pvh_gdt - 1

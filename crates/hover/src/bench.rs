@@ -192,7 +192,7 @@ enum Scenario {
         /// Runs per measurement (the median is reported).
         #[arg(long, default_value_t = 3)]
         runs: u32,
-        /// Also run the one-vCPU cases under this peer VMM (`qemu`: QEMU
+        /// Also run the cases (all but the MSI ones) under this peer VMM (`qemu`: QEMU
         /// microvm on the same image), interleaved; skipped with a message
         /// if it is not installed.
         #[arg(long, value_enum)]

@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::{hover, text, Scratch};
-use hover_bench::peer::{self, Machine};
+use hover_bench::peer::{self, Boot, Machine};
 use hover_vmm::host::kvm_for_test;
 
 fn qemu(test: &str) -> Option<std::path::PathBuf> {
@@ -37,10 +37,13 @@ fn the_builtin_guest_runs_under_qemu_and_reports_on_its_console() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let r = peer::run(
         &qemu,
-        Machine::Microvm,
-        &image,
-        128,
-        "workload=timer interval_us=1000 seconds=1",
+        &Boot::new(
+            Machine::Microvm,
+            &image,
+            1,
+            128,
+            "workload=timer interval_us=1000 seconds=1",
+        ),
         Duration::from_secs(60),
     )
     .unwrap_or_else(|e| panic!("QEMU run: {e}"));
@@ -59,10 +62,7 @@ fn the_builtin_guest_runs_under_qemu_and_reports_on_its_console() {
     // A workload that needs Hover's I/O device says so and exits 22.
     let r = peer::run(
         &qemu,
-        Machine::Microvm,
-        &image,
-        128,
-        "workload=iolat seconds=1",
+        &Boot::new(Machine::Microvm, &image, 1, 128, "workload=iolat seconds=1"),
         Duration::from_secs(60),
     )
     .unwrap_or_else(|e| panic!("QEMU run: {e}"));
@@ -106,4 +106,37 @@ fn qemu_migrates_the_builtin_guest_with_its_data_intact() {
     assert!(s.rounds >= 1.0, "{s:?}");
     // The working set (16 MiB, written at random) crossed the wire.
     assert!(s.sent_mib >= 16.0, "{s:?}");
+}
+
+#[test]
+fn under_qemu_the_boot_vcpu_starts_the_others_and_each_reports() {
+    let Some(qemu) = qemu("under_qemu_the_boot_vcpu_starts_the_others_and_each_reports") else {
+        return;
+    };
+    let scratch = Scratch::new("qemu-smp");
+    let image = scratch.0.join("guest.elf");
+    let out = hover(&["guest-image", "--out", image.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // Only vCPU 0 enters at the PVH entry; it finds the others in QEMU's
+    // ACPI MADT and starts them with INIT/SIPI. `hello` fails unless every
+    // vCPU the guest counts checks in.
+    let r = peer::run(
+        &qemu,
+        &Boot::new(Machine::Microvm, &image, 2, 128, "workload=hello"),
+        Duration::from_secs(60),
+    )
+    .unwrap_or_else(|e| panic!("QEMU run: {e}"));
+    assert_eq!(r.exit_code, 0, "console:\n{}", r.console);
+    assert!(
+        r.console.contains("hello: all 2 vCPUs checked in"),
+        "console:\n{}",
+        r.console
+    );
+    // The task pinned to vCPU 1 ran there, on the CPU with x2APIC id 1.
+    assert!(
+        r.console.contains("hello from vCPU 1 of 2 (x2APIC id 1)"),
+        "console:\n{}",
+        r.console
+    );
+    assert_eq!(r.number("vcpus_seen"), Some(2.0), "console:\n{}", r.console);
 }
