@@ -54,7 +54,6 @@ pub extern "C" fn rust_start(boot_info: u64, cpu: u64, tsc_hi: u64, tsc_lo: u64)
     }
     // SAFETY: called once on this CPU, cpu < MAX_VCPUS.
     let pc = unsafe { percpu::init(cpu) };
-    pvh::checked_in();
     // The monitor passes the boot-info page's address (or, through the PVH
     // entry, the start-info page's), identity-mapped; the contents are
     // checked before use below.
@@ -65,6 +64,7 @@ pub extern "C" fn rust_start(boot_info: u64, cpu: u64, tsc_hi: u64, tsc_lo: u64)
         tables::wait_for_idt();
     }
     tables::load_cpu_tables(pc);
+    pvh::checked_in();
     sched::init_cpu(pc);
     if !boot.is_valid() {
         if cpu == 0 {

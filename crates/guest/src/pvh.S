@@ -63,12 +63,14 @@ pvh_start32:
     mov ${pvh_pdpt}, %eax
     or $7, %eax
     mov %eax, (%edi)
-    /* The TSS descriptor (GDT entries 5-6) for pvh_tss, limit 0x67. */
-    mov ${pvh_tss}, %eax
+    /* TSS descriptors (limit 0x67, available): GDT entries 5-6 for
+     * pvh_tss, 8-9 for the other vCPUs' pvh_ap_tss. */
+    .macro hover_pvh_tss_desc tss, desc
+    mov $\tss, %eax
     mov %eax, %edx
     shl $16, %eax
     or $0x67, %eax
-    mov %eax, pvh_gdt + 0x28
+    mov %eax, \desc
     mov %edx, %eax
     shr $16, %eax
     and $0xff, %eax
@@ -76,10 +78,16 @@ pvh_start32:
     mov %edx, %ecx
     and $0xff000000, %ecx
     or %ecx, %eax
-    mov %eax, pvh_gdt + 0x2c
-    /* RSP0 of the TSS: the top of the PVH boot stack. */
+    mov %eax, \desc + 4
+    .endm
+    hover_pvh_tss_desc {pvh_tss}, pvh_gdt + 0x28
+    hover_pvh_tss_desc {pvh_ap_tss}, pvh_gdt + 0x40
+    /* RSP0 of each: the top of its boot stack. An interrupt or nub call
+     * from CPL3 switches to it until the runtime loads the CPU's own TSS. */
     mov ${pvh_stack}+16384, %eax
     mov %eax, {pvh_tss}+4
+    mov ${pvh_ap_stack}+4096, %eax
+    mov %eax, {pvh_ap_tss}+4
     lgdt pvh_gdtr
     /* Long mode: PAE, CR3, EFER.LME, then paging (with SSE and FSGSBASE
      * enabled as Hover's entry state has them). */
@@ -113,9 +121,11 @@ pvh_start64:
 /* The other vCPUs (started by vCPU 0 with INIT/SIPI, pvh.rs): the SIPI
  * starts them in real mode at the page the trampoline was copied to. They
  * reuse vCPU 0's page tables and GDT, one at a time on one small stack
- * (vCPU 0 waits for each to reach the runtime), and skip `ltr`: the
- * runtime loads each CPU's own TSS before it enables that CPU's LAPIC,
- * which is off until then, so nothing can interrupt them first. */
+ * and one TSS (vCPU 0 waits for each until the runtime has loaded that
+ * CPU's own tables). The TSS matters: the runtime's first nub call from
+ * CPL3 takes RSP0 from it; without `ltr` the CPU would read RSP0 from the
+ * reset TR (base 0: the real-mode vector table), which under SeaBIOS is
+ * not canonical and resets the VM. */
     .code16
     .global pvh_ap_tramp, pvh_ap_tramp_end
 pvh_ap_tramp:
@@ -160,6 +170,9 @@ pvh_ap_start64:
     mov %eax, %ss
     mov %eax, %fs
     mov %eax, %gs
+    andb $0xfd, pvh_gdt + 0x45       /* available again after the last AP */
+    mov $0x40, %eax
+    ltr %ax
     mov ${pvh_ap_stack}+4096, %rsp
     mov {pvh_ap_index}(%rip), %esi   /* rsi = this vCPU's index */
     mov {pvh_start_info}(%rip), %edi /* rdi = the start-info page */
@@ -176,6 +189,8 @@ pvh_gdt:
     .quad 0                          /* 0x28: TSS, filled in */
     .quad 0
     .quad 0x00CF9A000000FFFF         /* 0x38: 32-bit code, for the APs */
+    .quad 0                          /* 0x40: the APs' TSS, filled in */
+    .quad 0
 pvh_gdt_end:
 pvh_gdtr:
     .word pvh_gdt_end - pvh_gdt - 1

@@ -47,9 +47,16 @@ static PVH_START_INFO: AtomicU32 = AtomicU32::new(0);
 /// The index the vCPU being started takes (set before its SIPI).
 #[no_mangle]
 static PVH_AP_INDEX: AtomicU32 = AtomicU32::new(0);
-/// The stack the starting vCPU uses until `_start` moves it to its own.
+/// The stack the starting vCPU uses until `_start` moves it to its own,
+/// and its CPL0 stack (its TSS's RSP0) until the runtime loads its tables.
 #[no_mangle]
-static mut PVH_AP_STACK: [u8; 4096] = [0; 4096];
+static mut PVH_AP_STACK: Stack4K = Stack4K([0; 4096]);
+/// The starting vCPU's TSS (RSP0 at offset 4).
+#[no_mangle]
+static mut PVH_AP_TSS: [u32; 26] = [0; 26];
+
+#[repr(C, align(16))]
+struct Stack4K([u8; 4096]);
 
 /// vCPUs that reached the runtime.
 static CHECKED_IN: AtomicU32 = AtomicU32::new(0);
@@ -81,6 +88,7 @@ global_asm!(
     pvh_start_info = sym PVH_START_INFO,
     pvh_ap_index = sym PVH_AP_INDEX,
     pvh_ap_stack = sym PVH_AP_STACK,
+    pvh_ap_tss = sym PVH_AP_TSS,
     entry_cr4 = const CR4,
     entry_cr0 = const CR0,
     kernel_cs = const KERNEL_CS,
@@ -178,7 +186,8 @@ fn trampoline_page(si: &HvmStartInfo, map: &[HvmMemmapEntry]) -> u64 {
     0
 }
 
-/// Called by every vCPU as it enters the runtime.
+/// Called by every vCPU once it runs on its own tables (TSS, stacks): from
+/// here the next vCPU may use the shared entry stack and TSS.
 pub fn checked_in() {
     CHECKED_IN.fetch_add(1, Ordering::Release);
 }

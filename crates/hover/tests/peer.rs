@@ -139,4 +139,15 @@ fn under_qemu_the_boot_vcpu_starts_the_others_and_each_reports() {
         r.console
     );
     assert_eq!(r.number("vcpus_seen"), Some(2.0), "console:\n{}", r.console);
+    // Under SeaBIOS (`pc`) the started vCPU's first trip to CPL0 needs the
+    // entry TSS: with the reset TR it read a non-canonical RSP0 from the
+    // real-mode vector table and the VM reset (microvm's low memory hid it).
+    let r = peer::run(
+        &qemu,
+        &Boot::new(Machine::Pc, &image, 2, 128, "workload=hello"),
+        Duration::from_secs(120),
+    )
+    .unwrap_or_else(|e| panic!("QEMU pc run: {e}"));
+    assert_eq!(r.exit_code, 0, "console:\n{}", r.console);
+    assert_eq!(r.number("vcpus_seen"), Some(2.0), "console:\n{}", r.console);
 }
