@@ -103,6 +103,11 @@ pub const GLOBAL_PARAMS: &[ParamSpec] = &[
         10_000,
         200,
     ),
+    ParamSpec {
+        name: "virtio_mmio.device",
+        help: "added by QEMU microvm for its virtio-mmio device: SIZE@BASE:GSI (iolat drives a virtio block device found this way when Hover's I/O device is absent)",
+        kind: ParamKind::Choice { values: &[] },
+    },
 ];
 
 /// Every workload of the built-in guest.

@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use crate::halt_poll_peer::PeerIolat;
 use crate::plot::{self, Series};
 use crate::runner::run_hover;
 use crate::{table, BenchError};
@@ -38,6 +39,8 @@ pub struct HaltPollBench {
     pub runs: u32,
     /// The devices: (name, directory for the device's file).
     pub devices: Vec<(String, PathBuf)>,
+    /// Also run `iolat` under QEMU microvm each round (`--peer qemu`).
+    pub peer: bool,
 }
 
 struct Mode {
@@ -203,10 +206,34 @@ pub fn run(exe: &Path, b: &HaltPollBench, out: &Path) -> Result<(), BenchError> 
         b.seconds,
         b.runs
     );
-    // all[device][mode] = runs in round order.
+    let qemu = match b.peer.then(crate::peer::find) {
+        Some(Ok(q)) => Some(q),
+        Some(Err(e)) => {
+            println!("--peer qemu: skipped: {e}");
+            None
+        }
+        None => None,
+    };
+    let image = match qemu {
+        Some(_) => Some(crate::peer::GuestImageFile::write(exe)?),
+        None => None,
+    };
+    // all[device][mode] = runs in round order; peer_runs[device] likewise.
     let mut all: Vec<Vec<Vec<Run>>> = vec![vec![Vec::new(); MODES.len()]; b.devices.len()];
+    let mut peer_runs: Vec<Vec<PeerIolat>> = vec![Vec::new(); b.devices.len()];
     for round in 0..b.runs.max(1) {
         for (d, (dname, dir)) in b.devices.iter().enumerate() {
+            if let (Some(q), Some(img)) = (&qemu, &image) {
+                let r = crate::halt_poll_peer::run(q, &img.0, dir, b.seconds, round)?;
+                eprintln!(
+                    "  round {} {:<5} {:<26} {:>8.0} IOPS",
+                    round + 1,
+                    dname,
+                    "QEMU microvm",
+                    r.iops
+                );
+                peer_runs[d].push(r);
+            }
             for (i, m) in MODES.iter().enumerate() {
                 let r = run_mode(exe, b, dir, m, round)?;
                 eprintln!(
@@ -310,10 +337,13 @@ pub fn run(exe: &Path, b: &HaltPollBench, out: &Path) -> Result<(), BenchError> 
         ],
         &table_rows,
     );
+    if qemu.is_some() {
+        peer_table(b, &rows, &peer_runs);
+    }
     table::write_json(
         out,
         "halt_poll.json",
-        &serde_json::json!({ "scenario": "halt-poll", "seconds": b.seconds, "rounds": b.runs, "rows": rows }),
+        &serde_json::json!({ "scenario": "halt-poll", "seconds": b.seconds, "rounds": b.runs, "rows": rows, "qemu_microvm": peer_runs }),
     )?;
     let labels: Vec<String> = MODES.iter().map(|m| m.name.replace("fixed ", "")).collect();
     let series: Vec<Series> = b
@@ -337,4 +367,54 @@ pub fn run(exe: &Path, b: &HaltPollBench, out: &Path) -> Result<(), BenchError> 
         &labels,
         &series,
     )
+}
+
+/// Hover's rows that matter beside QEMU, and QEMU's: each the run with the
+/// median IOPS, and per round Hover's IOPS over QEMU's.
+fn peer_table(b: &HaltPollBench, rows: &[Row], peer: &[Vec<PeerIolat>]) {
+    const SHOWN: [&str; 3] = ["KVM default", "polling off", "guest haltpoll + governor"];
+    println!(
+        "beside QEMU microvm (virtio-blk on the same directory, iothread, aio=io_uring, cache=writethrough; KVM's default halt polling), same rounds:"
+    );
+    let mut t = Vec::new();
+    for ((dname, _), q) in b.devices.iter().zip(peer) {
+        let q_iops: Vec<f64> = q.iter().map(|r| r.iops).collect();
+        for r in rows
+            .iter()
+            .filter(|r| &r.device == dname && SHOWN.contains(&r.mode))
+        {
+            let iops: Vec<f64> = r.runs.iter().map(|x| x.iops).collect();
+            t.push(vec![
+                dname.clone(),
+                format!("hover, {}", r.mode),
+                format!("{:.0}", r.median.iops),
+                format!("{:.0}", r.median.avg_us),
+                format!("{:.0}", r.median.p99_us),
+                crate::stats::ratios(&iops, &q_iops),
+            ]);
+        }
+        let mut by_iops = q.to_vec();
+        by_iops.sort_by(|a, b| a.iops.total_cmp(&b.iops));
+        if let Some(m) = by_iops.get(by_iops.len().saturating_sub(1) / 2) {
+            t.push(vec![
+                dname.clone(),
+                "QEMU microvm, KVM default".into(),
+                format!("{:.0}", m.iops),
+                format!("{:.0}", m.avg_us),
+                format!("{:.0}", m.p99_us),
+                "1.00/1.00/1.00x".into(),
+            ]);
+        }
+    }
+    table::print(
+        &[
+            "device",
+            "VMM, mode",
+            "IOPS",
+            "avg us",
+            "p99 us",
+            "IOPS vs QEMU per round (min/med/max)",
+        ],
+        &t,
+    );
 }

@@ -199,6 +199,8 @@ pub struct Boot<'a> {
     /// Pin the guest's TSC rate (kHz): QEMU refuses to migrate a guest
     /// that sees an invariant TSC unless its rate is fixed.
     pub tsc_khz: Option<u64>,
+    /// More arguments (devices).
+    pub extra: &'a [String],
 }
 
 /// QEMU's command line for `boot`, no devices but isa-debug-exit;
@@ -224,7 +226,8 @@ pub fn command(qemu: &Path, boot: &Boot) -> Command {
         .arg(boot.image)
         .args(["-append", boot.cmdline])
         .args(["-nographic", "-no-reboot", "-nodefaults"])
-        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"]);
+        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"])
+        .args(boot.extra);
     c
 }
 
@@ -246,6 +249,7 @@ impl<'a> Boot<'a> {
             cmdline,
             dirty_ring: None,
             tsc_khz: None,
+            extra: &[],
         }
     }
 }

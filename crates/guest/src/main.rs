@@ -24,6 +24,7 @@ mod exception;
 mod fmtbuf;
 mod frames;
 mod haltpoll;
+mod ioapic;
 mod irq;
 mod kernel;
 mod mem;
@@ -36,6 +37,7 @@ mod sched;
 mod sync;
 mod tables;
 mod timer;
+mod virtio_blk;
 mod workloads;
 
 use core::panic::PanicInfo;

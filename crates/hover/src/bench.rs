@@ -71,6 +71,12 @@ enum Scenario {
         /// Which devices to run: fast, slow or both.
         #[arg(long, value_enum, value_delimiter = ',', default_value = "fast,slow")]
         devices: Vec<Device>,
+        /// Also run iolat under this peer VMM each round (`qemu`: QEMU
+        /// microvm, the guest's virtio block driver on a file in the same
+        /// directory, KVM's default halt polling) and print it beside
+        /// Hover's rows; skipped with a message if it is not installed.
+        #[arg(long, value_enum)]
+        peer: Option<Peer>,
         /// Directory for the JSON results and the plot.
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
@@ -383,6 +389,7 @@ pub fn bench(args: BenchArgs) -> ExitCode {
             fast_dir,
             io_dir,
             devices,
+            peer,
             out,
         } => {
             let chosen = devices
@@ -398,6 +405,7 @@ pub fn bench(args: BenchArgs) -> ExitCode {
                     seconds,
                     runs,
                     devices: chosen,
+                    peer: peer.is_some(),
                 },
                 &out,
             )

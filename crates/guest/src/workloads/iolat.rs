@@ -4,6 +4,8 @@
 //! flight (its vCPU halts), and the completion interrupt wakes it. Reports
 //! IOPS and latency (avg, p50, p99). Write `k` goes to slot `k % 64` of the
 //! file and holds bytes `(k + i) mod 251`, so the file can be checked.
+//! Without Hover's device (another VMM) it uses a virtio block device when
+//! the command line names one (`virtio_blk.rs`), the same way.
 
 use core::sync::atomic::{AtomicU32, Ordering};
 
@@ -13,6 +15,7 @@ use hover_abi::pvio::io_status;
 use super::Context;
 use crate::clock::ticks_for_us;
 use crate::kernel::{now, sleep_until, ticks_per_sec, ticks_to_ns, Reports};
+use crate::virtio_blk::VirtioBlk;
 use crate::{frames, println, pvio};
 
 /// Slots the writes cycle through.
@@ -42,14 +45,33 @@ pub fn run(ctx: &Context) -> u32 {
         return exit_code::WORKLOAD_FAILED;
     };
     let st = pvio::setup();
-    if st == hover_abi::control::status::UNAVAILABLE {
-        println!("iolat: skipped: this platform has no Hover I/O device (no control port)");
-        return exit_code::UNAVAILABLE;
-    }
-    if !pvio::setup_ok(st) {
+    let virtio = if st == hover_abi::control::status::UNAVAILABLE {
+        match VirtioBlk::open(ctx.cmdline) {
+            Ok(d) if !size.is_multiple_of(512) || d.capacity_bytes() < SLOTS * size => {
+                println!(
+                    "iolat: the virtio disk takes whole 512-byte sectors and needs {} bytes ({} slots of size={}); it has {}",
+                    SLOTS * size,
+                    SLOTS,
+                    size,
+                    d.capacity_bytes()
+                );
+                return exit_code::WORKLOAD_FAILED;
+            }
+            Ok(d) => Some(d),
+            Err(why) => {
+                println!(
+                    "iolat: skipped: this platform has no Hover I/O device (no control port) and no usable virtio block device ({})",
+                    why
+                );
+                return exit_code::UNAVAILABLE;
+            }
+        }
+    } else if !pvio::setup_ok(st) {
         println!("iolat: the monitor refused the I/O ring (status {})", st);
         return exit_code::WORKLOAD_FAILED;
-    }
+    } else {
+        None
+    };
     let end = now() + seconds * ticks_per_sec();
     let (mut n, mut errors, mut sum, mut min, mut max) = (0u64, 0u64, 0u64, u64::MAX, 0u64);
     let start = now();
@@ -60,7 +82,14 @@ pub fn run(ctx: &Context) -> u32 {
             unsafe { data.add(i as usize).write(((n + i) % 251) as u8) };
         }
         let t0 = now();
-        let (status, err) = pvio::write_sync(buf, size as u32, (n % SLOTS) * size);
+        let offset = (n % SLOTS) * size;
+        let (status, err) = match &virtio {
+            None => pvio::write_sync(buf, size as u32, offset),
+            Some(d) => match d.write_sync(buf, size as u32, offset) {
+                0 => (io_status::OK, 0),
+                s => (io_status::IO_ERROR, s as i32),
+            },
+        };
         let ns = ticks_to_ns(now() - t0);
         if status != io_status::OK {
             if errors == 0 {
