@@ -12,6 +12,7 @@ pub mod hostload;
 pub mod mapping;
 pub mod migrate;
 pub mod migrate_peer;
+mod migration_run;
 pub mod netem;
 pub mod peer;
 pub mod plot;

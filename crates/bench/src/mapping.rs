@@ -8,7 +8,8 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::migrate::{migrate_once, spread, MigrateBench};
+use crate::migrate::{spread, MigrateBench};
+use crate::migration_run::migrate_once;
 use crate::runner::guest;
 use crate::stats::{summarize, Summary};
 use crate::BenchError;

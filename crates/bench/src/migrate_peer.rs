@@ -27,7 +27,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::migrate::{migrate_once, ops_during_pct, report};
+// The same warm-up as Hover's samples: both guests are migrated at 2 s.
+use crate::migration_run::{migrate_once, ops_during_pct, report, WARM_UP};
 use crate::peer::{self, Boot, Machine, PeerError};
 use crate::qmp::Qmp;
 use crate::runner::{guest, rdtsc};
@@ -47,8 +48,6 @@ pub struct PeerMigrateBench {
     pub runs: u32,
 }
 
-/// How long the guest runs before it is migrated.
-const WARM_UP: Duration = Duration::from_millis(2000);
 /// Entries per vCPU dirty ring, both VMMs.
 const RING_ENTRIES: u32 = 4096;
 /// The downtime target given to both (Hover's default).

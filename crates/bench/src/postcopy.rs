@@ -26,7 +26,8 @@ use hover_vmm::api::ApiClient;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::migrate::{listening_at, report, spread, timeline_sum};
+use crate::migrate::spread;
+use crate::migration_run::{listening_at, report, timeline_sum};
 use crate::netem::{Link, Relay, PEER_ADDR};
 use crate::runner::{guest, rdtsc, spawn_with_api, tsc_khz, wait_json};
 use crate::stats::summarize;

@@ -1,0 +1,209 @@
+//! One live migration between two `hover` processes on this machine, as
+//! the migration benches run it (`hover run` with an API socket to
+//! `hover receive`), and what the guest's own timeline says about it.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use hover_vmm::api::ApiClient;
+use serde_json::Value;
+
+use crate::runner::{guest, rdtsc, spawn_with_api, wait_json};
+use crate::BenchError;
+
+/// How long the guest runs before it is migrated.
+pub(crate) const WARM_UP: Duration = Duration::from_millis(2000);
+
+/// `hover receive` listening on a fresh address: the child and the address.
+pub(crate) fn receiver(
+    exe: &Path,
+    transport: &str,
+    id: &str,
+) -> Result<(Child, String), BenchError> {
+    let listen = match transport {
+        "tcp" => "tcp:127.0.0.1:0".to_string(),
+        _ => format!(
+            "unix:{}",
+            std::env::temp_dir()
+                .join(format!("hover-bench-recv-{id}.sock"))
+                .display()
+        ),
+    };
+    let mut child = Command::new(exe)
+        .args(["receive", "--listen", &listen, "--json", "--console", "off"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| guest(&format!("cannot start hover receive: {e}")))?;
+    let at = listening_at(&mut child)?;
+    Ok((child, at))
+}
+
+/// The address a `hover receive` started with its stderr piped listens at
+/// (the last word of its first line).
+pub(crate) fn listening_at(child: &mut Child) -> Result<String, BenchError> {
+    let mut line = String::new();
+    let stderr = child.stderr.as_mut().expect("piped");
+    BufReader::new(stderr)
+        .read_line(&mut line)
+        .map_err(|e| guest(&format!("hover receive: {e}")))?;
+    Ok(line
+        .trim()
+        .rsplit(' ')
+        .next()
+        .filter(|a| a.starts_with("tcp:") || a.starts_with("unix:"))
+        .ok_or_else(|| guest(&format!("hover receive said {line:?}")))?
+        .to_string())
+}
+
+pub(crate) fn sum_stat(stats: &Value, name: &str) -> u64 {
+    stats
+        .as_array()
+        .map(|v| v.iter().filter_map(|s| s[name].as_u64()).sum())
+        .unwrap_or(0)
+}
+
+pub(crate) fn report(outcome: &Value, key: &str) -> Option<u64> {
+    outcome["reports"]
+        .as_array()?
+        .iter()
+        .find(|r| r["key"] == key)?["value"]
+        .as_u64()
+}
+
+/// A guest timeline's count over `[from, to)` (host TSC): the timeline is
+/// reports `PREFIXk`, bucket `k` covering `start + k * bucket_ticks` for
+/// `bucket_ticks`; a bucket the window cuts counts in proportion to the
+/// part inside (its events taken as even over it). Counting whole buckets
+/// would make a window shorter than a few buckets read 0% or 200%.
+pub(crate) fn timeline_sum(
+    outcome: &Value,
+    prefix: &str,
+    start: u64,
+    bucket_ticks: u64,
+    (from, to): (u64, u64),
+) -> f64 {
+    outcome["reports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| {
+            let k: u64 = r["key"].as_str()?.strip_prefix(prefix)?.parse().ok()?;
+            let at = start + k * bucket_ticks;
+            let inside = (at + bucket_ticks).min(to).saturating_sub(at.max(from));
+            (inside > 0 && bucket_ticks > 0)
+                .then(|| r["value"].as_f64())
+                .flatten()
+                .map(|v| v * inside as f64 / bucket_ticks as f64)
+        })
+        .sum()
+}
+
+/// What [`migrate_once`] gives.
+pub(crate) struct Migrated {
+    /// The migration's report.
+    pub report: Value,
+    /// The destination's outcome.
+    pub dest: Value,
+    /// The source's outcome.
+    pub src: Value,
+    /// The TSC at the request.
+    pub requested_tsc: u64,
+    /// The TSC when the request returned (the destination confirmed).
+    pub returned_tsc: u64,
+    /// The source's guest page faults before the request.
+    pub faults_before: u64,
+}
+
+/// Migrate a guest running `cmdline` on `memory`, with `run_args` added
+/// to the source's `hover run`.
+pub(crate) fn migrate_once(
+    exe: &Path,
+    transport: &str,
+    run_args: &[&str],
+    (memory, cmdline): (&str, &str),
+    body: Value,
+    id: &str,
+) -> Result<Migrated, BenchError> {
+    let (dest, at) = receiver(exe, transport, id)?;
+    let sock = std::env::temp_dir().join(format!("hover-bench-src-{id}.sock"));
+    let mut args = vec!["run", "--memory", memory, "--cmdline", cmdline];
+    args.extend(run_args);
+    // A sender process that maps guest memory needs it in a memfd; the
+    // VMM-thread baseline of that comparison uses the same backend.
+    if body.get("sender_process").is_some() {
+        args.extend(["--memory-backend", "memfd"]);
+    }
+    // Rings exist only if the VM is created with them.
+    if body["dirty_tracking"] == "ring" {
+        args.extend(["--dirty-ring", "4096"]);
+    }
+    let src = spawn_with_api(exe, &args, &sock)?;
+    std::thread::sleep(WARM_UP);
+    let api = ApiClient::new(&sock, Duration::from_secs(600));
+    let api_err = |e: hover_vmm::api::ApiError| guest(&e.to_string());
+    let before = api.json("GET", "/vm/stats", None).map_err(api_err)?;
+    let faults0 = sum_stat(&before["vcpu_stats"], "pf_taken");
+    let mut body = body;
+    body["to"] = at.into();
+    let t = rdtsc();
+    let rep = api.json("PUT", "/vm/migrate", Some(&body.to_string()));
+    let returned = rdtsc();
+    let src_out = wait_json(src, "hover run (source)")?;
+    let rep = rep.map_err(api_err)?;
+    let dest_out = wait_json(dest, "hover receive")?;
+    if report(&dest_out, "kvstore.errors").unwrap_or(0) != 0 {
+        return Err(guest("the migrated kvstore found wrong data"));
+    }
+    Ok(Migrated {
+        report: rep,
+        dest: dest_out,
+        src: src_out,
+        requested_tsc: t,
+        returned_tsc: returned,
+        faults_before: faults0,
+    })
+}
+
+/// A kvstore guest's operations per second during a migration requested
+/// at TSC `t` that took `total_ms`, as a percentage of its rate in the
+/// second before, from its timeline (ops per 100 ms bucket from its start
+/// TSC) in `dest`'s reports. The guest's TSC is the host's on this KVM
+/// (docs/ARCHITECTURE.md), under Hover and QEMU alike.
+pub(crate) fn ops_during_pct(dest: &Value, t: u64, total_ms: f64) -> Result<f64, BenchError> {
+    let start = report(dest, "kvstore.start_tsc").ok_or_else(|| guest("no kvstore.start_tsc"))?;
+    let tsc_khz = crate::runner::tsc_khz()?;
+    let bucket = tsc_khz * 100;
+    let ops_in = |from: u64, to: u64| timeline_sum(dest, "kvstore.ops.", start, bucket, (from, to));
+    let total_ms = total_ms.max(100.0);
+    let during_ticks = (total_ms * tsc_khz as f64) as u64;
+    let before = ops_in(t.saturating_sub(tsc_khz * 1000), t);
+    let during = ops_in(t, t + during_ticks) / (total_ms / 1000.0);
+    Ok(if before > 0.0 {
+        100.0 * during / before
+    } else {
+        0.0
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timeline_window_counts_the_part_of_each_bucket_inside_it() {
+        let outcome = serde_json::json!({ "reports": [
+            { "key": "w.0", "value": 10 }, { "key": "w.1", "value": 20 },
+            { "key": "w.2", "value": 40 }, { "key": "other", "value": 1000 },
+        ]});
+        // Buckets of 100 ticks from 1000: [1000,1100) [1100,1200) [1200,1300).
+        let sum = |from, to| timeline_sum(&outcome, "w.", 1000, 100, (from, to));
+        assert_eq!(sum(1050, 1250), 5.0 + 20.0 + 20.0);
+        assert_eq!(sum(1100, 1200), 20.0);
+        assert_eq!(sum(0, 5000), 70.0);
+        assert_eq!(sum(1300, 1400), 0.0);
+        assert_eq!(sum(1210, 1220), 4.0);
+    }
+}
