@@ -12,7 +12,8 @@ use core::sync::atomic::{fence, AtomicU32, Ordering};
 
 use hover_abi::vectors::{DEVICE_BASE, DEVICE_COUNT};
 
-use crate::{irq, percpu};
+use crate::timer::sleep_until;
+use crate::{clock, irq, percpu};
 
 /// The device vector its interrupt arrives on.
 const VECTOR: u8 = DEVICE_BASE + DEVICE_COUNT - 1;
@@ -228,6 +229,7 @@ impl VirtioBlk {
             gsi,
             routed_to: AtomicU32::new(u32::MAX),
         };
+        dev.self_test()?;
         Ok(dev)
     }
 
@@ -242,13 +244,49 @@ impl VirtioBlk {
     /// `offset` (a multiple of 512) and sleep until the device completes
     /// it: the virtio status (0 = OK).
     pub fn write_sync(&self, buf: u64, len: u32, offset: u64) -> u8 {
+        let before = self.submit(buf, len, offset);
+        while self.used() == before {
+            irq::wait(VECTOR);
+        }
+        self.finish()
+    }
+
+    /// One write of zeros to sector 0, waited for by sleeping, not by the
+    /// interrupt: then whether the interrupt came. A line the guest routed
+    /// wrong would otherwise leave every `write_sync` asleep forever.
+    fn self_test(&self) -> Result<(), &'static str> {
+        static ZEROS: [u8; 512] = [0; 512];
+        let cpu = percpu::this_cpu().index();
+        let irqs = irq::count(cpu, VECTOR);
+        let before = self.submit(ZEROS.as_ptr() as u64, 512, 0);
+        let until = clock::deadline_after_us(2_000_000);
+        while self.used() == before {
+            if clock::now() > until {
+                return Err("the device did not complete a test write within 2 s");
+            }
+            sleep_until(clock::deadline_after_us(1000));
+        }
+        while irq::count(cpu, VECTOR) == irqs {
+            if clock::now() > until {
+                return Err("the device completed a write but its interrupt never came (is its GSI routed as QEMU microvm's default layout has it?)");
+            }
+            sleep_until(clock::deadline_after_us(1000));
+        }
+        match self.finish() {
+            0 => Ok(()),
+            _ => Err("the device failed a test write"),
+        }
+    }
+
+    /// Queue a write and notify the device; the used index before it.
+    fn submit(&self, buf: u64, len: u32, offset: u64) -> u16 {
         let cpu = percpu::this_cpu().index() as u32;
         if self.routed_to.swap(cpu, Ordering::Relaxed) != cpu {
             crate::ioapic::route(self.gsi, VECTOR, cpu);
         }
         let q = DEV.0.get();
-        // SAFETY: one request in flight; the device writes the status byte
-        // and the used ring, which are read volatile after its interrupt.
+        // SAFETY: one request in flight; the device reads the chain only
+        // after the notify.
         unsafe {
             write_volatile(
                 addr_of_mut!((*q).header),
@@ -288,17 +326,26 @@ impl VirtioBlk {
             write_volatile(addr_of_mut!((*q).avail_idx), idx.wrapping_add(1));
             fence(Ordering::SeqCst);
             write(self.base, QUEUE_NOTIFY, 0);
-            while read_volatile(addr_of!((*q).used_idx)) == used {
-                irq::wait(VECTOR);
-            }
-            fence(Ordering::Acquire);
-            // Lower the line, so the next completion is a new edge (the
-            // IOAPIC pin is edge-triggered); no other request is pending.
-            let isr = read(self.base, INTERRUPT_STATUS);
-            if isr != 0 {
-                write(self.base, INTERRUPT_ACK, isr);
-            }
-            read_volatile(addr_of!((*q).status))
+            used
         }
+    }
+
+    /// The device's used index.
+    fn used(&self) -> u16 {
+        // SAFETY: the device writes it; read volatile.
+        unsafe { read_volatile(addr_of!((*DEV.0.get()).used_idx)) }
+    }
+
+    /// After a completion: lower the line, so the next completion is a new
+    /// edge (the IOAPIC pin is edge-triggered; no other request is
+    /// pending), and return the request's status.
+    fn finish(&self) -> u8 {
+        fence(Ordering::Acquire);
+        let isr = read(self.base, INTERRUPT_STATUS);
+        if isr != 0 {
+            write(self.base, INTERRUPT_ACK, isr);
+        }
+        // SAFETY: the device wrote it before advancing the used index.
+        unsafe { read_volatile(addr_of!((*DEV.0.get()).status)) }
     }
 }
