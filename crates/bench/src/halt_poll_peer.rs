@@ -83,12 +83,7 @@ pub fn run(
             BenchError::Guest(format!(
                 "QEMU iolat: no report {k} (exit {}): {}",
                 r.exit_code,
-                r.console
-                    .lines()
-                    .rev()
-                    .take(3)
-                    .collect::<Vec<_>>()
-                    .join(" | ")
+                peer::last_lines(&r.console, 3)
             ))
         })
     };
@@ -96,12 +91,7 @@ pub fn run(
         return Err(BenchError::Guest(format!(
             "QEMU iolat failed (exit {}): {}",
             r.exit_code,
-            r.console
-                .lines()
-                .rev()
-                .take(3)
-                .collect::<Vec<_>>()
-                .join(" | ")
+            peer::last_lines(&r.console, 3)
         )));
     }
     Ok(PeerIolat {

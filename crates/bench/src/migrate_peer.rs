@@ -279,12 +279,7 @@ pub fn qemu_sample(
     if peer::guest_exit(status.code(), &console) != Some(0) {
         return Err(guest(&format!(
             "the guest migrated by QEMU did not end well ({status}); its console ended: {}",
-            console
-                .lines()
-                .rev()
-                .take(3)
-                .collect::<Vec<_>>()
-                .join(" | ")
+            peer::last_lines(&console, 3)
         )));
     }
     let reports = Value::Array(

@@ -130,6 +130,12 @@ impl Drop for GuestImageFile {
     }
 }
 
+/// The last `n` lines of `text`, last first, joined with " | " (for error
+/// messages that quote a console or QEMU's stderr).
+pub fn last_lines(text: &str, n: usize) -> String {
+    text.lines().rev().take(n).collect::<Vec<_>>().join(" | ")
+}
+
 /// Find QEMU on `PATH`.
 pub fn find() -> Result<PathBuf, PeerError> {
     let path = std::env::var_os("PATH").unwrap_or_default();
@@ -306,7 +312,7 @@ pub fn run(qemu: &Path, boot: &Boot, timeout: Duration) -> Result<PeerRun, PeerE
     let exit_code = guest_exit(status.code(), &console).ok_or_else(|| PeerError::Failed {
         status: status.to_string(),
         detail: {
-            let tail: String = stderr.lines().rev().take(3).collect::<Vec<_>>().join(" | ");
+            let tail = last_lines(&stderr, 3);
             if tail.is_empty() {
                 "the guest did not report its exit".into()
             } else {

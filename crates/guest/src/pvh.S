@@ -90,7 +90,9 @@ pvh_start32:
     mov %eax, {pvh_ap_tss}+4
     lgdt pvh_gdtr
     /* Long mode: PAE, CR3, EFER.LME, then paging (with SSE and FSGSBASE
-     * enabled as Hover's entry state has them). */
+     * enabled as Hover's entry state has them), on the stub's tables; then
+     * the data segments. Every vCPU goes through it. */
+    .macro hover_pvh_long_mode next
     mov ${entry_cr4}, %eax
     mov %eax, %cr4
     mov ${pvh_pml4}, %eax
@@ -101,16 +103,17 @@ pvh_start32:
     wrmsr
     mov ${entry_cr0}, %eax
     mov %eax, %cr0
-    ljmp ${kernel_cs}, $pvh_start64
-
+    ljmp ${kernel_cs}, $\next
     .code64
-pvh_start64:
+\next:
     mov ${kernel_ds}, %eax
     mov %eax, %ds
     mov %eax, %es
     mov %eax, %ss
     mov %eax, %fs
     mov %eax, %gs
+    .endm
+    hover_pvh_long_mode pvh_start64
     mov ${tss_sel}, %eax
     ltr %ax
     mov ${pvh_stack}+16384, %rsp
@@ -150,26 +153,7 @@ pvh_ap_start32:
     mov %eax, %ds
     mov %eax, %es
     mov %eax, %ss
-    mov ${entry_cr4}, %eax
-    mov %eax, %cr4
-    mov ${pvh_pml4}, %eax
-    mov %eax, %cr3
-    mov $0xc0000080, %ecx
-    rdmsr
-    or $0x101, %eax                  /* LME | SCE */
-    wrmsr
-    mov ${entry_cr0}, %eax
-    mov %eax, %cr0
-    ljmp ${kernel_cs}, $pvh_ap_start64
-
-    .code64
-pvh_ap_start64:
-    mov ${kernel_ds}, %eax
-    mov %eax, %ds
-    mov %eax, %es
-    mov %eax, %ss
-    mov %eax, %fs
-    mov %eax, %gs
+    hover_pvh_long_mode pvh_ap_start64
     andb $0xfd, pvh_gdt + 0x45       /* available again after the last AP */
     mov $0x40, %eax
     ltr %ax

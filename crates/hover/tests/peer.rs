@@ -26,15 +26,22 @@ fn qemu(test: &str) -> Option<std::path::PathBuf> {
     }
 }
 
+/// A scratch directory holding the built-in guest as `hover guest-image`
+/// writes it, and the image's path.
+fn guest_image(name: &str) -> (Scratch, std::path::PathBuf) {
+    let scratch = Scratch::new(name);
+    let image = scratch.0.join("guest.elf");
+    let out = hover(&["guest-image", "--out", image.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    (scratch, image)
+}
+
 #[test]
 fn the_builtin_guest_runs_under_qemu_and_reports_on_its_console() {
     let Some(qemu) = qemu("the_builtin_guest_runs_under_qemu_and_reports_on_its_console") else {
         return;
     };
-    let scratch = Scratch::new("qemu-peer");
-    let image = scratch.0.join("guest.elf");
-    let out = hover(&["guest-image", "--out", image.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (_scratch, image) = guest_image("qemu-peer");
     let r = peer::run(
         &qemu,
         &Boot::new(
@@ -85,10 +92,7 @@ fn qemu_migrates_the_builtin_guest_with_its_data_intact() {
     let Some(qemu) = qemu("qemu_migrates_the_builtin_guest_with_its_data_intact") else {
         return;
     };
-    let scratch = Scratch::new("qemu-migrate");
-    let image = scratch.0.join("guest.elf");
-    let out = hover(&["guest-image", "--out", image.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (_scratch, image) = guest_image("qemu-migrate");
     let b = hover_bench::migrate_peer::PeerMigrateBench {
         memories: vec!["256M".into()],
         wss: vec!["16M".into()],
@@ -113,10 +117,7 @@ fn under_qemu_the_boot_vcpu_starts_the_others_and_each_reports() {
     let Some(qemu) = qemu("under_qemu_the_boot_vcpu_starts_the_others_and_each_reports") else {
         return;
     };
-    let scratch = Scratch::new("qemu-smp");
-    let image = scratch.0.join("guest.elf");
-    let out = hover(&["guest-image", "--out", image.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (_scratch, image) = guest_image("qemu-smp");
     // Only vCPU 0 enters at the PVH entry; it finds the others in QEMU's
     // ACPI MADT and starts them with INIT/SIPI. `hello` fails unless every
     // vCPU the guest counts checks in.
@@ -157,10 +158,7 @@ fn under_qemu_iolat_writes_through_a_virtio_block_device() {
     let Some(qemu) = qemu("under_qemu_iolat_writes_through_a_virtio_block_device") else {
         return;
     };
-    let scratch = Scratch::new("qemu-virtio");
-    let image = scratch.0.join("guest.elf");
-    let out = hover(&["guest-image", "--out", image.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (scratch, image) = guest_image("qemu-virtio");
     let disk = scratch.0.join("disk.img");
     std::fs::File::create(&disk)
         .and_then(|f| f.set_len(1 << 20))
