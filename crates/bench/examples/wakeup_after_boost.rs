@@ -1,0 +1,188 @@
+//! A host-only experiment for #10 (no KVM, no guest): how late a periodic
+//! thread (1 ms period, 3000 periods) wakes with two CPU hogs pinned one per
+//! CPU, when it is: a normal thread; SCHED_FIFO all the time ("static");
+//! raised to SCHED_FIFO by another thread 100 us before each wake-up and
+//! lowered by itself after ("boosted-while-asleep", what Hover's boost
+//! monitor does for an announced wake-up); or raising itself before each
+//! sleep and lowering itself after ("self-boost-before-sleep"). For each,
+//! the periods more than 1 ms late are split into "already past the
+//! deadline before sleeping" (the thread, back at normal priority after
+//! its unboost, lost the CPU to a hog and missed the next period before it
+//! even slept) and "late waking".
+//!
+//! Run: `cargo run --release -p hover-bench --example wakeup_after_boost`
+//! (as root: it sets SCHED_FIFO). Findings: docs/BENCHMARKS.md, boosting.
+
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+static MISSED_AWAKE: AtomicU64 = AtomicU64::new(0);
+static LATE_WAKE: AtomicU64 = AtomicU64::new(0);
+fn set_fifo(tid: i32, on: bool) {
+    let p = libc::sched_param {
+        sched_priority: if on { 10 } else { 0 },
+    };
+    let pol = if on {
+        libc::SCHED_FIFO
+    } else {
+        libc::SCHED_OTHER
+    };
+    unsafe { libc::sched_setscheduler(tid, pol, &p) };
+}
+fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+// mode 0: normal; 1: static FIFO; 2: boosted by another thread 100us before the wake-up while asleep
+fn run(mode: u32, periods: u32) -> (u64, u64) {
+    let tid = Arc::new(AtomicI32::new(0));
+    let next = Arc::new(AtomicU64::new(0));
+    let t2 = tid.clone();
+    let n2 = next.clone();
+    let h = std::thread::spawn(move || {
+        t2.store(unsafe { libc::gettid() }, Ordering::SeqCst);
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0, 0, 0) };
+        if mode == 1 {
+            set_fifo(0, true);
+        }
+        let (mut sum, mut max) = (0u64, 0u64);
+        let mut t = now_ns() + 1_000_000;
+        for _ in 0..periods {
+            n2.store(t, Ordering::SeqCst);
+            if mode == 3 {
+                set_fifo(0, true);
+            }
+            let ts = libc::timespec {
+                tv_sec: (t / 1_000_000_000) as i64,
+                tv_nsec: (t % 1_000_000_000) as i64,
+            };
+            let before = now_ns();
+            unsafe {
+                libc::clock_nanosleep(
+                    libc::CLOCK_MONOTONIC,
+                    libc::TIMER_ABSTIME,
+                    &ts,
+                    std::ptr::null_mut(),
+                )
+            };
+            let late = now_ns().saturating_sub(t);
+            if late > 1_000_000 {
+                if before > t {
+                    MISSED_AWAKE.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    LATE_WAKE.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            sum += late;
+            max = max.max(late);
+            if mode == 2 || mode == 3 {
+                set_fifo(0, false);
+            }
+            t += 1_000_000;
+        }
+        n2.store(u64::MAX, Ordering::SeqCst);
+        (sum / periods as u64, max)
+    });
+    if mode == 2 {
+        // booster at FIFO 11
+        set_fifo(0, true);
+        let p = libc::sched_param { sched_priority: 11 };
+        unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) };
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0, 0, 0) };
+        while tid.load(Ordering::SeqCst) == 0 {}
+        let tid = tid.load(Ordering::SeqCst);
+        let mut boosted_for = 0;
+        loop {
+            let t = next.load(Ordering::SeqCst);
+            if t == u64::MAX {
+                break;
+            }
+            if t != boosted_for {
+                let at = t.saturating_sub(100_000);
+                let ts = libc::timespec {
+                    tv_sec: (at / 1_000_000_000) as i64,
+                    tv_nsec: (at % 1_000_000_000) as i64,
+                };
+                unsafe {
+                    libc::clock_nanosleep(
+                        libc::CLOCK_MONOTONIC,
+                        libc::TIMER_ABSTIME,
+                        &ts,
+                        std::ptr::null_mut(),
+                    )
+                };
+                set_fifo(tid, true);
+                boosted_for = t;
+            } else {
+                // Sleep past the wake-up so the booster is not on a CPU then.
+                let at = t + 300_000;
+                let ts = libc::timespec {
+                    tv_sec: (at / 1_000_000_000) as i64,
+                    tv_nsec: (at % 1_000_000_000) as i64,
+                };
+                unsafe {
+                    libc::clock_nanosleep(
+                        libc::CLOCK_MONOTONIC,
+                        libc::TIMER_ABSTIME,
+                        &ts,
+                        std::ptr::null_mut(),
+                    )
+                };
+            }
+        }
+        let p = libc::sched_param { sched_priority: 0 };
+        unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &p) };
+    }
+    h.join().unwrap()
+}
+fn main() {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut hogs = vec![];
+    for cpu in 0..2 {
+        let s = stop.clone();
+        hogs.push(std::thread::spawn(move || {
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpu, &mut set);
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            }
+            let mut x = 0u64;
+            while !s.load(Ordering::Relaxed) {
+                x = x.wrapping_add(1);
+            }
+            x
+        }));
+    }
+    let t0 = Instant::now();
+    for round in 0..3 {
+        for mode in [0, 1, 2, 3] {
+            let (avg, max) = run(mode, 3000);
+            let (m, l) = (
+                MISSED_AWAKE.swap(0, Ordering::Relaxed),
+                LATE_WAKE.swap(0, Ordering::Relaxed),
+            );
+            println!("  >1ms late: {m} already past the deadline before sleeping, {l} late waking");
+            println!(
+                "round {round} mode {} avg {} us max {} us",
+                [
+                    "normal",
+                    "static fifo",
+                    "boosted-while-asleep",
+                    "self-boost-before-sleep"
+                ][mode as usize],
+                avg / 1000,
+                max / 1000
+            );
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for h in hogs {
+        h.join().unwrap();
+    }
+    eprintln!("{:?}", t0.elapsed());
+}
