@@ -4,6 +4,7 @@
 //! says how it ended, `control.rs` how it is steered meanwhile.
 
 mod control;
+mod handshake;
 mod migrate;
 mod outcome;
 mod postcopy;

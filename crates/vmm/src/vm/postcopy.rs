@@ -7,7 +7,8 @@
 use std::time::Instant;
 
 use super::control::{CommandError, Lifecycle, MigrationProgress};
-use super::migrate::{expect, io, pace_wait, PageSender, Reader, Writer};
+use super::handshake::expect;
+use super::migrate::{io, pace_wait, PageSender, Reader, Writer};
 use super::run::Running;
 use crate::migration::postcopy::outgoing::{Pending, Serve, ServeError};
 use crate::migration::postcopy::{page_hash, Mode, PostcopyReport};
