@@ -15,7 +15,9 @@
 
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use hover_bench::hostload::{now_ns, sleep_until_ns, Hogs};
 
 static MISSED_AWAKE: AtomicU64 = AtomicU64::new(0);
 static LATE_WAKE: AtomicU64 = AtomicU64::new(0);
@@ -30,15 +32,7 @@ fn set_fifo(tid: i32, on: bool) {
     };
     unsafe { libc::sched_setscheduler(tid, pol, &p) };
 }
-fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-// mode 0: normal; 1: static FIFO; 2: boosted by another thread 100us before the wake-up while asleep
+// mode 0: normal; 1: static FIFO; 2: boosted by another thread 100 us before each wake-up (while asleep); 3: boosts itself before each sleep
 fn run(mode: u32, periods: u32) -> (u64, u64) {
     let tid = Arc::new(AtomicI32::new(0));
     let next = Arc::new(AtomicU64::new(0));
@@ -57,19 +51,8 @@ fn run(mode: u32, periods: u32) -> (u64, u64) {
             if mode == 3 {
                 set_fifo(0, true);
             }
-            let ts = libc::timespec {
-                tv_sec: (t / 1_000_000_000) as i64,
-                tv_nsec: (t % 1_000_000_000) as i64,
-            };
             let before = now_ns();
-            unsafe {
-                libc::clock_nanosleep(
-                    libc::CLOCK_MONOTONIC,
-                    libc::TIMER_ABSTIME,
-                    &ts,
-                    std::ptr::null_mut(),
-                )
-            };
+            sleep_until_ns(t);
             let late = now_ns().saturating_sub(t);
             if late > 1_000_000 {
                 if before > t {
@@ -89,8 +72,7 @@ fn run(mode: u32, periods: u32) -> (u64, u64) {
         (sum / periods as u64, max)
     });
     if mode == 2 {
-        // booster at FIFO 11
-        set_fifo(0, true);
+        // The booster runs one step above the thread it boosts.
         let p = libc::sched_param { sched_priority: 11 };
         unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) };
         unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0, 0, 0) };
@@ -104,35 +86,13 @@ fn run(mode: u32, periods: u32) -> (u64, u64) {
             }
             if t != boosted_for {
                 let at = t.saturating_sub(100_000);
-                let ts = libc::timespec {
-                    tv_sec: (at / 1_000_000_000) as i64,
-                    tv_nsec: (at % 1_000_000_000) as i64,
-                };
-                unsafe {
-                    libc::clock_nanosleep(
-                        libc::CLOCK_MONOTONIC,
-                        libc::TIMER_ABSTIME,
-                        &ts,
-                        std::ptr::null_mut(),
-                    )
-                };
+                sleep_until_ns(at);
                 set_fifo(tid, true);
                 boosted_for = t;
             } else {
                 // Sleep past the wake-up so the booster is not on a CPU then.
                 let at = t + 300_000;
-                let ts = libc::timespec {
-                    tv_sec: (at / 1_000_000_000) as i64,
-                    tv_nsec: (at % 1_000_000_000) as i64,
-                };
-                unsafe {
-                    libc::clock_nanosleep(
-                        libc::CLOCK_MONOTONIC,
-                        libc::TIMER_ABSTIME,
-                        &ts,
-                        std::ptr::null_mut(),
-                    )
-                };
+                sleep_until_ns(at);
             }
         }
         let p = libc::sched_param { sched_priority: 0 };
@@ -141,23 +101,9 @@ fn run(mode: u32, periods: u32) -> (u64, u64) {
     h.join().unwrap()
 }
 fn main() {
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut hogs = vec![];
-    for cpu in 0..2 {
-        let s = stop.clone();
-        hogs.push(std::thread::spawn(move || {
-            unsafe {
-                let mut set: libc::cpu_set_t = std::mem::zeroed();
-                libc::CPU_SET(cpu, &mut set);
-                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-            }
-            let mut x = 0u64;
-            while !s.load(Ordering::Relaxed) {
-                x = x.wrapping_add(1);
-            }
-            x
-        }));
-    }
+    // Two spinning threads pinned one per CPU, as `hover bench boost` loads
+    // the host; the limit outlasts the 12 runs.
+    let hogs = Hogs::start(2, Duration::from_secs(600));
     let t0 = Instant::now();
     for round in 0..3 {
         for mode in [0, 1, 2, 3] {
@@ -180,9 +126,6 @@ fn main() {
             );
         }
     }
-    stop.store(true, Ordering::Relaxed);
-    for h in hogs {
-        h.join().unwrap();
-    }
+    hogs.stop();
     eprintln!("{:?}", t0.elapsed());
 }

@@ -86,7 +86,26 @@ pub struct Probe {
     thread: JoinHandle<ProbeResult>,
 }
 
-fn now_ns() -> u64 {
+/// Sleep until the monotonic clock reads `t` ns (an absolute deadline, so
+/// time spent before the call does not push the wake-up later).
+pub fn sleep_until_ns(t: u64) {
+    let ts = libc::timespec {
+        tv_sec: (t / 1_000_000_000) as libc::time_t,
+        tv_nsec: (t % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: an absolute sleep on the monotonic clock; no remainder asked.
+    unsafe {
+        libc::clock_nanosleep(
+            libc::CLOCK_MONOTONIC,
+            libc::TIMER_ABSTIME,
+            &ts,
+            std::ptr::null_mut(),
+        )
+    };
+}
+
+/// The monotonic clock, nanoseconds.
+pub fn now_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -108,19 +127,7 @@ impl Probe {
                 let (mut n, mut sum, mut max) = (0u64, 0u64, 0u64);
                 let mut next = now_ns() + step;
                 while !flag.load(Ordering::Relaxed) {
-                    let ts = libc::timespec {
-                        tv_sec: (next / 1_000_000_000) as libc::time_t,
-                        tv_nsec: (next % 1_000_000_000) as libc::c_long,
-                    };
-                    // SAFETY: an absolute sleep on the monotonic clock.
-                    unsafe {
-                        libc::clock_nanosleep(
-                            libc::CLOCK_MONOTONIC,
-                            libc::TIMER_ABSTIME,
-                            &ts,
-                            std::ptr::null_mut(),
-                        )
-                    };
+                    sleep_until_ns(next);
                     let late = now_ns().saturating_sub(next);
                     n += 1;
                     sum += late;
