@@ -94,6 +94,9 @@ pub struct Booster {
     warned_os: AtomicBool,
     monitor: Mutex<Option<monitor::Monitor>>,
     nudge: std::sync::OnceLock<monitor::Nudge>,
+    /// Runs once between an unboost's unlock and its system call (tests).
+    #[cfg(test)]
+    before_restore: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 impl Booster {
@@ -122,6 +125,8 @@ impl Booster {
             warned_os: AtomicBool::new(false),
             monitor: Mutex::new(None),
             nudge: std::sync::OnceLock::new(),
+            #[cfg(test)]
+            before_restore: Mutex::new(None),
         })
     }
 
@@ -478,7 +483,7 @@ impl Booster {
             }
         };
         if config.mode == BoostMode::Dynamic && in_window >= config.max_rate {
-            self.throttle_locked(&mut s, vcpu, "boosted too often");
+            self.throttle_locked(s, vcpu, "boosted too often");
             return;
         }
         if let Err(e) = policy::apply(tid, config.policy) {
@@ -515,21 +520,21 @@ impl Booster {
     /// guest's call, `Some(true)` the throttle, `None` the monitor's own
     /// (pause, exit).
     fn unboost(&self, vcpu: usize, by: Option<bool>) {
-        let mut s = self.lock(vcpu);
-        self.unboost_locked(&mut s, vcpu, by);
+        let s = self.lock(vcpu);
+        self.unboost_locked(s, vcpu, by);
     }
 
-    fn unboost_locked(&self, s: &mut SlotState, vcpu: usize, by: Option<bool>) {
+    /// Ends the boost recorded in `s`, releasing the slot's lock before the
+    /// thread is lowered: a vCPU thread that lowers itself is preempted by
+    /// a host thread inside that very call, and the monitor, which must
+    /// reach that thread by its next deadline, would otherwise wait on the
+    /// lock for the host thread's whole time slice (seen as 4-6 ms late
+    /// wake-ups with a CPU hog per core).
+    fn unboost_locked(&self, mut s: MutexGuard<'_, SlotState>, vcpu: usize, by: Option<bool>) {
         let Some((since, _)) = s.since.take() else {
             return;
         };
         self.slots[vcpu].boosted.store(false, Ordering::SeqCst);
-        if let (Some(tid), Some(orig)) = (s.tid, s.original) {
-            if let Err(e) = policy::restore(tid, orig) {
-                tracing::warn!(vcpu, "cannot unboost the vCPU thread: {e}");
-                s.stats.errors += 1;
-            }
-        }
         s.stats.boosted_us += since.elapsed().as_micros() as u64;
         match by {
             Some(false) => s.stats.unboosts += 1,
@@ -537,22 +542,45 @@ impl Booster {
             None => {}
         }
         self.set_status(vcpu, 0, status::BOOSTED);
+        let thread = s.tid.zip(s.original);
+        drop(s);
+        let Some((tid, orig)) = thread else { return };
+        #[cfg(test)]
+        if let Some(f) = self.before_restore.lock().unwrap().take() {
+            f();
+        }
+        let lowered = policy::restore(tid, orig);
+        let mut s = self.lock(vcpu);
+        if let Err(e) = lowered {
+            tracing::warn!(vcpu, "cannot unboost the vCPU thread: {e}");
+            s.stats.errors += 1;
+        }
+        // A boost granted between the unlock and the restore was undone by
+        // it: apply it again, so the thread is as the slot says.
+        if s.since.is_some() && s.tid == Some(tid) {
+            if let Err(e) = policy::apply(tid, self.config().policy) {
+                tracing::warn!(vcpu, "cannot boost the vCPU thread again: {e}");
+                s.stats.errors += 1;
+            }
+        }
     }
 
     /// Revoke vCPU `vcpu`'s boost and refuse new ones for the cool-down.
     fn throttle(&self, vcpu: usize, why: &str) {
-        let mut s = self.lock(vcpu);
-        self.throttle_locked(&mut s, vcpu, why);
+        let s = self.lock(vcpu);
+        self.throttle_locked(s, vcpu, why);
     }
 
-    fn throttle_locked(&self, s: &mut SlotState, vcpu: usize, why: &str) {
+    fn throttle_locked(&self, mut s: MutexGuard<'_, SlotState>, vcpu: usize, why: &str) {
         let cooldown_ms = self.config().cooldown_ms;
         if s.since.is_none() {
             s.stats.throttles += 1;
         }
         s.throttled_until = Some(Instant::now() + Duration::from_millis(cooldown_ms));
-        self.unboost_locked(s, vcpu, Some(true));
+        // THROTTLED before BOOSTED clears: a guest that sees itself
+        // unboosted must not miss why.
         self.set_status(vcpu, status::THROTTLED, 0);
+        self.unboost_locked(s, vcpu, Some(true));
         tracing::info!(vcpu, "boost revoked ({why}); none for {cooldown_ms} ms");
     }
 

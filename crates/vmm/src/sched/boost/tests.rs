@@ -180,3 +180,39 @@ fn interrupts_boost_only_registered_vcpus() {
     drop(done);
     t.join().unwrap();
 }
+
+#[test]
+fn an_unboost_lowers_its_thread_without_holding_the_slot_and_keeps_a_boost_granted_meanwhile() {
+    if !may_boost() {
+        return;
+    }
+    let (b, mem) = booster(BoostMode::Dynamic, |_| {});
+    let (tid, done, t) = vcpu_thread(&b);
+    assert_eq!(b.register(0, AREA, 1), control_status::OK);
+    b.on_interrupt(0);
+    assert_eq!(policy::read(tid).unwrap().policy, libc::SCHED_FIFO);
+    // What the monitor does when the thread's next deadline comes while the
+    // thread, just lowered, waits behind a host thread.
+    let monitor = b.clone();
+    *b.before_restore.lock().unwrap() = Some(Box::new(move || {
+        assert!(
+            monitor.slots[0].state.try_lock().is_ok(),
+            "the slot is locked while its thread is being lowered"
+        );
+        monitor.boost(0, Source::Timer);
+    }));
+    b.unboost_call(0);
+    assert!(b.is_boosted(0));
+    assert_eq!(
+        policy::read(tid).unwrap().policy,
+        libc::SCHED_FIFO,
+        "the boost granted during the unboost was undone"
+    );
+    assert_eq!(status_of(&mem) & status::BOOSTED, status::BOOSTED);
+    let r = b.report();
+    assert_eq!((r.vcpus[0].boosts, r.vcpus[0].unboosts), (2, 1));
+    b.unboost_call(0);
+    assert_eq!(policy::read(tid).unwrap().policy, libc::SCHED_OTHER);
+    drop(done);
+    t.join().unwrap();
+}
