@@ -7,8 +7,9 @@
 //! sleep and lowering itself after ("self-boost-before-sleep"). For each,
 //! the periods more than 1 ms late are split into "already past the
 //! deadline before sleeping" (the thread, back at normal priority after
-//! its unboost, lost the CPU to a hog and missed the next period before it
-//! even slept) and "late waking".
+//! its unboost, lost the CPU to a hog and was not raised again in time)
+//! and "late waking". The next wake-up is announced before the thread
+//! lowers itself, as Hover's guest announces it before its unboost call.
 //!
 //! Run: `cargo run --release -p hover-bench --example wakeup_after_boost`
 //! (as root: it sets SCHED_FIFO). Findings: docs/BENCHMARKS.md, boosting.
@@ -46,8 +47,8 @@ fn run(mode: u32, periods: u32) -> (u64, u64) {
         }
         let (mut sum, mut max) = (0u64, 0u64);
         let mut t = now_ns() + 1_000_000;
+        n2.store(t, Ordering::SeqCst);
         for _ in 0..periods {
-            n2.store(t, Ordering::SeqCst);
             if mode == 3 {
                 set_fifo(0, true);
             }
@@ -63,10 +64,14 @@ fn run(mode: u32, periods: u32) -> (u64, u64) {
             }
             sum += late;
             max = max.max(late);
+            t += 1_000_000;
+            // As Hover's guest does: the next wake-up is announced before
+            // the unboost, so the booster can reach a thread that loses
+            // the CPU right as it is lowered.
+            n2.store(t, Ordering::SeqCst);
             if mode == 2 || mode == 3 {
                 set_fifo(0, false);
             }
-            t += 1_000_000;
         }
         n2.store(u64::MAX, Ordering::SeqCst);
         (sum / periods as u64, max)
