@@ -37,6 +37,9 @@ pub const BOOT_AREA_END: u64 = 0x10_0000;
 pub const MMIO_HOLE_START: u64 = 0xC000_0000;
 /// End of the MMIO hole; RAM beyond 3 GiB continues here.
 pub const MMIO_HOLE_END: u64 = 0x1_0000_0000;
+/// The IOAPIC's registers (KVM's in-kernel IOAPIC; GSIs 0-23). The boot
+/// page tables map its 2 MiB page whatever the RAM size.
+pub const IOAPIC_GPA: u64 = 0xFEC0_0000;
 
 /// Kernel (CPL0) code segment selector.
 pub const KERNEL_CS: u16 = 0x08;

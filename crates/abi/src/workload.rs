@@ -191,6 +191,14 @@ pub const WORKLOADS: &[WorkloadSpec] = &[
         ],
     },
     WorkloadSpec {
+        name: "uart",
+        help: "routes the serial port's line (GSI 4) to vCPU target, sends count bytes in loopback and a task there takes each one's interrupt; reports uart.received, uart.interrupts and latency",
+        params: &[
+            num("count", "bytes sent, one interrupt each", 1, 100_000, 200),
+            num("target", "vCPU taking the interrupts (the last one if past it)", 0, 31, 1),
+        ],
+    },
+    WorkloadSpec {
         name: "bm",
         help: "the async-PF seed's benchmark: faulting tasks write random pages of a prefaulted array, working tasks count; reports bm.worker.N, bm.work_total",
         params: &[

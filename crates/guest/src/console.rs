@@ -23,6 +23,25 @@ fn outb(port: u16, value: u8) {
     };
 }
 
+fn inb(port: u16) -> u8 {
+    let value: u8;
+    // SAFETY: as for outb.
+    unsafe {
+        asm!("in al, dx", in("dx") port, out("al") value, options(nomem, nostack, preserves_flags))
+    };
+    value
+}
+
+/// Write `value` to register `offset` (0-7) of the console's UART.
+pub fn uart_write(offset: u16, value: u8) {
+    outb(COM1 + (offset & 7), value);
+}
+
+/// Read register `offset` (0-7) of the console's UART.
+pub fn uart_read(offset: u16) -> u8 {
+    inb(COM1 + (offset & 7))
+}
+
 /// Write `args` and a newline to the console.
 pub fn print_line(args: fmt::Arguments) {
     let mut line = FmtBuf::<LINE_MAX>::new();

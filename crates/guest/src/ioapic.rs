@@ -1,6 +1,7 @@
-//! Routing a legacy interrupt line (GSI) through the IOAPIC, for devices of
-//! another VMM (QEMU microvm's virtio-mmio transports). QEMU microvm has
-//! GSIs 0-23 on the IOAPIC at 0xFEC0_0000 and, with its second IOAPIC,
+//! Routing a legacy interrupt line (GSI) through the IOAPIC: the serial
+//! port's line (GSI 4, `uart` workload) and, under QEMU microvm, its
+//! virtio-mmio transports. Hover (KVM's in-kernel IOAPIC) and QEMU microvm
+//! have GSIs 0-23 on the IOAPIC at 0xFEC0_0000; QEMU's second IOAPIC has
 //! 24-47 at 0xFEC1_0000.
 
 use core::ptr::write_volatile;
@@ -58,4 +59,11 @@ pub fn route(gsi: u32, vector: u8, cpu: u32) {
     write(base, entry, 1 << 16);
     write(base, entry + 1, cpu << 24);
     write(base, entry, vector as u32);
+}
+
+/// Stop delivering `gsi` (the entry masked, as at reset).
+pub fn mask(gsi: u32) {
+    if let Some((base, pin)) = ioapic_of(gsi) {
+        write(base, REDIRECTION_TABLE + 2 * pin, 1 << 16);
+    }
 }

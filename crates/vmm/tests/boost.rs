@@ -179,6 +179,30 @@ fn an_injected_interrupt_boosts_the_vcpu_it_is_for() {
 }
 
 #[test]
+fn the_serial_line_boosts_the_vcpu_the_guest_routed_it_to() {
+    if !may_boost("the_serial_line_boosts_the_vcpu_the_guest_routed_it_to") {
+        return;
+    }
+    let _s = serial();
+    // vCPU 0 sends; the guest routes COM1's line to `target` through the
+    // IOAPIC, where the VMM reads it back for each interrupt.
+    for (target, other) in [(1, 0), (0, 1)] {
+        let cmdline = format!("workload=uart count=100 target={target}");
+        let o = run_ok(config(BoostMode::Dynamic, 2, &cmdline, |_| {}));
+        assert_eq!(report(&o, "uart.received"), 100, "{cmdline}");
+        assert_eq!(report(&o, "uart.target"), target as u64);
+        assert!(report(&o, "uart.interrupts") >= 1);
+        let (to, not) = (stats(&o, target), stats(&o, other));
+        assert!(to.boosts_interrupt >= 1, "{cmdline}: {to:?}");
+        assert_eq!(not.boosts_interrupt, 0, "{cmdline}: vCPU {other}: {not:?}");
+        assert!(
+            to.unboosts >= 1,
+            "the guest unboosted after handling: {to:?}"
+        );
+    }
+}
+
+#[test]
 fn a_realtime_task_announces_its_wake_ups_and_is_boosted_for_them() {
     if !may_boost("a_realtime_task_announces_its_wake_ups_and_is_boosted_for_them") {
         return;

@@ -21,6 +21,7 @@ mod pingpong;
 mod spin;
 mod timer;
 mod triple_fault;
+mod uart;
 
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -132,6 +133,7 @@ fn main_task(_: usize) {
         "ctxsw" => ctxsw::run(&ctx),
         "nubcall" => nubcall::run(&ctx),
         "irq" => irq::run(&ctx),
+        "uart" => uart::run(&ctx),
         "iolat" => iolat::run(&ctx),
         "pingpong" => pingpong::run(&ctx),
         "evict-report" => evict_report::run(&ctx),

@@ -1,25 +1,77 @@
 //! COM1, a 16550 UART (vm-superio), wired to the console target. Its interrupt
-//! line is an irqfd on GSI 4 of the in-kernel IOAPIC.
+//! line is an irqfd on GSI 4 of the in-kernel IOAPIC; with dynamic boosting,
+//! raising it first boosts the vCPU the IOAPIC routes it to.
 
 use std::fs::File;
 use std::io::{self, Write};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use kvm_ioctls::VmFd;
 use serde::{Deserialize, Serialize};
 use vm_superio::serial::{NoEvents, SerialState};
 use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::arch::x86_64::ioapic;
 use crate::config::{ConsoleTarget, SharedBuffer};
+use crate::sched::boost::Booster;
 
 /// Raises the UART's interrupt by writing its irqfd.
-pub struct IrqTrigger(pub EventFd);
+pub struct IrqTrigger {
+    irq: EventFd,
+    boost: Option<LineBoost>,
+}
+
+/// Boosting the vCPU an IOAPIC pin is routed to, before raising the pin.
+pub struct LineBoost {
+    /// The VM's booster.
+    pub booster: Arc<Booster>,
+    /// The VM, to read the pin's route (the guest changes it without exits).
+    pub vm: Arc<VmFd>,
+    /// The IOAPIC pin (the GSI) of the line.
+    pub pin: usize,
+}
+
+impl LineBoost {
+    fn before_raise(&self) {
+        if !self.booster.boosts_interrupts() {
+            return;
+        }
+        match ioapic::entry(&self.vm, self.pin) {
+            Ok(entry) => {
+                for v in ioapic::destinations(entry, self.booster.vcpus()) {
+                    self.booster.on_interrupt(v);
+                }
+            }
+            Err(e) => tracing::warn!(
+                "cannot read the IOAPIC's route of GSI {} ({e}); its interrupt is not boosted",
+                self.pin
+            ),
+        }
+    }
+}
+
+impl IrqTrigger {
+    /// A trigger writing `irq`.
+    pub fn new(irq: EventFd) -> Self {
+        IrqTrigger { irq, boost: None }
+    }
+
+    /// Boost the line's destination vCPU before each interrupt.
+    pub fn with_boost(mut self, boost: LineBoost) -> Self {
+        self.boost = Some(boost);
+        self
+    }
+}
 
 impl Trigger for IrqTrigger {
     type E = io::Error;
     fn trigger(&self) -> io::Result<()> {
-        self.0.write(1)
+        if let Some(b) = &self.boost {
+            b.before_raise();
+        }
+        self.irq.write(1)
     }
 }
 
@@ -131,12 +183,12 @@ pub struct SerialConsole(Mutex<Uart>);
 
 impl SerialConsole {
     /// A UART that raises `irq` and writes to `sink`.
-    pub fn new(irq: EventFd, sink: ConsoleSink) -> Self {
-        SerialConsole(Mutex::new(Serial::new(IrqTrigger(irq), sink)))
+    pub fn new(irq: IrqTrigger, sink: ConsoleSink) -> Self {
+        SerialConsole(Mutex::new(Serial::new(irq, sink)))
     }
 
     /// A UART in the saved state `s`.
-    pub fn from_state(s: &UartState, irq: EventFd, sink: ConsoleSink) -> Result<Self, String> {
+    pub fn from_state(s: &UartState, irq: IrqTrigger, sink: ConsoleSink) -> Result<Self, String> {
         let st = SerialState {
             baud_divisor_low: s.baud_divisor_low,
             baud_divisor_high: s.baud_divisor_high,
@@ -149,7 +201,7 @@ impl SerialConsole {
             scratch: s.scratch,
             in_buffer: s.in_buffer.clone(),
         };
-        Serial::from_state(&st, IrqTrigger(irq), NoEvents, sink)
+        Serial::from_state(&st, irq, NoEvents, sink)
             .map(|u| SerialConsole(Mutex::new(u)))
             .map_err(|e| format!("the saved serial port state is invalid: {e:?}"))
     }
@@ -214,7 +266,7 @@ mod tests {
     fn bytes_reach_the_buffer_and_are_timed() {
         let buf: SharedBuffer = Arc::new(Mutex::new(Vec::new()));
         let sink = ConsoleSink::open(&ConsoleTarget::Buffer(buf.clone())).unwrap();
-        let s = SerialConsole::new(EventFd::new(0).unwrap(), sink);
+        let s = SerialConsole::new(IrqTrigger::new(EventFd::new(0).unwrap()), sink);
         assert!(s.first_byte_at().is_none());
         for b in b"hi\n" {
             s.write(0, *b);
@@ -227,18 +279,23 @@ mod tests {
     #[test]
     fn state_round_trips() {
         let sink = || ConsoleSink::open(&ConsoleTarget::Off).unwrap();
-        let s = SerialConsole::new(EventFd::new(0).unwrap(), sink());
+        let s = SerialConsole::new(IrqTrigger::new(EventFd::new(0).unwrap()), sink());
         s.write(7, 0x5a); // scratch
         s.write(3, 0x80); // DLAB
         s.write(0, 0x0c); // divisor low
         let st = s.state();
-        let back = SerialConsole::from_state(&st, EventFd::new(0).unwrap(), sink()).unwrap();
+        let back =
+            SerialConsole::from_state(&st, IrqTrigger::new(EventFd::new(0).unwrap()), sink())
+                .unwrap();
         assert_eq!(back.state(), st);
         assert_eq!(st.scratch, 0x5a);
         let bad = UartState {
             in_buffer: vec![0; 1 << 16],
             ..st
         };
-        assert!(SerialConsole::from_state(&bad, EventFd::new(0).unwrap(), sink()).is_err());
+        assert!(
+            SerialConsole::from_state(&bad, IrqTrigger::new(EventFd::new(0).unwrap()), sink())
+                .is_err()
+        );
     }
 }

@@ -28,7 +28,7 @@ use crate::config::{BootProtocol, ConfigError, GuestImage, VmConfig};
 use crate::devices::control::ControlDevice;
 use crate::devices::msi::MsiInjector;
 use crate::devices::pvio::PvioDevice;
-use crate::devices::serial::{ConsoleSink, SerialConsole, UartState};
+use crate::devices::serial::{ConsoleSink, IrqTrigger, LineBoost, SerialConsole, UartState};
 use crate::devices::Devices;
 use crate::memory::paged::{PageSource, Pager, MIN_BUDGET_PAGES};
 use crate::memory::GuestRam;
@@ -219,13 +219,6 @@ impl Vm {
         })?;
         fd.register_irqfd(&irq, COM1_GSI)
             .map_err(KvmOp::RegisterIrqfd.err())?;
-        let serial = match dev.uart {
-            None => SerialConsole::new(irq, dev.sink),
-            Some(s) => SerialConsole::from_state(s, irq, dev.sink).map_err(|e| Error::Host {
-                what: "restore the serial port",
-                source: std::io::Error::other(e),
-            })?,
-        };
         let host_writes = Arc::new(HostWrites::new(m.ram.end()));
         let booster = Booster::new(
             config.boost,
@@ -237,6 +230,18 @@ impl Vm {
         for v in &mut vcpus {
             v.attach_booster(booster.clone());
         }
+        let irq = IrqTrigger::new(irq).with_boost(LineBoost {
+            booster: booster.clone(),
+            vm: fd.clone(),
+            pin: COM1_GSI as usize,
+        });
+        let serial = match dev.uart {
+            None => SerialConsole::new(irq, dev.sink),
+            Some(s) => SerialConsole::from_state(s, irq, dev.sink).map_err(|e| Error::Host {
+                what: "restore the serial port",
+                source: std::io::Error::other(e),
+            })?,
+        };
         let pvio = PvioDevice::new(
             &fd,
             m.ram.memory().clone(),

@@ -2,16 +2,20 @@
 //! page tables (2 MiB pages, U bit set: the guest runtime lives at CPL3), a
 //! placeholder GDT with the ABI's flat segments, and one placeholder TSS per
 //! vCPU whose RSP0 is that vCPU's boot stack. The guest replaces the GDT and
-//! TSS with its own; the IDT starts empty (limit 0).
+//! TSS with its own; the IDT starts empty (limit 0). The in-kernel IOAPIC's
+//! page is mapped too, uncached, even when RAM ends below the MMIO hole:
+//! the guest routes the serial port's interrupt line there.
 
 use hover_abi::layout::{
     BOOT_GDT_GPA, BOOT_STACKS_GPA, BOOT_STACK_SIZE, BOOT_TSS_GPA, BOOT_TSS_STRIDE, FLAT_GDT,
-    PDPT_GPA, PD_GPA, PML4_GPA,
+    IOAPIC_GPA, PDPT_GPA, PD_GPA, PML4_GPA,
 };
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 const PRESENT: u64 = 1;
 const WRITABLE: u64 = 1 << 1;
+const WRITE_THROUGH: u64 = 1 << 3;
+const NO_CACHE: u64 = 1 << 4;
 const USER: u64 = 1 << 2;
 const HUGE: u64 = 1 << 7;
 const GIB: u64 = 1 << 30;
@@ -40,6 +44,20 @@ pub fn write_page_tables(
         }
         let bytes: Vec<u8> = entries.iter().flat_map(|e| e.to_le_bytes()).collect();
         mem.write_slice(&bytes, GuestAddress(pd))?;
+    }
+    // RAM below the hole: map only the IOAPIC's 2 MiB page of the last GiB
+    // below 4 GiB (its directory's room is reserved like the others').
+    let ioapic_gib = IOAPIC_GPA / GIB;
+    if directories_for(top) <= ioapic_gib {
+        let pd = PD_GPA + ioapic_gib * 4096;
+        mem.write_obj(pd | flags, GuestAddress(PDPT_GPA + ioapic_gib * 8))?;
+        mem.write_slice(&[0u8; 4096], GuestAddress(pd))?;
+        let page = IOAPIC_GPA & !(TWO_MIB - 1);
+        let slot = (page % GIB) / TWO_MIB;
+        mem.write_obj(
+            page | flags | HUGE | WRITE_THROUGH | NO_CACHE,
+            GuestAddress(pd + slot * 8),
+        )?;
     }
     Ok(())
 }
@@ -88,6 +106,22 @@ mod tests {
         assert_eq!(last, (4 * GIB - TWO_MIB) | 0x87);
         assert_eq!(directories_for(1), 1);
         assert_eq!(directories_for(GIB + 1), 2);
+    }
+
+    #[test]
+    fn below_the_hole_only_the_ioapic_page_of_the_last_gib_is_mapped() {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        write_page_tables(&mem, 256 << 20).unwrap();
+        let pdpte = |i: u64| -> u64 { mem.read_obj(GuestAddress(PDPT_GPA + i * 8)).unwrap() };
+        assert_eq!(pdpte(0), PD_GPA | 7);
+        assert_eq!((pdpte(1), pdpte(2)), (0, 0), "no RAM there, no mapping");
+        assert_eq!(pdpte(3), (PD_GPA + 3 * 4096) | 7);
+        let pd3 = PD_GPA + 3 * 4096;
+        let mapped: Vec<(u64, u64)> = (0..512)
+            .map(|i| (i, mem.read_obj::<u64>(GuestAddress(pd3 + i * 8)).unwrap()))
+            .filter(|&(_, e)| e != 0)
+            .collect();
+        assert_eq!(mapped, vec![(0x1f6, 0xFEC0_0000 | 0x9f)]);
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //!   reads every area each `--boost-poll-us`; a vCPU waiting behind host
 //!   threads makes no exits, so the monitor is what reaches it;
 //! - the monitor injects an interrupt it raised ([`Booster::on_interrupt`]:
-//!   MSIs, I/O completions), as the seed's KVM boosts on injection;
+//!   MSIs, I/O completions, the serial line to the vCPU the IOAPIC routes
+//!   it to), as the seed's KVM boosts on injection;
 //! - a real-time task's announced wake-up (`wake_at`) is near: the LAPIC
 //!   timer is injected by KVM, out of this process's sight, so the guest
 //!   says when it is due and the monitor boosts [`TIMER_LEAD`] before.
@@ -417,6 +418,20 @@ impl Booster {
         {
             self.boost(vcpu, Source::Request);
         }
+    }
+
+    /// Number of vCPUs.
+    pub fn vcpus(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether [`Self::on_interrupt`] can boost anything now (dynamic mode,
+    /// running, some area registered): lets an interrupt source skip work
+    /// such as reading the IOAPIC's routing when it cannot.
+    pub fn boosts_interrupts(&self) -> bool {
+        self.mode() == BoostMode::Dynamic
+            && !self.paused.load(Ordering::SeqCst)
+            && (0..self.slots.len()).any(|v| self.area(v).is_some())
     }
 
     /// The monitor is about to inject an interrupt into vCPU `vcpu`.
