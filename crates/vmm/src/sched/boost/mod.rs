@@ -450,14 +450,16 @@ impl Booster {
         let Some(gpa) = self.area(vcpu) else {
             return control_status::UNAVAILABLE;
         };
-        if self.requested(vcpu, gpa) == 0 && self.mode() == BoostMode::Dynamic {
-            self.unboost(vcpu, Some(false));
-        }
         // The guest unboosts as it goes idle, right after announcing its
         // next real-time wake-up: the monitor must plan for it now, not at
-        // its next poll (which may come after the deadline).
+        // its next poll (which may come after the deadline). Before the
+        // unboost: a thread that lowers itself can lose its CPU to a host
+        // thread for a whole time slice right there.
         if let Some(n) = self.nudge.get() {
             n.nudge();
+        }
+        if self.requested(vcpu, gpa) == 0 && self.mode() == BoostMode::Dynamic {
+            self.unboost(vcpu, Some(false));
         }
         control_status::OK
     }
