@@ -36,6 +36,8 @@ static COUNT: AtomicU64 = AtomicU64::new(0);
 static TARGET: AtomicU64 = AtomicU64::new(0);
 /// The receiver has handled the byte in flight.
 static ACK: Event = Event::new();
+/// The receiver runs (its vCPU takes interrupts).
+static READY: Event = Event::new();
 /// TSC when the byte now in flight was sent.
 static SENT_AT: AtomicU64 = AtomicU64::new(0);
 /// Bytes received with the value sent, and with another.
@@ -49,6 +51,7 @@ fn byte(i: u64) -> u8 {
 }
 
 fn receiver(_: usize) {
+    READY.signal();
     let mut lat = Latency::new();
     for i in 0..COUNT.load(Ordering::Relaxed) {
         wait_irq(VECTOR);
@@ -113,6 +116,10 @@ pub fn run(ctx: &Context) -> u32 {
         println!("uart: cannot start the receiving task");
         return exit_code::WORKLOAD_FAILED;
     };
+    // An interrupt for a vCPU whose local APIC is not set up yet is lost
+    // (edge-triggered), and the UART raises no other while its first one
+    // is pending: route the line only once the receiver runs there.
+    READY.wait();
     let mcr = uart_read(MCR);
     ioapic::route(GSI, VECTOR, target as u32);
     uart_write(MCR, mcr | MCR_LOOP);

@@ -4,6 +4,7 @@
 
 use std::fs::File;
 use std::io::{self, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -31,6 +32,8 @@ pub struct LineBoost {
     pub vm: Arc<VmFd>,
     /// The IOAPIC pin (the GSI) of the line.
     pub pin: usize,
+    /// A failure to read the route was logged (once is enough).
+    pub warned: AtomicBool,
 }
 
 impl LineBoost {
@@ -44,10 +47,14 @@ impl LineBoost {
                     self.booster.on_interrupt(v);
                 }
             }
-            Err(e) => tracing::warn!(
-                "cannot read the IOAPIC's route of GSI {} ({e}); its interrupt is not boosted",
-                self.pin
-            ),
+            Err(e) => {
+                if !self.warned.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "cannot read the IOAPIC's route of GSI {} ({e}); its interrupts are not boosted",
+                        self.pin
+                    );
+                }
+            }
         }
     }
 }

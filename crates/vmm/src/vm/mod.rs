@@ -234,6 +234,7 @@ impl Vm {
             booster: booster.clone(),
             vm: fd.clone(),
             pin: COM1_GSI as usize,
+            warned: Default::default(),
         });
         let serial = match dev.uart {
             None => SerialConsole::new(irq, dev.sink),
