@@ -26,17 +26,27 @@ pub struct IrqTrigger {
 
 /// Boosting the vCPU an IOAPIC pin is routed to, before raising the pin.
 pub struct LineBoost {
-    /// The VM's booster.
-    pub booster: Arc<Booster>,
-    /// The VM, to read the pin's route (the guest changes it without exits).
-    pub vm: Arc<VmFd>,
-    /// The IOAPIC pin (the GSI) of the line.
-    pub pin: usize,
+    booster: Arc<Booster>,
+    /// To read the pin's route (the guest changes it without exits).
+    vm: Arc<VmFd>,
+    pin: usize,
     /// A failure to read the route was logged (once is enough).
-    pub warned: AtomicBool,
+    warned: AtomicBool,
 }
 
 impl LineBoost {
+    /// Boost through `booster` the vCPUs that IOAPIC pin `pin` (< 24) of
+    /// `vm` is routed to.
+    pub fn new(booster: Arc<Booster>, vm: Arc<VmFd>, pin: usize) -> Self {
+        assert!(pin < ioapic::PINS, "IOAPIC pin {pin} does not exist");
+        LineBoost {
+            booster,
+            vm,
+            pin,
+            warned: AtomicBool::new(false),
+        }
+    }
+
     fn before_raise(&self) {
         if !self.booster.boosts_interrupts() {
             return;

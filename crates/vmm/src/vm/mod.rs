@@ -230,12 +230,11 @@ impl Vm {
         for v in &mut vcpus {
             v.attach_booster(booster.clone());
         }
-        let irq = IrqTrigger::new(irq).with_boost(LineBoost {
-            booster: booster.clone(),
-            vm: fd.clone(),
-            pin: COM1_GSI as usize,
-            warned: Default::default(),
-        });
+        let irq = IrqTrigger::new(irq).with_boost(LineBoost::new(
+            booster.clone(),
+            fd.clone(),
+            COM1_GSI as usize,
+        ));
         let serial = match dev.uart {
             None => SerialConsole::new(irq, dev.sink),
             Some(s) => SerialConsole::from_state(s, irq, dev.sink).map_err(|e| Error::Host {
