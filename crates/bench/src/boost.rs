@@ -7,7 +7,9 @@
 //! ms buffers. Here, on 2 vCPUs:
 //! - guest: `timer rt=1 interval_us=I background=B` (a real-time task waking
 //!   every I us; B spinning tasks stand for the rest of the guest's work)
-//!   and `audio buffer_ms=N work_us=W background=B`;
+//!   and `audio buffer_ms=N work_us=W background=B`; and the serial line,
+//!   `uart count=C target=1` (vCPU 0 sends, a task on vCPU 1 takes each
+//!   byte's interrupt);
 //! - host busy: [`Hogs`] pinned one per CPU (normal priority) for the run;
 //! - host probe: a cyclictest-like thread at normal priority waking every
 //!   I us (1 ms for audio), whose lateness shows what each mode costs the
@@ -45,6 +47,8 @@ pub struct BoostBench {
     pub background: u32,
     /// Host hog threads when busy (0: one per CPU).
     pub hogs: usize,
+    /// Bytes the serial-line test sends per run (0: no serial test).
+    pub uart_count: u64,
 }
 
 const MODES: [(&str, &[&str]); 3] = [
@@ -68,6 +72,7 @@ struct Sample {
 enum Test {
     Timer(u64),
     Audio(u64),
+    Uart(u64),
 }
 
 impl Test {
@@ -81,13 +86,14 @@ impl Test {
                 "workload=audio buffer_ms={ms} work_us={} seconds={} background={}",
                 b.work_us, b.seconds, b.background
             ),
+            Test::Uart(n) => format!("workload=uart count={n} target=1"),
         }
     }
 
     fn probe_interval(&self) -> Duration {
         match *self {
             Test::Timer(i) => Duration::from_micros(i),
-            Test::Audio(_) => Duration::from_millis(1),
+            Test::Audio(_) | Test::Uart(_) => Duration::from_millis(1),
         }
     }
 }
@@ -144,6 +150,29 @@ fn run_one(
             boosts: sum("boosts"),
             boosted_ms: sum("boosted_us") as f64 / 1000.0,
         },
+        Test::Uart(_) => {
+            // Sends that took 1 ms or more: the histogram's buckets from
+            // [1024, 2048) us up.
+            let mut late = 0.0;
+            for k in [
+                "lt_2048us",
+                "lt_4096us",
+                "lt_8192us",
+                "lt_16384us",
+                "ge_16384us",
+            ] {
+                late += r.report(&format!("uart.hist.{k}"))?;
+            }
+            Sample {
+                guest_avg_us: r.report("uart.avg_ns")? / 1000.0,
+                guest_max_us: r.report("uart.max_ns")? / 1000.0,
+                glitches: late as u64,
+                periods: r.report("uart.received")? as u64,
+                probe,
+                boosts: sum("boosts_interrupt"),
+                boosted_ms: sum("boosted_us") as f64 / 1000.0,
+            }
+        }
     })
 }
 
@@ -170,6 +199,7 @@ pub fn run(exe: &Path, b: &BoostBench, out: &Path) -> Result<(), BenchError> {
         .iter()
         .map(|&i| Test::Timer(i))
         .chain(b.buffers.iter().map(|&m| Test::Audio(m)))
+        .chain((b.uart_count > 0).then_some(Test::Uart(b.uart_count)))
         .collect();
     let mut rows = Vec::new();
     for (host, busy) in [("idle", false), ("busy", true)] {
@@ -179,10 +209,11 @@ pub fn run(exe: &Path, b: &BoostBench, out: &Path) -> Result<(), BenchError> {
                 for (k, (name, mode)) in MODES.iter().enumerate() {
                     let s = run_one(exe, b, t, mode, busy)?;
                     eprintln!(
-                        "  {host} {} round {} {name:<8} guest max {:.0} us, glitches {}, host probe max {:.0} us",
+                        "  {host} {} round {} {name:<8} guest max {:.0} us, {} {}, host probe max {:.0} us",
                         t.cmdline(b),
                         round + 1,
                         s.guest_max_us,
+                        if matches!(t, Test::Uart(_)) { "sends >= 1 ms" } else { "glitches" },
                         s.glitches,
                         s.probe.max_us
                     );
@@ -208,9 +239,22 @@ pub fn run(exe: &Path, b: &BoostBench, out: &Path) -> Result<(), BenchError> {
     let vanilla_of = |i: usize| &rows[i - i % MODES.len()];
     let mut timer_rows = Vec::new();
     let mut audio_rows = Vec::new();
+    let mut uart_rows = Vec::new();
     for (i, r) in rows.iter().enumerate() {
         let v = vanilla_of(i);
-        if r.test.starts_with("workload=timer") {
+        if r.test.starts_with("workload=uart") {
+            uart_rows.push(vec![
+                r.host.to_string(),
+                r.mode.to_string(),
+                spread(&col(r, |s| s.guest_avg_us), 0),
+                ratios(&col(v, |s| s.guest_avg_us), &col(r, |s| s.guest_avg_us)),
+                spread(&col(r, |s| s.guest_max_us), 0),
+                spread(&col(r, |s| s.glitches as f64), 0),
+                spread(&col(r, |s| s.periods as f64), 0),
+                spread(&col(r, |s| s.probe.max_us), 0),
+                spread(&col(r, |s| s.boosts as f64), 0),
+            ]);
+        } else if r.test.starts_with("workload=timer") {
             timer_rows.push(vec![
                 r.host.to_string(),
                 r.test.split_whitespace().nth(2).unwrap_or("").to_string(),
@@ -272,6 +316,23 @@ pub fn run(exe: &Path, b: &BoostBench, out: &Path) -> Result<(), BenchError> {
         ],
         &audio_rows,
     );
+    if !uart_rows.is_empty() {
+        println!("\nSerial line (guest: uart, vCPU 0 sends, a task on vCPU 1 takes each byte's interrupt; latency from the send to that task running), median (min-max) over rounds; ratio vanilla/mode per round:");
+        table::print(
+            &[
+                "host",
+                "mode",
+                "avg us",
+                "avg: vanilla/mode",
+                "max us",
+                "sends >= 1 ms",
+                "bytes back",
+                "host probe max us",
+                "interrupt boosts",
+            ],
+            &uart_rows,
+        );
+    }
     table::write_json(
         out,
         "boost.json",
@@ -280,6 +341,7 @@ pub fn run(exe: &Path, b: &BoostBench, out: &Path) -> Result<(), BenchError> {
             "seconds": b.seconds,
             "background": b.background,
             "work_us": b.work_us,
+            "uart_count": b.uart_count,
             "rows": rows,
         }),
     )?;

@@ -168,6 +168,9 @@ enum Scenario {
         /// Host hog threads when the host is busy (0: one per CPU).
         #[arg(long, default_value_t = 0)]
         hogs: usize,
+        /// Bytes the serial-line test sends per run, one interrupt each (0: no serial test).
+        #[arg(long, default_value_t = 2000)]
+        uart_count: u64,
         /// Directory for the JSON results and the plot.
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
@@ -352,6 +355,7 @@ pub fn bench(args: BenchArgs) -> ExitCode {
             work_us,
             background,
             hogs,
+            uart_count,
             out,
         } => {
             let bad = intervals.iter().find(|&&i| !(10..=1_000_000).contains(&i));
@@ -363,9 +367,14 @@ pub fn bench(args: BenchArgs) -> ExitCode {
                 eprintln!("hover: error: --buffers: a {m} ms buffer cannot hold --work-us {work_us} (buffers are 1 to 1000 ms, longer than the work)");
                 return ExitCode::from(EXIT_BAD_INPUT);
             }
-            if background > 16 || hogs > 256 || seconds == 0 || seconds > 3600 {
+            if background > 16
+                || hogs > 256
+                || seconds == 0
+                || seconds > 3600
+                || uart_count > 100_000
+            {
                 eprintln!(
-                    "hover: error: give --background 0-16, --hogs 0-256 and --seconds 1-3600"
+                    "hover: error: give --background 0-16, --hogs 0-256, --seconds 1-3600 and --uart-count 0-100000"
                 );
                 return ExitCode::from(EXIT_BAD_INPUT);
             }
@@ -379,6 +388,7 @@ pub fn bench(args: BenchArgs) -> ExitCode {
                     work_us,
                     background,
                     hogs,
+                    uart_count,
                 },
                 &out,
             )
