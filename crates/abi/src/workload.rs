@@ -162,11 +162,12 @@ pub const WORKLOADS: &[WorkloadSpec] = &[
     },
     WorkloadSpec {
         name: "critical",
-        help: "test: a task enters critical sections (the boost request bit) and watches the boost status; reports critical.boosted/throttled",
+        help: "test: a task enters critical sections (the boost request bit) and watches the boost status; reports critical.sections/boosted/throttled",
         params: &[
             num("count", "critical sections", 1, 100_000_000, 10),
             num("hold_us", "time spent in each, microseconds", 0, 60_000_000, 20_000),
             num("gap_us", "sleep between them, microseconds", 0, 60_000_000, 10_000),
+            num("seconds", "end the run after this long (0: when count sections are done)", 0, 3600, 0),
         ],
     },
     WorkloadSpec {

@@ -9,7 +9,9 @@
 //!   every I us; B spinning tasks stand for the rest of the guest's work)
 //!   and `audio buffer_ms=N work_us=W background=B`; and the serial line,
 //!   `uart count=C target=1` (vCPU 0 sends, a task on vCPU 1 takes each
-//!   byte's interrupt);
+//!   byte's interrupt); and a rogue guest, `critical` holding its
+//!   boost request for the whole run or flipping it as fast as it can,
+//!   whose cost to the host the probe shows;
 //! - host busy: [`Hogs`] pinned one per CPU (normal priority) for the run;
 //! - host probe: a cyclictest-like thread at normal priority waking every
 //!   I us (1 ms for audio), whose lateness shows what each mode costs the
@@ -66,6 +68,7 @@ struct Sample {
     probe: ProbeResult,
     boosts: u64,
     boosted_ms: f64,
+    throttles: u64,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -73,6 +76,9 @@ enum Test {
     Timer(u64),
     Audio(u64),
     Uart(u64),
+    /// A guest asking for a boost all the time (`true`: one critical
+    /// section held for the run; `false`: sections flipped back to back).
+    Rogue(bool),
 }
 
 impl Test {
@@ -87,13 +93,21 @@ impl Test {
                 b.work_us, b.seconds, b.background
             ),
             Test::Uart(n) => format!("workload=uart count={n} target=1"),
+            Test::Rogue(true) => format!(
+                "workload=critical count=1 hold_us=60000000 gap_us=0 seconds={}",
+                b.seconds
+            ),
+            Test::Rogue(false) => format!(
+                "workload=critical count=100000000 hold_us=0 gap_us=0 seconds={}",
+                b.seconds
+            ),
         }
     }
 
     fn probe_interval(&self) -> Duration {
         match *self {
             Test::Timer(i) => Duration::from_micros(i),
-            Test::Audio(_) | Test::Uart(_) => Duration::from_millis(1),
+            Test::Audio(_) | Test::Uart(_) | Test::Rogue(_) => Duration::from_millis(1),
         }
     }
 }
@@ -140,6 +154,7 @@ fn run_one(
             probe,
             boosts: sum("boosts"),
             boosted_ms: sum("boosted_us") as f64 / 1000.0,
+            throttles: sum("throttles"),
         },
         Test::Audio(_) => Sample {
             guest_avg_us: r.report("audio.wake.avg_ns")? / 1000.0,
@@ -149,6 +164,7 @@ fn run_one(
             probe,
             boosts: sum("boosts"),
             boosted_ms: sum("boosted_us") as f64 / 1000.0,
+            throttles: sum("throttles"),
         },
         Test::Uart(_) => {
             // Sends that took 1 ms or more: the histogram's buckets from
@@ -171,8 +187,19 @@ fn run_one(
                 probe,
                 boosts: sum("boosts_interrupt"),
                 boosted_ms: sum("boosted_us") as f64 / 1000.0,
+                throttles: sum("throttles"),
             }
         }
+        Test::Rogue(_) => Sample {
+            guest_avg_us: 0.0,
+            guest_max_us: 0.0,
+            glitches: 0,
+            periods: r.report("critical.sections")? as u64,
+            probe,
+            boosts: sum("boosts"),
+            boosted_ms: sum("boosted_us") as f64 / 1000.0,
+            throttles: sum("throttles"),
+        },
     })
 }
 
@@ -200,6 +227,7 @@ pub fn run(exe: &Path, b: &BoostBench, out: &Path) -> Result<(), BenchError> {
         .map(|&i| Test::Timer(i))
         .chain(b.buffers.iter().map(|&m| Test::Audio(m)))
         .chain((b.uart_count > 0).then_some(Test::Uart(b.uart_count)))
+        .chain([Test::Rogue(true), Test::Rogue(false)])
         .collect();
     let mut rows = Vec::new();
     for (host, busy) in [("idle", false), ("busy", true)] {
@@ -208,13 +236,23 @@ pub fn run(exe: &Path, b: &BoostBench, out: &Path) -> Result<(), BenchError> {
             for round in 0..b.runs.max(1) {
                 for (k, (name, mode)) in MODES.iter().enumerate() {
                     let s = run_one(exe, b, t, mode, busy)?;
+                    let guest = match t {
+                        Test::Timer(_) | Test::Audio(_) => format!(
+                            "guest max {:.0} us, glitches {}",
+                            s.guest_max_us, s.glitches
+                        ),
+                        Test::Uart(_) => format!(
+                            "guest max {:.0} us, sends >= 1 ms {}",
+                            s.guest_max_us, s.glitches
+                        ),
+                        Test::Rogue(_) => {
+                            format!("{} boosts, {} throttles", s.boosts, s.throttles)
+                        }
+                    };
                     eprintln!(
-                        "  {host} {} round {} {name:<8} guest max {:.0} us, {} {}, host probe max {:.0} us",
+                        "  {host} {} round {} {name:<8} {guest}, host probe max {:.0} us",
                         t.cmdline(b),
                         round + 1,
-                        s.guest_max_us,
-                        if matches!(t, Test::Uart(_)) { "sends >= 1 ms" } else { "glitches" },
-                        s.glitches,
                         s.probe.max_us
                     );
                     runs[k].push(s);
@@ -240,9 +278,28 @@ pub fn run(exe: &Path, b: &BoostBench, out: &Path) -> Result<(), BenchError> {
     let mut timer_rows = Vec::new();
     let mut audio_rows = Vec::new();
     let mut uart_rows = Vec::new();
+    let mut rogue_rows = Vec::new();
     for (i, r) in rows.iter().enumerate() {
         let v = vanilla_of(i);
-        if r.test.starts_with("workload=uart") {
+        if r.test.starts_with("workload=critical") {
+            let held = r.test.contains("count=1 ");
+            rogue_rows.push(vec![
+                r.host.to_string(),
+                if held {
+                    "holds its request"
+                } else {
+                    "flips its request"
+                }
+                .to_string(),
+                r.mode.to_string(),
+                spread(&col(r, |s| s.probe.avg_us), 0),
+                spread(&col(r, |s| s.probe.max_us), 0),
+                ratios(&col(v, |s| s.probe.max_us), &col(r, |s| s.probe.max_us)),
+                spread(&col(r, |s| s.boosts as f64), 0),
+                spread(&col(r, |s| s.boosted_ms), 0),
+                spread(&col(r, |s| s.throttles as f64), 0),
+            ]);
+        } else if r.test.starts_with("workload=uart") {
             uart_rows.push(vec![
                 r.host.to_string(),
                 r.mode.to_string(),
@@ -333,6 +390,21 @@ pub fn run(exe: &Path, b: &BoostBench, out: &Path) -> Result<(), BenchError> {
             &uart_rows,
         );
     }
+    println!("\nA rogue guest (critical: one section held for the whole run, or sections back to back) and the host probe (every 1 ms), median (min-max) over rounds; ratio vanilla/mode per round:");
+    table::print(
+        &[
+            "host",
+            "guest",
+            "mode",
+            "host probe avg us",
+            "host probe max us",
+            "host max: vanilla/mode",
+            "boosts",
+            "boosted ms",
+            "throttles",
+        ],
+        &rogue_rows,
+    );
     table::write_json(
         out,
         "boost.json",
