@@ -297,8 +297,9 @@ struct RunArgs {
     #[arg(long, default_value = "fifo", value_parser = parse_boost_policy)]
     boost_policy: BoostPolicy,
     /// Revoke a boost once its thread has run this many milliseconds of CPU
-    /// time (1-10000).
-    #[arg(long, default_value_t = 50)]
+    /// time (1-10000): the longest a guest can hold a host CPU from normal
+    /// threads in one go.
+    #[arg(long, default_value_t = 10)]
     boost_max_ms: u64,
     /// No boost for this long after one was revoked, milliseconds (0-60000).
     #[arg(long, default_value_t = 100)]
