@@ -145,27 +145,23 @@ fn run_one(
             a.iter().map(|v| v[k].as_u64().unwrap_or(0)).sum::<u64>()
         })
     };
-    Ok(match t {
-        Test::Timer(_) => Sample {
-            guest_avg_us: r.report("timer.avg_ns")? / 1000.0,
-            guest_max_us: r.report("timer.max_ns")? / 1000.0,
-            glitches: 0,
-            periods: r.report("timer.samples")? as u64,
-            probe,
-            boosts: sum("boosts"),
-            boosted_ms: sum("boosted_us") as f64 / 1000.0,
-            throttles: sum("throttles"),
-        },
-        Test::Audio(_) => Sample {
-            guest_avg_us: r.report("audio.wake.avg_ns")? / 1000.0,
-            guest_max_us: r.report("audio.finish.max_ns")? / 1000.0,
-            glitches: r.report("audio.glitches")? as u64,
-            periods: r.report("audio.periods")? as u64,
-            probe,
-            boosts: sum("boosts"),
-            boosted_ms: sum("boosted_us") as f64 / 1000.0,
-            throttles: sum("throttles"),
-        },
+    // What each test reports of the guest: average and worst latency (us),
+    // misses, periods, and which boosts count.
+    let (guest_avg_us, guest_max_us, glitches, periods, boosts) = match t {
+        Test::Timer(_) => (
+            r.report("timer.avg_ns")? / 1000.0,
+            r.report("timer.max_ns")? / 1000.0,
+            0.0,
+            r.report("timer.samples")?,
+            "boosts",
+        ),
+        Test::Audio(_) => (
+            r.report("audio.wake.avg_ns")? / 1000.0,
+            r.report("audio.finish.max_ns")? / 1000.0,
+            r.report("audio.glitches")?,
+            r.report("audio.periods")?,
+            "boosts",
+        ),
         Test::Uart(_) => {
             // Sends that took 1 ms or more: the histogram's buckets from
             // [1024, 2048) us up.
@@ -179,27 +175,25 @@ fn run_one(
             ] {
                 late += r.report(&format!("uart.hist.{k}"))?;
             }
-            Sample {
-                guest_avg_us: r.report("uart.avg_ns")? / 1000.0,
-                guest_max_us: r.report("uart.max_ns")? / 1000.0,
-                glitches: late as u64,
-                periods: r.report("uart.received")? as u64,
-                probe,
-                boosts: sum("boosts_interrupt"),
-                boosted_ms: sum("boosted_us") as f64 / 1000.0,
-                throttles: sum("throttles"),
-            }
+            (
+                r.report("uart.avg_ns")? / 1000.0,
+                r.report("uart.max_ns")? / 1000.0,
+                late,
+                r.report("uart.received")?,
+                "boosts_interrupt",
+            )
         }
-        Test::Rogue(_) => Sample {
-            guest_avg_us: 0.0,
-            guest_max_us: 0.0,
-            glitches: 0,
-            periods: r.report("critical.sections")? as u64,
-            probe,
-            boosts: sum("boosts"),
-            boosted_ms: sum("boosted_us") as f64 / 1000.0,
-            throttles: sum("throttles"),
-        },
+        Test::Rogue(_) => (0.0, 0.0, 0.0, r.report("critical.sections")?, "boosts"),
+    };
+    Ok(Sample {
+        guest_avg_us,
+        guest_max_us,
+        glitches: glitches as u64,
+        periods: periods as u64,
+        probe,
+        boosts: sum(boosts),
+        boosted_ms: sum("boosted_us") as f64 / 1000.0,
+        throttles: sum("throttles"),
     })
 }
 
