@@ -151,7 +151,6 @@ fn many_cycles_leave_no_descriptor_thread_mapping_or_file() {
         run_cycle(i, &scratch);
     }
     snapshot_cycle(0, &scratch);
-    settle();
     let before = census(&scratch);
     let t = Instant::now();
     for i in 0..cycles {
@@ -161,7 +160,6 @@ fn many_cycles_leave_no_descriptor_thread_mapping_or_file() {
     for i in 0..snapshots {
         snapshot_cycle(i, &scratch);
     }
-    settle();
     let after = census(&scratch);
     println!(
         "{cycles} run cycles and {snapshots} snapshot/restore cycles in {:.1?}: before {before:?}, after {after:?}",
@@ -180,23 +178,4 @@ fn many_cycles_leave_no_descriptor_thread_mapping_or_file() {
         after.maps
     );
     std::fs::remove_dir_all(&scratch).unwrap();
-}
-
-/// Wait for tiny_http's idle connection-pool threads, which end up to 5 s
-/// after their server (its idle timeout).
-fn settle() {
-    let until = Instant::now() + Duration::from_secs(8);
-    let http = || {
-        std::fs::read_dir("/proc/self/task")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|t| {
-                std::fs::read_to_string(t.path().join("comm"))
-                    .is_ok_and(|c| c.starts_with("api-http"))
-            })
-    };
-    while http() && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }

@@ -13,31 +13,31 @@
 //! | `PUT /vm/migrate/postcopy` | a hybrid migration switches to post-copy now |
 //! | `GET /metrics` | Prometheus text exposition |
 //!
-//! HTTP parsing is tiny_http's. Each request is answered on its own short
-//! thread, so a client that stalls (sends nothing, or half a body) holds
-//! only its own thread: the VM and other clients go on. Commands reach the
+//! HTTP is served by [`http`], a server whose every resource a client can
+//! claim is bounded (connections, head and body sizes, time): a client that
+//! stalls or floods holds at most one of a few connection threads, and the
+//! VM and other clients go on. Commands reach the
 //! VM through its [`Controller`], which carries them out one at a time. The
 //! socket file is created here with mode 0600 (an existing path is refused,
 //! except a stale socket nobody listens on, left by a killed VM) and removed
 //! when the VM stops.
 
 pub mod client;
+pub mod http;
 mod metrics;
 mod requests;
 
 use requests::{parse_body, ApiFailure, HaltPollRequest, MigrateRequest, SnapshotRequest};
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use http::{Answer, HttpServer};
 use serde::Serialize;
-use tiny_http::{Header, Method, Response, Server};
 
 use crate::devices::pvio::{PvioDevice, PvioStats};
 use crate::memory::paged::PagerStats;
@@ -64,8 +64,6 @@ pub const ENDPOINTS: [(&str, &str); 11] = [
     ("GET", "/metrics"),
 ];
 
-/// Largest request body accepted.
-pub const MAX_BODY: usize = 64 << 10;
 /// How long a command may take (a snapshot of a large VM takes a while).
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -182,13 +180,7 @@ impl LiveSources {
 struct Ctx {
     sources: LiveSources,
     controller: Controller,
-    /// Requests read and not yet answered: the server waits for them when
-    /// the VM stops, so a command's answer is not lost to the exit.
-    answering: std::sync::atomic::AtomicUsize,
 }
-
-/// An answer: status, content type, body.
-type Answer = (u16, &'static str, String);
 
 const JSON: &str = "application/json";
 
@@ -210,7 +202,18 @@ fn failure(f: ApiFailure) -> Answer {
     (f.status, JSON, v.to_string())
 }
 
-fn route(ctx: &Ctx, method: &Method, url: &str, body: &[u8]) -> Result<Answer, ApiFailure> {
+/// At most this much of a client's input is quoted back in an error.
+const QUOTE_MAX: usize = 80;
+
+/// `s`, cut to [`QUOTE_MAX`] characters: errors never echo unbounded input.
+fn quote(s: &str) -> String {
+    match s.char_indices().nth(QUOTE_MAX) {
+        Some((i, _)) => format!("{}...", &s[..i]),
+        None => s.to_string(),
+    }
+}
+
+fn route(ctx: &Ctx, method: &str, url: &str, body: &[u8]) -> Result<Answer, ApiFailure> {
     let path = url.split('?').next().unwrap_or(url);
     let command = |cmd| -> Result<Answer, ApiFailure> {
         let reply = ctx.controller.request(cmd, COMMAND_TIMEOUT)?;
@@ -225,20 +228,20 @@ fn route(ctx: &Ctx, method: &Method, url: &str, body: &[u8]) -> Result<Answer, A
         }
     };
     match (method, path) {
-        (Method::Get, "/vm") => Ok(json(200, &ctx.controller.info())),
-        (Method::Put, "/vm/pause") => {
+        ("GET", "/vm") => Ok(json(200, &ctx.controller.info())),
+        ("PUT", "/vm/pause") => {
             no_body()?;
             command(Command::Pause)
         }
-        (Method::Put, "/vm/resume") => {
+        ("PUT", "/vm/resume") => {
             no_body()?;
             command(Command::Resume)
         }
-        (Method::Put, "/vm/shutdown") => {
+        ("PUT", "/vm/shutdown") => {
             no_body()?;
             command(Command::Shutdown)
         }
-        (Method::Put, "/vm/snapshot") => {
+        ("PUT", "/vm/snapshot") => {
             let r: SnapshotRequest = parse_body(body)?;
             if r.path.as_os_str().is_empty() {
                 return Err(ApiFailure::bad("path", "path is empty".into()));
@@ -248,99 +251,53 @@ fn route(ctx: &Ctx, method: &Method, url: &str, body: &[u8]) -> Result<Answer, A
                 stop: r.stop,
             })
         }
-        (Method::Put, "/vm/boost") => {
+        ("PUT", "/vm/boost") => {
             let r: crate::sched::boost::BoostUpdate = parse_body(body)?;
             command(Command::Boost(r))
         }
-        (Method::Put, "/vm/halt-poll") => {
+        ("PUT", "/vm/halt-poll") => {
             let r: HaltPollRequest = parse_body(body)?;
             command(Command::HaltPoll(r.setting()?))
         }
-        (Method::Put, "/vm/migrate") => {
+        ("PUT", "/vm/migrate") => {
             let r: MigrateRequest = parse_body(body)?;
             command(Command::Migrate(r.options()?))
         }
-        (Method::Put, "/vm/migrate/postcopy") => {
+        ("PUT", "/vm/migrate/postcopy") => {
             no_body()?;
             ctx.controller.switch_to_postcopy()?;
             Ok(json(200, &ctx.controller.info()))
         }
-        (Method::Get, "/vm/stats") => Ok(json(200, &ctx.sources.snapshot())),
-        (Method::Get, "/metrics") => Ok((
+        ("GET", "/vm/stats") => Ok(json(200, &ctx.sources.snapshot())),
+        ("GET", "/metrics") => Ok((
             200,
             metrics::CONTENT_TYPE,
             metrics::render(&ctx.sources, &ctx.controller),
         )),
-        (_, "/vm" | "/vm/stats" | "/metrics") => Err(ApiFailure::new(
-            405,
-            format!("{path} takes GET, not {method}"),
-        )),
-        (
-            _,
-            "/vm/pause"
-            | "/vm/resume"
-            | "/vm/shutdown"
-            | "/vm/snapshot"
-            | "/vm/halt-poll"
-            | "/vm/boost"
-            | "/vm/migrate"
-            | "/vm/migrate/postcopy",
-        ) => Err(ApiFailure::new(
-            405,
-            format!("{path} takes PUT, not {method}"),
-        )),
-        _ => Err(ApiFailure::new(
-            404,
-            format!("no such endpoint: {method} {path} (see docs/api.yaml)"),
-        )),
+        _ => Err(unrouted(method, path)),
     }
 }
 
-fn handle(ctx: &Ctx, mut req: tiny_http::Request) {
-    let too_big = req.body_length().is_some_and(|n| n > MAX_BODY);
-    let mut body = Vec::new();
-    let answer = if too_big {
-        failure(ApiFailure::new(
-            413,
-            format!("the request body is over {MAX_BODY} bytes"),
-        ))
-    } else {
-        match req
-            .as_reader()
-            .take(MAX_BODY as u64 + 1)
-            .read_to_end(&mut body)
-        {
-            Ok(_) if body.len() > MAX_BODY => failure(ApiFailure::new(
-                413,
-                format!("the request body is over {MAX_BODY} bytes"),
-            )),
-            Ok(_) => {
-                ctx.answering
-                    .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-                let a = route(ctx, req.method(), req.url(), &body).unwrap_or_else(failure);
-                respond(req, a);
-                ctx.answering
-                    .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-                return;
-            }
-            // The client went away mid-request: nobody to answer.
-            Err(_) => return,
+/// The answer for a request no route takes: 405 naming the method a known
+/// path takes (from [`ENDPOINTS`]), else 404.
+fn unrouted(method: &str, path: &str) -> ApiFailure {
+    match ENDPOINTS.iter().find(|(_, p)| *p == path) {
+        Some((takes, _)) => {
+            ApiFailure::new(405, format!("{path} takes {takes}, not {}", quote(method)))
         }
-    };
-    respond(req, answer);
+        None => ApiFailure::new(
+            404,
+            format!(
+                "no such endpoint: {} {} (see docs/api.yaml)",
+                quote(method),
+                quote(path)
+            ),
+        ),
+    }
 }
 
-fn respond(req: tiny_http::Request, answer: Answer) {
-    let (status, content_type, text) = answer;
-    let header = Header::from_bytes("Content-Type", content_type).expect("a valid header");
-    let mut response = Response::from_string(text)
-        .with_status_code(status)
-        .with_header(header);
-    if status == 413 {
-        // The body was not read: the connection cannot carry another request.
-        response.add_header(Header::from_bytes("Connection", "close").expect("a valid header"));
-    }
-    let _ = req.respond(response);
+fn handle(ctx: &Ctx, req: &http::Request) -> Answer {
+    route(ctx, &req.method, &req.target, &req.body).unwrap_or_else(failure)
 }
 
 /// Remove `path` if it is a socket nobody listens on (left by a VM that was
@@ -381,23 +338,13 @@ fn staging_path(path: &Path) -> Option<PathBuf> {
     (staged.as_os_str().len() <= SUN_PATH_MAX).then_some(staged)
 }
 
-/// The listening socket and its thread.
+/// The listening socket and the server answering on it.
 pub struct ApiServer {
     path: PathBuf,
-    ctx: Arc<Ctx>,
     /// The socket file's (device, inode): removed at the end only if the
     /// path still names it (a user may have put something else there).
     inode: Option<(u64, u64)>,
-    server: Option<Arc<Server>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-/// Name the calling thread (threads it starts inherit the name).
-fn name_thread(name: &str) {
-    if let Ok(c) = std::ffi::CString::new(name) {
-        // SAFETY: PR_SET_NAME copies at most 16 bytes of a NUL-terminated string.
-        unsafe { libc::prctl(libc::PR_SET_NAME, c.as_ptr()) };
-    }
+    server: Option<HttpServer>,
 }
 
 impl ApiServer {
@@ -436,57 +383,34 @@ impl ApiServer {
         let ctx = Arc::new(Ctx {
             sources,
             controller,
-            answering: Default::default(),
         });
-        // The HTTP server is made on the API thread, so that the threads it
-        // starts (accepting, reading requests: outside input) run under the
-        // API's seccomp filter too.
+        // The server's threads (accepting, one per connection: outside
+        // input) are started from a thread under the API's seccomp filter,
+        // and inherit it.
         let (made_tx, made) = std::sync::mpsc::channel();
-        let c = ctx.clone();
-        static SERVERS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let tag = format!(
-            "api-http{}",
-            SERVERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 10_000_000
-        );
         let spawned = crate::seccomp::spawn(crate::seccomp::Kind::Api, "api".into(), move || {
-            // tiny_http's threads (accept, connection pool) take this name
-            // from the thread that starts them. Its accept thread ends when
-            // the server stops, its idle pool threads up to 5 s later
-            // (tiny_http's idle timeout).
-            name_thread(&tag);
-            let made = Server::from_listener(listener, None);
-            name_thread("api");
-            let s = match made {
-                Ok(s) => Arc::new(s),
-                Err(e) => {
-                    let _ = made_tx.send(Err(e.to_string()));
-                    return;
-                }
-            };
-            let _ = made_tx.send(Ok(s.clone()));
-            while let Ok(req) = s.recv() {
-                let ctx = c.clone();
-                // Of the API's kind: it inherits this thread's filter.
-                let spawned = std::thread::Builder::new()
-                    .name("api-request".into())
-                    .spawn(move || handle(&ctx, req));
-                if let Err(e) = spawned {
-                    tracing::warn!("API: cannot start a request thread: {e}");
-                }
-            }
+            let handler: http::Handler = Arc::new(move |r: &http::Request| handle(&ctx, r));
+            let _ = made_tx.send(HttpServer::start(
+                listener,
+                http::Limits::default(),
+                handler,
+            ));
         });
         let made = match spawned {
-            Ok(t) => made
-                .recv()
-                .unwrap_or_else(|_| Err("the API thread ended".into()))
-                .map(|s| (s, t)),
-            Err(e) => Err(e.to_string()),
+            Ok(t) => {
+                let made = made
+                    .recv()
+                    .unwrap_or_else(|_| Err(std::io::Error::other("the API thread ended")));
+                let _ = t.join();
+                made
+            }
+            Err(e) => Err(std::io::Error::other(e.to_string())),
         };
-        let (server, thread) = match made {
-            Ok(m) => m,
+        let mut server = match made {
+            Ok(s) => s,
             Err(e) => {
                 unbind();
-                return Err(bind(std::io::Error::other(e)));
+                return Err(bind(e));
             }
         };
         if bound_at != path {
@@ -500,8 +424,7 @@ impl ApiServer {
                 Err(e) => Some(bind(e)),
             };
             if let Some(e) = refused {
-                server.unblock();
-                let _ = thread.join();
+                server.stop(Duration::ZERO);
                 return Err(e);
             }
         }
@@ -509,41 +432,20 @@ impl ApiServer {
         let inode = std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
         Ok(ApiServer {
             path: path.into(),
-            ctx,
             inode,
             server: Some(server),
-            thread: Some(thread),
         })
     }
 
-    /// Stop serving and remove the socket.
+    /// Stop serving and remove the socket. Answers being written go out
+    /// first (bounded: a slow client must not hold the VM's exit).
     pub fn stop(&mut self) {
-        if let Some(t) = self.thread.take() {
-            if let Some(s) = &self.server {
-                s.unblock();
-            }
-            let _ = t.join();
-            // Let answers being written go out (bounded: a slow client must
-            // not hold the VM's exit).
-            let until = Instant::now() + Duration::from_secs(2);
-            while self
-                .ctx
-                .answering
-                .load(std::sync::atomic::Ordering::Acquire)
-                > 0
-                && Instant::now() < until
-            {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+        if let Some(mut s) = self.server.take() {
+            s.stop(Duration::from_secs(2));
             use std::os::unix::fs::MetadataExt;
             let still_ours = std::fs::symlink_metadata(&self.path)
                 .is_ok_and(|m| Some((m.dev(), m.ino())) == self.inode);
-            // The last reference: tiny_http marks itself closed, but the
-            // connection it makes to wake its accept thread goes to the
-            // name it was bound under, which is gone; so wake it here.
-            self.server.take();
             if still_ours {
-                let _ = std::os::unix::net::UnixStream::connect(&self.path);
                 let _ = std::fs::remove_file(&self.path);
             }
         }

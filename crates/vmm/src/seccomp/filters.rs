@@ -189,6 +189,9 @@ fn allow_list(kind: Kind) -> Vec<Allow> {
                 libc::SYS_writev,
                 libc::SYS_shutdown,
                 libc::SYS_poll,
+                libc::SYS_ppoll,
+                // The server's stop signal.
+                libc::SYS_eventfd2,
                 libc::SYS_pread64,
                 libc::SYS_fcntl,
                 libc::SYS_statx,

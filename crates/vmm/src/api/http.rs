@@ -1,0 +1,639 @@
+//! A bounded HTTP/1.1 server on a Unix socket: what the control API needs
+//! and nothing an abusive client can grow.
+//!
+//! Every resource a client can claim has a bound checked before it is
+//! taken: at most [`Limits::connections`] connections are served at once
+//! (one thread each; a connection over the bound is answered 503 and
+//! closed, so the VM never notices); a request's head is read into a
+//! buffer of at most [`Limits::header`] bytes (431 past it); a body is
+//! read only when its `Content-Length` is within [`Limits::body`] (413
+//! otherwise, and the connection is closed without reading or draining
+//! a byte of it); a request must arrive whole within
+//! [`Limits::request_time`] and an idle connection is closed after
+//! [`Limits::idle`]. Running out of descriptors (EMFILE) pauses accepting
+//! for a moment instead of failing: the server answers again once the
+//! load is gone. Parsing is httparse's.
+
+use std::collections::HashMap;
+use std::io::{ErrorKind, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use vmm_sys_util::eventfd::EventFd;
+
+/// What a client may claim of the server.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Connections served at once.
+    pub connections: usize,
+    /// Largest request head (request line and headers), bytes.
+    pub header: usize,
+    /// Largest request body, bytes.
+    pub body: usize,
+    /// Longest a request may take to arrive, from its first byte.
+    pub request_time: Duration,
+    /// Longest a connection may sit idle between requests.
+    pub idle: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            connections: 16,
+            header: 16 << 10,
+            body: 64 << 10,
+            request_time: Duration::from_secs(10),
+            idle: Duration::from_secs(10),
+        }
+    }
+}
+
+/// One request, read whole.
+#[derive(Debug)]
+pub struct Request {
+    /// The method (`GET`, `PUT`, ...).
+    pub method: String,
+    /// The target, e.g. `/vm/stats?x=1`.
+    pub target: String,
+    /// The body.
+    pub body: Vec<u8>,
+}
+
+/// An answer: status, content type, body.
+pub type Answer = (u16, &'static str, String);
+
+/// Answers requests; called on the connection's thread.
+pub type Handler = Arc<dyn Fn(&Request) -> Answer + Send + Sync>;
+
+/// The live connections, so that stopping can close them.
+#[derive(Default)]
+struct Connections {
+    open: Mutex<HashMap<u64, UnixStream>>,
+    gone: Condvar,
+}
+
+impl Connections {
+    fn count(&self) -> usize {
+        self.open.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+/// A running server: its accepting thread and the connections it serves.
+pub struct HttpServer {
+    stop: Arc<EventFd>,
+    stopping: Arc<AtomicBool>,
+    connections: Arc<Connections>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl HttpServer {
+    /// Serve `listener` with `handler` on threads started from the calling
+    /// thread (they inherit its name and seccomp filter).
+    pub fn start(
+        listener: UnixListener,
+        limits: Limits,
+        handler: Handler,
+    ) -> std::io::Result<HttpServer> {
+        set_nonblocking(&listener)?;
+        let stop = Arc::new(EventFd::new(libc::EFD_NONBLOCK)?);
+        let stopping = Arc::new(AtomicBool::new(false));
+        let connections = Arc::new(Connections::default());
+        let accept = Acceptor {
+            listener,
+            limits,
+            handler,
+            stop: stop.clone(),
+            stopping: stopping.clone(),
+            connections: connections.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("api-accept".into())
+            .spawn(move || accept.run())?;
+        Ok(HttpServer {
+            stop,
+            stopping,
+            connections,
+            thread: Some(thread),
+        })
+    }
+
+    /// Connections open now.
+    pub fn connections(&self) -> usize {
+        self.connections.count()
+    }
+
+    /// Stop accepting, close every connection, and wait (at most `grace`)
+    /// for their threads to end; a request being answered finishes first.
+    pub fn stop(&mut self, grace: Duration) {
+        let Some(t) = self.thread.take() else { return };
+        self.stopping.store(true, Ordering::Release);
+        let _ = self.stop.write(1);
+        let _ = t.join();
+        let mut open = self
+            .connections
+            .open
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        for s in open.values() {
+            // Ends a read in progress; an answer being written goes out first
+            // (the write side stays open until its thread closes it).
+            let _ = s.shutdown(std::net::Shutdown::Read);
+        }
+        let until = Instant::now() + grace;
+        while !open.is_empty() {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            open = self
+                .connections
+                .gone
+                .wait_timeout(open, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(2));
+    }
+}
+
+struct Acceptor {
+    listener: UnixListener,
+    limits: Limits,
+    handler: Handler,
+    stop: Arc<EventFd>,
+    stopping: Arc<AtomicBool>,
+    connections: Arc<Connections>,
+}
+
+impl Acceptor {
+    fn run(self) {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let mut warned_full = false;
+        loop {
+            let mut fds = [
+                libc::pollfd {
+                    fd: self.listener.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: self.stop.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: two valid pollfds for the length given.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+            if self.stopping.load(Ordering::Acquire) {
+                return;
+            }
+            if n < 0 {
+                continue; // EINTR
+            }
+            let stream = match self.listener.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => continue,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // EMFILE, ENFILE, ENOMEM: the connection stays queued;
+                    // try again once something has been closed.
+                    if !warned_full {
+                        tracing::warn!("API: cannot accept a connection: {e}; retrying");
+                        warned_full = true;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+            };
+            warned_full = false;
+            if self.connections.count() >= self.limits.connections {
+                refuse_busy(stream);
+                continue;
+            }
+            let id = NEXT.fetch_add(1, Ordering::Relaxed);
+            let Ok(kept) = stream.try_clone() else {
+                refuse_busy(stream);
+                continue;
+            };
+            self.connections
+                .open
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id, kept);
+            let conn = Connection {
+                stream,
+                limits: self.limits,
+                handler: self.handler.clone(),
+            };
+            let connections = self.connections.clone();
+            let spawned = std::thread::Builder::new()
+                .name("api-conn".into())
+                .stack_size(256 << 10)
+                .spawn(move || {
+                    conn.serve();
+                    let mut open = connections.open.lock().unwrap_or_else(|p| p.into_inner());
+                    open.remove(&id);
+                    connections.gone.notify_all();
+                });
+            if let Err(e) = spawned {
+                tracing::warn!("API: cannot start a connection thread: {e}");
+                if let Some(s) = self
+                    .connections
+                    .open
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&id)
+                {
+                    refuse_busy(s);
+                }
+            }
+        }
+    }
+}
+
+/// Make `fd` non-blocking with fcntl (std's `set_nonblocking` is an ioctl,
+/// which the API's seccomp filter does not allow).
+fn set_nonblocking(fd: &impl AsRawFd) -> std::io::Result<()> {
+    let fd = fd.as_raw_fd();
+    // SAFETY: F_GETFL/F_SETFL on a descriptor we own.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Answer 503 without waiting for the client, and close.
+fn refuse_busy(stream: UnixStream) {
+    let body = r#"{"error":"the API is serving its maximum of connections; retry shortly"}"#;
+    let answer = format!("{}{body}", head(503, "application/json", body.len(), true));
+    // SAFETY: sends from a live buffer of the length given; MSG_DONTWAIT so
+    // that a client that reads nothing cannot hold the accepting thread.
+    unsafe {
+        libc::send(
+            stream.as_raw_fd(),
+            answer.as_ptr().cast(),
+            answer.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        100 => "Continue",
+        200 => "OK",
+        204 => "No Content",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        409 => "Conflict",
+        413 => "Payload Too Large",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        501 => "Not Implemented",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        _ => "",
+    }
+}
+
+fn head(status: u16, content_type: &str, len: usize, close: bool) -> String {
+    format!(
+        "HTTP/1.1 {status} {}\r\nContent-Type: {content_type}\r\nContent-Length: {len}\r\n{}\r\n",
+        reason(status),
+        if close { "Connection: close\r\n" } else { "" }
+    )
+}
+
+/// Why reading a request stopped.
+enum ReadFailure {
+    /// The client closed the connection, or was idle too long between requests.
+    Gone,
+    /// An answer to give before closing (malformed or over a limit).
+    Refuse(u16, String),
+}
+
+struct Connection {
+    stream: UnixStream,
+    limits: Limits,
+    handler: Handler,
+}
+
+impl Connection {
+    fn serve(mut self) {
+        let _ = self
+            .stream
+            .set_write_timeout(Some(self.limits.request_time));
+        // Bytes read past the end of the previous request (pipelining).
+        let mut buf = Vec::new();
+        loop {
+            let (request, close) = match self.read_request(&mut buf) {
+                Ok(r) => r,
+                Err(ReadFailure::Gone) => return,
+                Err(ReadFailure::Refuse(status, message)) => {
+                    let body = serde_json::json!({ "error": message }).to_string();
+                    self.send((status, "application/json", body), true);
+                    return;
+                }
+            };
+            let answer = (self.handler)(&request);
+            if !self.send(answer, close) || close {
+                return;
+            }
+        }
+    }
+
+    fn send(&mut self, (status, content_type, body): Answer, close: bool) -> bool {
+        let h = head(status, content_type, body.len(), close);
+        self.stream.write_all(h.as_bytes()).is_ok()
+            && self.stream.write_all(body.as_bytes()).is_ok()
+    }
+
+    /// Read into `buf` until `deadline` (None: wait for the idle limit, as
+    /// between requests); whether anything arrived.
+    fn fill(
+        &mut self,
+        buf: &mut Vec<u8>,
+        deadline: Instant,
+        cap: usize,
+    ) -> Result<(), ReadFailure> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ReadFailure::Refuse(
+                408,
+                "the request did not arrive in time".into(),
+            ));
+        }
+        let _ = self.stream.set_read_timeout(Some(left));
+        let mut chunk = [0u8; 4096];
+        let want = chunk.len().min(cap.saturating_sub(buf.len()).max(1));
+        match self.stream.read(&mut chunk[..want]) {
+            Ok(0) => Err(ReadFailure::Gone),
+            Ok(n) => {
+                buf.extend_from_slice(&chunk[..n]);
+                Ok(())
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => Ok(()),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => Err(
+                ReadFailure::Refuse(408, "the request did not arrive in time".into()),
+            ),
+            Err(_) => Err(ReadFailure::Gone),
+        }
+    }
+
+    /// Read one request; also whether the connection closes after it.
+    fn read_request(&mut self, buf: &mut Vec<u8>) -> Result<(Request, bool), ReadFailure> {
+        // Wait for the first byte as long as a connection may idle; once a
+        // request has begun, all of it must come within the request time.
+        if buf.is_empty() {
+            match self.fill(
+                buf,
+                Instant::now() + self.limits.idle,
+                self.limits.header + 1,
+            ) {
+                Err(ReadFailure::Refuse(408, _)) => return Err(ReadFailure::Gone),
+                r => r?,
+            }
+        }
+        let deadline = Instant::now() + self.limits.request_time;
+        let header = self.limits.header;
+        let too_large =
+            || ReadFailure::Refuse(431, format!("the request's head is over {header} bytes"));
+        let (head_len, method, target, length, close, expect) = loop {
+            let mut headers = [httparse::EMPTY_HEADER; 64];
+            let mut req = httparse::Request::new(&mut headers);
+            let scanned = &buf[..buf.len().min(self.limits.header)];
+            match req.parse(scanned) {
+                Ok(httparse::Status::Complete(n)) => {
+                    let parsed = parse_head(&req)?;
+                    break (n, parsed.0, parsed.1, parsed.2, parsed.3, parsed.4);
+                }
+                Ok(httparse::Status::Partial) if buf.len() >= self.limits.header => {
+                    return Err(too_large())
+                }
+                Ok(httparse::Status::Partial) => {}
+                Err(httparse::Error::TooManyHeaders) => return Err(too_large()),
+                Err(e) => {
+                    return Err(ReadFailure::Refuse(
+                        400,
+                        format!("the request is not HTTP/1.1: {e}"),
+                    ))
+                }
+            }
+            self.fill(buf, deadline, self.limits.header + 1)?;
+        };
+        if length > self.limits.body as u64 {
+            return Err(ReadFailure::Refuse(
+                413,
+                format!("the request body is over {} bytes", self.limits.body),
+            ));
+        }
+        let length = length as usize;
+        if expect && buf.len() < head_len + length {
+            let _ = self.stream.write_all(b"HTTP/1.1 100 Continue\r\n\r\n");
+        }
+        while buf.len() < head_len + length {
+            self.fill(buf, deadline, head_len + length)?;
+        }
+        let body = buf[head_len..head_len + length].to_vec();
+        buf.drain(..head_len + length);
+        Ok((
+            Request {
+                method,
+                target,
+                body,
+            },
+            close,
+        ))
+    }
+}
+
+/// Method, target, body length, whether to close after, whether the client
+/// waits for `100 Continue`.
+type Head = (String, String, u64, bool, bool);
+
+fn parse_head(req: &httparse::Request<'_, '_>) -> Result<Head, ReadFailure> {
+    let bad = |m: &str| ReadFailure::Refuse(400, m.into());
+    let method = req.method.ok_or_else(|| bad("no method"))?.to_string();
+    let target = req.path.ok_or_else(|| bad("no target"))?.to_string();
+    let mut length = 0u64;
+    let mut close = req.version == Some(0);
+    let mut expect = false;
+    let mut lengths = 0;
+    for h in req.headers.iter() {
+        let value = std::str::from_utf8(h.value).unwrap_or("").trim();
+        if h.name.eq_ignore_ascii_case("content-length") {
+            lengths += 1;
+            length = value
+                .parse()
+                .map_err(|_| bad("Content-Length is not a number"))?;
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            return Err(ReadFailure::Refuse(
+                501,
+                "chunked or encoded bodies are not accepted: send Content-Length".into(),
+            ));
+        } else if h.name.eq_ignore_ascii_case("connection") {
+            close = value.eq_ignore_ascii_case("close");
+        } else if h.name.eq_ignore_ascii_case("expect") {
+            expect = value.eq_ignore_ascii_case("100-continue");
+        }
+    }
+    if lengths > 1 {
+        return Err(bad("more than one Content-Length"));
+    }
+    Ok((method, target, length, close, expect))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(limits: Limits) -> (std::path::PathBuf, HttpServer) {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "hover-http-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).unwrap();
+        let handler: Handler = Arc::new(|r: &Request| {
+            (
+                200,
+                "text/plain",
+                format!("{} {} {}", r.method, r.target, r.body.len()),
+            )
+        });
+        let s = HttpServer::start(listener, limits, handler).unwrap();
+        (path, s)
+    }
+
+    fn exchange(path: &std::path::Path, raw: &[u8]) -> String {
+        let mut c = UnixStream::connect(path).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = c.write_all(raw);
+        let mut out = String::new();
+        let _ = c.read_to_string(&mut out);
+        out
+    }
+
+    #[test]
+    fn a_request_is_answered_and_pipelined_ones_follow() {
+        let (path, _s) = server(Limits::default());
+        let out = exchange(
+            &path,
+            b"PUT /a HTTP/1.1\r\nContent-Length: 3\r\n\r\nabcGET /b HTTP/1.1\r\nConnection: close\r\n\r\n",
+        );
+        assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
+        assert!(out.contains("PUT /a 3"), "{out}");
+        assert!(out.contains("GET /b 0"), "{out}");
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn a_huge_content_length_is_refused_before_any_body_is_read() {
+        let (path, _s) = server(Limits::default());
+        for len in [u64::MAX as u128, (1u128 << 63) - 1, 1 << 40, 64 << 10 | 1] {
+            let out = exchange(
+                &path,
+                format!("PUT /x HTTP/1.1\r\nContent-Length: {len}\r\n\r\n{{}}").as_bytes(),
+            );
+            assert!(
+                out.starts_with("HTTP/1.1 413") || out.starts_with("HTTP/1.1 400"),
+                "{len}: {out}"
+            );
+        }
+        let out = exchange(&path, b"GET /ok HTTP/1.1\r\nConnection: close\r\n\r\n");
+        assert!(out.contains("GET /ok 0"), "{out}");
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn an_oversized_head_gets_431() {
+        let (path, _s) = server(Limits::default());
+        let mut raw = b"GET / HTTP/1.1\r\nX-Big: ".to_vec();
+        raw.extend(std::iter::repeat_n(b'a', 1 << 20));
+        raw.extend_from_slice(b"\r\n\r\n");
+        let out = exchange(&path, &raw);
+        assert!(out.starts_with("HTTP/1.1 431"), "{out}");
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn connections_over_the_bound_get_503_and_the_server_recovers() {
+        let limits = Limits {
+            connections: 2,
+            ..Limits::default()
+        };
+        let (path, s) = server(limits);
+        let held: Vec<_> = (0..2)
+            .map(|_| UnixStream::connect(&path).unwrap())
+            .collect();
+        // Both are being served once the server counts them.
+        let until = Instant::now() + Duration::from_secs(10);
+        while s.connections() < 2 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let out = exchange(&path, b"GET / HTTP/1.1\r\n\r\n");
+        assert!(out.starts_with("HTTP/1.1 503"), "{out}");
+        drop(held);
+        let until = Instant::now() + Duration::from_secs(10);
+        while s.connections() > 0 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let out = exchange(&path, b"GET /again HTTP/1.1\r\nConnection: close\r\n\r\n");
+        assert!(out.contains("GET /again 0"), "{out}");
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn a_request_that_stalls_is_timed_out_and_stopping_closes_idle_connections() {
+        let limits = Limits {
+            request_time: Duration::from_millis(200),
+            ..Limits::default()
+        };
+        let (path, mut s) = server(limits);
+        let out = exchange(&path, b"GET / HTTP/1.1\r\nX: ");
+        assert!(out.starts_with("HTTP/1.1 408"), "{out}");
+        let idle = UnixStream::connect(&path).unwrap();
+        let until = Instant::now() + Duration::from_secs(10);
+        while s.connections() < 1 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        s.stop(Duration::from_secs(5));
+        assert_eq!(s.connections(), 0);
+        drop(idle);
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn chunked_bodies_and_bad_lengths_are_refused() {
+        let (path, _s) = server(Limits::default());
+        let out = exchange(
+            &path,
+            b"PUT / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        );
+        assert!(out.starts_with("HTTP/1.1 501"), "{out}");
+        let out = exchange(&path, b"PUT / HTTP/1.1\r\nContent-Length: x\r\n\r\n");
+        assert!(out.starts_with("HTTP/1.1 400"), "{out}");
+        let out = exchange(
+            &path,
+            b"PUT / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+        );
+        assert!(out.starts_with("HTTP/1.1 400"), "{out}");
+        let _ = std::fs::remove_file(path);
+    }
+}
