@@ -7,6 +7,7 @@
 
 mod bench;
 mod ctl;
+mod host_args;
 mod output;
 
 use std::path::PathBuf;
@@ -15,13 +16,11 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use ctl::{CtlAction, CtlArgs};
+use host_args::{host_config, GuardArgs, HostFileArgs, RunOutput};
 use hover_vmm::config::{
-    parse_console, parse_duration, parse_size, ConsoleTarget, GuestImage, GuestLimits,
-    MemoryBackend, PagingConfig, VmConfig,
+    parse_duration, parse_size, BoostConfig, BoostMode, BoostPolicy, GuestImage, HaltPoll,
+    MachineConfig, MemoryBackend, VmConfig,
 };
-use hover_vmm::config::{HaltPoll, PvioConfig};
-use hover_vmm::sched::boost::{BoostConfig, BoostMode, BoostPolicy};
-use hover_vmm::seccomp::Mode as SeccompMode;
 use hover_vmm::{Error, MemoryRestore, RestoreOptions, Vm};
 
 fn parse_boost_policy(s: &str) -> Result<BoostPolicy, String> {
@@ -80,6 +79,8 @@ struct ReceiveArgs {
     #[arg(long)]
     listen: String,
     #[command(flatten)]
+    files: HostFileArgs,
+    #[command(flatten)]
     out: RunOutput,
     #[command(flatten)]
     guard: GuardArgs,
@@ -101,82 +102,12 @@ struct RestoreArgs {
     /// restored lazily, through its pager).
     #[arg(long, value_enum, default_value = "eager")]
     memory_restore: MemoryRestoreArg,
-    /// Page store for a VM with a memory budget [default: a temporary file in /var/tmp].
-    #[arg(long)]
-    page_store: Option<PathBuf>,
+    #[command(flatten)]
+    files: HostFileArgs,
     #[command(flatten)]
     out: RunOutput,
     #[command(flatten)]
     guard: GuardArgs,
-}
-
-/// What the host lets the guest make it do: `hover run`, `hover restore`
-/// and `hover receive` share these (they are the host's choice, not part of
-/// a saved or migrated VM).
-#[derive(Args)]
-struct GuardArgs {
-    /// Largest offset + length the guest's I/O requests may reach in the
-    /// --io-file (at most 16G); requests past it fail in the guest.
-    #[arg(long, default_value = "16G", value_parser = parse_size)]
-    guest_io_max: u64,
-    /// Longest delay of a guest-requested MSI timer (at most 10s).
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    guest_msi_max_delay: Duration,
-    /// Most guest-requested MSI timers waiting at once (1-65536).
-    #[arg(long, default_value_t = 1024)]
-    guest_msi_max_pending: u32,
-    /// Most reports the guest may record over the run (1-1048576).
-    #[arg(long, default_value_t = 65_536)]
-    guest_reports_max: u32,
-    /// Most bytes of guest log messages passed to the log over the run
-    /// (at most 1G); later messages are refused.
-    #[arg(long, default_value = "1M", value_parser = parse_size)]
-    guest_log_max: u64,
-    /// seccomp filters on the VMM's threads, one per kind (vCPU, pager,
-    /// I/O, API, governor, boost, timer, migration): `on` stops the VMM
-    /// with a message naming a forbidden call, `log` lets it through and
-    /// has the kernel log it, `off` installs none.
-    #[arg(long, default_value = "on", value_parser = parse_seccomp)]
-    seccomp: SeccompMode,
-}
-
-fn parse_seccomp(s: &str) -> Result<SeccompMode, String> {
-    s.parse()
-}
-
-impl GuardArgs {
-    fn limits(&self) -> GuestLimits {
-        GuestLimits {
-            io_file_bytes: self.guest_io_max,
-            msi_delay: self.guest_msi_max_delay,
-            msi_pending: self.guest_msi_max_pending,
-            reports: self.guest_reports_max,
-            log_bytes: self.guest_log_max,
-        }
-    }
-}
-
-/// What `hover run` and `hover restore` share: the API socket, the console
-/// and how the outcome is printed.
-#[derive(Args)]
-struct RunOutput {
-    /// Serve the control API (HTTP on a Unix socket, mode 0600) while the VM
-    /// runs: `hover ctl --api-socket PATH ...`; created here (an existing
-    /// path is refused, except a stale socket nobody listens on), removed at
-    /// exit.
-    #[arg(long)]
-    api_socket: Option<PathBuf>,
-    /// Where the guest console goes: stdout, stderr, off or file:PATH
-    /// [default: stdout, or stderr with --json].
-    #[arg(long, value_parser = parse_console)]
-    console: Option<ConsoleTarget>,
-    /// Print the outcome (exit code, reports, timings, memory) as JSON on stdout.
-    #[arg(long)]
-    json: bool,
-    /// Also print KVM's statistics of the VM and of each vCPU at exit (always
-    /// included in --json).
-    #[arg(long)]
-    stats: bool,
 }
 
 #[derive(Args)]
@@ -235,19 +166,6 @@ struct RunArgs {
     /// 64M); the rest is paged out to the page store. Off by default.
     #[arg(long, value_parser = parse_size)]
     memory_budget: Option<u64>,
-    /// Page store for --memory-budget: a new file to create (an existing path
-    /// is refused, never overwritten), or a directory to create one in; the
-    /// file is removed at exit [default: a temporary file in /var/tmp].
-    #[arg(long, requires = "memory_budget")]
-    page_store: Option<PathBuf>,
-    /// Extra latency of every page-store read, modelling a slower device
-    /// (e.g. 100us, 2ms).
-    #[arg(long, default_value = "0", value_parser = parse_duration, requires = "memory_budget")]
-    page_store_latency: Duration,
-    /// A further random delay on each page-store read, uniform up to this
-    /// (e.g. 1ms): a device whose latency varies.
-    #[arg(long, default_value = "0", value_parser = parse_duration, requires = "memory_budget")]
-    page_store_jitter: Duration,
     /// Offer KVM's asynchronous page faults to the guest (on: the guest runs
     /// another task while a page is fetched; off: the vCPU waits).
     #[arg(long, value_enum, default_value = "on")]
@@ -264,10 +182,6 @@ struct RunArgs {
     /// per vCPU, in (0, 100].
     #[arg(long, default_value_t = hover_vmm::sched::halt_poll::DEFAULT_BUDGET_PCT, requires = "halt_poll")]
     halt_poll_budget: f64,
-    /// File the paravirtual I/O device writes to (created if missing, kept).
-    /// Default: a file on tmpfs (/dev/shm), removed at exit.
-    #[arg(long)]
-    io_file: Option<PathBuf>,
     /// Give each vCPU a dirty ring of this many entries (a power of two, 256
     /// to 65536), for live migration with `--dirty-tracking ring`. KVM
     /// creates rings only with the vCPUs, and refuses the other trackers then.
@@ -322,6 +236,8 @@ struct RunArgs {
     /// one vCPU).
     #[arg(long, value_enum, default_value = "hover")]
     boot: BootArg,
+    #[command(flatten)]
+    files: HostFileArgs,
     #[command(flatten)]
     out: RunOutput,
     #[command(flatten)]
@@ -391,14 +307,6 @@ fn guest_image(out: &std::path::Path) -> ExitCode {
     }
 }
 
-fn console_for(console: Option<ConsoleTarget>, json: bool) -> ConsoleTarget {
-    console.unwrap_or(if json {
-        ConsoleTarget::Stderr
-    } else {
-        ConsoleTarget::Stdout
-    })
-}
-
 /// Print a finished run's outcome and turn it into the exit status.
 fn finish(result: Result<hover_vmm::RunOutcome, Error>, json: bool, stats: bool) -> ExitCode {
     match result {
@@ -427,10 +335,7 @@ fn receive(args: ReceiveArgs) -> ExitCode {
         }
     };
     let opts = RestoreOptions {
-        console: console_for(args.out.console, args.out.json),
-        api_socket: args.out.api_socket,
-        limits: args.guard.limits(),
-        seccomp: args.guard.seccomp,
+        host: host_config(&args.out, &args.files, &args.guard),
         ..Default::default()
     };
     let announce = |at: &str| eprintln!("hover: waiting for a migrating VM on {at}");
@@ -447,11 +352,7 @@ fn restore(args: RestoreArgs) -> ExitCode {
             MemoryRestoreArg::Eager => MemoryRestore::Eager,
             MemoryRestoreArg::Lazy => MemoryRestore::Lazy,
         },
-        console: console_for(args.out.console, args.out.json),
-        api_socket: args.out.api_socket,
-        page_store: args.page_store,
-        limits: args.guard.limits(),
-        seccomp: args.guard.seccomp,
+        host: host_config(&args.out, &args.files, &args.guard),
     };
     finish(
         Vm::restore(&args.path, &opts).and_then(Vm::run),
@@ -461,8 +362,11 @@ fn restore(args: RestoreArgs) -> ExitCode {
 }
 
 fn run(args: RunArgs) -> ExitCode {
-    let console = console_for(args.out.console, args.out.json);
-    let config = VmConfig {
+    if args.memory_budget.is_none() && args.files.names_a_page_store() {
+        eprintln!("hover: error: --page-store, --page-store-latency and --page-store-jitter need --memory-budget (only an overcommitted VM has a page store)");
+        return ExitCode::from(EXIT_BAD_INPUT);
+    }
+    let machine = MachineConfig {
         vcpus: args.vcpus,
         memory: args.memory,
         memory_backend: match args.memory_backend {
@@ -479,13 +383,7 @@ fn run(args: RunArgs) -> ExitCode {
             BootArg::Hover => hover_vmm::config::BootProtocol::Hover,
             BootArg::Pvh => hover_vmm::config::BootProtocol::Pvh,
         },
-        console,
-        paging: args.memory_budget.map(|budget| PagingConfig {
-            budget,
-            store: args.page_store.clone(),
-            store_latency: args.page_store_latency,
-            store_jitter: args.page_store_jitter,
-        }),
+        memory_budget: args.memory_budget,
         async_pf: args.async_pf == OnOff::On,
         halt_poll: match (args.halt_poll_ns, args.halt_poll) {
             (Some(ns), _) => HaltPoll::Fixed { window_ns: ns },
@@ -496,10 +394,6 @@ fn run(args: RunArgs) -> ExitCode {
         },
         hlt_exits: !args.disable_hlt_exits,
         guest_poll_max_ns: args.guest_halt_poll_max.as_nanos().min(u64::MAX as u128) as u64,
-        pvio: PvioConfig {
-            file: args.io_file.clone(),
-        },
-        api_socket: args.out.api_socket.clone(),
         dirty_ring: args.dirty_ring,
         boost: BoostConfig {
             mode: match (args.boost, args.vcpu_rt) {
@@ -513,8 +407,10 @@ fn run(args: RunArgs) -> ExitCode {
             max_rate: args.boost_max_rate,
             poll_us: args.boost_poll_us,
         },
-        limits: args.guard.limits(),
-        seccomp: args.guard.seccomp,
+    };
+    let config = VmConfig {
+        machine,
+        host: host_config(&args.out, &args.files, &args.guard),
     };
     finish(
         Vm::new(&config).and_then(Vm::run),

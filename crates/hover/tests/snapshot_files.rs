@@ -120,7 +120,9 @@ fn bad_snapshot_files_are_refused_and_nothing_starts() {
     );
 
     // VMs that do not fit: too much memory, CPUID features this host lacks.
-    let p = restate(&dir, &good, "huge.snap", |s| s.config.memory = 1 << 40);
+    let p = restate(&dir, &good, "huge.snap", |s| {
+        s.config.config.memory = 1 << 40
+    });
     refused(&p, &["section CONF", "too large"]);
     let p = restate(&dir, &good, "cpuid.snap", |s| {
         for e in s.vcpus[0].cpuid.iter_mut().filter(|e| e.function == 7) {
@@ -131,11 +133,86 @@ fn bad_snapshot_files_are_refused_and_nothing_starts() {
     });
     refused(&p, &["section VCPU", "CPUID leaf 0x7"]);
     let p = restate(&dir, &good, "vcpus.snap", |s| {
-        s.config.vcpus = 1;
+        s.config.config.vcpus = 1;
     });
     refused(&p, &["section VCPU", "2 vCPU states for 1 vCPUs"]);
 
     // The good file still restores after all that.
     let out = hover(&["restore", good.to_str().unwrap(), "--console", "off"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
+/// A snapshot carries what the VM is, never a host path: the I/O file a
+/// VM wrote before its snapshot is not opened by a restore that names none
+/// (its writes go to a fresh tmpfs file), and a restore that names one
+/// writes there.
+#[test]
+fn a_restore_takes_its_io_file_from_its_own_flags_never_from_the_snapshot() {
+    if !kvm_for_test("a_restore_takes_its_io_file_from_its_own_flags_never_from_the_snapshot") {
+        return;
+    }
+    let dir = Scratch::new("snap-iofile");
+    let first = dir.path("first.io");
+    let vm = Vm::spawn(
+        &[
+            "run",
+            "--io-file",
+            first.to_str().unwrap(),
+            "--cmdline",
+            "workload=iolat seconds=6",
+        ],
+        &dir.path("vm.sock"),
+    );
+    // The guest is writing once the file has data.
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while std::fs::metadata(&first).map_or(0, |m| m.len()) == 0 {
+        assert!(std::time::Instant::now() < until, "the guest never wrote");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let snap = dir.path("io.snap");
+    let body = serde_json::json!({ "path": snap, "stop": true }).to_string();
+    vm.api().json("PUT", "/vm/snapshot", Some(&body)).unwrap();
+    let (code, _, stderr) = vm.wait();
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        !std::fs::read(&snap)
+            .unwrap()
+            .windows(first.as_os_str().len())
+            .any(|w| w == first.as_os_str().as_encoded_bytes()),
+        "the snapshot names the host's I/O file"
+    );
+    std::fs::write(&first, b"keep").unwrap();
+
+    // Both restores run at once, so that both guests are still writing
+    // (their clocks jump by the time since the snapshot).
+    let second = dir.path("second.io");
+    let restore = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_hover"))
+            .args(["restore", snap.to_str().unwrap(), "--console", "off"])
+            .args(extra)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let unnamed = restore(&[]);
+    let named = restore(&["--io-file", second.to_str().unwrap()]);
+    for child in [unnamed, named] {
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stdout).contains("iolat.iops"),
+            "{}",
+            text(&out.stdout)
+        );
+    }
+    assert!(
+        std::fs::metadata(&second).unwrap().len() > 0,
+        "nothing written to --io-file"
+    );
+    assert_eq!(
+        std::fs::read(&first).unwrap(),
+        b"keep",
+        "a restore wrote the snapshot's I/O file"
+    );
 }

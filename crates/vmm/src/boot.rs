@@ -26,6 +26,9 @@ const ET_EXEC: u16 = 2;
 /// Why a guest image was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
+    /// The image of a restored or received VM: only in its memory.
+    #[error("the guest image {0} is known only from a saved VM's memory; booting needs --guest builtin or a file")]
+    NotOnDisk(String),
     /// The file could not be read.
     #[error("cannot read guest image {}: {source}", .path.display())]
     Read {
@@ -86,6 +89,7 @@ pub fn read_image(image: &GuestImage) -> Result<ImageBytes, ImageError> {
             bytes: BUILTIN_GUEST.into(),
         }),
         GuestImage::Path(p) => read_file(p),
+        GuestImage::Loaded(name) => Err(ImageError::NotOnDisk(name.clone())),
     }
 }
 

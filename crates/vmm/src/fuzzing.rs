@@ -16,7 +16,7 @@ use crate::devices::control::ControlDevice;
 use crate::migration::dirty::HostWrites;
 use crate::migration::wire::{self, FrameReader, Kind};
 use crate::sched::boost::{BoostConfig, BoostMode, Booster};
-use crate::state::{SavedConfig, VmState};
+use crate::state::{SavedMachine, VmState};
 
 /// The ELF loader's checks on a guest image (`--guest PATH`).
 pub fn elf(data: &[u8]) {
@@ -88,7 +88,7 @@ fn decode(kind: u8, payload: &[u8]) {
     {
         match Kind::from(kind as u32).unwrap_or(Kind::End) {
             Kind::Conf => {
-                let _ = postcard::from_bytes::<SavedConfig>(payload);
+                let _ = postcard::from_bytes::<SavedMachine>(payload);
             }
             Kind::State => {
                 let _ = postcard::from_bytes::<VmState>(payload);

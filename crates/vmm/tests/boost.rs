@@ -7,6 +7,7 @@
 
 mod common;
 
+use hover_vmm::config::MachineConfig;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -52,9 +53,12 @@ fn config(
     };
     tweak(&mut boost);
     VmConfig {
-        vcpus,
-        cmdline: cmdline.into(),
-        boost,
+        machine: MachineConfig {
+            vcpus,
+            cmdline: cmdline.into(),
+            boost,
+            ..Default::default()
+        },
         ..VmConfig::default()
     }
 }
@@ -115,7 +119,7 @@ fn wait_for_fifo(name: &str, what: &str) {
 }
 
 fn run_ok(c: VmConfig) -> RunOutcome {
-    let cmdline = c.cmdline.clone();
+    let cmdline = c.machine.cmdline.clone();
     let (result, console) = boot(c);
     let o = result.unwrap_or_else(|e| panic!("{cmdline}: {e}\nconsole:\n{console}"));
     assert_eq!(o.exit_code, 0, "{cmdline}\nconsole:\n{console}");

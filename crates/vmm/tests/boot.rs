@@ -5,13 +5,17 @@ mod common;
 use common::boot;
 use hover_abi::exit_code;
 use hover_vmm::config::BootProtocol;
+use hover_vmm::config::MachineConfig;
 use hover_vmm::host::kvm_for_test;
 use hover_vmm::{Error, GuestImage, MemoryBackend, ReportValue, VmConfig};
 
 fn hello(vcpus: u32, backend: MemoryBackend) {
     let (result, console) = boot(VmConfig {
-        vcpus,
-        memory_backend: backend,
+        machine: MachineConfig {
+            vcpus,
+            memory_backend: backend,
+            ..Default::default()
+        },
         ..VmConfig::default()
     });
     let o = result.unwrap_or_else(|e| panic!("boot failed: {e}\nconsole:\n{console}"));
@@ -70,9 +74,12 @@ fn the_pvh_entry_boots_the_builtin_guest() {
         return;
     }
     let (result, console) = boot(VmConfig {
-        vcpus: 1,
-        boot: BootProtocol::Pvh,
-        cmdline: "workload=timer interval_us=1000 seconds=1".into(),
+        machine: MachineConfig {
+            vcpus: 1,
+            boot: BootProtocol::Pvh,
+            cmdline: "workload=timer interval_us=1000 seconds=1".into(),
+            ..Default::default()
+        },
         ..VmConfig::default()
     });
     let o = result.unwrap_or_else(|e| panic!("PVH boot failed: {e}\nconsole:\n{console}"));
@@ -101,8 +108,11 @@ fn pvh_boot_is_refused_with_more_than_one_vcpu() {
         return;
     }
     let (result, _) = boot(VmConfig {
-        vcpus: 2,
-        boot: BootProtocol::Pvh,
+        machine: MachineConfig {
+            vcpus: 2,
+            boot: BootProtocol::Pvh,
+            ..Default::default()
+        },
         ..VmConfig::default()
     });
     let e = match result {
@@ -120,7 +130,10 @@ fn guest_image_from_a_file() {
     let path = std::env::temp_dir().join(format!("hover-test-guest-{}", std::process::id()));
     std::fs::write(&path, hover_vmm::boot::BUILTIN_GUEST).unwrap();
     let (result, console) = boot(VmConfig {
-        guest: GuestImage::Path(path.clone()),
+        machine: MachineConfig {
+            guest: GuestImage::Path(path.clone()),
+            ..Default::default()
+        },
         ..VmConfig::default()
     });
     std::fs::remove_file(&path).unwrap();
@@ -133,7 +146,10 @@ fn triple_fault_stops_the_vm_with_a_register_dump() {
         return;
     }
     let (result, console) = boot(VmConfig {
-        cmdline: "workload=triple-fault".into(),
+        machine: MachineConfig {
+            cmdline: "workload=triple-fault".into(),
+            ..Default::default()
+        },
         ..VmConfig::default()
     });
     assert!(
@@ -164,7 +180,10 @@ fn guest_exception_is_printed_and_exits_with_its_code() {
         return;
     }
     let (result, console) = boot(VmConfig {
-        cmdline: "workload=exception".into(),
+        machine: MachineConfig {
+            cmdline: "workload=exception".into(),
+            ..Default::default()
+        },
         ..VmConfig::default()
     });
     let o = result.unwrap_or_else(|e| panic!("{e}\nconsole:\n{console}"));
@@ -185,7 +204,10 @@ fn guest_panic_is_printed_and_exits_with_its_code() {
         return;
     }
     let (result, console) = boot(VmConfig {
-        cmdline: "workload=panic".into(),
+        machine: MachineConfig {
+            cmdline: "workload=panic".into(),
+            ..Default::default()
+        },
         ..VmConfig::default()
     });
     let o = result.unwrap_or_else(|e| panic!("{e}\nconsole:\n{console}"));

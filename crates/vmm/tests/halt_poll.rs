@@ -3,11 +3,12 @@
 
 mod common;
 
+use hover_vmm::config::{HostConfig, MachineConfig};
 use std::path::PathBuf;
 use std::sync::Mutex;
 
 use common::{boot, report};
-use hover_vmm::config::{HaltPoll, PvioConfig};
+use hover_vmm::config::HaltPoll;
 use hover_vmm::host::kvm_for_test;
 use hover_vmm::{RunOutcome, VmConfig};
 
@@ -29,16 +30,21 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 
 fn run(halt_poll: HaltPoll, cmdline: &str, file: Option<PathBuf>) -> RunOutcome {
     run_ok(VmConfig {
-        halt_poll,
-        pvio: PvioConfig { file },
-        cmdline: cmdline.into(),
-        ..VmConfig::default()
+        machine: MachineConfig {
+            halt_poll,
+            cmdline: cmdline.into(),
+            ..Default::default()
+        },
+        host: HostConfig {
+            io_file: file,
+            ..Default::default()
+        },
     })
 }
 
 /// Boot `config` and check that the guest ended well.
 fn run_ok(config: VmConfig) -> RunOutcome {
-    let cmdline = config.cmdline.clone();
+    let cmdline = config.machine.cmdline.clone();
     let (result, console) = boot(config);
     let o = result.unwrap_or_else(|e| panic!("{cmdline}: {e}\nconsole:\n{console}"));
     assert_eq!(o.exit_code, 0, "{cmdline}\nconsole:\n{console}");
@@ -167,8 +173,11 @@ fn the_device_writes_exactly_what_the_guest_sent() {
 
 fn run_guest_polling(cmdline: &str, limit_ns: u64) -> RunOutcome {
     run_ok(VmConfig {
-        cmdline: cmdline.into(),
-        guest_poll_max_ns: limit_ns,
+        machine: MachineConfig {
+            cmdline: cmdline.into(),
+            guest_poll_max_ns: limit_ns,
+            ..Default::default()
+        },
         ..VmConfig::default()
     })
 }

@@ -7,6 +7,7 @@
 
 mod common;
 
+use hover_vmm::config::{HostConfig, MachineConfig};
 use std::time::Duration;
 
 use common::report;
@@ -59,11 +60,16 @@ fn pause_snapshot_restore_and_no_thread_left() {
     std::fs::create_dir_all(&dir).unwrap();
     let cmdline = "workload=memtouch size=16M tasks=2 rounds=600";
     let vm = Vm::new(&VmConfig {
-        memory: 64 << 20,
-        cmdline: cmdline.into(),
-        console: ConsoleTarget::Off,
-        api_socket: Some(dir.join("vm.sock")),
-        ..VmConfig::default()
+        machine: MachineConfig {
+            memory: 64 << 20,
+            cmdline: cmdline.into(),
+            ..Default::default()
+        },
+        host: HostConfig {
+            console: ConsoleTarget::Off,
+            api_socket: Some(dir.join("vm.sock")),
+            ..Default::default()
+        },
     })
     .unwrap();
     let c = vm.controller();
@@ -136,8 +142,10 @@ fn pause_snapshot_restore_and_no_thread_left() {
         &snap,
         &RestoreOptions {
             memory: MemoryRestore::Lazy,
-            console: ConsoleTarget::Off,
-            ..Default::default()
+            host: HostConfig {
+                console: ConsoleTarget::Off,
+                ..Default::default()
+            },
         },
     )
     .unwrap()

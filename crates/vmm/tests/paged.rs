@@ -3,25 +3,22 @@
 
 mod common;
 
-use std::time::Duration;
+use hover_vmm::config::MachineConfig;
 
 use common::{boot, report};
-use hover_vmm::config::PagingConfig;
 use hover_vmm::host::kvm_for_test;
 use hover_vmm::{RunOutcome, VmConfig};
 
 fn paged(memory_mib: u64, budget_mib: u64, async_pf: bool, cmdline: &str) -> (RunOutcome, String) {
     let config = VmConfig {
-        vcpus: 2,
-        memory: memory_mib << 20,
-        paging: Some(PagingConfig {
-            budget: budget_mib << 20,
-            store: None,
-            store_latency: Duration::ZERO,
-            store_jitter: Duration::ZERO,
-        }),
-        async_pf,
-        cmdline: cmdline.into(),
+        machine: MachineConfig {
+            vcpus: 2,
+            memory: memory_mib << 20,
+            memory_budget: Some(budget_mib << 20),
+            async_pf,
+            cmdline: cmdline.into(),
+            ..Default::default()
+        },
         ..VmConfig::default()
     };
     let (result, console) = boot(config);
@@ -105,7 +102,10 @@ fn no_budget_no_pager() {
         return;
     }
     let (result, _) = boot(VmConfig {
-        vcpus: 1,
+        machine: MachineConfig {
+            vcpus: 1,
+            ..Default::default()
+        },
         ..VmConfig::default()
     });
     assert!(result.unwrap().pager.is_none());

@@ -7,10 +7,10 @@
 //! memory budget (`memtouch`), the I/O device (`iolat`), or none (`hello`).
 //! One test in its own process, so that the census sees no other test.
 
+use hover_vmm::config::{HostConfig, MachineConfig};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use hover_vmm::config::PagingConfig;
 use hover_vmm::host::kvm_for_test;
 use hover_vmm::{Command, ConsoleTarget, MemoryRestore, RestoreOptions, Vm, VmConfig};
 
@@ -70,24 +70,21 @@ fn run_cycle(i: usize, scratch: &Path) {
     let (cmdline, paging) = match i % 4 {
         0 => ("workload=hello", None),
         1 => ("workload=irq count=5 delay_us=200", None),
-        2 => (
-            "workload=memtouch size=48M",
-            Some(PagingConfig {
-                budget: 32 << 20,
-                store: None,
-                store_latency: Duration::ZERO,
-                store_jitter: Duration::ZERO,
-            }),
-        ),
+        2 => ("workload=memtouch size=48M", Some(32 << 20)),
         _ => ("workload=iolat seconds=1", None),
     };
     let out = Vm::new(&VmConfig {
-        memory: GUEST_MEMORY,
-        cmdline: cmdline.into(),
-        console: ConsoleTarget::Off,
-        api_socket: Some(scratch.join("vm.sock")),
-        paging,
-        ..VmConfig::default()
+        machine: MachineConfig {
+            memory: GUEST_MEMORY,
+            cmdline: cmdline.into(),
+            memory_budget: paging,
+            ..Default::default()
+        },
+        host: HostConfig {
+            console: ConsoleTarget::Off,
+            api_socket: Some(scratch.join("vm.sock")),
+            ..Default::default()
+        },
     })
     .and_then(Vm::run)
     .unwrap_or_else(|e| panic!("cycle {i} ({cmdline}): {e}"));
@@ -97,10 +94,15 @@ fn run_cycle(i: usize, scratch: &Path) {
 fn snapshot_cycle(i: usize, scratch: &Path) {
     let snap: PathBuf = scratch.join("vm.snap");
     let vm = Vm::new(&VmConfig {
-        memory: GUEST_MEMORY,
-        cmdline: "workload=memtouch size=8M rounds=400".into(),
-        console: ConsoleTarget::Off,
-        ..VmConfig::default()
+        machine: MachineConfig {
+            memory: GUEST_MEMORY,
+            cmdline: "workload=memtouch size=8M rounds=400".into(),
+            ..Default::default()
+        },
+        host: HostConfig {
+            console: ConsoleTarget::Off,
+            ..Default::default()
+        },
     })
     .unwrap();
     let c = vm.controller();
@@ -123,8 +125,10 @@ fn snapshot_cycle(i: usize, scratch: &Path) {
             } else {
                 MemoryRestore::Lazy
             },
-            console: ConsoleTarget::Off,
-            ..Default::default()
+            host: HostConfig {
+                console: ConsoleTarget::Off,
+                ..Default::default()
+            },
         },
     )
     .and_then(Vm::run)

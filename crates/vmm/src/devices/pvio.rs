@@ -62,15 +62,6 @@ const IOAPIC_PINS: u32 = 24;
 const HEADER: u64 = 16;
 const REQUEST: u64 = 40;
 
-/// Where the device writes.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PvioConfig {
-    /// The file (created if missing; kept at exit). `None`: a file on tmpfs
-    /// (/dev/shm), which stands for a fast write cache, unlinked as soon as
-    /// it is open.
-    pub file: Option<PathBuf>,
-}
-
 /// What the device did.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct PvioStats {
@@ -168,7 +159,7 @@ impl PvioDevice {
         vm: &VmFd,
         memory: GuestMemoryMmap,
         vcpus: u32,
-        config: &PvioConfig,
+        file: Option<&std::path::Path>,
         max_bytes: u64,
         host_writes: Arc<crate::migration::dirty::HostWrites>,
         booster: Option<Arc<crate::sched::boost::Booster>>,
@@ -193,8 +184,8 @@ impl PvioDevice {
                 .map_err(crate::KvmOp::RegisterIrqfd.err())?;
             irqfds.push(fd);
         }
-        let (path, own_file) = match &config.file {
-            Some(p) => (p.clone(), false),
+        let (path, own_file) = match file {
+            Some(p) => (p.to_path_buf(), false),
             None => {
                 static N: AtomicU64 = AtomicU64::new(0);
                 let dir = if std::path::Path::new("/dev/shm").is_dir() {
@@ -527,10 +518,40 @@ pub fn fit_for_io(file: &std::fs::File) -> Result<(), String> {
 /// [`fit_for_io`] for a path given by the user: fine if it does not exist
 /// yet (it is created as a regular file).
 pub fn check_io_path(path: &std::path::Path) -> Result<(), String> {
-    match std::fs::File::open(path) {
-        Ok(f) => fit_for_io(&f),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        // Not readable here (write-only, say): the open for writing decides.
-        Err(_) => Ok(()),
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::FileTypeExt;
+    let writable = |p: &std::path::Path| -> Result<(), String> {
+        let c = std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| "the path holds a NUL byte".to_string())?;
+        // SAFETY: access() reads a NUL-terminated path.
+        if unsafe { libc::access(c.as_ptr(), libc::W_OK) } != 0 {
+            return Err(format!(
+                "cannot write there: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(())
+    };
+    match std::fs::metadata(path) {
+        // Refused before any open: opening a FIFO would wait for a writer.
+        Ok(m) if !(m.file_type().is_file() || m.file_type().is_block_device()) => {
+            Err("not a regular file or a block device".into())
+        }
+        Ok(_) => {
+            writable(path)?;
+            match std::fs::File::open(path) {
+                Ok(f) => fit_for_io(&f),
+                // Not readable here (write-only, say): the open for writing decides.
+                Err(_) => Ok(()),
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let dir = match path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => std::path::Path::new("."),
+            };
+            writable(dir).map_err(|e| format!("cannot be created: {e}"))
+        }
+        Err(e) => Err(format!("cannot stat it: {e}")),
     }
 }

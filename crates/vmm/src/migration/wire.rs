@@ -26,7 +26,7 @@ use hover_abi::layout::PAGE_SIZE;
 /// The stream's magic.
 pub const MAGIC: [u8; 8] = *b"HOVERMIG";
 /// The stream version this build speaks.
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 /// Largest page batch.
 pub const MAX_BATCH: usize = 4096;
 /// Largest frame payload: a full page batch, or a state document.
@@ -37,7 +37,7 @@ const HEADER: usize = 24;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 pub enum Kind {
-    /// `SavedConfig`: what to build.
+    /// `SavedMachine`: what to build.
     Conf = 1,
     /// A batch of pages.
     Pages = 2,

@@ -13,19 +13,6 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::migration::dirty::HostWrites;
 
-/// Why a poll limit is refused.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("--guest-halt-poll-max {0} ns is out of range: give 0 (no guest polling) up to {MAX_POLL_NS} ns (10ms)")]
-pub struct LimitError(pub u64);
-
-/// Check a poll limit the user asked for.
-pub fn check_limit(max_ns: u64) -> Result<(), LimitError> {
-    if max_ns > MAX_POLL_NS {
-        return Err(LimitError(max_ns));
-    }
-    Ok(())
-}
-
 /// Offer `max_ns` of guest polling (0: none) to `vcpus` vCPUs, with
 /// interrupt suppression whenever polling is offered. Written at boot,
 /// and again when a restored or received VM runs under new flags.
@@ -132,16 +119,6 @@ mod tests {
 
     fn mem() -> GuestMemoryMmap {
         GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap()
-    }
-
-    #[test]
-    fn limits_past_10ms_are_refused() {
-        assert!(check_limit(0).is_ok());
-        assert!(check_limit(MAX_POLL_NS).is_ok());
-        assert_eq!(
-            check_limit(MAX_POLL_NS + 1),
-            Err(LimitError(MAX_POLL_NS + 1))
-        );
     }
 
     #[test]

@@ -37,43 +37,8 @@ use std::sync::{Mutex, OnceLock};
 use std::thread::JoinHandle;
 
 use seccompiler::BpfProgram;
-use serde::Serialize;
 
-/// How filters are applied.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// No filter.
-    Off,
-    /// Forbidden calls go through and the kernel logs them.
-    Log,
-    /// Forbidden calls stop the process with a message naming them.
-    #[default]
-    On,
-}
-
-impl std::str::FromStr for Mode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "off" => Ok(Mode::Off),
-            "log" => Ok(Mode::Log),
-            "on" => Ok(Mode::On),
-            _ => Err(format!("--seccomp {s:?}: expected off, log or on")),
-        }
-    }
-}
-
-impl Mode {
-    /// The flag's spelling.
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Off => "off",
-            Mode::Log => "log",
-            Mode::On => "on",
-        }
-    }
-}
+pub use crate::config::host::SeccompMode as Mode;
 
 /// The kinds of VMM thread, each with its own filter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -23,7 +23,7 @@ use serde::Serialize;
 
 pub use super::error::SnapshotError;
 pub use super::index::MemoryIndex;
-use super::{DevicesState, MachineState, SavedConfig, VmState};
+use super::{DevicesState, MachineState, SavedMachine, VmState};
 use crate::memory::paged::PageSource;
 use crate::memory::store::PageBuf;
 use crate::vcpu::state::VcpuState;
@@ -31,7 +31,7 @@ use crate::vcpu::state::VcpuState;
 /// The file's magic.
 pub const MAGIC: [u8; 8] = *b"HOVERSNP";
 /// The format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
 const HEADER_LEN: usize = 64;
 const SECTION_HEADER_LEN: usize = 24;
 /// Where page data starts.
@@ -272,7 +272,7 @@ impl Snapshot {
             postcard::from_bytes(b)
         }
         let (o, b) = next("CONF")?;
-        let config: SavedConfig = dec(&b).map_err(|e| decode_err("CONF", o, e))?;
+        let config: SavedMachine = dec(&b).map_err(|e| decode_err("CONF", o, e))?;
         let (vo, b) = next("VCPU")?;
         let vcpus: Vec<VcpuState> = dec(&b).map_err(|e| decode_err("VCPU", vo, e))?;
         let (o, b) = next("MACH")?;
@@ -281,7 +281,7 @@ impl Snapshot {
         let devices: DevicesState = dec(&b).map_err(|e| decode_err("DEVS", o, e))?;
         let (mo, b) = next("MEMI")?;
         let index: MemoryIndex = dec(&b).map_err(|e| decode_err("MEMI", mo, e))?;
-        let ranges = crate::memory::ram_ranges(config.memory);
+        let ranges = crate::memory::ram_ranges(config.config.memory);
         let slots = index
             .check(|gpa, l| {
                 ranges
@@ -305,12 +305,16 @@ impl Snapshot {
                 ),
             });
         }
-        if vcpus.len() != config.vcpus as usize {
+        if vcpus.len() != config.config.vcpus as usize {
             return Err(SnapshotError::BadSection {
                 path: path.into(),
                 section: "VCPU".into(),
                 offset: vo,
-                reason: format!("{} vCPU states for {} vCPUs", vcpus.len(), config.vcpus),
+                reason: format!(
+                    "{} vCPU states for {} vCPUs",
+                    vcpus.len(),
+                    config.config.vcpus
+                ),
             });
         }
         Ok(Snapshot {
@@ -408,7 +412,7 @@ fn read_at(file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::MemoryBackend;
+    use crate::config::MachineConfig;
     use crate::sched::halt_poll::HaltPoll;
     use crate::vcpu::state::SpecialRegs;
 
@@ -428,20 +432,14 @@ mod tests {
             debugregs: Default::default(),
         };
         VmState {
-            config: SavedConfig {
-                vcpus: 2,
-                memory: 16 << 20,
-                memory_backend: MemoryBackend::Anonymous,
-                guest: "builtin".into(),
-                cmdline: "workload=hello".into(),
+            config: SavedMachine {
+                config: MachineConfig {
+                    vcpus: 2,
+                    memory: 16 << 20,
+                    halt_poll: HaltPoll::Fixed { window_ns: 5 },
+                    ..MachineConfig::default()
+                },
                 image_end: 2 << 20,
-                async_pf: true,
-                halt_poll: HaltPoll::Fixed { window_ns: 5 },
-                hlt_exits: true,
-                paging: None,
-                io_file: None,
-                dirty_ring: None,
-                boost: Default::default(),
             },
             vcpus: vec![vcpu.clone(), vcpu],
             machine: MachineState {

@@ -10,57 +10,24 @@ pub mod file;
 mod index;
 pub mod memory;
 
-use std::path::PathBuf;
-
 use kvm_bindings::{kvm_clock_data, kvm_irqchip};
 use serde::{Deserialize, Serialize};
 
-use crate::config::MemoryBackend;
+use crate::config::MachineConfig;
 use crate::devices::control::ControlState;
 use crate::devices::pvio::PvioState;
 use crate::devices::serial::UartState;
-use crate::sched::halt_poll::HaltPoll;
 use crate::vcpu::state::VcpuState;
 
-/// What the VM was built from: enough to build the same VM again.
+/// What the VM was built as: its machine configuration and the one fact
+/// learned while building it. The `CONF` section of a snapshot and the
+/// first frame of a migration stream; it names no host resource.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct SavedConfig {
-    /// vCPUs.
-    pub vcpus: u32,
-    /// Guest RAM, bytes.
-    pub memory: u64,
-    /// How RAM was backed.
-    pub memory_backend: MemoryBackend,
-    /// The guest image's name (`builtin` or its path), for people.
-    pub guest: String,
-    /// The guest command line.
-    pub cmdline: String,
+pub struct SavedMachine {
+    /// What the VM is (halt polling and boosting as last set).
+    pub config: MachineConfig,
     /// One past the guest image: memory below stays resident under paging.
     pub image_end: u64,
-    /// Whether async page faults were offered.
-    pub async_pf: bool,
-    /// Halt polling as last set (at start or through the API).
-    pub halt_poll: HaltPoll,
-    /// Whether guest HLT exited to KVM.
-    pub hlt_exits: bool,
-    /// The memory budget and page-store latency, if memory was overcommitted.
-    pub paging: Option<SavedPaging>,
-    /// The I/O device's file, if the user named one.
-    pub io_file: Option<PathBuf>,
-    /// Per-vCPU dirty ring entries, if the VM has rings.
-    pub dirty_ring: Option<u32>,
-    /// vCPU priority boosting.
-    pub boost: crate::sched::boost::BoostConfig,
-}
-
-/// Overcommit settings (the page store itself is not carried: a restored
-/// VM makes a new one).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SavedPaging {
-    /// Most guest RAM resident, bytes.
-    pub budget: u64,
-    /// Extra delay on every page-store read, nanoseconds.
-    pub store_latency_ns: u64,
 }
 
 /// VM-wide KVM state: the interrupt controllers and the clock.
@@ -90,7 +57,7 @@ pub struct DevicesState {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct VmState {
     /// What to build.
-    pub config: SavedConfig,
+    pub config: SavedMachine,
     /// Each vCPU, by index.
     pub vcpus: Vec<VcpuState>,
     /// Interrupt controllers and clock.

@@ -195,7 +195,7 @@ pub struct VmInfo {
     /// Milliseconds since the vCPUs started.
     pub uptime_ms: u64,
     /// What it was built from.
-    pub config: crate::state::SavedConfig,
+    pub config: crate::config::MachineConfig,
     /// The snapshot it was restored from, if any.
     pub restored_from: Option<String>,
     /// A live migration under way, if any.
@@ -206,7 +206,7 @@ pub struct VmInfo {
 pub(crate) struct Status {
     pub(crate) state: Lifecycle,
     pub(crate) started: Option<Instant>,
-    pub(crate) config: crate::state::SavedConfig,
+    pub(crate) config: crate::config::MachineConfig,
     pub(crate) restored_from: Option<String>,
     pub(crate) migration: Option<MigrationProgress>,
     /// Set by `PUT /vm/migrate/postcopy`: a hybrid migration switches to

@@ -239,7 +239,7 @@ impl Running {
         let mut r = FrameReader::new(conn.try_clone().map_err(io("cloning the connection"))?);
         handshake(w.hello(), "sending the hello", &mut r)?;
         let mut config = self.vm.saved.clone();
-        config.halt_poll = self.vm.halt_poll;
+        config.config.halt_poll = self.vm.halt_poll;
         let conf = postcard::to_allocvec(&config).expect("state types always encode");
         handshake(
             w.frame(Kind::Conf, &[&conf]),

@@ -23,8 +23,8 @@ use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::arch::x86_64::{cpuid, pvh, tables};
-use crate::boot::{self, ImageLayout};
-use crate::config::{BootProtocol, ConfigError, GuestImage, VmConfig};
+use crate::boot::{self};
+use crate::config::{BootProtocol, ConfigError, VmConfig};
 use crate::devices::control::ControlDevice;
 use crate::devices::msi::MsiInjector;
 use crate::devices::pvio::PvioDevice;
@@ -37,7 +37,7 @@ use crate::migration::throttle::Throttle;
 use crate::sched::boost::Booster;
 use crate::sched::guest_poll;
 use crate::sched::halt_poll::{self, HaltPoll};
-use crate::state::{SavedConfig, SavedPaging};
+use crate::state::SavedMachine;
 use crate::stats::KvmStats;
 use crate::vcpu::state::StateLayout;
 use crate::vcpu::{Entry, Vcpu};
@@ -72,7 +72,7 @@ pub struct Vm {
     api_socket: Option<std::path::PathBuf>,
     seccomp: crate::seccomp::Mode,
     pvio: Arc<PvioDevice>,
-    saved: SavedConfig,
+    saved: SavedMachine,
     restored: Option<RestoreReport>,
     host_writes: Arc<HostWrites>,
     rings: Option<Arc<RingSet>>,
@@ -107,26 +107,26 @@ impl Vm {
     pub fn new(config: &VmConfig) -> Result<Vm, Error> {
         let created_at = Instant::now();
         config.validate()?;
-        let image = boot::read_image(&config.guest)?;
+        let image = boot::read_image(&config.machine.guest)?;
         let layout = boot::inspect(&image)?;
-        boot::check_fits(&image, &layout, config.memory)?;
+        boot::check_fits(&image, &layout, config.machine.memory)?;
         check_budget(config, layout.end)?;
         let m = Machine::create(config)?;
         boot::load(&image, &layout, &m.ram)?;
         tables::write_page_tables(m.ram.memory(), m.ram.end())?;
-        tables::write_descriptor_tables(m.ram.memory(), config.vcpus)?;
+        tables::write_descriptor_tables(m.ram.memory(), config.machine.vcpus)?;
 
         let apf_bits = FEATURE_ASYNC_PF | FEATURE_ASYNC_PF_INT;
         let apf_offered = cpuid::pv_features(&m.supported) & apf_bits == apf_bits;
-        if config.async_pf && !apf_offered {
+        if config.machine.async_pf && !apf_offered {
             return Err(ConfigError::AsyncPfUnsupported.into());
         }
-        let vcpus = m.create_vcpus(config.vcpus)?;
+        let vcpus = m.create_vcpus(config.machine.vcpus)?;
         let tsc_khz = vcpus[0]
             .fd()
             .get_tsc_khz()
             .map_err(KvmOp::GetTscKhz.err())?;
-        match config.boot {
+        match config.machine.boot {
             BootProtocol::Hover => {
                 for v in &vcpus {
                     v.configure(&m.vcpu_cpuid(config, v.index()), layout.entry)?;
@@ -135,26 +135,29 @@ impl Vm {
             BootProtocol::Pvh => {
                 let entry = layout.pvh_entry.ok_or(ConfigError::NoPvhEntry)?;
                 let start_info =
-                    pvh::write_start_info(m.ram.memory(), m.ram.size(), &config.cmdline)?;
+                    pvh::write_start_info(m.ram.memory(), m.ram.size(), &config.machine.cmdline)?;
                 let cpuid = pvh::with_tsc_leaf(&m.vcpu_cpuid(config, 0), tsc_khz);
                 vcpus[0].configure_with(&cpuid, Entry::Pvh { entry, start_info })?;
             }
         }
         boot::write_boot_info(
             &m.ram,
-            config.vcpus,
+            config.machine.vcpus,
             tsc_khz as u64,
-            cpuid::pv_features(&m.supported) & !pv_withheld(config.async_pf),
-            &config.cmdline,
+            cpuid::pv_features(&m.supported) & !pv_withheld(config.machine.async_pf),
+            &config.machine.cmdline,
             &layout,
         )?;
         guest_poll::offer(
             m.ram.memory(),
-            config.vcpus,
-            config.guest_poll_max_ns,
+            config.machine.vcpus,
+            config.machine.guest_poll_max_ns,
             &Default::default(),
         )?;
-        let saved = saved_config(config, &layout);
+        let saved = SavedMachine {
+            config: config.machine.clone(),
+            image_end: layout.end,
+        };
         let sink = open_console(config)?;
         Vm::assemble(
             m,
@@ -174,7 +177,7 @@ impl Vm {
     fn assemble(
         m: Machine,
         config: &VmConfig,
-        saved: SavedConfig,
+        saved: SavedMachine,
         vcpus: Vec<Vcpu>,
         tsc_khz: u32,
         dev: DeviceSetup<'_>,
@@ -183,7 +186,7 @@ impl Vm {
     ) -> Result<Vm, Error> {
         let fd = m.fd.clone();
         let mut vcpus = vcpus;
-        let rings = match config.dirty_ring {
+        let rings = match config.machine.dirty_ring {
             Some(entries) => {
                 let fds: Vec<_> = vcpus.iter().map(|v| v.fd()).collect();
                 let set = Arc::new(RingSet::map(fd.clone(), &fds, entries).map_err(|source| {
@@ -221,7 +224,7 @@ impl Vm {
             .map_err(KvmOp::RegisterIrqfd.err())?;
         let host_writes = Arc::new(HostWrites::new(m.ram.end()));
         let booster = Booster::new(
-            config.boost,
+            config.machine.boost,
             m.ram.memory().clone(),
             host_writes.clone(),
             vcpus.len(),
@@ -245,30 +248,36 @@ impl Vm {
         let pvio = PvioDevice::new(
             &fd,
             m.ram.memory().clone(),
-            config.vcpus,
-            &config.pvio,
-            config.limits.io_file_bytes,
+            config.machine.vcpus,
+            config.host.io_file.as_deref(),
+            config.host.limits.io_file_bytes,
             host_writes.clone(),
             Some(booster.clone()),
         )?;
         let msi = MsiInjector::new(fd.clone())
             .with_booster(booster.clone())
-            .with_max_pending(config.limits.msi_pending);
+            .with_max_pending(config.host.limits.msi_pending);
         msi.start().map_err(|e| Error::Host {
             what: "start the MSI timer thread",
             source: std::io::Error::other(e.to_string()),
         })?;
         let devices = Arc::new(Devices {
             serial,
-            control: ControlDevice::new(m.ram.memory().clone(), Some(msi), config.vcpus)
-                .with_limits(config.limits)
+            control: ControlDevice::new(m.ram.memory().clone(), Some(msi), config.machine.vcpus)
+                .with_limits(config.host.limits)
                 .with_pvio(pvio.clone())
                 .with_host_writes(host_writes.clone())
                 .with_booster(booster.clone()),
         });
         let (events, events_rx) = mpsc::channel();
-        let paging = match (&config.paging, &source) {
-            (Some(p), _) => Some(p.clone()),
+        let store = &config.host.page_store;
+        let paging = match (config.machine.memory_budget, &source) {
+            (Some(budget), _) => Some(crate::memory::paged::PagingConfig {
+                budget,
+                store: store.path.clone(),
+                store_latency: store.latency,
+                store_jitter: store.jitter,
+            }),
             // A lazy restore without overcommit: the pager only brings pages in.
             (None, Some(_)) => Some(crate::memory::paged::PagingConfig {
                 budget: m.ram.size(),
@@ -297,11 +306,15 @@ impl Vm {
             }
             None => None,
         };
-        tracing::debug!(vcpus = config.vcpus, memory = config.memory, "VM built");
+        tracing::debug!(
+            vcpus = config.machine.vcpus,
+            memory = config.machine.memory,
+            "VM built"
+        );
         let status = Arc::new(Mutex::new(Status {
             state: Lifecycle::Created,
             started: None,
-            config: saved.clone(),
+            config: saved.config.clone(),
             restored_from: None,
             migration: None,
             postcopy_now: false,
@@ -318,9 +331,9 @@ impl Vm {
             vcpu_stats,
             vm_stats,
             pager,
-            halt_poll: config.halt_poll,
-            api_socket: config.api_socket.clone(),
-            seccomp: config.seccomp,
+            halt_poll: config.machine.halt_poll,
+            api_socket: config.host.api_socket.clone(),
+            seccomp: config.host.seccomp,
             pvio,
             saved,
             restored: None,
@@ -363,22 +376,30 @@ impl Vm {
 impl Machine {
     /// Open KVM and create the VM with its RAM, irqchip and halt-poll settings.
     fn create(config: &VmConfig) -> Result<Machine, Error> {
+        // Host files are this host's business, checked before anything is
+        // built: a boot, a restore and a migration's destination alike.
+        if let Some(path) = &config.host.io_file {
+            crate::devices::pvio::check_io_path(path).map_err(|why| ConfigError::IoFile {
+                path: path.display().to_string(),
+                why,
+            })?;
+        }
         crate::host::block_file_size_signal();
         // Every thread the VM starts from here takes this mode.
-        crate::seccomp::set_mode(config.seccomp);
-        crate::seccomp::check(config.seccomp)?;
+        crate::seccomp::set_mode(config.host.seccomp);
+        crate::seccomp::check(config.host.seccomp)?;
         let kvm = Kvm::new().map_err(Error::KvmUnavailable)?;
         let kvm_max = kvm.get_max_vcpus() as u32;
-        if config.vcpus > kvm_max {
+        if config.machine.vcpus > kvm_max {
             return Err(ConfigError::VcpusOverKvm {
-                given: config.vcpus,
+                given: config.machine.vcpus,
                 max: kvm_max,
             }
             .into());
         }
         let fd = Arc::new(kvm.create_vm().map_err(KvmOp::CreateVm.err())?);
         let t = Instant::now();
-        let ram = GuestRam::new(config.memory, config.memory_backend)?;
+        let ram = GuestRam::new(config.machine.memory, config.machine.memory_backend)?;
         register_memory(&fd, &ram)?;
         // KVM's per-slot metadata grows with guest memory: the one part of
         // building a VM that does (docs/BENCHMARKS.md, snapshot).
@@ -389,20 +410,20 @@ impl Machine {
         fd.set_tss_address(KVM_TSS_ADDRESS)
             .map_err(KvmOp::SetTssAddress.err())?;
         fd.create_irq_chip().map_err(KvmOp::CreateIrqchip.err())?;
-        if config.halt_poll != HaltPoll::KvmDefault && !halt_poll::supported(&fd) {
+        if config.machine.halt_poll != HaltPoll::KvmDefault && !halt_poll::supported(&fd) {
             return Err(ConfigError::HaltPollUnsupported.into());
         }
-        if let HaltPoll::Fixed { window_ns } = config.halt_poll {
+        if let HaltPoll::Fixed { window_ns } = config.machine.halt_poll {
             halt_poll::set_window(&fd, window_ns).map_err(KvmOp::EnableCap.err())?;
         }
         // KVM accepts these only before vCPUs exist.
-        if let Some(entries) = config.dirty_ring {
+        if let Some(entries) = config.machine.dirty_ring {
             crate::migration::dirty::ring::enable(&fd, entries).map_err(|e| Error::Host {
                 what: "enable dirty rings",
                 source: std::io::Error::other(e),
             })?;
         }
-        if !config.hlt_exits {
+        if !config.machine.hlt_exits {
             halt_poll::disable_hlt_exits(&fd).map_err(KvmOp::EnableCap.err())?;
         }
         let supported = kvm
@@ -429,7 +450,7 @@ impl Machine {
 
     /// The CPUID table vCPU `index` gets on this host under `config`.
     fn vcpu_cpuid(&self, config: &VmConfig, index: u32) -> CpuId {
-        cpuid::for_vcpu(&self.supported, index, pv_withheld(config.async_pf))
+        cpuid::for_vcpu(&self.supported, index, pv_withheld(config.machine.async_pf))
     }
 }
 
@@ -443,47 +464,20 @@ fn pv_withheld(async_pf: bool) -> u32 {
 }
 
 fn check_budget(config: &VmConfig, image_end: u64) -> Result<(), ConfigError> {
-    if let Some(p) = &config.paging {
+    if let Some(budget) = config.machine.memory_budget {
         let minimum = image_end + MIN_BUDGET_PAGES * PAGE_SIZE;
-        if p.budget < minimum {
-            return Err(ConfigError::BudgetTooSmall {
-                budget: p.budget,
-                minimum,
-            });
+        if budget < minimum {
+            return Err(ConfigError::BudgetTooSmall { budget, minimum });
         }
     }
     Ok(())
 }
 
 fn open_console(config: &VmConfig) -> Result<ConsoleSink, Error> {
-    ConsoleSink::open(&config.console).map_err(|source| Error::Console {
-        target: format!("{:?}", config.console),
+    ConsoleSink::open(&config.host.console).map_err(|source| Error::Console {
+        target: format!("{:?}", config.host.console),
         source,
     })
-}
-
-fn saved_config(config: &VmConfig, layout: &ImageLayout) -> SavedConfig {
-    SavedConfig {
-        vcpus: config.vcpus,
-        memory: config.memory,
-        memory_backend: config.memory_backend,
-        guest: match &config.guest {
-            GuestImage::Builtin => "builtin".into(),
-            GuestImage::Path(p) => p.display().to_string(),
-        },
-        cmdline: config.cmdline.clone(),
-        image_end: layout.end,
-        async_pf: config.async_pf,
-        halt_poll: config.halt_poll,
-        hlt_exits: config.hlt_exits,
-        paging: config.paging.as_ref().map(|p| SavedPaging {
-            budget: p.budget,
-            store_latency_ns: p.store_latency.as_nanos() as u64,
-        }),
-        io_file: config.pvio.file.clone(),
-        dirty_ring: config.dirty_ring,
-        boost: config.boost,
-    }
 }
 
 fn register_memory(fd: &VmFd, ram: &GuestRam) -> Result<(), Error> {

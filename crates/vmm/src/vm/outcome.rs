@@ -200,7 +200,7 @@ pub(super) fn collect(
         guest_halt_poll: {
             let g = crate::sched::guest_poll::read(
                 vm.ram.memory(),
-                vm.saved.vcpus,
+                vm.saved.config.vcpus,
                 &Default::default(),
             );
             (g.max_ns > 0).then_some(g)

@@ -19,7 +19,7 @@ use crate::migration::wire::{
     bitmap_pages, split_pages, FrameReader, FrameWriter, Kind, MODE_POSTCOPY, MODE_PRECOPY,
 };
 use crate::migration::MigrationError;
-use crate::state::{self, memory, SavedConfig, VmState};
+use crate::state::{self, memory, SavedMachine, VmState};
 use crate::Error;
 use hover_abi::layout::PAGE_SIZE;
 
@@ -111,7 +111,7 @@ impl Vm {
                 format!("found a {:?} frame", f.kind),
             )));
         }
-        let saved: SavedConfig = decode("CONF", f.offset, &f.payload).map_err(mig)?;
+        let saved: SavedMachine = decode("CONF", f.offset, &f.payload).map_err(mig)?;
         let conf_at = f.offset;
         let f = r.frame().map_err(|e| mig(e.into()))?;
         let (postcopy, verify) = match (f.kind, f.payload.as_slice()) {
@@ -157,7 +157,7 @@ impl Vm {
                 incoming::DEFAULT_PAGE_TIMEOUT,
             ));
             (None, Some(remote))
-        } else if saved.paging.is_some() {
+        } else if saved.config.memory_budget.is_some() {
             (Some(Arc::new(store(())?)), None)
         } else {
             (None, None)

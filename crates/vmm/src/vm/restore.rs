@@ -3,9 +3,9 @@
 //! KVM (../shared/platform/README.md): memory, irqchip, each vCPU
 //! (`vcpu::state`), the clock, the devices.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use kvm_bindings::{
     kvm_cpuid_entry2, CpuId, KVM_CLOCK_REALTIME, KVM_CPUID_FLAG_SIGNIFCANT_INDEX,
@@ -14,11 +14,11 @@ use kvm_bindings::{
 
 use super::outcome::{us_since, RestoreReport};
 use super::{open_console, DeviceSetup, Machine, Vm};
-use crate::config::{ConsoleTarget, GuestImage, PagingConfig, PvioConfig, VmConfig};
+use crate::config::{HostConfig, VmConfig};
 use crate::memory::paged::PageSource;
 use crate::state::file::{Snapshot, SnapshotError};
 use crate::state::memory;
-use crate::state::{SavedConfig, VmState};
+use crate::state::{SavedMachine, VmState};
 use crate::vcpu::state::StateError;
 use crate::vcpu::state::VcpuState;
 use crate::{Error, KvmOp};
@@ -44,30 +44,21 @@ impl MemoryRestore {
     }
 }
 
-/// What a restore takes besides the snapshot: the run's own settings.
+/// What a restore takes besides the snapshot: how memory comes back, and
+/// how this host runs the VM (none of it is in the snapshot).
 #[derive(Clone, Debug, Default)]
 pub struct RestoreOptions {
     /// How memory comes back.
     pub memory: MemoryRestore,
-    /// Where the console goes.
-    pub console: ConsoleTarget,
-    /// Serve the API here.
-    pub api_socket: Option<PathBuf>,
-    /// Page store for an overcommitted VM (`None`: a temporary file).
-    pub page_store: Option<PathBuf>,
-    /// What guest requests may make the host do (not part of the saved
-    /// VM: the host that runs it decides).
-    pub limits: crate::config::GuestLimits,
-    /// seccomp filters on the VMM's threads.
-    pub seccomp: crate::seccomp::Mode,
+    /// This host's settings: console, API socket, page store, I/O file,
+    /// guards, seccomp.
+    pub host: HostConfig,
 }
 
 impl RestoreOptions {
     /// Check the run's own settings before anything is read or listened on.
     pub(crate) fn check(&self) -> Result<(), Error> {
-        self.limits
-            .check()
-            .map_err(|e| crate::config::ConfigError::Limits(e).into())
+        Ok(self.host.validate()?)
     }
 }
 
@@ -112,43 +103,6 @@ fn check_cpuid(vcpu: usize, saved: &[kvm_cpuid_entry2], host: &CpuId) -> Result<
     Ok(())
 }
 
-fn config_from(saved: &SavedConfig, opts: &RestoreOptions) -> VmConfig {
-    VmConfig {
-        vcpus: saved.vcpus,
-        memory: saved.memory,
-        memory_backend: saved.memory_backend,
-        guest: if saved.guest == "builtin" {
-            GuestImage::Builtin
-        } else {
-            GuestImage::Path(saved.guest.clone().into())
-        },
-        cmdline: saved.cmdline.clone(),
-        // A restored VM resumes where it stopped: no entry is used.
-        boot: Default::default(),
-        console: opts.console.clone(),
-        paging: saved.paging.as_ref().map(|p| PagingConfig {
-            budget: p.budget,
-            store: opts.page_store.clone(),
-            store_latency: Duration::from_nanos(p.store_latency_ns),
-            store_jitter: Duration::ZERO,
-        }),
-        async_pf: saved.async_pf,
-        halt_poll: saved.halt_poll,
-        hlt_exits: saved.hlt_exits,
-        // The offer made at boot is in the saved memory (the boot area)
-        // and goes on as it was; this value is not written again.
-        guest_poll_max_ns: hover_abi::haltpoll::DEFAULT_POLL_NS,
-        pvio: PvioConfig {
-            file: saved.io_file.clone(),
-        },
-        api_socket: opts.api_socket.clone(),
-        dirty_ring: saved.dirty_ring,
-        boost: saved.boost,
-        limits: opts.limits,
-        seccomp: opts.seccomp,
-    }
-}
-
 /// Why a saved configuration or state could not be taken up.
 pub(crate) enum LoadError {
     /// Its section does not fit this host or build.
@@ -175,12 +129,15 @@ pub(crate) struct Prepared {
 }
 
 /// Check `saved` and build its machine and vCPUs.
-pub(crate) fn prepare(saved: &SavedConfig, opts: &RestoreOptions) -> Result<Prepared, LoadError> {
-    let config = config_from(saved, opts);
+pub(crate) fn prepare(saved: &SavedMachine, opts: &RestoreOptions) -> Result<Prepared, LoadError> {
+    let config = VmConfig {
+        machine: saved.config.clone(),
+        host: opts.host.clone(),
+    };
     config
         .validate()
         .map_err(|e| LoadError::Unfit("CONF", e.to_string()))?;
-    if saved.image_end >= config.memory || !saved.image_end.is_multiple_of(4096) {
+    if saved.image_end >= config.machine.memory || !saved.image_end.is_multiple_of(4096) {
         return Err(LoadError::Unfit(
             "CONF",
             format!(
@@ -190,7 +147,7 @@ pub(crate) fn prepare(saved: &SavedConfig, opts: &RestoreOptions) -> Result<Prep
         ));
     }
     let machine = Machine::create(&config)?;
-    let vcpus = machine.create_vcpus(config.vcpus)?;
+    let vcpus = machine.create_vcpus(config.machine.vcpus)?;
     Ok(Prepared {
         machine,
         config,
@@ -308,7 +265,7 @@ impl Vm {
         phase("machine created");
         p.check_vcpus(&s.vcpus).map_err(unfit)?;
         phase("vCPUs created, CPUID checked");
-        let lazy = opts.memory == MemoryRestore::Lazy || p.config.paging.is_some();
+        let lazy = opts.memory == MemoryRestore::Lazy || p.config.machine.memory_budget.is_some();
         // Under the pager only the pinned part is loaded now; eagerly, all.
         let end = if lazy { s.config.image_end } else { u64::MAX };
         let pages_loaded = memory::load(&snap, &p.machine.ram, end)?;
@@ -335,7 +292,7 @@ impl Vm {
         phase("state loaded");
         vm.mark_restored(
             path.display().to_string(),
-            if config.paging.is_some() {
+            if config.machine.memory_budget.is_some() {
                 "lazy"
             } else {
                 opts.memory.name()

@@ -418,7 +418,7 @@ impl Running {
             .get_clock()
             .map_err(|e| kvm_err("KVM_GET_CLOCK", e))?;
         let mut config = self.vm.saved.clone();
-        config.halt_poll = self.vm.halt_poll;
+        config.config.halt_poll = self.vm.halt_poll;
         Ok(VmState {
             config,
             vcpus,
@@ -464,7 +464,7 @@ impl Running {
             .apply(self.vm.booster.config())
             .map_err(|(field, reason)| CommandError::Invalid { field, reason })?;
         self.vm.booster.set(new).map_err(CommandError::Host)?;
-        self.vm.saved.boost = new;
+        self.vm.saved.config.boost = new;
         self.vm
             .status
             .lock()
@@ -544,7 +544,7 @@ impl Running {
                 boost: Some(self.vm.booster.clone()),
                 io: self.vm.pvio.clone(),
                 guest_poll: {
-                    let (mem, n) = (self.vm.ram.memory().clone(), self.vm.saved.vcpus);
+                    let (mem, n) = (self.vm.ram.memory().clone(), self.vm.saved.config.vcpus);
                     let warned = std::sync::atomic::AtomicBool::new(false);
                     Some(Box::new(move || {
                         crate::sched::guest_poll::read(&mem, n, &warned)

@@ -1,5 +1,6 @@
 //! Booting the built-in guest for tests, with the console captured.
 
+use hover_vmm::config::{HostConfig, MachineConfig};
 use std::sync::{Arc, Mutex};
 
 use hover_vmm::config::SharedBuffer;
@@ -9,7 +10,10 @@ use hover_vmm::{ConsoleTarget, Error, ReportValue, RunOutcome, Vm, VmConfig};
 pub fn boot(config: VmConfig) -> (Result<RunOutcome, Error>, String) {
     let buf: SharedBuffer = Arc::new(Mutex::new(Vec::new()));
     let config = VmConfig {
-        console: ConsoleTarget::Buffer(buf.clone()),
+        host: HostConfig {
+            console: ConsoleTarget::Buffer(buf.clone()),
+            ..config.host
+        },
         ..config
     };
     let result = Vm::new(&config).and_then(Vm::run);
@@ -21,8 +25,11 @@ pub fn boot(config: VmConfig) -> (Result<RunOutcome, Error>, String) {
 #[allow(dead_code)] // not every test file uses every helper
 pub fn run_ok(vcpus: u32, cmdline: &str) -> (RunOutcome, String) {
     let (result, console) = boot(VmConfig {
-        vcpus,
-        cmdline: cmdline.into(),
+        machine: MachineConfig {
+            vcpus,
+            cmdline: cmdline.into(),
+            ..Default::default()
+        },
         ..VmConfig::default()
     });
     let o = result.unwrap_or_else(|e| panic!("{cmdline}: {e}\nconsole:\n{console}"));

@@ -32,11 +32,12 @@
 //! thread, `config.rs` the settings and figures.
 
 mod area;
-mod config;
 mod monitor;
 pub mod policy;
+mod report;
 
-pub use config::{BoostConfig, BoostMode, BoostReport, BoostUpdate, VcpuBoostStats};
+pub use crate::config::boost::{BoostConfig, BoostMode, BoostUpdate};
+pub use report::{BoostReport, VcpuBoostStats};
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -1,93 +1,11 @@
-//! What a boost does to a thread (`--boost-policy fifo[:prio]|nice[:value]`)
-//! and the system calls that do it: a thread's scheduling class, priority
-//! and nice value are read before it is boosted and put back when it is
-//! unboosted.
+//! The system calls a boost makes (its policy, `--boost-policy`, is a
+//! setting: [`crate::config::boost`]): a thread's scheduling class,
+//! priority and nice value are read before it is boosted and put back when
+//! it is unboosted.
 
-use std::fmt;
-use std::str::FromStr;
+use serde::Serialize;
 
-use serde::{Deserialize, Serialize};
-
-/// SCHED_FIFO priority used by `fifo` without a value.
-pub const DEFAULT_FIFO_PRIO: i32 = 10;
-/// Nice value used by `nice` without a value.
-pub const DEFAULT_NICE: i32 = -20;
-
-/// How a boosted thread is scheduled.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum BoostPolicy {
-    /// SCHED_FIFO at this priority (1-99): runs before every normal thread.
-    Fifo(i32),
-    /// SCHED_OTHER at this nice value (-20..19): a larger share, no precedence.
-    Nice(i32),
-}
-
-impl Default for BoostPolicy {
-    fn default() -> Self {
-        BoostPolicy::Fifo(DEFAULT_FIFO_PRIO)
-    }
-}
-
-impl fmt::Display for BoostPolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            BoostPolicy::Fifo(p) => write!(f, "fifo:{p}"),
-            BoostPolicy::Nice(n) => write!(f, "nice:{n}"),
-        }
-    }
-}
-
-impl FromStr for BoostPolicy {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        let (kind, value) = match s.split_once(':') {
-            Some((k, v)) => (k, Some(v)),
-            None => (s, None),
-        };
-        let number = |v: &str, what: &str| {
-            v.parse::<i32>()
-                .map_err(|_| format!("{what} {v:?} is not a whole number"))
-        };
-        let policy = match (kind, value) {
-            ("fifo", None) => BoostPolicy::Fifo(DEFAULT_FIFO_PRIO),
-            ("fifo", Some(v)) => BoostPolicy::Fifo(number(v, "the SCHED_FIFO priority")?),
-            ("nice", None) => BoostPolicy::Nice(DEFAULT_NICE),
-            ("nice", Some(v)) => BoostPolicy::Nice(number(v, "the nice value")?),
-            _ => {
-                return Err(format!(
-                    "unknown boost policy {s:?}: give fifo[:PRIO] (1-99) or nice[:VALUE] (-20..19)"
-                ))
-            }
-        };
-        policy.check()?;
-        Ok(policy)
-    }
-}
-
-impl BoostPolicy {
-    /// Whether the value is within what the OS accepts.
-    pub fn check(&self) -> Result<(), String> {
-        match *self {
-            BoostPolicy::Fifo(p) if !(1..=99).contains(&p) => Err(format!(
-                "SCHED_FIFO priority {p} is out of range: the OS accepts 1 to 99"
-            )),
-            BoostPolicy::Nice(n) if !(-20..=19).contains(&n) => Err(format!(
-                "nice value {n} is out of range: the OS accepts -20 to 19"
-            )),
-            _ => Ok(()),
-        }
-    }
-
-    /// What the monitor thread itself runs at: one step above the boosted
-    /// vCPUs, so that it acts on time under the load it protects them from.
-    pub fn for_monitor(&self) -> BoostPolicy {
-        match *self {
-            BoostPolicy::Fifo(p) => BoostPolicy::Fifo((p + 1).min(99)),
-            BoostPolicy::Nice(n) => BoostPolicy::Nice(n),
-        }
-    }
-}
+pub use crate::config::boost::{BoostPolicy, DEFAULT_FIFO_PRIO, DEFAULT_NICE};
 
 /// A thread's scheduling as the OS reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -198,26 +116,6 @@ pub fn thread_cpu_ns(tid: i32) -> std::io::Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn policies_parse_with_defaults_and_ranges() {
-        assert_eq!("fifo".parse(), Ok(BoostPolicy::Fifo(DEFAULT_FIFO_PRIO)));
-        assert_eq!("fifo:50".parse(), Ok(BoostPolicy::Fifo(50)));
-        assert_eq!("nice".parse(), Ok(BoostPolicy::Nice(-20)));
-        assert_eq!("nice:-5".parse(), Ok(BoostPolicy::Nice(-5)));
-        for bad in [
-            "fifo:0", "fifo:100", "nice:-21", "nice:20", "rr", "fifo:x", "",
-        ] {
-            let e = bad.parse::<BoostPolicy>().unwrap_err();
-            assert!(!e.is_empty(), "{bad}");
-        }
-        assert!("fifo:100"
-            .parse::<BoostPolicy>()
-            .unwrap_err()
-            .contains("1 to 99"));
-        assert_eq!(BoostPolicy::Fifo(7).to_string(), "fifo:7");
-        assert_eq!(BoostPolicy::Fifo(99).for_monitor(), BoostPolicy::Fifo(99));
-    }
 
     #[test]
     fn the_cpu_clock_of_a_thread_counts_its_work() {

@@ -31,51 +31,12 @@ use kvm_bindings::{
     kvm_enable_cap, KVM_CAP_HALT_POLL, KVM_CAP_X86_DISABLE_EXITS, KVM_X86_DISABLE_EXITS_HLT,
 };
 use kvm_ioctls::VmFd;
-use serde::Serialize;
 
-/// Largest window accepted: 10 ms (KVM's own default maximum is 200 us).
-pub const MAX_WINDOW_NS: u64 = 10_000_000;
-/// The governor's CPU budget for failed polls, percent of one CPU per vCPU.
-pub const DEFAULT_BUDGET_PCT: f64 = 2.5;
+pub use crate::config::halt_poll::{HaltPoll, DEFAULT_BUDGET_PCT, MAX_WINDOW_NS};
 /// How often the governor looks.
 pub const PERIOD: Duration = Duration::from_millis(100);
 /// How much history the governor weighs (periods).
 const HISTORY: usize = 10;
-
-/// How halt polling is set for a VM.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum HaltPoll {
-    /// Leave KVM's default (its module parameter) alone.
-    KvmDefault,
-    /// A fixed maximum window, nanoseconds (0 = no polling).
-    Fixed {
-        /// The window.
-        window_ns: u64,
-    },
-    /// The governor, with a CPU budget in percent of one CPU per vCPU.
-    Auto {
-        /// Budget for failed polls, in (0, 100].
-        budget_pct: f64,
-    },
-}
-
-impl HaltPoll {
-    /// The setting in the API's request form: `{"mode": "fixed",
-    /// "window_ns": N}`, `{"mode": "auto", "budget_pct": P}` or
-    /// `{"mode": "kvm_default"}`.
-    pub fn to_json(self) -> serde_json::Value {
-        match self {
-            HaltPoll::KvmDefault => serde_json::json!({ "mode": "kvm_default" }),
-            HaltPoll::Fixed { window_ns } => {
-                serde_json::json!({ "mode": "fixed", "window_ns": window_ns })
-            }
-            HaltPoll::Auto { budget_pct } => {
-                serde_json::json!({ "mode": "auto", "budget_pct": budget_pct })
-            }
-        }
-    }
-}
 
 /// Whether this KVM lets a VM set its own halt-poll window.
 pub fn supported(vm: &VmFd) -> bool {

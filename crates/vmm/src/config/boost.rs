@@ -1,9 +1,93 @@
-//! Boosting settings (`--boost`, `--vcpu-rt`, `--boost-*`, `PUT /vm/boost`)
-//! and the figures a run reports.
+//! vCPU priority boosting's settings (`--boost`, `--vcpu-rt`, `--boost-*`,
+//! `PUT /vm/boost`): which boosting, what a boost does to a thread, and the
+//! throttle that bounds what a guest can take. The monitor that acts on
+//! them is `sched::boost`.
+
+use std::fmt;
+use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::BoostPolicy;
+/// SCHED_FIFO priority used by `fifo` without a value.
+pub const DEFAULT_FIFO_PRIO: i32 = 10;
+/// Nice value used by `nice` without a value.
+pub const DEFAULT_NICE: i32 = -20;
+
+/// How a boosted thread is scheduled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BoostPolicy {
+    /// SCHED_FIFO at this priority (1-99): runs before every normal thread.
+    Fifo(i32),
+    /// SCHED_OTHER at this nice value (-20..19): a larger share, no precedence.
+    Nice(i32),
+}
+
+impl Default for BoostPolicy {
+    fn default() -> Self {
+        BoostPolicy::Fifo(DEFAULT_FIFO_PRIO)
+    }
+}
+
+impl fmt::Display for BoostPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BoostPolicy::Fifo(p) => write!(f, "fifo:{p}"),
+            BoostPolicy::Nice(n) => write!(f, "nice:{n}"),
+        }
+    }
+}
+
+impl FromStr for BoostPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (kind, value) = match s.split_once(':') {
+            Some((k, v)) => (k, Some(v)),
+            None => (s, None),
+        };
+        let number = |v: &str, what: &str| {
+            v.parse::<i32>()
+                .map_err(|_| format!("{what} {v:?} is not a whole number"))
+        };
+        let policy = match (kind, value) {
+            ("fifo", None) => BoostPolicy::Fifo(DEFAULT_FIFO_PRIO),
+            ("fifo", Some(v)) => BoostPolicy::Fifo(number(v, "the SCHED_FIFO priority")?),
+            ("nice", None) => BoostPolicy::Nice(DEFAULT_NICE),
+            ("nice", Some(v)) => BoostPolicy::Nice(number(v, "the nice value")?),
+            _ => {
+                return Err(format!(
+                    "unknown boost policy {s:?}: give fifo[:PRIO] (1-99) or nice[:VALUE] (-20..19)"
+                ))
+            }
+        };
+        policy.check()?;
+        Ok(policy)
+    }
+}
+
+impl BoostPolicy {
+    /// Whether the value is within what the OS accepts.
+    pub fn check(&self) -> Result<(), String> {
+        match *self {
+            BoostPolicy::Fifo(p) if !(1..=99).contains(&p) => Err(format!(
+                "SCHED_FIFO priority {p} is out of range: the OS accepts 1 to 99"
+            )),
+            BoostPolicy::Nice(n) if !(-20..=19).contains(&n) => Err(format!(
+                "nice value {n} is out of range: the OS accepts -20 to 19"
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// What the monitor thread itself runs at: one step above the boosted
+    /// vCPUs, so that it acts on time under the load it protects them from.
+    pub fn for_monitor(&self) -> BoostPolicy {
+        match *self {
+            BoostPolicy::Fifo(p) => BoostPolicy::Fifo((p + 1).min(99)),
+            BoostPolicy::Nice(n) => BoostPolicy::Nice(n),
+        }
+    }
+}
 
 /// Which boosting a VM runs with.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -129,39 +213,27 @@ impl BoostUpdate {
     }
 }
 
-/// One vCPU's boosting figures (outcome, `GET /vm/stats`, metrics).
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct VcpuBoostStats {
-    /// The guest registered a shared area for this vCPU.
-    pub registered: bool,
-    /// Boosts granted.
-    pub boosts: u64,
-    /// ... because request bits were set.
-    pub boosts_request: u64,
-    /// ... because an interrupt was injected.
-    pub boosts_interrupt: u64,
-    /// ... because an announced real-time wake-up was due.
-    pub boosts_timer: u64,
-    /// Of those, boosts granted after the wake-up was already due (the
-    /// monitor learned of it late).
-    pub late_timer_boosts: u64,
-    /// Boosts ended by the guest's unboost call.
-    pub unboosts: u64,
-    /// Boosts revoked by the throttle.
-    pub throttles: u64,
-    /// Wall time spent boosted, microseconds.
-    pub boosted_us: u64,
-    /// Boosts the OS refused (no privilege, say).
-    pub errors: u64,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// The whole VM's boosting figures.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct BoostReport {
-    /// `off`, `dynamic` or `static`.
-    pub mode: BoostMode,
-    /// The policy, as `fifo:PRIO` or `nice:VALUE`.
-    pub policy: String,
-    /// Per vCPU.
-    pub vcpus: Vec<VcpuBoostStats>,
+    #[test]
+    fn policies_parse_with_defaults_and_ranges() {
+        assert_eq!("fifo".parse(), Ok(BoostPolicy::Fifo(DEFAULT_FIFO_PRIO)));
+        assert_eq!("fifo:50".parse(), Ok(BoostPolicy::Fifo(50)));
+        assert_eq!("nice".parse(), Ok(BoostPolicy::Nice(-20)));
+        assert_eq!("nice:-5".parse(), Ok(BoostPolicy::Nice(-5)));
+        for bad in [
+            "fifo:0", "fifo:100", "nice:-21", "nice:20", "rr", "fifo:x", "",
+        ] {
+            let e = bad.parse::<BoostPolicy>().unwrap_err();
+            assert!(!e.is_empty(), "{bad}");
+        }
+        assert!("fifo:100"
+            .parse::<BoostPolicy>()
+            .unwrap_err()
+            .contains("1 to 99"));
+        assert_eq!(BoostPolicy::Fifo(7).to_string(), "fifo:7");
+        assert_eq!(BoostPolicy::Fifo(99).for_monitor(), BoostPolicy::Fifo(99));
+    }
 }

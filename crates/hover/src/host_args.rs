@@ -1,0 +1,154 @@
+//! The flags that say how *this host* runs a VM (`hover run`, `hover
+//! restore` and `hover receive` share them: none of it is saved with a VM
+//! or sent in a migration), and their parsers.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use hover_vmm::config::{
+    parse_duration, parse_size, ConsoleTarget, GuestLimits, HostConfig, PageStore, SeccompMode,
+};
+
+/// Parse a console target: `stdout`, `stderr`, `off`, or `file:PATH`.
+pub(crate) fn parse_console(s: &str) -> Result<ConsoleTarget, String> {
+    match s {
+        "stdout" => Ok(ConsoleTarget::Stdout),
+        "stderr" => Ok(ConsoleTarget::Stderr),
+        "off" => Ok(ConsoleTarget::Off),
+        _ => match s.strip_prefix("file:") {
+            Some(path) if !path.is_empty() => Ok(ConsoleTarget::File(PathBuf::from(path))),
+            _ => Err(format!(
+                "unknown console '{s}': use stdout, stderr, off or file:PATH"
+            )),
+        },
+    }
+}
+
+fn parse_seccomp(s: &str) -> Result<SeccompMode, String> {
+    s.parse()
+}
+
+/// The host files a VM uses: its page store (overcommitted VMs) and the
+/// I/O device's file.
+#[derive(Args)]
+pub(crate) struct HostFileArgs {
+    /// Page store of a VM with a memory budget: a new file to create (an
+    /// existing path is refused, never overwritten), or a directory to
+    /// create one in; unlinked as soon as it is open [default: a temporary
+    /// file in /var/tmp].
+    #[arg(long)]
+    pub(crate) page_store: Option<PathBuf>,
+    /// Extra latency of every page-store read, modelling a slower device
+    /// (e.g. 100us, 2ms).
+    #[arg(long, default_value = "0", value_parser = parse_duration)]
+    pub(crate) page_store_latency: Duration,
+    /// A further random delay on each page-store read, uniform up to this
+    /// (e.g. 1ms): a device whose latency varies.
+    #[arg(long, default_value = "0", value_parser = parse_duration)]
+    pub(crate) page_store_jitter: Duration,
+    /// File the paravirtual I/O device writes to (created if missing, kept).
+    /// Default: a file on tmpfs (/dev/shm), unlinked as soon as it is open.
+    #[arg(long)]
+    pub(crate) io_file: Option<PathBuf>,
+}
+
+impl HostFileArgs {
+    /// Whether any page-store flag was given.
+    pub(crate) fn names_a_page_store(&self) -> bool {
+        self.page_store.is_some()
+            || !self.page_store_latency.is_zero()
+            || !self.page_store_jitter.is_zero()
+    }
+}
+
+/// What the host lets the guest make it do: `hover run`, `hover restore`
+/// and `hover receive` share these (they are the host's choice, not part of
+/// a saved or migrated VM).
+#[derive(Args)]
+pub(crate) struct GuardArgs {
+    /// Largest offset + length the guest's I/O requests may reach in the
+    /// --io-file (at most 16G); requests past it fail in the guest.
+    #[arg(long, default_value = "16G", value_parser = parse_size)]
+    pub(crate) guest_io_max: u64,
+    /// Longest delay of a guest-requested MSI timer (at most 10s).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub(crate) guest_msi_max_delay: Duration,
+    /// Most guest-requested MSI timers waiting at once (1-65536).
+    #[arg(long, default_value_t = 1024)]
+    pub(crate) guest_msi_max_pending: u32,
+    /// Most reports the guest may record over the run (1-1048576).
+    #[arg(long, default_value_t = 65_536)]
+    pub(crate) guest_reports_max: u32,
+    /// Most bytes of guest log messages passed to the log over the run
+    /// (at most 1G); later messages are refused.
+    #[arg(long, default_value = "1M", value_parser = parse_size)]
+    pub(crate) guest_log_max: u64,
+    /// seccomp filters on the VMM's threads, one per kind (vCPU, pager,
+    /// I/O, API, governor, boost, timer, migration): `on` stops the VMM
+    /// with a message naming a forbidden call, `log` lets it through and
+    /// has the kernel log it, `off` installs none.
+    #[arg(long, default_value = "on", value_parser = parse_seccomp)]
+    pub(crate) seccomp: SeccompMode,
+}
+
+impl GuardArgs {
+    pub(crate) fn limits(&self) -> GuestLimits {
+        GuestLimits {
+            io_file_bytes: self.guest_io_max,
+            msi_delay: self.guest_msi_max_delay,
+            msi_pending: self.guest_msi_max_pending,
+            reports: self.guest_reports_max,
+            log_bytes: self.guest_log_max,
+        }
+    }
+}
+
+/// What `hover run` and `hover restore` share: the API socket, the console
+/// and how the outcome is printed.
+#[derive(Args)]
+pub(crate) struct RunOutput {
+    /// Serve the control API (HTTP on a Unix socket, mode 0600) while the VM
+    /// runs: `hover ctl --api-socket PATH ...`; created here (an existing
+    /// path is refused, except a stale socket nobody listens on), removed at
+    /// exit.
+    #[arg(long)]
+    pub(crate) api_socket: Option<PathBuf>,
+    /// Where the guest console goes: stdout, stderr, off or file:PATH
+    /// [default: stdout, or stderr with --json].
+    #[arg(long, value_parser = parse_console)]
+    pub(crate) console: Option<ConsoleTarget>,
+    /// Print the outcome (exit code, reports, timings, memory) as JSON on stdout.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Also print KVM's statistics of the VM and of each vCPU at exit (always
+    /// included in --json).
+    #[arg(long)]
+    pub(crate) stats: bool,
+}
+
+/// This host's settings from its flags.
+pub(crate) fn host_config(out: &RunOutput, files: &HostFileArgs, guard: &GuardArgs) -> HostConfig {
+    HostConfig {
+        console: console_for(out.console.clone(), out.json),
+        api_socket: out.api_socket.clone(),
+        page_store: PageStore {
+            path: files.page_store.clone(),
+            latency: files.page_store_latency,
+            jitter: files.page_store_jitter,
+        },
+        io_file: files.io_file.clone(),
+        limits: guard.limits(),
+        seccomp: guard.seccomp,
+    }
+}
+
+/// The console: as given, else stdout (stderr with --json, whose stdout is
+/// the outcome).
+fn console_for(console: Option<ConsoleTarget>, json: bool) -> ConsoleTarget {
+    console.unwrap_or(if json {
+        ConsoleTarget::Stderr
+    } else {
+        ConsoleTarget::Stdout
+    })
+}

@@ -1,0 +1,265 @@
+//! A VM's configuration: what the VM *is* ([`MachineConfig`], saved in
+//! snapshots and sent in migration streams) apart from how *this host* runs
+//! it ([`HostConfig`]: files, sockets, guards; never saved or sent). Each
+//! setting's type owns its check; subsystems import these types, and this
+//! module imports no subsystem. The command line's parsers are the `hover`
+//! binary's.
+
+pub mod boost;
+mod error;
+pub mod halt_poll;
+pub mod host;
+pub mod limits;
+pub mod machine;
+
+use hover_abi::cmdline::CmdlineError;
+use hover_abi::workload::{self, ParamKind, WorkloadError};
+
+pub use boost::{BoostConfig, BoostMode, BoostPolicy, BoostUpdate};
+pub use error::ConfigError;
+pub use halt_poll::HaltPoll;
+pub use host::{ConsoleTarget, HostConfig, PageStore, SeccompMode, SharedBuffer};
+pub use limits::GuestLimits;
+pub use machine::{
+    BootProtocol, GuestImage, MachineConfig, MemoryBackend, DEFAULT_CMDLINE, DEFAULT_MEMORY,
+    DEFAULT_VCPUS, MAX_MEMORY,
+};
+
+/// Everything needed to build and run a VM on this host.
+#[derive(Clone, Debug, Default)]
+pub struct VmConfig {
+    /// What the VM is.
+    pub machine: MachineConfig,
+    /// How this host runs it.
+    pub host: HostConfig,
+}
+
+impl VmConfig {
+    /// Check every value that can be checked without KVM.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.machine.validate()?;
+        self.host.validate()
+    }
+}
+
+/// Check a command line against the built-in guest's workload table.
+pub fn check_builtin_cmdline(cmdline: &str) -> Result<(), ConfigError> {
+    workload::resolve(cmdline)
+        .map(|_| ())
+        .map_err(|e| ConfigError::Cmdline(describe(e)))
+}
+
+fn describe(e: WorkloadError<'_>) -> String {
+    let names: Vec<&str> = workload::WORKLOADS.iter().map(|w| w.name).collect();
+    match e {
+        WorkloadError::Syntax(CmdlineError::NotKeyValue(t)) => {
+            format!("bad guest command line: '{t}' is not a key=value token")
+        }
+        WorkloadError::Syntax(CmdlineError::Duplicate(k)) => {
+            format!("bad guest command line: '{k}' is given more than once")
+        }
+        WorkloadError::Syntax(CmdlineError::NotANumber { key, value }) => {
+            format!("bad guest command line: {key}={value} is not a number")
+        }
+        WorkloadError::UnknownWorkload(w) => {
+            format!(
+                "unknown workload '{w}': the built-in guest has {}",
+                names.join(", ")
+            )
+        }
+        WorkloadError::BadValue { param, value } => {
+            let accepted = match param.kind {
+                ParamKind::Number { min, max, default } => {
+                    format!("a number from {min} to {max} (default {default})")
+                }
+                ParamKind::Size { min, max, default } => {
+                    format!("a size from {min} to {max} bytes, with K, M or G (default {default})")
+                }
+                ParamKind::Choice { values } => format!("one of {}", values.join(", ")),
+            };
+            format!(
+                "bad guest command line: {}={value} is out of range: {} takes {accepted}",
+                param.name, param.name
+            )
+        }
+        WorkloadError::UnknownParam { workload: w, key } => {
+            let spec = workload::find(w).expect("resolve returned a known workload");
+            let mut keys: Vec<&str> = workload::GLOBAL_PARAMS.iter().map(|p| p.name).collect();
+            keys.extend(spec.params.iter().map(|p| p.name));
+            format!(
+                "workload {w} takes no parameter '{key}': it accepts {}",
+                keys.join(", ")
+            )
+        }
+    }
+}
+
+/// Parse a size such as `256M`, `1G`, `4096` or `512MiB` (binary units).
+pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
+    let bad = || ConfigError::BadSize(s.to_string());
+    let t = s.trim();
+    let lower = t.to_ascii_lowercase();
+    let stripped = lower
+        .strip_suffix("ib")
+        .or_else(|| lower.strip_suffix('b'))
+        .unwrap_or(&lower);
+    let (digits, shift) = match stripped.chars().last() {
+        Some('k') => (&stripped[..stripped.len() - 1], 10),
+        Some('m') => (&stripped[..stripped.len() - 1], 20),
+        Some('g') => (&stripped[..stripped.len() - 1], 30),
+        Some('t') => (&stripped[..stripped.len() - 1], 40),
+        _ => (stripped, 0),
+    };
+    let n: u64 = digits.trim().parse().map_err(|_| bad())?;
+    n.checked_mul(1u64 << shift).ok_or_else(bad)
+}
+
+/// Parse a duration such as `0`, `500ns`, `100us`, `2ms`, `1.5ms` or `1s`.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, ConfigError> {
+    let bad = || ConfigError::BadDuration(s.to_string());
+    let t = s.trim();
+    let (num, scale) = [("ns", 1e-9), ("us", 1e-6), ("ms", 1e-3), ("s", 1.0)]
+        .iter()
+        .find_map(|(suffix, scale)| t.strip_suffix(suffix).map(|n| (n, *scale)))
+        .unwrap_or((t, if t == "0" { 1.0 } else { f64::NAN }));
+    let v: f64 = num.trim().parse().map_err(|_| bad())?;
+    if !(v * scale).is_finite() || v < 0.0 || v * scale > 3600.0 {
+        return Err(bad());
+    }
+    Ok(std::time::Duration::from_secs_f64(v * scale))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_config_is_valid() {
+        VmConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("256M"), Ok(256 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64k"), Ok(64 << 10));
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("-1M").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+
+    #[test]
+    fn durations_parse() {
+        use std::time::Duration;
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("2ms"), Ok(Duration::from_millis(2)));
+        assert_eq!(parse_duration("100us"), Ok(Duration::from_micros(100)));
+        assert_eq!(parse_duration("1.5ms"), Ok(Duration::from_micros(1500)));
+        assert_eq!(parse_duration("1s"), Ok(Duration::from_secs(1)));
+        for bad in ["2", "fast", "-1ms", "2 hours", "99999s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn paging_values_are_checked() {
+        let paged = |memory: u64, budget: u64| MachineConfig {
+            memory,
+            memory_budget: Some(budget),
+            ..MachineConfig::default()
+        };
+        assert!(matches!(
+            paged(64 << 20, 128 << 20).validate(),
+            Err(ConfigError::BudgetOverMemory { .. })
+        ));
+        assert!(matches!(
+            paged(64 << 20, 1000).validate(),
+            Err(ConfigError::BudgetUnaligned(1000))
+        ));
+        let memfd = MachineConfig {
+            memory_backend: MemoryBackend::Memfd,
+            ..paged(64 << 20, 32 << 20)
+        };
+        assert_eq!(memfd.validate(), Err(ConfigError::PagingNeedsAnonymous));
+        paged(256 << 20, 64 << 20).validate().unwrap();
+    }
+
+    #[test]
+    fn halt_poll_values_are_checked() {
+        let c = |h: HaltPoll| h.check();
+        assert!(c(HaltPoll::Fixed { window_ns: 200_000 }).is_ok());
+        assert_eq!(
+            c(HaltPoll::Fixed {
+                window_ns: u64::MAX
+            }),
+            Err(ConfigError::HaltPollTooLarge(u64::MAX))
+        );
+        assert!(c(HaltPoll::Auto { budget_pct: 2.5 }).is_ok());
+        for b in [0.0, -1.0, 100.5, f64::NAN] {
+            assert!(
+                matches!(
+                    c(HaltPoll::Auto { budget_pct: b }),
+                    Err(ConfigError::HaltPollBudget(_))
+                ),
+                "{b}"
+            );
+        }
+    }
+
+    #[test]
+    fn guest_poll_limits_past_10ms_are_refused() {
+        let c = |ns| {
+            MachineConfig {
+                guest_poll_max_ns: ns,
+                ..MachineConfig::default()
+            }
+            .validate()
+        };
+        assert!(c(0).is_ok());
+        assert!(c(hover_abi::haltpoll::MAX_POLL_NS).is_ok());
+        assert_eq!(
+            c(hover_abi::haltpoll::MAX_POLL_NS + 1),
+            Err(ConfigError::GuestPollMax(
+                hover_abi::haltpoll::MAX_POLL_NS + 1
+            ))
+        );
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        let c = |f: fn(&mut MachineConfig)| {
+            let mut c = MachineConfig::default();
+            f(&mut c);
+            c.validate()
+        };
+        assert_eq!(
+            c(|c| c.vcpus = 0),
+            Err(ConfigError::Vcpus { given: 0, max: 32 })
+        );
+        assert_eq!(
+            c(|c| c.vcpus = 33),
+            Err(ConfigError::Vcpus { given: 33, max: 32 })
+        );
+        assert!(matches!(
+            c(|c| c.memory = 1000),
+            Err(ConfigError::MemoryUnaligned { suggest: 4096, .. })
+        ));
+        assert!(matches!(
+            c(|c| c.memory = 1 << 40),
+            Err(ConfigError::MemoryTooLarge { .. })
+        ));
+        let err = c(|c| c.cmdline = "workload=nope".into()).unwrap_err();
+        assert!(err.to_string().contains("unknown workload 'nope'"), "{err}");
+        assert!(err.to_string().contains("hello"), "{err}");
+        let err = c(|c| c.cmdline = "workload=hello x=1".into()).unwrap_err();
+        assert!(err.to_string().contains("takes no parameter 'x'"), "{err}");
+        // An external guest's command line is its own business.
+        c(|c| {
+            c.guest = GuestImage::Path("/some/guest".into());
+            c.cmdline = "anything goes".into();
+        })
+        .unwrap();
+    }
+}

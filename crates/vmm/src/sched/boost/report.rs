@@ -1,0 +1,42 @@
+//! The figures a run with boosting reports.
+
+use serde::Serialize;
+
+use crate::config::boost::BoostMode;
+
+/// One vCPU's boosting figures (outcome, `GET /vm/stats`, metrics).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct VcpuBoostStats {
+    /// The guest registered a shared area for this vCPU.
+    pub registered: bool,
+    /// Boosts granted.
+    pub boosts: u64,
+    /// ... because request bits were set.
+    pub boosts_request: u64,
+    /// ... because an interrupt was injected.
+    pub boosts_interrupt: u64,
+    /// ... because an announced real-time wake-up was due.
+    pub boosts_timer: u64,
+    /// Of those, boosts granted after the wake-up was already due (the
+    /// monitor learned of it late).
+    pub late_timer_boosts: u64,
+    /// Boosts ended by the guest's unboost call.
+    pub unboosts: u64,
+    /// Boosts revoked by the throttle.
+    pub throttles: u64,
+    /// Wall time spent boosted, microseconds.
+    pub boosted_us: u64,
+    /// Boosts the OS refused (no privilege, say).
+    pub errors: u64,
+}
+
+/// The whole VM's boosting figures.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct BoostReport {
+    /// `off`, `dynamic` or `static`.
+    pub mode: BoostMode,
+    /// The policy, as `fifo:PRIO` or `nice:VALUE`.
+    pub policy: String,
+    /// Per vCPU.
+    pub vcpus: Vec<VcpuBoostStats>,
+}
