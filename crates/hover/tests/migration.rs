@@ -10,7 +10,7 @@ use std::io::Write;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::time::Duration;
 
-use common::migrate::{finish, kvstore, receiver, refused_request};
+use common::migrate::{assert_breakdown_adds_up, finish, kvstore, receiver, refused_request};
 use common::{report, Scratch, Vm};
 use hover_vmm::host::kvm_for_test;
 use hover_vmm::migration::wire::{FrameReader, FrameWriter, Kind};
@@ -54,6 +54,7 @@ fn kvstore_migrates_over_unix_and_tcp_with_each_tracker() {
             .map(|n| n.as_u64().unwrap())
             .sum();
         assert_eq!(per_round, r["pages_sent"].as_u64().unwrap(), "{r}");
+        assert_breakdown_adds_up(&r);
         assert_eq!(r["tracker"], tracker);
         assert!(per_round > 100, "the guest's pages went: {r}");
         let (code, o, stderr) = src.wait();

@@ -11,7 +11,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::migrate::{finish, receiver, receiver_with};
+use common::migrate::{assert_breakdown_adds_up, finish, receiver, receiver_with};
 use common::proxy::Proxy;
 use common::{report, Scratch, Vm};
 use hover_vmm::host::kvm_for_test;
@@ -57,12 +57,19 @@ fn kvstore_runs_at_the_destination_while_its_memory_arrives() {
         let (dest, at) = receiver(&listen);
         let src = writer(&dir, "src", 6);
         std::thread::sleep(Duration::from_millis(1500));
-        let body = serde_json::json!({ "to": at, "mode": "postcopy", "verify": true });
+        // 8 MB/s: the pushed pages take over a second to arrive, so the
+        // guest (2000 random writes a second over 32 MiB) certainly touches
+        // some before they do. On an unlimited local link all of them
+        // could arrive before the guest touched one (seen: 38 ms).
+        let body = serde_json::json!({
+            "to": at, "mode": "postcopy", "verify": true, "bandwidth": 8_000_000u64,
+        });
         let r = src
             .api()
             .json("PUT", "/vm/migrate", Some(&body.to_string()))
             .unwrap_or_else(|e| panic!("{listen}: {e}"));
         assert_eq!(r["mode"], "postcopy", "{r}");
+        assert_breakdown_adds_up(&r);
         // The pinned area while the guest ran, then what it dirtied of it
         // during the pause: the rest followed the guest.
         assert_eq!(r["rounds"], 2, "{r}");

@@ -64,3 +64,28 @@ pub fn kvstore(dir: &Scratch, name: &str) -> Vm {
         &dir.path(&format!("{name}.sock")),
     )
 }
+
+/// The parts of `downtime_breakdown` add up to within 10% of `downtime_ms`.
+#[allow(dead_code)] // not every test file uses every helper
+pub fn assert_breakdown_adds_up(r: &serde_json::Value) {
+    let b = &r["downtime_breakdown"];
+    let parts = [
+        "pause_us",
+        "final_harvest_us",
+        "final_pages_us",
+        "state_us",
+        "verify_us",
+        "destination_load_us",
+        "ack_us",
+    ];
+    let sum: u64 = parts
+        .iter()
+        .map(|k| b[k].as_u64().unwrap_or_else(|| panic!("{k} in {b}")))
+        .sum();
+    let downtime_us = r["downtime_ms"].as_f64().unwrap() * 1e3;
+    assert!(
+        (sum as f64 - downtime_us).abs() <= downtime_us * 0.1,
+        "parts add up to {sum} us, downtime {downtime_us} us: {b}"
+    );
+    assert!(b["destination_load_us"].as_u64().unwrap() > 0, "{b}");
+}

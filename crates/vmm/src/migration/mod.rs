@@ -9,6 +9,7 @@
 //! [`crate::Vm::receive`] (`vm/receive.rs`). docs/MIGRATION.md.
 
 pub mod batch;
+pub mod convergence;
 pub mod dirty;
 pub mod mapper;
 pub mod postcopy;
@@ -166,6 +167,8 @@ pub struct MigrationReport {
     /// The gap the guest saw: its TSC from the pause on the source to its
     /// vCPUs starting on the destination, milliseconds.
     pub guest_downtime_ms: f64,
+    /// Where the downtime went.
+    pub downtime_breakdown: DowntimeBreakdown,
     /// Rounds, the final one included.
     pub rounds: u32,
     /// Pages sent in each round.
@@ -193,6 +196,52 @@ pub struct MigrationReport {
     pub vcpu_throttle_pct: Vec<u8>,
     /// Time each vCPU slept for its throttle, milliseconds.
     pub vcpu_throttled_ms: Vec<f64>,
+}
+
+/// Where a migration's downtime (`downtime_ms`) went, microseconds, in the
+/// order it is spent; the parts add up to the downtime but for the few
+/// steps between them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct DowntimeBreakdown {
+    /// Stopping every vCPU.
+    pub pause_us: u64,
+    /// The tracker's last harvest and the monitor's own writes.
+    pub final_harvest_us: u64,
+    /// Sending the final round's pages (post-copy: the pinned boot area's).
+    pub final_pages_us: u64,
+    /// Reading the vCPUs' and devices' state and sending it (post-copy:
+    /// with the list of pages still to come).
+    pub state_us: u64,
+    /// With `verify`: digesting guest memory and sending the digest.
+    pub verify_us: u64,
+    /// The destination, from the stream's end to its vCPUs being ready:
+    /// building devices and the pager, checking, loading the state (as it
+    /// reports it).
+    pub destination_load_us: u64,
+    /// The rest of the wait for the destination's answer: the link's
+    /// latency and the frames still in flight.
+    pub ack_us: u64,
+}
+
+impl DowntimeBreakdown {
+    /// The parts added up, microseconds.
+    pub fn total_us(&self) -> u64 {
+        self.pause_us
+            + self.final_harvest_us
+            + self.final_pages_us
+            + self.state_us
+            + self.verify_us
+            + self.destination_load_us
+            + self.ack_us
+    }
+}
+
+/// Microseconds since `t`, and `t` moved to now: for timing steps in turn.
+pub(crate) fn lap_us(t: &mut std::time::Instant) -> u64 {
+    let now = std::time::Instant::now();
+    let us = now.duration_since(*t).as_micros() as u64;
+    *t = now;
+    us
 }
 
 /// Why a migration failed. The source runs on.

@@ -72,6 +72,35 @@ pub const MODE_PRECOPY: u8 = 0;
 /// [`Kind::Mode`]: the guest may run here before all pages arrive.
 pub const MODE_POSTCOPY: u8 = 1;
 
+/// The payload of [`Kind::Running`]: the destination's TSC when its guest
+/// was about to run, and how long it took from the stream's end to there.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunningFrame {
+    /// The destination's TSC.
+    pub tsc: u64,
+    /// Microseconds from reading the last frame to sending `RUNNING`.
+    pub load_us: u64,
+}
+
+impl RunningFrame {
+    /// Its 16 bytes.
+    pub fn encode(&self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&self.tsc.to_le_bytes());
+        b[8..].copy_from_slice(&self.load_us.to_le_bytes());
+        b
+    }
+
+    /// Read a payload; `None` unless it is 16 bytes.
+    pub fn decode(b: &[u8]) -> Option<RunningFrame> {
+        let b: &[u8; 16] = b.try_into().ok()?;
+        Some(RunningFrame {
+            tsc: u64::from_le_bytes(b[..8].try_into().expect("8 bytes")),
+            load_us: u64::from_le_bytes(b[8..].try_into().expect("8 bytes")),
+        })
+    }
+}
+
 impl Kind {
     pub(crate) fn from(v: u32) -> Option<Kind> {
         Some(match v {

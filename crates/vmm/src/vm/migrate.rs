@@ -11,6 +11,7 @@ use super::control::{CommandError, Lifecycle, MigrationProgress, VmEvent};
 use super::handshake::{expect, handshake};
 use super::run::Running;
 use crate::migration::batch::{BatchError, Batcher};
+use crate::migration::convergence::{Convergence, Decision, Round};
 use crate::migration::dirty::{
     merge, BitmapTracker, DirtyTracker, HybridTracker, ManualTracker, RingTracker,
 };
@@ -18,8 +19,13 @@ use crate::migration::postcopy::Mode;
 use crate::migration::sender::ProcessSender;
 use crate::migration::throttle::{Policy, Ticker};
 use crate::migration::transport::Conn;
-use crate::migration::wire::{FrameReader, FrameWriter, Kind, MODE_POSTCOPY, MODE_PRECOPY};
-use crate::migration::{transfer_time, MigrateOptions, MigrationError, MigrationReport, Tracker};
+use crate::migration::wire::{
+    FrameReader, FrameWriter, Kind, RunningFrame, MODE_POSTCOPY, MODE_PRECOPY,
+};
+use crate::migration::{
+    lap_us, transfer_time, DowntimeBreakdown, MigrateOptions, MigrationError, MigrationReport,
+    Tracker,
+};
 use crate::state::{self, memory};
 use crate::vcpu::VcpuEvent;
 use hover_abi::layout::PAGE_SIZE;
@@ -33,9 +39,6 @@ const MIN_RATE_BYTES: u64 = 1 << 20;
 
 pub(super) type Writer = FrameWriter<Conn>;
 pub(super) type Reader = FrameReader<Conn>;
-/// Pre-copy rounds whose dirty set did not shrink by a tenth before a
-/// hybrid migration switches to post-copy.
-const HYBRID_STALLED_ROUNDS: u32 = 3;
 
 pub(super) fn io(what: &'static str) -> impl Fn(std::io::Error) -> MigrationError {
     move |e| MigrationError::Host(format!("{what}: {e}"))
@@ -112,6 +115,26 @@ impl PageSender {
 
 /// Hold back to `bandwidth` after `bytes` sent since `started`; whether it
 /// had to wait.
+/// Take in the destination's `RUNNING` (read `since` the last step):
+/// the gap the guest saw, and the rest of the breakdown.
+pub(super) fn answered(
+    report: &mut MigrationReport,
+    parts: &mut DowntimeBreakdown,
+    since: Instant,
+    running: &[u8],
+    pause_tsc: u64,
+    tsc_khz: u32,
+) {
+    let waited = since.elapsed().as_micros() as u64;
+    let at = RunningFrame::decode(running).unwrap_or_default();
+    if at.tsc != 0 {
+        report.guest_downtime_ms = at.tsc.saturating_sub(pause_tsc) as f64 / tsc_khz.max(1) as f64;
+    }
+    parts.destination_load_us = at.load_us.min(waited);
+    parts.ack_us = waited - parts.destination_load_us;
+    report.downtime_breakdown = parts.clone();
+}
+
 pub(super) fn pace(bandwidth: Option<u64>, started: Instant, bytes: u64) -> bool {
     let wait = pace_wait(bandwidth, started, bytes);
     if !wait.is_zero() {
@@ -313,36 +336,39 @@ impl Running {
             report.rounds += 1;
             pending = rest;
         }
-        let (mut least_dirty, mut stalled) = (u64::MAX, 0);
+        let mut convergence = Convergence::new(o.downtime, o.timeout, o.mode == Mode::Hybrid);
         while !switch {
             if let Some(e) = self.guest_ended() {
                 self.stashed.push_back(e);
                 return Err(MigrationError::GuestEnded);
             }
-            if o.mode == Mode::Hybrid && t0.elapsed() > o.timeout {
-                tracing::info!(
-                    "hybrid migration: not converged within {:?}, switching to post-copy",
-                    o.timeout
-                );
-                switch = true;
-                break;
-            }
-            if t0.elapsed() > o.timeout {
-                let most = policy.peak().iter().copied().max().unwrap_or(0);
-                let hint = if !o.throttle.on {
-                    "; turn --auto-converge on, or raise --timeout or --downtime-ms"
-                } else if most < o.throttle.max {
-                    "; raise --timeout, --downtime-ms or --throttle-step"
-                } else {
-                    "; raise --timeout or --downtime-ms, or lower the guest's write rate"
-                };
-                return Err(MigrationError::NoConvergence(format!(
-                    "not done after {:?} ({} rounds; the last had {} dirty pages, the link moves {:.0} MB/s, vCPUs throttled up to {most}%){hint}",
-                    o.timeout,
-                    report.rounds,
-                    pending.len(),
-                    rate.unwrap_or(0.0) / 1e6
-                )));
+            match convergence.before_round(t0.elapsed()) {
+                Decision::Postcopy => {
+                    tracing::info!(
+                        "hybrid migration: not converged within {:?}, switching to post-copy",
+                        o.timeout
+                    );
+                    switch = true;
+                    break;
+                }
+                Decision::GiveUp => {
+                    let most = policy.peak().iter().copied().max().unwrap_or(0);
+                    let hint = if !o.throttle.on {
+                        "; turn --auto-converge on, or raise --timeout or --downtime-ms"
+                    } else if most < o.throttle.max {
+                        "; raise --timeout, --downtime-ms or --throttle-step"
+                    } else {
+                        "; raise --timeout or --downtime-ms, or lower the guest's write rate"
+                    };
+                    return Err(MigrationError::NoConvergence(format!(
+                        "not done after {:?} ({} rounds; the last had {} dirty pages, the link moves {:.0} MB/s, vCPUs throttled up to {most}%){hint}",
+                        o.timeout,
+                        report.rounds,
+                        pending.len(),
+                        rate.unwrap_or(0.0) / 1e6
+                    )));
+                }
+                Decision::Continue | Decision::Pause => {}
             }
             let (start, bytes0) = (Instant::now(), sender.bytes(&w));
             let sent = sender.send(
@@ -388,19 +414,8 @@ impl Running {
                 elapsed_ms: t0.elapsed().as_millis() as u64,
                 vcpu_throttle_pct: throttle.all(),
             }));
-            if left <= o.downtime {
-                break;
-            }
-            if o.mode == Mode::Hybrid {
-                // Rounds that no longer shrink the dirty set will not
-                // converge: let post-copy carry the rest.
-                if dirty.saturating_mul(10) >= least_dirty.saturating_mul(9) {
-                    stalled += 1;
-                } else {
-                    stalled = 0;
-                }
-                least_dirty = least_dirty.min(dirty);
-                let asked = std::mem::take(
+            let asked = o.mode == Mode::Hybrid
+                && std::mem::take(
                     &mut self
                         .vm
                         .status
@@ -408,11 +423,19 @@ impl Running {
                         .unwrap_or_else(|p| p.into_inner())
                         .postcopy_now,
                 );
-                if asked || stalled >= HYBRID_STALLED_ROUNDS {
-                    tracing::info!(asked, stalled, "hybrid migration: switching to post-copy");
+            match convergence.after_round(Round {
+                dirty_pages: dirty,
+                left,
+                elapsed: t0.elapsed(),
+                postcopy_asked: asked,
+            }) {
+                Decision::Pause => break,
+                Decision::Postcopy => {
+                    tracing::info!(asked, "hybrid migration: switching to post-copy");
                     switch = true;
                     break;
                 }
+                Decision::Continue | Decision::GiveUp => {}
             }
             let per_vcpu = tracker.vcpu_dirty_pages();
             if let Some(pct) = policy.after_round(sent, dirty, per_vcpu.as_deref()) {
@@ -440,10 +463,13 @@ impl Running {
         // The final round: the guest stops here.
         let paused_at = Instant::now();
         let pause_tsc = state::host_tsc();
+        let mut lap = paused_at;
+        let mut parts = DowntimeBreakdown::default();
         if self.state == Lifecycle::Running {
             self.pause()
                 .map_err(|e| MigrationError::Host(e.to_string()))?;
         }
+        parts.pause_us = lap_us(&mut lap);
         // A guest that powered off (or crashed) during the last round must
         // end here, not be moved: its exit waits in the event queue.
         if let Some(e) = self.guest_ended() {
@@ -461,6 +487,7 @@ impl Running {
             }),
             self.vm.host_writes.take(),
         );
+        parts.final_harvest_us = lap_us(&mut lap);
         if switch {
             let switch = super::postcopy::Switch {
                 w,
@@ -471,31 +498,39 @@ impl Running {
                 paused_at,
                 pause_tsc,
                 t0,
+                parts,
+                lap,
             };
             return self.switch_to_postcopy(o, switch);
         }
         let sent = sender.send(&self.vm.ram, self.vm.pager.as_ref(), &mut w, &last, false)?;
         report.round_pages.push(sent);
         report.rounds += 1;
+        parts.final_pages_us = lap_us(&mut lap);
         let st = self
             .collect_state()
             .map_err(|e| MigrationError::Host(e.to_string()))?;
         let st = postcard::to_allocvec(&st).expect("state types always encode");
         w.frame(Kind::State, &[&st])
             .map_err(io("sending the state"))?;
+        parts.state_us = lap_us(&mut lap);
         if o.verify {
             let d = memory::digest(&self.vm.ram, self.vm.pager.as_ref())
                 .map_err(io("digesting guest memory"))?;
             w.frame(Kind::Digest, &[&d.to_le_bytes()])
                 .map_err(io("sending the digest"))?;
         }
+        parts.verify_us = lap_us(&mut lap);
         w.frame(Kind::End, &[]).map_err(io("ending the stream"))?;
         let running = expect(&mut r, Kind::Running)?;
-        let tsc_khz = self.vm.tsc_khz.max(1) as f64;
-        if let Ok(b) = <[u8; 8]>::try_from(running.as_slice()) {
-            let at = u64::from_le_bytes(b);
-            report.guest_downtime_ms = at.saturating_sub(pause_tsc) as f64 / tsc_khz;
-        }
+        answered(
+            &mut report,
+            &mut parts,
+            lap,
+            &running,
+            pause_tsc,
+            self.vm.tsc_khz,
+        );
         report.downtime_ms = paused_at.elapsed().as_secs_f64() * 1e3;
         report.total_ms = t0.elapsed().as_secs_f64() * 1e3;
         report.pages_sent = sender.pages;

@@ -14,7 +14,9 @@ use crate::migration::postcopy::outgoing::{Pending, Serve, ServeError};
 use crate::migration::postcopy::{page_hash, Mode, PostcopyReport};
 use crate::migration::transport::Conn;
 use crate::migration::wire::{bitmap_pages, page_bitmap, FrameReader, FrameWriter, Kind};
-use crate::migration::{MigrateOptions, MigrationError, MigrationReport};
+use crate::migration::{
+    lap_us, DowntimeBreakdown, MigrateOptions, MigrationError, MigrationReport,
+};
 use crate::state::{self, memory};
 use hover_abi::layout::PAGE_SIZE;
 
@@ -36,6 +38,9 @@ pub(super) struct Switch {
     pub(super) paused_at: Instant,
     pub(super) pause_tsc: u64,
     pub(super) t0: Instant,
+    /// The downtime so far, and when its last part ended.
+    pub(super) parts: DowntimeBreakdown,
+    pub(super) lap: Instant,
 }
 
 /// A post-copy phase that stopped on a broken connection: what a recovery
@@ -65,6 +70,8 @@ impl Running {
             paused_at,
             pause_tsc,
             t0,
+            mut parts,
+            mut lap,
         } = s;
         let image_end = self.vm.image_end;
         let (pinned, rest): (Vec<u64>, Vec<u64>) = last.into_iter().partition(|&g| g < image_end);
@@ -72,6 +79,7 @@ impl Running {
         let sent = sender.send(&self.vm.ram, self.vm.pager.as_ref(), &mut w, &pinned, false)?;
         report.round_pages.push(sent);
         report.rounds += 1;
+        parts.final_pages_us = lap_us(&mut lap);
         let st = self
             .collect_state()
             .map_err(|e| MigrationError::Host(e.to_string()))?;
@@ -81,13 +89,17 @@ impl Running {
         let end = self.vm.ram.end();
         w.frame(Kind::Postcopy, &[&page_bitmap(rest.iter().copied(), end)])
             .map_err(io("sending the missing pages"))?;
+        parts.state_us = lap_us(&mut lap);
         let mut r = r;
         let running = expect(&mut r, Kind::Running)?;
-        let tsc_khz = self.vm.tsc_khz.max(1) as f64;
-        if let Ok(b) = <[u8; 8]>::try_from(running.as_slice()) {
-            report.guest_downtime_ms =
-                u64::from_le_bytes(b).saturating_sub(pause_tsc) as f64 / tsc_khz;
-        }
+        super::migrate::answered(
+            &mut report,
+            &mut parts,
+            lap,
+            &running,
+            pause_tsc,
+            self.vm.tsc_khz,
+        );
         report.downtime_ms = paused_at.elapsed().as_secs_f64() * 1e3;
         report.mode = "postcopy".into();
         // From here on the guest runs there: this VM never resumes.

@@ -16,7 +16,8 @@ use crate::migration::postcopy::incoming::{self, RemotePages};
 use crate::migration::received::ReceivedPages;
 use crate::migration::transport::{Addr, Conn, Listener};
 use crate::migration::wire::{
-    bitmap_pages, split_pages, FrameReader, FrameWriter, Kind, MODE_POSTCOPY, MODE_PRECOPY,
+    bitmap_pages, split_pages, FrameReader, FrameWriter, Kind, RunningFrame, MODE_POSTCOPY,
+    MODE_PRECOPY,
 };
 use crate::migration::MigrationError;
 use crate::state::{self, memory, SavedMachine, VmState};
@@ -243,6 +244,8 @@ impl Vm {
             }
         }
         let end_at = r.offset();
+        // The source's downtime from here on is ours too: timed for its report.
+        let ended = Instant::now();
         let Some((state_at, s)) = state else {
             return Err(mig(unfit(
                 "END",
@@ -299,7 +302,11 @@ impl Vm {
             (None, None) => "eager",
         };
         vm.mark_restored("a live migration".into(), how, pages);
-        w.frame(Kind::Running, &[&state::host_tsc().to_le_bytes()])
+        let running = RunningFrame {
+            tsc: state::host_tsc(),
+            load_us: ended.elapsed().as_micros() as u64,
+        };
+        w.frame(Kind::Running, &[&running.encode()])
             .map_err(host("answering the source"))?;
         if let Some(remote) = remote {
             let w = FrameWriter::new(conn.try_clone().map_err(host("cloning the connection"))?);

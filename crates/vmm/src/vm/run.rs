@@ -13,7 +13,7 @@ use super::Vm;
 use crate::api::{ApiServer, GovernorSource, LiveSources};
 use crate::memory::paged::PagerStats;
 use crate::sched::boost::BoostUpdate;
-use crate::sched::halt_poll::{self, Governor, GovernorReport, HaltPoll, MAX_WINDOW_NS};
+use crate::sched::halt_poll::{self, Governor, GovernorReport, HaltPoll};
 use crate::state::file::SnapshotWriter;
 use crate::state::{self, DevicesState, MachineState, VmState};
 use crate::stats::KvmStats;
@@ -478,21 +478,14 @@ impl Running {
 
     fn set_halt_poll(&mut self, h: HaltPoll) -> Result<(), CommandError> {
         let invalid = |field, reason: String| CommandError::Invalid { field, reason };
-        match h {
-            HaltPoll::Fixed { window_ns } if window_ns > MAX_WINDOW_NS => {
-                return Err(invalid(
-                    "window_ns",
-                    format!("{window_ns} is too large: at most {MAX_WINDOW_NS} (10 ms)"),
-                ))
-            }
-            HaltPoll::Auto { budget_pct } if !(budget_pct > 0.0 && budget_pct <= 100.0) => {
-                return Err(invalid(
-                    "budget_pct",
-                    format!("{budget_pct} is out of range: give a share of one CPU in (0, 100]"),
-                ))
-            }
-            _ => {}
-        }
+        // The same check as at start (the setting's own).
+        h.check().map_err(|e| {
+            let field = match e {
+                crate::config::ConfigError::HaltPollTooLarge(_) => "window_ns",
+                _ => "budget_pct",
+            };
+            invalid(field, e.to_string())
+        })?;
         if !halt_poll::supported(&self.vm.fd) {
             return Err(invalid(
                 "mode",
