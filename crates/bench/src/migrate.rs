@@ -38,7 +38,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::mapping::{map_samples, map_table, sender_sample, sender_table, SENDERS};
-use crate::migration_run::{migrate_once, ops_during_pct, sum_stat};
+use crate::migration_run::{migrate_once, ops_during_pct, sum_stat, work_lost_ms};
 use crate::stats::{summarize, Summary};
 use crate::{plot, table, BenchError};
 
@@ -96,6 +96,8 @@ pub struct TrackerSample {
     /// Guest operations per second during the migration, percent of the
     /// second before it.
     pub ops_during_pct: f64,
+    /// Guest work lost, ms of full-speed work (`migration_run::work_lost_ms`).
+    pub work_lost_ms: f64,
     /// Guest page faults (`pf_taken`, all vCPUs) during the migration.
     pub faults_during: u64,
 }
@@ -133,6 +135,11 @@ fn tracker_sample(
         m.requested_tsc,
         rep["total_ms"].as_f64().unwrap_or(0.0),
     )?;
+    let work_lost_ms = work_lost_ms(
+        &m.dest,
+        m.requested_tsc,
+        rep["total_ms"].as_f64().unwrap_or(0.0),
+    )?;
     let faults = sum_stat(&m.src["vcpu_stats"], "pf_taken").saturating_sub(m.faults_before);
     Ok(TrackerSample {
         memory: memory.into(),
@@ -141,6 +148,7 @@ fn tracker_sample(
         round,
         report: rep,
         ops_during_pct,
+        work_lost_ms,
         faults_during: faults,
     })
 }
@@ -193,12 +201,13 @@ pub fn run(exe: &Path, b: &MigrateBench, out: &Path) -> Result<(), BenchError> {
                     let tracker = &b.trackers[(j + k + round as usize) % b.trackers.len()];
                     let s = tracker_sample(exe, b, memory, wss, tracker, round)?;
                     eprintln!(
-                        "round {round} {memory} wss {wss} {tracker}: total {:.0} ms, downtime {:.1} ms, {} rounds, {} pages, ops during {:.0}% of before, {} faults, harvest {:.2} ms",
+                        "round {round} {memory} wss {wss} {tracker}: total {:.0} ms, downtime {:.1} ms, {} rounds, {} pages, ops during {:.0}% of before, work lost {:.0} ms, {} faults, harvest {:.2} ms",
                         s.report["total_ms"].as_f64().unwrap_or(0.0),
                         s.report["downtime_ms"].as_f64().unwrap_or(0.0),
                         s.report["rounds"],
                         s.report["pages_sent"],
                         s.ops_during_pct,
+                        s.work_lost_ms,
                         s.faults_during,
                         harvest_ms(&s.report)
                     );
@@ -254,6 +263,7 @@ pub fn run(exe: &Path, b: &MigrateBench, out: &Path) -> Result<(), BenchError> {
             let rounds = sum(&|s| num(s, "rounds"));
             let pages = sum(&|s| num(s, "pages_sent"));
             let ops = sum(&|s| s.ops_during_pct);
+            let lost = sum(&|s| s.work_lost_ms);
             let faults = sum(&|s| s.faults_during as f64);
             let harvest = sum(&|s| harvest_ms(&s.report));
             rows.push(vec![
@@ -266,13 +276,14 @@ pub fn run(exe: &Path, b: &MigrateBench, out: &Path) -> Result<(), BenchError> {
                 spread(&rounds, 0),
                 spread(&pages, 0),
                 spread(&ops, 0),
+                spread(&lost, 0),
                 spread(&faults, 0),
                 spread(&harvest, 2),
             ]);
             json_rows.push(serde_json::json!({
                 "memory": memory, "wss": wss, "tracker": tracker, "total_ms": total, "downtime_ms": down,
                 "guest_downtime_ms": gdown, "rounds": rounds, "pages_sent": pages,
-                "ops_during_pct": ops, "faults_during": faults, "harvest_ms": harvest,
+                "ops_during_pct": ops, "work_lost_ms": lost, "faults_during": faults, "harvest_ms": harvest,
             }));
         }
     }
@@ -291,6 +302,7 @@ pub fn run(exe: &Path, b: &MigrateBench, out: &Path) -> Result<(), BenchError> {
             "rounds",
             "pages sent",
             "guest ops/s during, % of before",
+            "guest work lost ms",
             "guest page faults during",
             "harvest ms (mean per round)",
         ],

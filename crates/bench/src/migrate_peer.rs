@@ -28,7 +28,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 // The same warm-up as Hover's samples: both guests are migrated at 2 s.
-use crate::migration_run::{migrate_once, ops_during_pct, report, WARM_UP};
+use crate::migration_run::{migrate_once, ops_during_pct, report, work_lost_ms, WARM_UP};
 use crate::peer::{self, Boot, Machine, PeerError};
 use crate::qmp::Qmp;
 use crate::runner::{guest, rdtsc};
@@ -83,6 +83,8 @@ pub struct Sample {
     pub sent_mib: f64,
     /// Guest ops/s during the migration, % of the second before.
     pub ops_during_pct: f64,
+    /// Guest work lost, ms of full-speed work (`migration_run::work_lost_ms`).
+    pub work_lost_ms: f64,
 }
 
 fn mib(size: &str) -> Result<u32, BenchError> {
@@ -134,6 +136,7 @@ fn hover_sample(
         rounds: num("rounds"),
         sent_mib: num("bytes_sent") / (1 << 20) as f64,
         ops_during_pct: ops_during_pct(&m.dest, t, num("total_ms"))?,
+        work_lost_ms: work_lost_ms(&m.dest, t, num("total_ms"))?,
     })
 }
 
@@ -314,6 +317,7 @@ pub fn qemu_sample(
         rounds: done["ram"]["dirty-sync-count"].as_f64().unwrap_or(0.0),
         sent_mib: done["ram"]["transferred"].as_f64().unwrap_or(0.0) / (1 << 20) as f64,
         ops_during_pct: ops_during_pct(&dest, t, total_ms)?,
+        work_lost_ms: work_lost_ms(&dest, t, total_ms)?,
     })
 }
 
@@ -343,8 +347,8 @@ pub fn run(exe: &Path, b: &PeerMigrateBench, out: &Path) -> Result<(), BenchErro
                         qemu_sample(&qemu, &image.0, b, memory, wss, tracker, round, tsc_khz)?
                     };
                     eprintln!(
-                        "round {round} {memory} wss {wss} {} {tracker}: total {:.0} ms, downtime {:.0} ms, seen {:.0} ms, {:.0} rounds, {:.1} MiB, ops during {:.0}%",
-                        s.vmm, s.total_ms, s.downtime_ms, s.wall_ms, s.rounds, s.sent_mib, s.ops_during_pct
+                        "round {round} {memory} wss {wss} {} {tracker}: total {:.0} ms, downtime {:.0} ms, seen {:.0} ms, {:.0} rounds, {:.1} MiB, ops during {:.0}%, work lost {:.0} ms",
+                        s.vmm, s.total_ms, s.downtime_ms, s.wall_ms, s.rounds, s.sent_mib, s.ops_during_pct, s.work_lost_ms
                     );
                     samples.push(s);
                 }
@@ -361,7 +365,7 @@ pub fn run(exe: &Path, b: &PeerMigrateBench, out: &Path) -> Result<(), BenchErro
     table::write_json(out, "migrate_peer.json", &samples)
 }
 
-const HEADERS: [&str; 11] = [
+const HEADERS: [&str; 12] = [
     "guest memory",
     "working set",
     "VMM",
@@ -373,6 +377,7 @@ const HEADERS: [&str; 11] = [
     "rounds",
     "MiB sent",
     "guest ops during (% of before)",
+    "guest work lost ms",
 ];
 
 /// The table's rows: per memory, working set and tracker, hover then QEMU.
@@ -410,6 +415,7 @@ fn rows(b: &PeerMigrateBench, samples: &[Sample]) -> Vec<Vec<String>> {
                         spread(&col(vmm, |s| s.rounds), 0),
                         spread(&col(vmm, |s| s.sent_mib), 1),
                         spread(&col(vmm, |s| s.ops_during_pct), 0),
+                        spread(&col(vmm, |s| s.work_lost_ms), 0),
                     ]);
                 }
             }
@@ -435,6 +441,7 @@ mod tests {
             rounds: 3.0,
             sent_mib: 20.0,
             ops_during_pct: 90.0,
+            work_lost_ms: 20.0,
         }
     }
 

@@ -188,8 +188,56 @@ pub(crate) fn ops_during_pct(dest: &Value, t: u64, total_ms: f64) -> Result<f64,
     })
 }
 
+/// Guest work lost to a migration requested at TSC `t` that took
+/// `total_ms`: over the window from the request to one second after the
+/// guest runs at the destination, the sum over its 100 ms buckets of what
+/// the guest would have done at its rate of the second before the request
+/// less what it did, in milliseconds of that full-speed work. It weighs a
+/// short, sharp migration against a long, gentle one: both a long pause
+/// and a long slow-down add to it.
+pub(crate) fn work_lost_ms(dest: &Value, t: u64, total_ms: f64) -> Result<f64, BenchError> {
+    let start = report(dest, "kvstore.start_tsc").ok_or_else(|| guest("no kvstore.start_tsc"))?;
+    let tsc_khz = crate::runner::tsc_khz()?;
+    Ok(lost_ms(
+        |from, to| timeline_sum(dest, "kvstore.ops.", start, tsc_khz * 100, (from, to)),
+        tsc_khz,
+        t,
+        total_ms,
+    ))
+}
+
+/// [`work_lost_ms`] over a counter `ops_in(from, to)` of TSC ranges.
+fn lost_ms(ops_in: impl Fn(u64, u64) -> f64, tsc_khz: u64, t: u64, total_ms: f64) -> f64 {
+    let rate_per_ms = ops_in(t.saturating_sub(tsc_khz * 1000), t) / 1000.0;
+    if rate_per_ms <= 0.0 {
+        return 0.0;
+    }
+    let window_ms = total_ms + 1000.0;
+    let done = ops_in(t, t + (window_ms * tsc_khz as f64) as u64);
+    window_ms - done / rate_per_ms
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn work_lost_counts_the_pause_and_the_slow_down() {
+        // 1 op per tick-ms before; a 100 ms window during which nothing is
+        // done, at full speed after: 100 ms lost.
+        let khz = 1000;
+        let t = 5_000_000;
+        let ops = |from: u64, to: u64| {
+            let dead = (t, t + 100_000);
+            let len = to.saturating_sub(from) as f64;
+            let overlap = to.min(dead.1).saturating_sub(from.max(dead.0)) as f64;
+            (len - overlap) / khz as f64
+        };
+        let lost = super::lost_ms(ops, khz, t, 50.0);
+        assert!((lost - 100.0).abs() < 1e-6, "{lost}");
+        // Nothing lost: full speed throughout.
+        let full = |from: u64, to: u64| to.saturating_sub(from) as f64 / khz as f64;
+        assert!(super::lost_ms(full, khz, t, 50.0).abs() < 1e-6);
+    }
+
     use super::*;
 
     #[test]

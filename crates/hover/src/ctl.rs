@@ -40,6 +40,11 @@ pub enum CtlAction {
         /// End the VM once the snapshot is written.
         #[arg(long)]
         stop: bool,
+        /// Before pausing, watch which pages the guest writes for this many
+        /// milliseconds (0-10000): the hot set that `hover restore
+        /// --memory-restore prefetch` loads first.
+        #[arg(long, default_value_t = hover_vmm::api::DEFAULT_HOT_WINDOW_MS)]
+        hot_window_ms: u64,
     },
     /// Move the running VM to `hover receive` at ADDR (live, pre-copy). The
     /// VM here ends once the guest runs there; on any failure it runs on here.
@@ -186,12 +191,18 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
         }
         CtlAction::Metrics => ("GET", "/metrics", None),
         CtlAction::Postcopy => ("PUT", "/vm/migrate/postcopy", None),
-        CtlAction::Snapshot { path, stop } => {
+        CtlAction::Snapshot {
+            path,
+            stop,
+            hot_window_ms,
+        } => {
             // The VM resolves paths from its own directory: send an absolute one.
             let path = std::env::current_dir()
                 .map(|d| d.join(path))
                 .unwrap_or_else(|_| path.clone());
-            let body = serde_json::json!({ "path": path, "stop": stop });
+            let body = serde_json::json!({
+                "path": path, "stop": stop, "hot_window_ms": hot_window_ms,
+            });
             ("PUT", "/vm/snapshot", Some(body.to_string()))
         }
         CtlAction::HaltPoll {

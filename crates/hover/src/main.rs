@@ -92,6 +92,9 @@ enum MemoryRestoreArg {
     Eager,
     /// Bring each page in from the file when the guest first touches it.
     Lazy,
+    /// As lazy, and load the rest in the background in large copies, the
+    /// snapshot's hot set first.
+    Prefetch,
 }
 
 #[derive(Args)]
@@ -102,6 +105,10 @@ struct RestoreArgs {
     /// restored lazily, through its pager).
     #[arg(long, value_enum, default_value = "eager")]
     memory_restore: MemoryRestoreArg,
+    /// With prefetch: load at most this many pages a second in the
+    /// background (a device shared with others) [default: no limit].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    prefetch_rate: Option<u64>,
     #[command(flatten)]
     files: HostFileArgs,
     #[command(flatten)]
@@ -351,7 +358,9 @@ fn restore(args: RestoreArgs) -> ExitCode {
         memory: match args.memory_restore {
             MemoryRestoreArg::Eager => MemoryRestore::Eager,
             MemoryRestoreArg::Lazy => MemoryRestore::Lazy,
+            MemoryRestoreArg::Prefetch => MemoryRestore::Prefetch,
         },
+        prefetch_rate: args.prefetch_rate,
         host: host_config(&args.out, &args.files, &args.guard),
     };
     finish(

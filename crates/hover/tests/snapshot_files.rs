@@ -39,9 +39,22 @@ fn variant(dir: &Scratch, from: &Path, name: &str, edit: impl FnOnce(&mut Vec<u8
 
 /// Rewrite `from` with its state changed by `edit` (valid CRCs throughout).
 fn restate(dir: &Scratch, from: &Path, name: &str, edit: impl FnOnce(&mut VmState)) -> PathBuf {
+    rewrite(dir, from, name, edit, |_| {})
+}
+
+/// Rewrite `from` with its state and hot set changed (valid CRCs throughout).
+fn rewrite(
+    dir: &Scratch,
+    from: &Path,
+    name: &str,
+    edit: impl FnOnce(&mut VmState),
+    edit_hot: impl FnOnce(&mut Vec<u64>),
+) -> PathBuf {
     let snap = Snapshot::open(from).unwrap();
     let mut state = snap.state.clone();
     edit(&mut state);
+    let mut hot = snap.hot.clone();
+    edit_hot(&mut hot);
     let p = dir.path(name);
     let mut w = SnapshotWriter::create(&p).unwrap();
     let mut page = vec![0u8; 4096];
@@ -49,13 +62,14 @@ fn restate(dir: &Scratch, from: &Path, name: &str, edit: impl FnOnce(&mut VmStat
         snap.read_stored(slot, &mut page).unwrap();
         w.page(gpa, &page).unwrap();
     }
+    w.hot_set(hot);
     w.finish(&state).unwrap();
     p
 }
 
 /// Restore `path`: refused with exit 2 and one line that contains every `needle`.
 fn refused(path: &Path, needles: &[&str]) {
-    for mode in ["eager", "lazy"] {
+    for mode in ["eager", "lazy", "prefetch"] {
         let out = hover(&["restore", path.to_str().unwrap(), "--memory-restore", mode]);
         let stderr = text(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{path:?} {mode}: {stderr}");
@@ -136,6 +150,17 @@ fn bad_snapshot_files_are_refused_and_nothing_starts() {
         s.config.config.vcpus = 1;
     });
     refused(&p, &["section VCPU", "2 vCPU states for 1 vCPUs"]);
+    // A hot set naming a page outside guest memory.
+    let p = rewrite(&dir, &good, "hot.snap", |_| {}, |h| h.insert(0, 1 << 40));
+    refused(
+        &p,
+        &[
+            "section HOTS",
+            "offset",
+            "entry 0",
+            "not a page of guest memory",
+        ],
+    );
 
     // The good file still restores after all that.
     let out = hover(&["restore", good.to_str().unwrap(), "--console", "off"]);

@@ -104,6 +104,7 @@ fn pause_snapshot_restore_and_no_thread_left() {
             Command::Snapshot {
                 path: snap.clone(),
                 stop: false,
+                hot_window: Duration::ZERO,
             },
             T,
         )
@@ -118,6 +119,7 @@ fn pause_snapshot_restore_and_no_thread_left() {
         Command::Snapshot {
             path: snap.clone(),
             stop: false,
+            hot_window: Duration::ZERO,
         },
         T,
     );
@@ -146,6 +148,7 @@ fn pause_snapshot_restore_and_no_thread_left() {
                 console: ConsoleTarget::Off,
                 ..Default::default()
             },
+            prefetch_rate: None,
         },
     )
     .unwrap()

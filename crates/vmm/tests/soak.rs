@@ -112,6 +112,7 @@ fn snapshot_cycle(i: usize, scratch: &Path) {
         Command::Snapshot {
             path: snap.clone(),
             stop: true,
+            hot_window: Duration::ZERO,
         },
         Duration::from_secs(60),
     )
@@ -129,6 +130,7 @@ fn snapshot_cycle(i: usize, scratch: &Path) {
                 console: ConsoleTarget::Off,
                 ..Default::default()
             },
+            prefetch_rate: None,
         },
     )
     .and_then(Vm::run)

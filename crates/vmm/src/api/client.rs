@@ -64,17 +64,22 @@ impl ApiClient {
         s.write_all(req.as_bytes())
             .map_err(|e| self.bad(format!("cannot send the request: {e}")))?;
         let mut raw = Vec::new();
-        (&s).take(MAX_RESPONSE)
-            .read_to_end(&mut raw)
-            .map_err(|e| self.bad(format!("cannot read the answer: {e}")))?;
+        // A server that refuses a request closes without reading all of it,
+        // which this end may see as a reset after the whole answer: an
+        // answer that arrived complete counts.
+        let read = (&s).take(MAX_RESPONSE).read_to_end(&mut raw);
+        let failed = |what: String| match &read {
+            Err(e) => self.bad(format!("cannot read the answer: {e}")),
+            Ok(_) => self.bad(what),
+        };
         let mut headers = [httparse::EMPTY_HEADER; 32];
         let mut resp = httparse::Response::new(&mut headers);
         let head = match resp.parse(&raw) {
             Ok(httparse::Status::Complete(n)) => n,
             Ok(httparse::Status::Partial) => {
-                return Err(self.bad("the answer ended inside its headers".into()))
+                return Err(failed("the answer ended inside its headers".into()))
             }
-            Err(e) => return Err(self.bad(format!("the answer is not HTTP: {e}"))),
+            Err(e) => return Err(failed(format!("the answer is not HTTP: {e}"))),
         };
         let status = resp.code.unwrap_or(0);
         let len = resp
@@ -89,14 +94,17 @@ impl ApiClient {
                     .ok()
             });
         let mut rest = &raw[head..];
-        if let Some(n) = len {
-            if rest.len() < n {
-                return Err(self.bad(format!(
+        match len {
+            Some(n) if rest.len() < n => {
+                return Err(failed(format!(
                     "the answer was cut short ({} of {n} bytes)",
                     rest.len()
-                )));
+                )))
             }
-            rest = &rest[..n];
+            Some(n) => rest = &rest[..n],
+            // Without a length only the end of the stream ends the body.
+            None if read.is_err() => return Err(failed(String::new())),
+            None => {}
         }
         Ok(ApiResponse {
             status,

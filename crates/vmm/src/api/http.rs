@@ -69,11 +69,13 @@ pub type Answer = (u16, &'static str, String);
 /// Answers requests; called on the connection's thread.
 pub type Handler = Arc<dyn Fn(&Request) -> Answer + Send + Sync>;
 
-/// The live connections, so that stopping can close them.
+/// The live connections, so that stopping can close them, and their
+/// threads, so that stopping can join them.
 #[derive(Default)]
 struct Connections {
     open: Mutex<HashMap<u64, UnixStream>>,
     gone: Condvar,
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Connections {
@@ -155,6 +157,23 @@ impl HttpServer {
                 .wait_timeout(open, left)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
+        }
+        let all_done = open.is_empty();
+        drop(open);
+        let threads = std::mem::take(
+            &mut *self
+                .connections
+                .threads
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+        // Each has left the table and is returning: joined, so that none
+        // outlives the server. (Past the grace, one still writing to a slow
+        // client is left to its write timeout.)
+        if all_done {
+            for t in threads {
+                let _ = t.join();
+            }
         }
     }
 }
@@ -244,6 +263,15 @@ impl Acceptor {
                     open.remove(&id);
                     connections.gone.notify_all();
                 });
+            let spawned = spawned.map(|t| {
+                let mut threads = self
+                    .connections
+                    .threads
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                threads.retain(|t| !t.is_finished());
+                threads.push(t);
+            });
             if let Err(e) = spawned {
                 tracing::warn!("API: cannot start a connection thread: {e}");
                 if let Some(s) = self
@@ -273,6 +301,47 @@ fn set_nonblocking(fd: &impl AsRawFd) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Close a connection whose request was not read whole without resetting
+/// it: a Unix socket closed with unread data makes the peer's next read
+/// fail (ECONNRESET) after the answer, and clients that read to the end
+/// report that instead of the answer. So: no more writes, then read and
+/// drop what the client sends, for at most `wait` and 1 MiB.
+fn close_gently(stream: &UnixStream, wait: Duration) {
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let until = Instant::now() + wait;
+    let mut buf = [0u8; 4096];
+    let mut left = 1usize << 20;
+    while left > 0 {
+        let now = Instant::now();
+        if now >= until || stream.set_read_timeout(Some(until - now)).is_err() {
+            return;
+        }
+        match (&*stream).read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => left = left.saturating_sub(n),
+        }
+    }
+}
+
+/// Drop what has arrived on `stream` without waiting (at most 64 KiB).
+fn drain_now(stream: &UnixStream) {
+    let mut buf = [0u8; 4096];
+    for _ in 0..16 {
+        // SAFETY: receives into a live buffer of the length given.
+        let n = unsafe {
+            libc::recv(
+                stream.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n <= 0 {
+            return;
+        }
+    }
+}
+
 /// Answer 503 without waiting for the client, and close.
 fn refuse_busy(stream: UnixStream) {
     let body = r#"{"error":"the API is serving its maximum of connections; retry shortly"}"#;
@@ -287,6 +356,8 @@ fn refuse_busy(stream: UnixStream) {
             libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
         )
     };
+    drain_now(&stream);
+    let _ = stream.shutdown(std::net::Shutdown::Write);
 }
 
 fn reason(status: u16) -> &'static str {
@@ -346,6 +417,7 @@ impl Connection {
                 Err(ReadFailure::Refuse(status, message)) => {
                     let body = serde_json::json!({ "error": message }).to_string();
                     self.send((status, "application/json", body), true);
+                    close_gently(&self.stream, Duration::from_millis(100));
                     return;
                 }
             };

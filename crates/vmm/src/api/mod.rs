@@ -27,6 +27,8 @@ pub mod http;
 mod metrics;
 mod requests;
 
+pub use requests::DEFAULT_HOT_WINDOW_MS;
+
 use requests::{parse_body, ApiFailure, HaltPollRequest, MigrateRequest, SnapshotRequest};
 
 use std::collections::BTreeMap;
@@ -195,19 +197,26 @@ fn json<T: Serialize>(status: u16, v: &T) -> Answer {
 }
 
 fn failure(f: ApiFailure) -> Answer {
-    let mut v = serde_json::json!({ "error": f.message });
+    // serde's messages quote the input ("unknown field `...`"): bounded here.
+    let mut v = serde_json::json!({ "error": cut(&f.message, MESSAGE_MAX) });
     if let Some(field) = f.field {
-        v["field"] = field.into();
+        v["field"] = quote(&field).into();
     }
     (f.status, JSON, v.to_string())
 }
 
 /// At most this much of a client's input is quoted back in an error.
 const QUOTE_MAX: usize = 80;
+/// The longest error message (ours are shorter; serde's quote the input).
+const MESSAGE_MAX: usize = 400;
 
 /// `s`, cut to [`QUOTE_MAX`] characters: errors never echo unbounded input.
 fn quote(s: &str) -> String {
-    match s.char_indices().nth(QUOTE_MAX) {
+    cut(s, QUOTE_MAX)
+}
+
+fn cut(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
         Some((i, _)) => format!("{}...", &s[..i]),
         None => s.to_string(),
     }
@@ -246,9 +255,18 @@ fn route(ctx: &Ctx, method: &str, url: &str, body: &[u8]) -> Result<Answer, ApiF
             if r.path.as_os_str().is_empty() {
                 return Err(ApiFailure::bad("path", "path is empty".into()));
             }
+            let window = r.hot_window_ms.unwrap_or(requests::DEFAULT_HOT_WINDOW_MS);
+            let max = crate::vm::MAX_HOT_WINDOW.as_millis() as u64;
+            if window > max {
+                return Err(ApiFailure::bad(
+                    "hot_window_ms",
+                    format!("{window} ms is too long: at most {max} ms"),
+                ));
+            }
             command(Command::Snapshot {
                 path: r.path,
                 stop: r.stop,
+                hot_window: Duration::from_millis(window),
             })
         }
         ("PUT", "/vm/boost") => {

@@ -16,7 +16,13 @@ pub(super) struct SnapshotRequest {
     pub(super) path: PathBuf,
     #[serde(default)]
     pub(super) stop: bool,
+    /// Milliseconds to watch the guest's writes before pausing (the hot
+    /// set); absent: [`DEFAULT_HOT_WINDOW_MS`].
+    pub(super) hot_window_ms: Option<u64>,
 }
+
+/// The hot-set window a snapshot takes unless told otherwise, ms.
+pub const DEFAULT_HOT_WINDOW_MS: u64 = 100;
 
 /// The body of `PUT /vm/migrate`.
 #[derive(Debug, Deserialize)]

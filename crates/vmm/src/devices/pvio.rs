@@ -289,10 +289,13 @@ impl PvioDevice {
 
     /// Open the file (on the I/O thread).
     fn open(&self) -> Result<File, String> {
+        // O_NONBLOCK: a FIFO put at the path after it was checked must not
+        // hold the open (regular files and block devices ignore the flag).
         let file = OpenOptions::new()
             .write(true)
             .create(true)
-            .custom_flags(libc::O_DSYNC)
+            .mode(0o600)
+            .custom_flags(libc::O_DSYNC | libc::O_NONBLOCK)
             .open(&self.path)
             .map_err(|e| format!("cannot open {}: {e}", self.path.display()))?;
         // Checked again on what was opened: the path may have changed since

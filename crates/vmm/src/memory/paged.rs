@@ -30,7 +30,6 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use hover_abi::layout::PAGE_SIZE;
-use serde::Serialize;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -41,11 +40,15 @@ use workers::{fault_loop, worker_loop, RawEventFd};
 
 mod delay;
 mod place;
+mod prefetch;
 mod source;
+mod stats;
 mod workers;
 
 pub use place::Placer;
+pub use prefetch::BulkSource;
 pub use source::{PageContent, PageReader, PageSource};
+pub use stats::PagerStats;
 
 const ABSENT: u8 = 0;
 const RESIDENT: u8 = 1;
@@ -98,41 +101,6 @@ pub enum PagerError {
     Thread(io::Error),
 }
 
-/// What the pager did.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct PagerStats {
-    /// Pages the budget allows in the pageable region.
-    pub budget_pages: u64,
-    /// Pageable pages resident now.
-    pub resident_pages: u64,
-    /// Page faults reported by userfaultfd (repeats included).
-    pub faults: u64,
-    /// First touches served with a zero page.
-    pub zero_fills: u64,
-    /// Pages read back from the store.
-    pub store_reads: u64,
-    /// Pages evicted.
-    pub evictions: u64,
-    /// Pages written to the store.
-    pub writebacks: u64,
-    /// Evictions retried because the kernel could not move the page then.
-    pub eviction_retries: u64,
-    /// Fetch latency from fault to page in place, for pages read from the
-    /// store: bucket 0 < 1 us, bucket k in [2^(k-1), 2^k) us, last: larger.
-    pub fetch_latency_hist_us: Vec<u64>,
-    /// Mean of the above, microseconds.
-    pub fetch_latency_avg_us: f64,
-    /// Whether the store bypasses the page cache (O_DIRECT).
-    pub store_direct: bool,
-    /// Pages read from the page source (a snapshot file on a lazy restore).
-    pub source_reads: u64,
-    /// Pages placed before the guest touched them (pushed by a post-copy
-    /// source), and the `UFFDIO_COPY` calls that placed them.
-    pub pushed_pages: u64,
-    /// See `pushed_pages`.
-    pub push_copies: u64,
-}
-
 /// A pageable range of host memory.
 struct Range {
     host: u64,
@@ -157,6 +125,10 @@ struct Shared {
     source_reads: AtomicU64,
     pushed: AtomicU64,
     push_copies: AtomicU64,
+    /// Pageable pages in the order the guest first touched them.
+    first_touch: Mutex<Vec<u32>>,
+    /// How long the prefetch loader took, once it is done (microseconds + 1).
+    prefetch_done_us: AtomicU64,
     queue: Mutex<VecDeque<(u32, Instant)>>,
     queued: Condvar,
     resident: AtomicU64,
@@ -254,6 +226,12 @@ impl Shared {
                 .is_ok()
             {
                 if next == FETCHING {
+                    if s & STATE == ABSENT {
+                        self.first_touch
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push(page as u32);
+                    }
                     self.enqueue(page, at);
                 }
                 return;
@@ -493,6 +471,8 @@ impl Pager {
                 source_reads: AtomicU64::new(0),
                 pushed: AtomicU64::new(0),
                 push_copies: AtomicU64::new(0),
+                first_touch: Mutex::new(Vec::new()),
+                prefetch_done_us: AtomicU64::new(0),
                 queue: Mutex::new(VecDeque::new()),
                 queued: Condvar::new(),
                 resident: AtomicU64::new(0),
@@ -559,34 +539,6 @@ impl Pager {
     pub fn stats_source(&self) -> impl Fn() -> PagerStats + Send + Sync + 'static {
         let shared = self.shared.clone();
         move || shared.stats()
-    }
-}
-
-impl Shared {
-    fn stats(&self) -> PagerStats {
-        let sh = self;
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let reads = load(&sh.store_reads);
-        PagerStats {
-            budget_pages: sh.budget,
-            resident_pages: load(&sh.resident),
-            faults: load(&sh.faults),
-            zero_fills: load(&sh.zero_fills),
-            store_reads: reads,
-            evictions: load(&sh.evictions),
-            writebacks: load(&sh.evictions),
-            eviction_retries: load(&sh.retries),
-            fetch_latency_hist_us: sh.hist.iter().map(load).collect(),
-            fetch_latency_avg_us: if reads == 0 {
-                0.0
-            } else {
-                load(&sh.latency_sum_us) as f64 / reads as f64
-            },
-            store_direct: sh.store.as_ref().is_some_and(|s| s.is_direct()),
-            source_reads: load(&sh.source_reads),
-            pushed_pages: load(&sh.pushed),
-            push_copies: load(&sh.push_copies),
-        }
     }
 }
 

@@ -83,46 +83,63 @@ impl Convergence {
         }
     }
 
-    /// The decision before a round is sent: only the timeout can end one.
+    /// The decision before a round is sent: only the timeout can end one
+    /// (with a pause if the rest has fit the target before: that migration
+    /// is ready; else giving up, or for a hybrid one post-copy).
     pub fn before_round(&self, elapsed: Duration) -> Decision {
-        match (elapsed > self.timeout, self.hybrid) {
-            (true, true) => Decision::Postcopy,
-            (true, false) => Decision::GiveUp,
-            (false, _) => Decision::Continue,
+        match (elapsed > self.timeout, self.fit.is_some(), self.hybrid) {
+            (false, _, _) => Decision::Continue,
+            (true, true, _) => Decision::Pause,
+            (true, false, true) => Decision::Postcopy,
+            (true, false, false) => Decision::GiveUp,
         }
+    }
+
+    /// Whether the rest has fit the downtime target: the extra rounds are
+    /// under way (throttling the guest more would not pay).
+    pub fn fits(&self) -> bool {
+        self.fit.is_some()
     }
 
     /// The decision after a round.
     pub fn after_round(&mut self, r: Round) -> Decision {
         let shrank = (r.dirty_pages as f64) < self.least_dirty as f64 * SHRINK;
         self.least_dirty = self.least_dirty.min(r.dirty_pages);
-        if r.left <= self.downtime {
-            if r.dirty_pages == 0 {
-                return Decision::Pause;
-            }
-            let Some((fit_at, rounds)) = self.fit else {
-                // The rest fits now: from here on, only shrinking pays.
+        // Asked to switch: at once, whatever else holds.
+        if self.hybrid && r.postcopy_asked {
+            return Decision::Postcopy;
+        }
+        let fits = r.left <= self.downtime;
+        match (self.fit, fits) {
+            (_, true) if r.dirty_pages == 0 => Decision::Pause,
+            // The rest fits for the first time: from here on, only
+            // shrinking pays.
+            (None, true) => {
                 self.fit = Some((r.elapsed, 0));
-                return Decision::Continue;
-            };
-            let extra = (fit_at.mul_f64(EXTRA_TIME_SHARE)).max(EXTRA_TIME_MIN);
-            let within = rounds + 1 < EXTRA_ROUNDS && r.elapsed < fit_at + extra;
-            self.fit = Some((fit_at, rounds + 1));
-            return if shrank && within {
                 Decision::Continue
-            } else {
-                Decision::Pause
-            };
-        }
-        // It no longer fits (the guest sped up): start counting again.
-        self.fit = None;
-        if self.hybrid {
-            self.stalled = if shrank { 0 } else { self.stalled + 1 };
-            if r.postcopy_asked || self.stalled >= HYBRID_STALLED_ROUNDS {
-                return Decision::Postcopy;
+            }
+            (Some((fit_at, rounds)), _) => {
+                let extra = (fit_at.mul_f64(EXTRA_TIME_SHARE)).max(EXTRA_TIME_MIN);
+                let within = rounds + 1 < EXTRA_ROUNDS && r.elapsed < fit_at + extra;
+                self.fit = Some((fit_at, rounds + 1));
+                match (fits, shrank && within) {
+                    (_, true) => Decision::Continue,
+                    (true, false) => Decision::Pause,
+                    // It fit before but not now (the guest sped up): the
+                    // extra rounds are spent, pause at the next fit.
+                    (false, false) => Decision::Continue,
+                }
+            }
+            (None, false) => {
+                if self.hybrid {
+                    self.stalled = if shrank { 0 } else { self.stalled + 1 };
+                    if self.stalled >= HYBRID_STALLED_ROUNDS {
+                        return Decision::Postcopy;
+                    }
+                }
+                Decision::Continue
             }
         }
-        Decision::Continue
     }
 }
 
@@ -184,12 +201,42 @@ mod tests {
     }
 
     #[test]
-    fn a_rest_that_stops_fitting_starts_over() {
+    fn a_rest_that_stops_fitting_is_paused_at_its_next_fit() {
         let mut c = Convergence::new(MS * 50, Duration::from_secs(60), false);
         assert_eq!(c.after_round(round(1000, 40, 100)), Decision::Continue);
+        // Bursty: it no longer fits, nor shrinks.
         assert_eq!(c.after_round(round(9000, 400, 200)), Decision::Continue);
-        assert_eq!(c.after_round(round(800, 30, 300)), Decision::Continue);
-        assert_eq!(c.after_round(round(790, 30, 310)), Decision::Pause);
+        // Fits again, and no smaller than the smallest so far: pause.
+        assert_eq!(c.after_round(round(990, 30, 300)), Decision::Pause);
+        // A rest that flips between fitting and not never keeps it going.
+        let mut c = Convergence::new(MS * 50, Duration::from_secs(60), false);
+        let mut decisions = Vec::new();
+        for i in 0..40u64 {
+            let (dirty, left) = if i % 2 == 0 {
+                (1000 - i, 40)
+            } else {
+                (9000, 400)
+            };
+            decisions.push(c.after_round(round(dirty, left, 100 + i)));
+        }
+        assert!(decisions.contains(&Decision::Pause), "{decisions:?}");
+    }
+
+    #[test]
+    fn a_timeout_after_the_rest_fit_pauses() {
+        let mut c = Convergence::new(MS * 50, Duration::from_secs(1), false);
+        assert_eq!(c.after_round(round(1000, 40, 900)), Decision::Continue);
+        assert!(c.fits());
+        assert_eq!(c.before_round(MS * 1001), Decision::Pause);
+    }
+
+    #[test]
+    fn a_switch_asked_for_is_taken_even_when_the_rest_fits() {
+        let mut c = Convergence::new(MS * 50, Duration::from_secs(60), true);
+        assert_eq!(c.after_round(round(1000, 40, 100)), Decision::Continue);
+        let mut r = round(500, 20, 200);
+        r.postcopy_asked = true;
+        assert_eq!(c.after_round(r), Decision::Postcopy);
     }
 
     #[test]

@@ -14,7 +14,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use hover_abi::layout::PAGE_SIZE;
@@ -24,7 +24,7 @@ use serde::Serialize;
 pub use super::error::SnapshotError;
 pub use super::index::MemoryIndex;
 use super::{DevicesState, MachineState, SavedMachine, VmState};
-use crate::memory::paged::PageSource;
+use crate::memory::paged::{BulkSource, PageSource};
 use crate::memory::store::PageBuf;
 use crate::vcpu::state::VcpuState;
 
@@ -34,6 +34,8 @@ pub const MAGIC: [u8; 8] = *b"HOVERSNP";
 pub const FORMAT_VERSION: u32 = 4;
 const HEADER_LEN: usize = 64;
 const SECTION_HEADER_LEN: usize = 24;
+/// Sections in a file: CONF, VCPU, MACH, DEVS, MEMI, HOTS.
+const SECTIONS: u32 = 6;
 /// Where page data starts.
 const DATA_OFFSET: u64 = PAGE_SIZE;
 /// Largest section accepted (a corrupt length must not make us allocate).
@@ -49,14 +51,17 @@ pub struct SnapshotWriter {
     out: BufWriter<File>,
     index: MemoryIndex,
     offset: u64,
+    hot: Vec<u64>,
 }
 
 impl SnapshotWriter {
     /// Create the file (never an existing one).
     pub fn create(path: &Path) -> Result<SnapshotWriter, SnapshotError> {
+        // All of guest memory: for the owner only, whatever the umask.
         let file = OpenOptions::new()
             .write(true)
             .create_new(true)
+            .mode(0o600)
             .open(path)
             .map_err(|source| match source.kind() {
                 io::ErrorKind::AlreadyExists => SnapshotError::Exists(path.into()),
@@ -73,6 +78,7 @@ impl SnapshotWriter {
             out,
             index: MemoryIndex::default(),
             offset: DATA_OFFSET,
+            hot: Vec::new(),
         };
         r.map_err(|e| w.io("cannot write it", e))?;
         Ok(w)
@@ -89,6 +95,12 @@ impl SnapshotWriter {
             what,
             source,
         }
+    }
+
+    /// Record the hot set: the pages a restore should bring in first, in
+    /// order (section `HOTS`).
+    pub fn hot_set(&mut self, gpas: Vec<u64>) {
+        self.hot = gpas;
     }
 
     /// Add the page at `gpa` (ascending order).
@@ -124,6 +136,8 @@ impl SnapshotWriter {
         section(&mut self, b"MACH", encode(&state.machine))?;
         section(&mut self, b"DEVS", encode(&state.devices))?;
         section(&mut self, b"MEMI", encode(&index))?;
+        let hot = std::mem::take(&mut self.hot);
+        section(&mut self, b"HOTS", encode(&hot))?;
         let size = self.offset;
         let mut h = Vec::with_capacity(HEADER_LEN);
         h.extend_from_slice(&MAGIC);
@@ -158,6 +172,9 @@ pub struct Snapshot {
     slots: Vec<u64>,
     /// The file's size.
     pub size: u64,
+    /// The hot set: pages the guest touched first, in that order (section
+    /// `HOTS`; empty when none was recorded).
+    pub hot: Vec<u64>,
 }
 
 impl Snapshot {
@@ -169,8 +186,20 @@ impl Snapshot {
             what,
             source,
         };
-        let file = File::open(path).map_err(|e| io("cannot open it", e))?;
-        let len = file.metadata().map_err(|e| io("cannot read it", e))?.len();
+        // Non-blocking: opening a FIFO for reading would wait for a writer.
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .map_err(|e| io("cannot open it", e))?;
+        let meta = file.metadata().map_err(|e| io("cannot read it", e))?;
+        if !meta.is_file() {
+            return Err(io(
+                "cannot read it",
+                io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"),
+            ));
+        }
+        let len = meta.len();
         let truncated = |what: String, offset: u64, need: u64| SnapshotError::Truncated {
             path: path.into(),
             what,
@@ -210,7 +239,7 @@ impl Snapshot {
         if size > len {
             return Err(truncated("the file".into(), 0, size));
         }
-        if data_at != DATA_OFFSET || sections_at < data_at || count != 5 {
+        if data_at != DATA_OFFSET || sections_at < data_at || count != SECTIONS {
             return Err(SnapshotError::Corrupt {
                 path: path.into(),
                 what: "the header".into(),
@@ -305,6 +334,34 @@ impl Snapshot {
                 ),
             });
         }
+        let (ho, b) = next("HOTS")?;
+        let hot: Vec<u64> = dec(&b).map_err(|e| decode_err("HOTS", ho, e))?;
+        let in_ram = |gpa: u64| {
+            gpa.is_multiple_of(PAGE_SIZE)
+                && ranges
+                    .iter()
+                    .any(|&(b, s)| gpa >= b && gpa.saturating_add(PAGE_SIZE) <= b + s)
+        };
+        if let Some((i, gpa)) = hot.iter().enumerate().find(|(_, &g)| !in_ram(g)) {
+            return Err(SnapshotError::BadSection {
+                path: path.into(),
+                section: "HOTS".into(),
+                offset: ho,
+                reason: format!("entry {i}, page {gpa:#x}, is not a page of guest memory"),
+            });
+        }
+        if hot.len() as u64 > config.config.memory / PAGE_SIZE {
+            return Err(SnapshotError::BadSection {
+                path: path.into(),
+                section: "HOTS".into(),
+                offset: ho,
+                reason: format!(
+                    "{} entries for a guest of {} pages",
+                    hot.len(),
+                    config.config.memory / PAGE_SIZE
+                ),
+            });
+        }
         if vcpus.len() != config.config.vcpus as usize {
             return Err(SnapshotError::BadSection {
                 path: path.into(),
@@ -329,6 +386,7 @@ impl Snapshot {
             index,
             slots,
             size,
+            hot,
         })
     }
 
@@ -340,6 +398,12 @@ impl Snapshot {
     /// Pages the file holds.
     pub fn pages(&self) -> u64 {
         self.index.pages()
+    }
+
+    /// Whether the file holds the page at `gpa` (pages it does not hold
+    /// were zeros).
+    pub fn holds(&self, gpa: u64) -> bool {
+        self.slot(gpa).is_some()
     }
 
     /// The storage slot of the page at `gpa`, if the file holds it.
@@ -376,6 +440,44 @@ impl Snapshot {
             })
     }
 
+    /// Read the stored pages at `gpas` into `out` (a page each, in order),
+    /// checking their CRCs: one read for pages stored next to each other.
+    /// Pages the file does not hold are zeros.
+    pub fn read_pages(&self, gpas: &[u64], out: &mut [u8]) -> io::Result<()> {
+        let ps = PAGE_SIZE as usize;
+        let mut i = 0;
+        while i < gpas.len() {
+            let Some(first) = self.slot(gpas[i]) else {
+                out[i * ps..(i + 1) * ps].fill(0);
+                i += 1;
+                continue;
+            };
+            let mut n = 1;
+            while i + n < gpas.len() && self.slot(gpas[i + n]) == Some(first + n as u64) {
+                n += 1;
+            }
+            let chunk = &mut out[i * ps..(i + n) * ps];
+            self.file
+                .read_exact_at(chunk, DATA_OFFSET + first * PAGE_SIZE)?;
+            for (k, page) in chunk.chunks_exact(ps).enumerate() {
+                let slot = first + k as u64;
+                if crc(page) != self.index.crcs[slot as usize] {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "snapshot {}: the page at offset {} (guest page {:#x}) is corrupted (CRC mismatch)",
+                            self.path.display(),
+                            DATA_OFFSET + slot * PAGE_SIZE,
+                            gpas[i + k]
+                        ),
+                    ));
+                }
+            }
+            i += n;
+        }
+        Ok(())
+    }
+
     /// Read the page in storage slot `slot` into `buf`, checking its CRC.
     pub fn read_stored(&self, slot: u64, buf: &mut [u8]) -> Result<(), SnapshotError> {
         self.read_slot(slot, buf)
@@ -391,6 +493,12 @@ impl Snapshot {
                     source,
                 },
             })
+    }
+}
+
+impl BulkSource for Snapshot {
+    fn read_pages(&self, gpas: &[u64], out: &mut [u8]) -> io::Result<()> {
+        Snapshot::read_pages(self, gpas, out)
     }
 }
 
@@ -460,6 +568,7 @@ mod tests {
         for (g, d) in &pages {
             w.page(*g, d).unwrap();
         }
+        w.hot_set(vec![0x30_0000, 0x1000]);
         w.finish(&state()).unwrap();
         pages
     }
@@ -483,6 +592,11 @@ mod tests {
         assert_eq!(s.state.vcpus.len(), 2);
         assert_eq!(s.state.machine.host_tsc, 42);
         assert_eq!(s.pages(), 3);
+        assert_eq!(s.hot, vec![0x30_0000, 0x1000], "the hot set, in its order");
+        let mut two = vec![0u8; 2 * PAGE_SIZE as usize];
+        s.read_pages(&[0x1000, 0x2000], &mut two).unwrap();
+        assert_eq!(&two[..PAGE_SIZE as usize], &pages[0].1[..]);
+        assert_eq!(&two[PAGE_SIZE as usize..], &pages[1].1[..]);
         for (gpa, data) in &pages {
             let mut buf = PageBuf::new();
             assert!(s.read(*gpa, &mut buf).unwrap());
@@ -497,6 +611,23 @@ mod tests {
     }
 
     /// Random corruption and truncation: always an error or a snapshot, never a panic.
+    #[test]
+    fn a_hot_set_naming_pages_outside_guest_memory_is_refused() {
+        for bad in [16u64 << 20, 0x1001, u64::MAX - 4095] {
+            let p = scratch("hot");
+            let mut w = SnapshotWriter::create(&p).unwrap();
+            w.page(0x1000, &[1u8; PAGE_SIZE as usize]).unwrap();
+            w.hot_set(vec![0x1000, bad]);
+            w.finish(&state()).unwrap();
+            let e = Snapshot::open(&p).err().expect("refused").to_string();
+            assert!(
+                e.contains("section HOTS") && e.contains("entry 1"),
+                "{bad:#x}: {e}"
+            );
+            std::fs::remove_file(&p).unwrap();
+        }
+    }
+
     #[test]
     fn damaged_files_never_panic() {
         let p = scratch("damaged");

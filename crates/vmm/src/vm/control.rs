@@ -31,6 +31,9 @@ pub enum Command {
         path: PathBuf,
         /// End the run once the snapshot is written.
         stop: bool,
+        /// Watch what the guest writes for this long before pausing: the
+        /// hot set a prefetching restore loads first.
+        hot_window: std::time::Duration,
     },
     /// Change halt polling.
     HaltPoll(HaltPoll),
@@ -85,6 +88,8 @@ pub struct SnapshotInfo {
     pub paused_us: u64,
     /// Whether the VM ended with it.
     pub stopped: bool,
+    /// Pages in its hot set (section `HOTS`).
+    pub hot_pages: u64,
 }
 
 /// Why a command failed. The VM is as it was before the command.
@@ -236,12 +241,27 @@ impl Controller {
         self.tx
             .send(VmEvent::Command(cmd, tx))
             .map_err(|_| CommandError::Gone)?;
-        match rx.recv_timeout(timeout) {
-            Ok(r) => r,
-            Err(mpsc::RecvTimeoutError::Timeout) => Err(CommandError::Host(format!(
-                "the VM did not answer within {timeout:?}; the command may still complete"
-            ))),
-            Err(mpsc::RecvTimeoutError::Disconnected) => Err(CommandError::Gone),
+        // A command that arrives as the VM ends is never carried out: its
+        // loop answers the commands it takes before it says `exited`, so
+        // from then on no answer is coming.
+        let until = std::time::Instant::now() + timeout;
+        loop {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left.min(Duration::from_millis(20))) {
+                Ok(r) => return r,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Err(CommandError::Gone),
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    let state = self.status.lock().unwrap_or_else(|p| p.into_inner()).state;
+                    if state == Lifecycle::Exited {
+                        return rx.try_recv().unwrap_or(Err(CommandError::Gone));
+                    }
+                    if left.is_zero() {
+                        return Err(CommandError::Host(format!(
+                            "the VM did not answer within {timeout:?}; the command may still complete"
+                        )));
+                    }
+                }
+            }
         }
     }
 

@@ -113,8 +113,6 @@ impl PageSender {
     }
 }
 
-/// Hold back to `bandwidth` after `bytes` sent since `started`; whether it
-/// had to wait.
 /// Take in the destination's `RUNNING` (read `since` the last step):
 /// the gap the guest saw, and the rest of the breakdown.
 pub(super) fn answered(
@@ -135,6 +133,8 @@ pub(super) fn answered(
     report.downtime_breakdown = parts.clone();
 }
 
+/// Hold back to `bandwidth` after `bytes` sent since `started`; whether it
+/// had to wait.
 pub(super) fn pace(bandwidth: Option<u64>, started: Instant, bytes: u64) -> bool {
     let wait = pace_wait(bandwidth, started, bytes);
     if !wait.is_zero() {
@@ -368,7 +368,8 @@ impl Running {
                         rate.unwrap_or(0.0) / 1e6
                     )));
                 }
-                Decision::Continue | Decision::Pause => {}
+                Decision::Pause => break,
+                Decision::Continue => {}
             }
             let (start, bytes0) = (Instant::now(), sender.bytes(&w));
             let sent = sender.send(
@@ -437,8 +438,14 @@ impl Running {
                 }
                 Decision::Continue | Decision::GiveUp => {}
             }
+            // Once the rest fits, the rounds left only trim it: slowing the
+            // guest more would not pay.
             let per_vcpu = tracker.vcpu_dirty_pages();
-            if let Some(pct) = policy.after_round(sent, dirty, per_vcpu.as_deref()) {
+            let slow = match convergence.fits() {
+                true => None,
+                false => policy.after_round(sent, dirty, per_vcpu.as_deref()),
+            };
+            if let Some(pct) = slow {
                 tracing::debug!(?pct, "throttling vCPUs");
                 for (i, &p) in pct.iter().enumerate() {
                     throttle.set(i, p);

@@ -5,6 +5,7 @@
 
 mod control;
 mod handshake;
+mod hot_set;
 mod migrate;
 mod outcome;
 mod postcopy;
@@ -47,6 +48,7 @@ use hover_abi::pv::{FEATURE_ASYNC_PF, FEATURE_ASYNC_PF_INT, FEATURE_ASYNC_PF_VME
 
 pub use control::{Command, CommandError, Controller, Lifecycle, Reply, SnapshotInfo, VmInfo};
 pub(crate) use control::{Status, VmEvent};
+pub use hot_set::MAX_HOT_WINDOW;
 pub use outcome::{thread_cpu_us, BootTimings, EndReason, MemoryUsage, RestoreReport, RunOutcome};
 pub use restore::{MemoryRestore, RestoreOptions};
 
@@ -356,6 +358,11 @@ impl Vm {
     /// One past the guest image: memory below it stays resident.
     pub fn image_end(&self) -> u64 {
         self.image_end
+    }
+
+    /// What its pager has done so far (`None`: no pager).
+    pub fn pager_stats(&self) -> Option<crate::memory::paged::PagerStats> {
+        self.pager.as_ref().map(|p| p.stats())
     }
 
     /// The VM's KVM handle.

@@ -33,6 +33,10 @@ pub enum MemoryRestore {
     /// guest first touches it, through the pager (with async PF on, the
     /// guest runs other tasks meanwhile).
     Lazy,
+    /// As `Lazy`, and a background loader fills the rest of memory from the
+    /// file in large copies, the snapshot's hot set first; a page the guest
+    /// touches first is served at once, never behind the loader.
+    Prefetch,
 }
 
 impl MemoryRestore {
@@ -40,6 +44,7 @@ impl MemoryRestore {
         match self {
             MemoryRestore::Eager => "eager",
             MemoryRestore::Lazy => "lazy",
+            MemoryRestore::Prefetch => "prefetch",
         }
     }
 }
@@ -53,12 +58,25 @@ pub struct RestoreOptions {
     /// This host's settings: console, API socket, page store, I/O file,
     /// guards, seccomp.
     pub host: HostConfig,
+    /// With `Prefetch`: at most this many pages a second (`None`: as fast
+    /// as the file and the host allow).
+    pub prefetch_rate: Option<u64>,
 }
 
 impl RestoreOptions {
     /// Check the run's own settings before anything is read or listened on.
     pub(crate) fn check(&self) -> Result<(), Error> {
-        Ok(self.host.validate()?)
+        self.host.validate()?;
+        // Before a snapshot is read or a migration is listened for.
+        if let Some(path) = &self.host.io_file {
+            crate::devices::pvio::check_io_path(path).map_err(|why| {
+                crate::config::ConfigError::IoFile {
+                    path: path.display().to_string(),
+                    why,
+                }
+            })?;
+        }
+        Ok(())
     }
 }
 
@@ -134,6 +152,13 @@ pub(crate) fn prepare(saved: &SavedMachine, opts: &RestoreOptions) -> Result<Pre
         machine: saved.config.clone(),
         host: opts.host.clone(),
     };
+    if config.machine.memory_budget.is_none()
+        && config.host.page_store != crate::config::PageStore::default()
+    {
+        tracing::warn!(
+            "--page-store, --page-store-latency and --page-store-jitter are ignored: this VM has no memory budget, so no page store"
+        );
+    }
     config
         .validate()
         .map_err(|e| LoadError::Unfit("CONF", e.to_string()))?;
@@ -265,7 +290,7 @@ impl Vm {
         phase("machine created");
         p.check_vcpus(&s.vcpus).map_err(unfit)?;
         phase("vCPUs created, CPUID checked");
-        let lazy = opts.memory == MemoryRestore::Lazy || p.config.machine.memory_budget.is_some();
+        let lazy = opts.memory != MemoryRestore::Eager || p.config.machine.memory_budget.is_some();
         // Under the pager only the pinned part is loaded now; eagerly, all.
         let end = if lazy { s.config.image_end } else { u64::MAX };
         let pages_loaded = memory::load(&snap, &p.machine.ram, end)?;
@@ -290,12 +315,25 @@ impl Vm {
         // The pager runs from here on, so KVM may touch any guest page.
         vm.load_state(s).map_err(unfit)?;
         phase("state loaded");
+        if opts.memory == MemoryRestore::Prefetch {
+            // The hot set first, then every page the file holds (the
+            // loader skips what is in place by then).
+            let order = snap
+                .hot
+                .iter()
+                .copied()
+                .filter(|&g| snap.holds(g))
+                .chain(snap.stored_pages().map(|(gpa, _)| gpa))
+                .collect();
+            let pager = vm.pager.as_mut().expect("a lazy restore has a pager");
+            pager.prefetch(order, snap.clone(), opts.prefetch_rate)?;
+            phase("prefetch started");
+        }
         vm.mark_restored(
             path.display().to_string(),
-            if config.machine.memory_budget.is_some() {
-                "lazy"
-            } else {
-                opts.memory.name()
+            match (config.machine.memory_budget, opts.memory) {
+                (Some(_), MemoryRestore::Eager) => "lazy",
+                _ => opts.memory.name(),
             },
             pages_loaded,
         );

@@ -262,7 +262,11 @@ impl Running {
             ),
             Command::Resume => (self.resume().map(|_| state(self.state)), None),
             Command::Shutdown => (Ok(state(Lifecycle::Exited)), Some(End::Shutdown)),
-            Command::Snapshot { path, stop } => match self.snapshot(&path, stop) {
+            Command::Snapshot {
+                path,
+                stop,
+                hot_window,
+            } => match self.snapshot(&path, stop, hot_window) {
                 Ok(info) => {
                     let end = info.stopped.then_some(End::Snapshot);
                     (Ok(Reply::Snapshot(info)), end)
@@ -334,11 +338,21 @@ impl Running {
         &mut self,
         path: &std::path::Path,
         stop: bool,
+        hot_window: Duration,
     ) -> Result<SnapshotInfo, CommandError> {
         if !matches!(self.state, Lifecycle::Running | Lifecycle::Paused) {
             return Err(self.wrong_state("snapshot", "running or paused"));
         }
         let mut w = SnapshotWriter::create(path)?;
+        let hot = match self.record_hot_set(hot_window) {
+            Ok(h) => h,
+            Err(e) => {
+                let _ = std::fs::remove_file(path);
+                return Err(e);
+            }
+        };
+        let hot_pages = hot.len() as u64;
+        w.hot_set(hot);
         let was_running = self.state == Lifecycle::Running;
         let pause = if was_running {
             match self.pause() {
@@ -365,6 +379,7 @@ impl Running {
                 pause_us: pause.as_micros() as u64,
                 paused_us,
                 stopped: stop,
+                hot_pages,
             }),
             Err(e) => {
                 // Never leave a partial snapshot that looks like one.
