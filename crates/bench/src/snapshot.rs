@@ -1,5 +1,6 @@
 //! `hover bench snapshot`: what pausing, snapshotting and restoring cost,
-//! and how soon a restored guest works at full speed, eager vs lazy.
+//! and how soon a restored guest works at full speed: eager, lazy and
+//! prefetch.
 //!
 //! For each guest memory size (default 256M, 1G, 4G) with a fixed working
 //! set (`bm` with 2 faulting tasks writing random pages of a 64 MiB array
@@ -10,8 +11,10 @@
 //! the host TSC (which the guest shares here) it takes the time from
 //! starting `hover restore` to the vCPUs running, and the guest's work in
 //! the first second after starting it, as a share of its work in the
-//! second before the snapshot (so host speed cancels out). Sizes and modes
-//! are interleaved within each round.
+//! second before the snapshot (so host speed cancels out); the guest's speed
+//! in each 100 ms of that second; and the time from starting `hover
+//! restore` until the guest first works at 90% of its speed before the
+//! snapshot over 100 ms. Sizes and modes are interleaved within each round.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -61,7 +64,7 @@ const BUCKET_MS: u64 = 50;
 pub struct Sample {
     /// Guest memory.
     pub memory: String,
-    /// `eager` or `lazy`.
+    /// `eager`, `lazy` or `prefetch`.
     pub mode: &'static str,
     /// Round.
     pub round: u32,
@@ -82,7 +85,19 @@ pub struct Sample {
     pub first_second_work_pct: f64,
     /// Pages the restored pager read from the snapshot on demand.
     pub pages_on_demand: u64,
+    /// `hover restore` started to the guest first working at 90% of its
+    /// speed before the snapshot over 100 ms, milliseconds (`None`: not
+    /// within the first second).
+    pub ms_to_90_pct: Option<f64>,
+    /// The guest's speed in each 100 ms of the first second after `hover
+    /// restore` started, % of its speed before the snapshot.
+    pub speed_pct: Vec<f64>,
 }
+
+/// The modes compared.
+const MODES: [&str; 3] = ["eager", "lazy", "prefetch"];
+/// Windows of the speed series after a restore, ms.
+const WINDOW_MS: u64 = 100;
 
 /// The guest's work over time: start TSC, TSC ticks per bucket, and the
 /// work done in each non-empty bucket (index, count).
@@ -182,6 +197,15 @@ fn one(
             "the guest did no work in the second before the snapshot",
         ));
     }
+    let window = tsc_khz * WINDOW_MS;
+    let speed_pct: Vec<f64> = (0..1000 / WINDOW_MS)
+        .map(|k| {
+            let from = t0 + k * window;
+            100.0 * work_between(&t, from, from + window) * (1000 / WINDOW_MS) as f64 / before
+        })
+        .collect();
+    let ms_to_90_pct = ms_to_speed(&t, t0, before / second as f64, 0.9, window)
+        .map(|ticks| ticks as f64 / tsc_khz as f64);
     let num = |v: &Value| v.as_f64().unwrap_or(0.0);
     let r = &outcome["restore"];
     Ok(Sample {
@@ -197,6 +221,25 @@ fn one(
         restore_in_process_ms: num(&r["to_running_us"]) / 1000.0,
         first_second_work_pct: 100.0 * after / before,
         pages_on_demand: outcome["pager"]["source_reads"].as_u64().unwrap_or(0),
+        ms_to_90_pct,
+        speed_pct,
+    })
+}
+
+/// Ticks from `t0` to the start of the first bucket from which a window of
+/// `window` ticks holds at least `share` of `rate` (work per tick), within a
+/// second's worth of buckets after `t0`.
+fn ms_to_speed(t: &Timeline, t0: u64, rate: f64, share: f64, window: u64) -> Option<u64> {
+    let (start, ticks, _) = t;
+    if *ticks == 0 {
+        return None;
+    }
+    let first = t0.saturating_sub(*start).div_ceil(*ticks);
+    // A window is WINDOW_MS long: a second holds this many buckets.
+    let last = first + (window * (1000 / WINDOW_MS)).div_ceil(*ticks);
+    (first..last).find_map(|k| {
+        let at = start + k * ticks;
+        (work_between(t, at, at + window) >= share * rate * window as f64).then(|| at - t0)
     })
 }
 
@@ -210,8 +253,14 @@ struct Row {
     snapshot_mib: Summary,
     restore_to_running_ms: Summary,
     first_second_work_pct: Summary,
-    /// Per round: eager's restore-to-running time over lazy's.
-    eager_over_lazy_restore: Option<Summary>,
+    /// Restore start to 90% of the speed before, ms (rounds that reached it).
+    ms_to_90_pct: Option<Summary>,
+    /// Rounds that reached 90% within the first second.
+    reached_90_pct: usize,
+    /// Median speed in each 100 ms of the first second, %.
+    speed_pct: Vec<f64>,
+    /// Per round: eager's restore-to-running time over this mode's.
+    eager_over_this_restore: Option<Summary>,
 }
 
 /// Run the scenario: table on stdout, `OUT/snapshot.json`, `OUT/snapshot.svg`.
@@ -222,12 +271,8 @@ pub fn run(exe: &Path, b: &SnapshotBench, out: &Path) -> Result<(), BenchError> 
         for k in 0..b.memories.len() {
             // Rotate the order of sizes and modes from round to round.
             let memory = &b.memories[(k + round as usize) % b.memories.len()];
-            let modes: [&'static str; 2] = if round % 2 == 0 {
-                ["eager", "lazy"]
-            } else {
-                ["lazy", "eager"]
-            };
-            for mode in modes {
+            for j in 0..MODES.len() {
+                let mode = MODES[(j + round as usize) % MODES.len()];
                 let s = one(exe, b, memory, mode, round)?;
                 eprintln!(
                     "round {round} {memory} {mode}: pause {:.0} us, snapshot {:.1} ms {:.1} MiB, running {:.2} ms after start, first second {:.0}%",
@@ -240,7 +285,7 @@ pub fn run(exe: &Path, b: &SnapshotBench, out: &Path) -> Result<(), BenchError> 
     let mut rows = Vec::new();
     let mut table_rows = Vec::new();
     for memory in &b.memories {
-        for mode in ["eager", "lazy"] {
+        for mode in MODES {
             let of: Vec<&Sample> = samples
                 .iter()
                 .filter(|s| &s.memory == memory && s.mode == mode)
@@ -256,7 +301,17 @@ pub fn run(exe: &Path, b: &SnapshotBench, out: &Path) -> Result<(), BenchError> 
                             .find(|s| &s.memory == memory && s.mode == m && s.round == r)
                             .map(|s| s.restore_to_running_ms)
                     };
-                    Some(at("eager")? / at("lazy")?.max(1e-3))
+                    Some(at("eager")? / at(mode)?.max(1e-3))
+                })
+                .collect();
+            let reached: Vec<f64> = of.iter().filter_map(|s| s.ms_to_90_pct).collect();
+            let speed_pct = (0..(1000 / WINDOW_MS) as usize)
+                .map(|k| {
+                    let v: Vec<f64> = of
+                        .iter()
+                        .filter_map(|s| s.speed_pct.get(k).copied())
+                        .collect();
+                    summarize(&v).map_or(0.0, |s| s.p50)
                 })
                 .collect();
             let row = Row {
@@ -267,7 +322,10 @@ pub fn run(exe: &Path, b: &SnapshotBench, out: &Path) -> Result<(), BenchError> 
                 snapshot_mib: sum(|s| s.snapshot_mib),
                 restore_to_running_ms: sum(|s| s.restore_to_running_ms),
                 first_second_work_pct: sum(|s| s.first_second_work_pct),
-                eager_over_lazy_restore: summarize(&ratios),
+                ms_to_90_pct: summarize(&reached),
+                reached_90_pct: reached.len(),
+                speed_pct,
+                eager_over_this_restore: summarize(&ratios),
             };
             let spread =
                 |s: &Summary, p: usize| format!("{:.p$} ({:.p$}-{:.p$})", s.p50, s.min, s.max);
@@ -279,9 +337,20 @@ pub fn run(exe: &Path, b: &SnapshotBench, out: &Path) -> Result<(), BenchError> 
                 format!("{:.1}", row.snapshot_mib.p50),
                 spread(&row.restore_to_running_ms, 2),
                 spread(&row.first_second_work_pct, 0),
-                row.eager_over_lazy_restore
-                    .map(|r| spread(&r, 2))
-                    .unwrap_or_default(),
+                match &row.ms_to_90_pct {
+                    Some(m) if row.reached_90_pct == of.len() => spread(m, 0),
+                    Some(m) => format!(
+                        "{} ({} of {} rounds)",
+                        spread(m, 0),
+                        row.reached_90_pct,
+                        of.len()
+                    ),
+                    None => "not within 1 s".into(),
+                },
+                match (mode, &row.eager_over_this_restore) {
+                    ("eager", _) | (_, None) => String::new(),
+                    (_, Some(r)) => spread(r, 2),
+                },
             ]);
             rows.push(row);
         }
@@ -301,7 +370,8 @@ pub fn run(exe: &Path, b: &SnapshotBench, out: &Path) -> Result<(), BenchError> 
             "snapshot MiB",
             "hover restore -> vCPUs running, ms",
             "work in 1st s, % of before",
-            "eager/lazy restore time, per round",
+            "ms to 90% of the speed before",
+            "eager/this restore time, per round",
         ],
         &table_rows,
     );
@@ -310,24 +380,29 @@ pub fn run(exe: &Path, b: &SnapshotBench, out: &Path) -> Result<(), BenchError> 
         "snapshot.json",
         &serde_json::json!({ "rows": rows, "samples": samples }),
     )?;
-    let series = ["eager", "lazy"]
+    // The guest's speed after the restore, for the largest memory size.
+    let memory = b.memories.last().cloned().unwrap_or_default();
+    let series = MODES
         .iter()
         .map(|&mode| plot::Series {
             label: format!("{mode} restore"),
             points: rows
                 .iter()
-                .filter(|r| r.mode == mode)
-                .enumerate()
-                .map(|(i, r)| (i as f64, r.restore_to_running_ms.p50))
+                .filter(|r| r.mode == mode && r.memory == memory)
+                .flat_map(|r| r.speed_pct.iter().enumerate())
+                .map(|(k, &v)| (k as f64, v))
                 .collect(),
         })
         .collect::<Vec<_>>();
+    let labels: Vec<String> = (0..1000 / WINDOW_MS)
+        .map(|k| format!("{}-{}", k * WINDOW_MS, (k + 1) * WINDOW_MS))
+        .collect();
     plot::lines(
         &out.join("snapshot.svg"),
-        "hover restore: process start to vCPUs running (median)",
-        "guest memory",
-        "ms",
-        &b.memories,
+        &format!("{memory} guest after hover restore: its speed per 100 ms (median of rounds)"),
+        "ms after hover restore started",
+        "% of its speed before the snapshot",
+        &labels,
         &series,
     )
 }
@@ -342,6 +417,20 @@ mod tests {
         assert_eq!(work_between(&t, 1000, 1200), 3.0);
         assert_eq!(work_between(&t, 1100, 1600), 6.0);
         assert_eq!(work_between(&t, 0, u64::MAX), 15.0);
+    }
+
+    #[test]
+    fn the_time_to_speed_is_the_first_window_at_that_speed() {
+        // Buckets of 100 ticks from 1000; work 1 per tick before; after the
+        // restore at 1000: 0.1, 0.5, then full speed from bucket 2.
+        let t = (
+            1000,
+            100,
+            vec![(0, 10.0), (1, 50.0), (2, 100.0), (3, 100.0), (4, 100.0)],
+        );
+        assert_eq!(ms_to_speed(&t, 1000, 1.0, 0.9, 200), Some(200));
+        assert_eq!(ms_to_speed(&t, 1000, 1.0, 0.5, 100), Some(100));
+        assert_eq!(ms_to_speed(&t, 1000, 10.0, 0.9, 100), None);
     }
 
     #[test]
