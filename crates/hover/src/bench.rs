@@ -175,9 +175,44 @@ enum Scenario {
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
     },
-    /// Pause latency, snapshot time and size, and restore (eager vs lazy):
-    /// time to the vCPUs running and the guest's work in its first second,
-    /// across guest memory sizes at a fixed working set.
+    /// Seed 4's experiment: each dirty tracker turned on and harvested
+    /// every period while a kvstore guest writes at a fixed rate, nothing
+    /// sent: the guest's ops/s (and per round over bitmap's), KVM page
+    /// faults/s, harvest time; trackers rotated in each round.
+    DirtyLog {
+        /// Trackers (comma-separated; `none`: no tracking, the baseline).
+        #[arg(
+            long,
+            default_value = "none,bitmap,manual,hybrid,ring",
+            value_delimiter = ','
+        )]
+        trackers: Vec<String>,
+        /// Guest memory.
+        #[arg(long, default_value = "1G")]
+        memory: String,
+        /// kvstore's working set.
+        #[arg(long, default_value = "64M")]
+        wss: String,
+        /// kvstore's operations per second.
+        #[arg(long, default_value_t = 100_000)]
+        rate: u64,
+        /// Time between harvests, milliseconds.
+        #[arg(long, default_value_t = 100)]
+        period_ms: u64,
+        /// How long each tracker stays on per round, seconds.
+        #[arg(long, default_value_t = 2.0)]
+        seconds: f64,
+        /// Rounds.
+        #[arg(long, default_value_t = 5)]
+        runs: u32,
+        /// Directory for the JSON results.
+        #[arg(long, default_value = "bench-results")]
+        out: PathBuf,
+    },
+    /// Pause latency, snapshot time and size, and restore (eager, lazy,
+    /// prefetch): time to the vCPUs running, the guest's work in its first
+    /// second and the time to 90% of its speed, across guest memory sizes at
+    /// a fixed working set.
     Snapshot {
         /// Guest memory sizes (comma-separated).
         #[arg(long, default_value = "256M,1G,4G", value_delimiter = ',')]
@@ -328,6 +363,36 @@ pub fn bench(args: BenchArgs) -> ExitCode {
                 };
                 hover_bench::migrate::run(&exe, &b, &out)
             }
+        }
+        Scenario::DirtyLog {
+            trackers,
+            memory,
+            wss,
+            rate,
+            period_ms,
+            seconds,
+            runs,
+            out,
+        } => {
+            let known = ["none", "bitmap", "manual", "hybrid", "ring"];
+            if let Some(t) = trackers.iter().find(|t| !known.contains(&t.as_str())) {
+                eprintln!("hover: error: --trackers: unknown tracker '{t}': use none, bitmap, manual, hybrid or ring");
+                return ExitCode::from(crate::EXIT_BAD_INPUT);
+            }
+            if !(seconds > 0.0 && seconds <= 60.0) || runs == 0 {
+                eprintln!("hover: error: --seconds must be in (0, 60] and --runs at least 1");
+                return ExitCode::from(crate::EXIT_BAD_INPUT);
+            }
+            let b = hover_bench::dirty_log::DirtyLogBench {
+                trackers,
+                memory,
+                wss,
+                rate,
+                period_ms,
+                seconds,
+                runs,
+            };
+            hover_bench::dirty_log::run(&exe, &b, &out)
         }
         Scenario::Snapshot {
             memories,

@@ -313,6 +313,7 @@ fn api_yaml_matches_the_live_server() {
         ("PUT", "/vm/boost"),
         ("PUT", "/vm/migrate"),
         ("PUT", "/vm/migrate/postcopy"),
+        ("PUT", "/vm/dirty-log"),
         ("PUT", "/vm/pause"),
         ("PUT", "/vm/resume"),
         ("PUT", "/vm/snapshot"),
@@ -507,4 +508,54 @@ fn abusive_clients_never_end_the_vm() {
     let (code, outcome, stderr) = vm.wait();
     assert_eq!(code, Some(0), "{stderr}");
     assert!(report(&outcome, "spin.total") > 0);
+}
+
+#[test]
+fn dirty_log_tracks_without_sending_and_refuses_bad_requests() {
+    if !kvm_for_test("dirty_log_tracks_without_sending_and_refuses_bad_requests") {
+        return;
+    }
+    let dir = Scratch::new("api-dirty-log");
+    let vm = Vm::spawn(
+        &["run", "--cmdline", "workload=kvstore wss=8M seconds=4"],
+        &dir.path("vm.sock"),
+    );
+    let api = vm.api();
+    for tracker in ["bitmap", "manual", "hybrid"] {
+        let body = serde_json::json!({"dirty_tracking": tracker, "seconds": 0.5, "period_ms": 100});
+        let r = api
+            .json("PUT", "/vm/dirty-log", Some(&body.to_string()))
+            .unwrap_or_else(|e| panic!("{tracker}: {e}"));
+        assert_eq!(r["tracker"], tracker, "{r}");
+        assert_eq!(r["harvests"], 5, "one harvest per period: {r}");
+        // kvstore writes as fast as it can: every harvest finds pages.
+        assert!(r["pages_per_harvest"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    refused(
+        &api,
+        "PUT",
+        "/vm/dirty-log",
+        r#"{"dirty_tracking": "ring", "seconds": 1}"#,
+        400,
+        Some("dirty_tracking"),
+    );
+    refused(
+        &api,
+        "PUT",
+        "/vm/dirty-log",
+        r#"{"dirty_tracking": "bitmap", "seconds": 1000}"#,
+        400,
+        Some("seconds"),
+    );
+    refused(
+        &api,
+        "PUT",
+        "/vm/dirty-log",
+        r#"{"dirty_tracking": "sometimes", "seconds": 1}"#,
+        400,
+        Some("dirty_tracking"),
+    );
+    let (code, outcome, stderr) = vm.wait();
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(report(&outcome, "kvstore.errors"), 0);
 }

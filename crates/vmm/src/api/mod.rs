@@ -11,6 +11,7 @@
 //! | `PUT /vm/boost` `{"mode": ..., "policy": ..., ...}` | change vCPU boosting live |
 //! | `PUT /vm/migrate` `{"to": ..., ...}` | live migration to `hover receive` |
 //! | `PUT /vm/migrate/postcopy` | a hybrid migration switches to post-copy now |
+//! | `PUT /vm/dirty-log` `{"dirty_tracking": ..., "seconds": ...}` | track dirty pages for a while, nothing sent |
 //! | `GET /metrics` | Prometheus text exposition |
 //!
 //! HTTP is served by [`http`], a server whose every resource a client can
@@ -52,7 +53,7 @@ pub use client::{query, ApiClient};
 
 /// Every endpoint the server answers: (method, path). docs/api.yaml
 /// documents exactly these (a test checks both ways).
-pub const ENDPOINTS: [(&str, &str); 11] = [
+pub const ENDPOINTS: [(&str, &str); 12] = [
     ("GET", "/vm"),
     ("PUT", "/vm/pause"),
     ("PUT", "/vm/resume"),
@@ -63,6 +64,7 @@ pub const ENDPOINTS: [(&str, &str); 11] = [
     ("PUT", "/vm/boost"),
     ("PUT", "/vm/migrate"),
     ("PUT", "/vm/migrate/postcopy"),
+    ("PUT", "/vm/dirty-log"),
     ("GET", "/metrics"),
 ];
 
@@ -280,6 +282,10 @@ fn route(ctx: &Ctx, method: &str, url: &str, body: &[u8]) -> Result<Answer, ApiF
         ("PUT", "/vm/migrate") => {
             let r: MigrateRequest = parse_body(body)?;
             command(Command::Migrate(r.options()?))
+        }
+        ("PUT", "/vm/dirty-log") => {
+            let r: requests::DirtyLogBody = parse_body(body)?;
+            command(Command::DirtyLog(r.request()?))
         }
         ("PUT", "/vm/migrate/postcopy") => {
             no_body()?;

@@ -24,6 +24,60 @@ pub(super) struct SnapshotRequest {
 /// The hot-set window a snapshot takes unless told otherwise, ms.
 pub const DEFAULT_HOT_WINDOW_MS: u64 = 100;
 
+/// The body of `PUT /vm/dirty-log`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DirtyLogBody {
+    dirty_tracking: String,
+    #[serde(default = "default_period_ms")]
+    period_ms: u64,
+    seconds: f64,
+    #[serde(default = "default_hold_pages")]
+    hold_pages: u64,
+}
+
+fn default_period_ms() -> u64 {
+    100
+}
+
+/// A migration's hot budget at 1 GB/s and the default 100 ms downtime
+/// (half of it, in pages).
+fn default_hold_pages() -> u64 {
+    12_288
+}
+
+impl DirtyLogBody {
+    /// The command's request, checked.
+    pub(super) fn request(&self) -> Result<crate::vm::DirtyLogRequest, ApiFailure> {
+        let tracker = self
+            .dirty_tracking
+            .parse()
+            .map_err(|e| ApiFailure::bad("dirty_tracking", e))?;
+        if !(1..=10_000).contains(&self.period_ms) {
+            return Err(ApiFailure::bad(
+                "period_ms",
+                format!("{} is out of range: give 1 to 10000", self.period_ms),
+            ));
+        }
+        let max = crate::vm::MAX_DIRTY_LOG.as_secs_f64();
+        if !(self.seconds > 0.0 && self.seconds <= max) {
+            return Err(ApiFailure::bad(
+                "seconds",
+                format!(
+                    "{} is out of range: give more than 0, at most {max}",
+                    self.seconds
+                ),
+            ));
+        }
+        Ok(crate::vm::DirtyLogRequest {
+            tracker,
+            period: Duration::from_millis(self.period_ms),
+            duration: Duration::from_secs_f64(self.seconds),
+            hold_pages: self.hold_pages,
+        })
+    }
+}
+
 /// The body of `PUT /vm/migrate`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -41,6 +41,9 @@ pub enum Command {
     Boost(crate::sched::boost::BoostUpdate),
     /// Move the running VM to another host (`hover receive` there).
     Migrate(crate::migration::MigrateOptions),
+    /// Track dirty pages for a while without sending any (seed 4's
+    /// experiment).
+    DirtyLog(super::dirty_log::DirtyLogRequest),
 }
 
 /// What a command did.
@@ -71,6 +74,8 @@ pub enum Reply {
         /// The settings.
         boost: serde_json::Value,
     },
+    /// What dirty tracking did.
+    DirtyLog(super::dirty_log::DirtyLogReport),
 }
 
 /// A snapshot, once written.

@@ -12,9 +12,7 @@ use super::handshake::{expect, handshake};
 use super::run::Running;
 use crate::migration::batch::{BatchError, Batcher};
 use crate::migration::convergence::{Convergence, Decision, Round};
-use crate::migration::dirty::{
-    merge, BitmapTracker, DirtyTracker, HybridTracker, ManualTracker, RingTracker,
-};
+use crate::migration::dirty::{merge, DirtyTracker};
 use crate::migration::postcopy::Mode;
 use crate::migration::sender::ProcessSender;
 use crate::migration::throttle::{Policy, Ticker};
@@ -24,7 +22,6 @@ use crate::migration::wire::{
 };
 use crate::migration::{
     lap_us, transfer_time, DowntimeBreakdown, MigrateOptions, MigrationError, MigrationReport,
-    Tracker,
 };
 use crate::state::{self, memory};
 use crate::vcpu::VcpuEvent;
@@ -113,24 +110,28 @@ impl PageSender {
     }
 }
 
-/// Take in the destination's `RUNNING` (read `since` the last step):
-/// the gap the guest saw, and the rest of the breakdown.
-pub(super) fn answered(
+/// Wait for the destination's `RUNNING` (the last step ended at `since`)
+/// and take it in: the downtime, the gap the guest saw, and the rest of the
+/// breakdown.
+pub(super) fn await_running(
+    r: &mut Reader,
     report: &mut MigrationReport,
-    parts: &mut DowntimeBreakdown,
+    mut parts: DowntimeBreakdown,
     since: Instant,
-    running: &[u8],
-    pause_tsc: u64,
-    tsc_khz: u32,
-) {
+    paused_at: Instant,
+    (pause_tsc, tsc_khz): (u64, u32),
+) -> Result<(), MigrationError> {
+    let running = expect(r, Kind::Running)?;
     let waited = since.elapsed().as_micros() as u64;
-    let at = RunningFrame::decode(running).unwrap_or_default();
+    let at = RunningFrame::decode(&running).unwrap_or_default();
     if at.tsc != 0 {
         report.guest_downtime_ms = at.tsc.saturating_sub(pause_tsc) as f64 / tsc_khz.max(1) as f64;
     }
     parts.destination_load_us = at.load_us.min(waited);
     parts.ack_us = waited - parts.destination_load_us;
-    report.downtime_breakdown = parts.clone();
+    report.downtime_breakdown = parts;
+    report.downtime_ms = paused_at.elapsed().as_secs_f64() * 1e3;
+    Ok(())
 }
 
 /// Hold back to `bandwidth` after `bytes` sent since `started`; whether it
@@ -176,25 +177,7 @@ impl Running {
                 reason: "a VM under a pager (a memory budget, or a lazy restore) sends from its own thread: only it can read pages the pager holds elsewhere".into(),
             });
         }
-        let (fd, ram) = (self.vm.fd.clone(), &self.vm.ram);
-        let mut tracker: Box<dyn DirtyTracker> = match (o.tracker, &self.vm.rings) {
-            (Tracker::Ring, Some(r)) => Box::new(RingTracker::new(fd, ram, r.clone())),
-            (Tracker::Ring, None) => {
-                return Err(CommandError::Invalid {
-                    field: "dirty_tracking",
-                    reason: "ring tracking needs the VM started with --dirty-ring ENTRIES (rings must exist before the vCPUs)".into(),
-                })
-            }
-            (_, Some(_)) => {
-                return Err(CommandError::Invalid {
-                    field: "dirty_tracking",
-                    reason: "this VM has dirty rings (--dirty-ring), and KVM refuses the bitmap ioctls then: use ring".into(),
-                })
-            }
-            (Tracker::Manual, None) => Box::new(ManualTracker::new(fd, ram)),
-            (Tracker::Hybrid, None) => Box::new(HybridTracker::new(fd, ram)),
-            (Tracker::Bitmap, None) => Box::new(BitmapTracker::new(fd, ram)),
-        };
+        let mut tracker = self.tracker(o.tracker)?;
         if let Some(mode) = o.sender_process {
             if mode.needs_memfd() && self.vm.ram.backend() != crate::config::MemoryBackend::Memfd {
                 return Err(CommandError::Invalid {
@@ -529,16 +512,14 @@ impl Running {
         }
         parts.verify_us = lap_us(&mut lap);
         w.frame(Kind::End, &[]).map_err(io("ending the stream"))?;
-        let running = expect(&mut r, Kind::Running)?;
-        answered(
+        await_running(
+            &mut r,
             &mut report,
-            &mut parts,
+            parts,
             lap,
-            &running,
-            pause_tsc,
-            self.vm.tsc_khz,
-        );
-        report.downtime_ms = paused_at.elapsed().as_secs_f64() * 1e3;
+            paused_at,
+            (pause_tsc, self.vm.tsc_khz),
+        )?;
         report.total_ms = t0.elapsed().as_secs_f64() * 1e3;
         report.pages_sent = sender.pages;
         report.bytes_sent = sender.bytes(&w);
@@ -557,7 +538,7 @@ impl Running {
 
     /// A vCPU event that arrived meanwhile (the guest powered off or
     /// crashed), if any; other events are kept for the control loop.
-    fn guest_ended(&mut self) -> Option<VmEvent> {
+    pub(super) fn guest_ended(&mut self) -> Option<VmEvent> {
         while let Ok(e) = self.vm.events_rx.try_recv() {
             match e {
                 VmEvent::Vcpu(VcpuEvent::Exit { .. })

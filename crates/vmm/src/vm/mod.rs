@@ -4,6 +4,7 @@
 //! says how it ended, `control.rs` how it is steered meanwhile.
 
 mod control;
+mod dirty_log;
 mod handshake;
 mod hot_set;
 mod migrate;
@@ -48,6 +49,7 @@ use hover_abi::pv::{FEATURE_ASYNC_PF, FEATURE_ASYNC_PF_INT, FEATURE_ASYNC_PF_VME
 
 pub use control::{Command, CommandError, Controller, Lifecycle, Reply, SnapshotInfo, VmInfo};
 pub(crate) use control::{Status, VmEvent};
+pub use dirty_log::{DirtyLogReport, DirtyLogRequest, MAX_DIRTY_LOG};
 pub use hot_set::MAX_HOT_WINDOW;
 pub use outcome::{thread_cpu_us, BootTimings, EndReason, MemoryUsage, RestoreReport, RunOutcome};
 pub use restore::{MemoryRestore, RestoreOptions};

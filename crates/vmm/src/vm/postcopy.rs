@@ -91,16 +91,14 @@ impl Running {
             .map_err(io("sending the missing pages"))?;
         parts.state_us = lap_us(&mut lap);
         let mut r = r;
-        let running = expect(&mut r, Kind::Running)?;
-        super::migrate::answered(
+        super::migrate::await_running(
+            &mut r,
             &mut report,
-            &mut parts,
+            parts,
             lap,
-            &running,
-            pause_tsc,
-            self.vm.tsc_khz,
-        );
-        report.downtime_ms = paused_at.elapsed().as_secs_f64() * 1e3;
+            paused_at,
+            (pause_tsc, self.vm.tsc_khz),
+        )?;
         report.mode = "postcopy".into();
         // From here on the guest runs there: this VM never resumes.
         let hash = match o.verify {

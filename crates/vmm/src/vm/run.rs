@@ -278,6 +278,7 @@ impl Running {
                 Err(e) => (Err(e), None),
             },
             Command::Boost(u) => (self.set_boost(&u), None),
+            Command::DirtyLog(r) => (self.dirty_log(&r).map(Reply::DirtyLog), None),
             Command::HaltPoll(h) => (
                 self.set_halt_poll(h).map(|_| Reply::HaltPoll {
                     halt_poll: h.to_json(),

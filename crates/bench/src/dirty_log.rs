@@ -1,0 +1,239 @@
+//! `hover bench dirty-log`: seed 4's experiment, what each dirty tracker
+//! costs the guest with no page sent.
+//!
+//! A `kvstore` guest writes at a fixed rate over its working set. Through
+//! `PUT /vm/dirty-log` each tracker is turned on and harvested every
+//! `period_ms` for `seconds`, as a migration's rounds would, and `none` is
+//! the same time with no tracking; trackers rotate their order every round
+//! and all run in the same guest (rings only exist in a VM created with
+//! them, so `ring` and its own `none` run in a second guest beside it,
+//! window for window). Per window: the guest's operations per second (its
+//! own 100 ms timeline), KVM's page faults per second (`pf_taken`, where a
+//! write to a write-protected page shows), the harvest's time and the pages
+//! it found; per round, each tracker's ops/s over bitmap's.
+
+use std::path::Path;
+use std::time::Duration;
+
+use hover_vmm::api::ApiClient;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::migration_run::{report, sum_stat, timeline_sum};
+use crate::runner::{guest, rdtsc, spawn_with_api, tsc_khz, wait_json};
+use crate::stats::{ratios, spread};
+use crate::{table, BenchError};
+
+/// The scenario's knobs.
+#[derive(Clone, Debug)]
+pub struct DirtyLogBench {
+    /// Trackers to compare (`none`, `bitmap`, `manual`, `hybrid`, `ring`).
+    pub trackers: Vec<String>,
+    /// Guest memory.
+    pub memory: String,
+    /// kvstore's working set.
+    pub wss: String,
+    /// kvstore's operations per second.
+    pub rate: u64,
+    /// Time between harvests, ms.
+    pub period_ms: u64,
+    /// Each window, seconds.
+    pub seconds: f64,
+    /// Rounds.
+    pub runs: u32,
+}
+
+/// One window.
+#[derive(Clone, Debug, Serialize)]
+pub struct Sample {
+    /// The tracker (`none`: no tracking).
+    pub tracker: String,
+    /// Round.
+    pub round: u32,
+    /// Guest operations per second.
+    pub ops_per_s: f64,
+    /// KVM page faults per second over all vCPUs.
+    pub faults_per_s: f64,
+    /// Mean harvest time, microseconds.
+    pub harvest_us: f64,
+    /// Mean pages a harvest found.
+    pub pages_per_harvest: f64,
+    /// Pages held back at the end (hybrid).
+    pub held_pages: f64,
+}
+
+/// A window's edges, with what the tracker said.
+struct Window {
+    tracker: String,
+    round: u32,
+    from: u64,
+    to: u64,
+    faults: u64,
+    report: Value,
+}
+
+/// One guest: boot it with `extra` flags, run each round's windows of
+/// `trackers` (order rotated by round), then wait for it to finish.
+fn one_guest(
+    exe: &Path,
+    b: &DirtyLogBench,
+    trackers: &[&str],
+    extra: &[&str],
+    id: &str,
+) -> Result<(Vec<Window>, Value), BenchError> {
+    let windows_s = b.runs as f64 * trackers.len() as f64 * (b.seconds + 0.3);
+    let seconds = (windows_s + 3.0).ceil() as u64;
+    let cmdline = format!(
+        "workload=kvstore wss={} rate={} seconds={seconds}",
+        b.wss, b.rate
+    );
+    let sock = std::env::temp_dir().join(format!("hover-bench-dirtylog-{id}.sock"));
+    let mut args = vec!["run", "--memory", &b.memory, "--vcpus", "1"];
+    args.extend(extra);
+    args.extend(["--cmdline", &cmdline]);
+    let child = spawn_with_api(exe, &args, &sock)?;
+    // The working set is written once before the windows.
+    std::thread::sleep(Duration::from_millis(1500));
+    let api = ApiClient::new(&sock, Duration::from_secs(120));
+    let api_err = |e: hover_vmm::api::ApiError| guest(&e.to_string());
+    let faults = |api: &ApiClient| -> Result<u64, BenchError> {
+        let s = api.json("GET", "/vm/stats", None).map_err(api_err)?;
+        Ok(sum_stat(&s["vcpu_stats"], "pf_taken"))
+    };
+    let mut windows = Vec::new();
+    for round in 0..b.runs {
+        for j in 0..trackers.len() {
+            let tracker = trackers[(j + round as usize) % trackers.len()];
+            let f0 = faults(&api)?;
+            let from = rdtsc();
+            let report = if tracker == "none" {
+                std::thread::sleep(Duration::from_secs_f64(b.seconds));
+                Value::Null
+            } else {
+                let body = json!({
+                    "dirty_tracking": tracker, "period_ms": b.period_ms, "seconds": b.seconds,
+                });
+                api.json("PUT", "/vm/dirty-log", Some(&body.to_string()))
+                    .map_err(api_err)?
+            };
+            let to = rdtsc();
+            let f1 = faults(&api)?;
+            eprintln!("round {round} {tracker}: {report}");
+            windows.push(Window {
+                tracker: tracker.into(),
+                round,
+                from,
+                to,
+                faults: f1.saturating_sub(f0),
+                report,
+            });
+        }
+    }
+    let outcome = wait_json(child, "hover run")?;
+    if report(&outcome, "kvstore.errors").unwrap_or(1) != 0 {
+        return Err(guest("kvstore found wrong data (or did not say)"));
+    }
+    Ok((windows, outcome))
+}
+
+fn samples(windows: Vec<Window>, outcome: &Value, khz: u64) -> Result<Vec<Sample>, BenchError> {
+    let start =
+        report(outcome, "kvstore.start_tsc").ok_or_else(|| guest("no kvstore.start_tsc"))?;
+    Ok(windows
+        .into_iter()
+        .map(|w| {
+            let secs = w.to.saturating_sub(w.from) as f64 / (khz as f64 * 1000.0);
+            let ops = timeline_sum(outcome, "kvstore.ops.", start, khz * 100, (w.from, w.to));
+            let num = |k: &str| w.report[k].as_f64().unwrap_or(0.0);
+            Sample {
+                tracker: w.tracker,
+                round: w.round,
+                ops_per_s: ops / secs.max(1e-9),
+                faults_per_s: w.faults as f64 / secs.max(1e-9),
+                harvest_us: num("harvest_us_mean"),
+                pages_per_harvest: num("pages_per_harvest"),
+                held_pages: num("held_pages"),
+            }
+        })
+        .collect())
+}
+
+/// Run the scenario: a table on stdout and `OUT/dirty_log.json`.
+pub fn run(exe: &Path, b: &DirtyLogBench, out: &Path) -> Result<(), BenchError> {
+    let khz = tsc_khz()?;
+    let want = |t: &str| b.trackers.iter().any(|x| x == t);
+    let plain: Vec<&str> = ["none", "bitmap", "manual", "hybrid"]
+        .into_iter()
+        .filter(|t| want(t))
+        .collect();
+    let id = std::process::id();
+    let mut all = Vec::new();
+    if plain.len() > 1 || (plain.len() == 1 && plain[0] != "none") {
+        let (w, o) = one_guest(exe, b, &plain, &[], &format!("{id}-plain"))?;
+        all.extend(samples(w, &o, khz)?);
+    }
+    if want("ring") {
+        let (w, o) = one_guest(
+            exe,
+            b,
+            &["none", "ring"],
+            &["--dirty-ring", "4096"],
+            &format!("{id}-ring"),
+        )?;
+        all.extend(samples(w, &o, khz)?.into_iter().map(|mut s| {
+            if s.tracker == "none" {
+                s.tracker = "none (ring VM)".into();
+            }
+            s
+        }));
+    }
+    let names: Vec<String> = {
+        let mut n: Vec<String> = Vec::new();
+        for s in &all {
+            if !n.contains(&s.tracker) {
+                n.push(s.tracker.clone());
+            }
+        }
+        n
+    };
+    let col = |t: &str, f: fn(&Sample) -> f64| -> Vec<f64> {
+        all.iter().filter(|s| s.tracker == t).map(f).collect()
+    };
+    let bitmap = col("bitmap", |s| s.ops_per_s);
+    let rows: Vec<Vec<String>> = names
+        .iter()
+        .map(|t| {
+            let ops = col(t, |s| s.ops_per_s);
+            vec![
+                t.clone(),
+                spread(&ops, 0),
+                if bitmap.len() == ops.len() && t != "bitmap" && !t.contains("ring") {
+                    ratios(&ops, &bitmap)
+                } else {
+                    String::new()
+                },
+                spread(&col(t, |s| s.faults_per_s), 0),
+                spread(&col(t, |s| s.harvest_us), 0),
+                spread(&col(t, |s| s.pages_per_harvest), 0),
+                spread(&col(t, |s| s.held_pages), 0),
+            ]
+        })
+        .collect();
+    println!(
+        "hover bench dirty-log: a 1-vCPU kvstore guest ({} writes/s over {} in {}), each tracker on for {} s and harvested every {} ms, nothing sent; {} rounds, trackers rotated; median (min-max), ratio to bitmap per round (min/median/max)",
+        b.rate, b.wss, b.memory, b.seconds, b.period_ms, b.runs
+    );
+    table::print(
+        &[
+            "tracker",
+            "guest ops/s",
+            "ops/s vs bitmap, per round",
+            "KVM page faults/s",
+            "harvest us (mean)",
+            "pages per harvest",
+            "pages held (hybrid)",
+        ],
+        &rows,
+    );
+    table::write_json(out, "dirty_log.json", &all)
+}
