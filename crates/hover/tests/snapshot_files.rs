@@ -170,7 +170,9 @@ fn bad_snapshot_files_are_refused_and_nothing_starts() {
 /// A snapshot carries what the VM is, never a host path: the I/O file a
 /// VM wrote before its snapshot is not opened by a restore that names none
 /// (its writes go to a fresh tmpfs file), and a restore that names one
-/// writes there.
+/// writes there. Both restores are watched until their guests have written
+/// since the restore (the device's request count passes the saved one),
+/// then shut down: no timing decides the outcome.
 #[test]
 fn a_restore_takes_its_io_file_from_its_own_flags_never_from_the_snapshot() {
     if !kvm_for_test("a_restore_takes_its_io_file_from_its_own_flags_never_from_the_snapshot") {
@@ -184,12 +186,12 @@ fn a_restore_takes_its_io_file_from_its_own_flags_never_from_the_snapshot() {
             "--io-file",
             first.to_str().unwrap(),
             "--cmdline",
-            "workload=iolat seconds=6",
+            "workload=iolat seconds=600",
         ],
         &dir.path("vm.sock"),
     );
     // The guest is writing once the file has data.
-    let until = std::time::Instant::now() + Duration::from_secs(30);
+    let until = std::time::Instant::now() + Duration::from_secs(60);
     while std::fs::metadata(&first).map_or(0, |m| m.len()) == 0 {
         assert!(std::time::Instant::now() < until, "the guest never wrote");
         std::thread::sleep(Duration::from_millis(20));
@@ -206,30 +208,39 @@ fn a_restore_takes_its_io_file_from_its_own_flags_never_from_the_snapshot() {
             .any(|w| w == first.as_os_str().as_encoded_bytes()),
         "the snapshot names the host's I/O file"
     );
+    let saved = Snapshot::open(&snap).unwrap().state.devices.pvio.requests;
     std::fs::write(&first, b"keep").unwrap();
 
-    // Both restores run at once, so that both guests are still writing
-    // (their clocks jump by the time since the snapshot).
     let second = dir.path("second.io");
-    let restore = |extra: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_hover"))
-            .args(["restore", snap.to_str().unwrap(), "--console", "off"])
-            .args(extra)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
-    let unnamed = restore(&[]);
-    let named = restore(&["--io-file", second.to_str().unwrap()]);
-    for child in [unnamed, named] {
-        let out = child.wait_with_output().unwrap();
-        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-        assert!(
-            text(&out.stdout).contains("iolat.iops"),
-            "{}",
-            text(&out.stdout)
-        );
+    let unnamed = Vm::spawn(&["restore", snap.to_str().unwrap()], &dir.path("r1.sock"));
+    let named = Vm::spawn(
+        &[
+            "restore",
+            snap.to_str().unwrap(),
+            "--io-file",
+            second.to_str().unwrap(),
+        ],
+        &dir.path("r2.sock"),
+    );
+    for r in [&unnamed, &named] {
+        let until = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let v = r.api().json("GET", "/vm/stats", None).unwrap();
+            if v["io"]["requests"].as_u64().unwrap_or(0) > saved {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "no write after the restore: {v}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        r.api().json("PUT", "/vm/shutdown", None).unwrap();
+    }
+    for r in [unnamed, named] {
+        let (code, outcome, stderr) = r.wait();
+        assert_eq!(code, Some(0), "{stderr}");
+        assert_eq!(outcome["ended"], "shutdown");
     }
     assert!(
         std::fs::metadata(&second).unwrap().len() > 0,
