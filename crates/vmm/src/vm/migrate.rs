@@ -466,17 +466,19 @@ impl Running {
             self.stashed.push_back(e);
             return Err(MigrationError::GuestEnded);
         }
-        let last = merge(
-            merge(pending, {
-                let harvest_at = Instant::now();
-                let last = tracker.harvest_final()?;
-                report
-                    .harvest_us
-                    .push(harvest_at.elapsed().as_micros() as u64);
-                last
-            }),
-            self.vm.host_writes.take(),
-        );
+        let harvest_at = Instant::now();
+        let final_dirty = tracker.harvest_final()?;
+        report
+            .harvest_us
+            .push(harvest_at.elapsed().as_micros() as u64);
+        // What the guest was writing when it stopped: post-copy pushes it
+        // first (pure post-copy had no rounds: only the last harvest).
+        let hot = match (switch, o.mode) {
+            (false, _) => Vec::new(),
+            (true, Mode::Postcopy) => final_dirty.clone(),
+            (true, _) => merge(pending.clone(), final_dirty.clone()),
+        };
+        let last = merge(merge(pending, final_dirty), self.vm.host_writes.take());
         parts.final_harvest_us = lap_us(&mut lap);
         if switch {
             let switch = super::postcopy::Switch {
@@ -490,6 +492,7 @@ impl Running {
                 t0,
                 parts,
                 lap,
+                hot,
             };
             return self.switch_to_postcopy(o, switch);
         }

@@ -41,6 +41,8 @@ pub(super) struct Switch {
     /// The downtime so far, and when its last part ended.
     pub(super) parts: DowntimeBreakdown,
     pub(super) lap: Instant,
+    /// Pages to push first.
+    pub(super) hot: Vec<u64>,
 }
 
 /// A post-copy phase that stopped on a broken connection: what a recovery
@@ -72,6 +74,7 @@ impl Running {
             t0,
             mut parts,
             mut lap,
+            hot,
         } = s;
         let image_end = self.vm.image_end;
         let (pinned, rest): (Vec<u64>, Vec<u64>) = last.into_iter().partition(|&g| g < image_end);
@@ -105,8 +108,10 @@ impl Running {
             true => Some(self.memory_hash().map_err(io("hashing guest memory"))?),
             false => None,
         };
+        let mut pending = Pending::new(&rest, end);
+        let hot_pages = pending.prioritize(&hot);
         let mut left = Interrupted {
-            pending: Pending::new(&rest, end),
+            pending,
             hash,
             report,
             batch: o.batch_pages,
@@ -114,6 +119,7 @@ impl Running {
         };
         left.report.postcopy = Some(PostcopyReport {
             pages_at_switch: rest.len() as u64,
+            hot_pages,
             ..Default::default()
         });
         let result = self.serve_postcopy(&mut left, r, w, Instant::now(), &mut sender);

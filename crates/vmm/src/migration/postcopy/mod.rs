@@ -50,6 +50,9 @@ impl std::str::FromStr for Mode {
 pub struct PostcopyReport {
     /// Pages still at the source when the guest started at the destination.
     pub pages_at_switch: u64,
+    /// Source: of those, the hot set pushed first (what the guest wrote in
+    /// the last round before the pause).
+    pub hot_pages: u64,
     /// Pages that crossed in the post-copy phase.
     pub pages_received: u64,
     /// Source: pages sent because the destination asked for them.

@@ -36,6 +36,8 @@ pub struct Pending {
     unsent: Vec<bool>,
     left: u64,
     cursor: usize,
+    /// Pushed before the rest: the hot set, ascending (runs stay runs).
+    hot: std::collections::VecDeque<u64>,
 }
 
 impl Pending {
@@ -45,9 +47,26 @@ impl Pending {
             unsent: vec![false; (end / PAGE_SIZE) as usize],
             left: 0,
             cursor: 0,
+            hot: Default::default(),
         };
         p.reset(gpas);
         p
+    }
+
+    /// Push these pages (the ones still unsent) before the others: what the
+    /// guest was writing when it stopped here is what it touches first there.
+    /// Returns how many that is.
+    pub fn prioritize(&mut self, gpas: &[u64]) -> u64 {
+        let mut hot: Vec<u64> = gpas
+            .iter()
+            .copied()
+            .filter(|&g| self.unsent.get((g / PAGE_SIZE) as usize) == Some(&true))
+            .collect();
+        hot.sort_unstable();
+        hot.dedup();
+        let n = hot.len() as u64;
+        self.hot = hot.into();
+        n
     }
 
     /// From now on exactly `gpas` are still to send (what the destination
@@ -85,6 +104,12 @@ impl Pending {
     /// Up to `n` unsent pages in address order from where the last call
     /// stopped (runs the destination places with one copy each).
     fn next_background(&mut self, n: usize, out: &mut Vec<u64>) {
+        while out.len() < n {
+            let Some(g) = self.hot.pop_front() else { break };
+            if self.take(g) {
+                out.push(g);
+            }
+        }
         while out.len() < n && self.cursor < self.unsent.len() {
             if self.unsent[self.cursor] {
                 self.unsent[self.cursor] = false;
@@ -284,5 +309,20 @@ mod tests {
         out.clear();
         p.next_background(8, &mut out);
         assert_eq!(out, vec![ps], "a reset page goes again");
+    }
+
+    #[test]
+    fn the_hot_set_goes_first_and_once() {
+        let ps = PAGE_SIZE;
+        let mut p = Pending::new(&[ps, 2 * ps, 5 * ps, 6 * ps, 7 * ps], 8 * ps);
+        // 3 is not pending: ignored; 6 and 5 go first, in address order.
+        assert_eq!(p.prioritize(&[6 * ps, 3 * ps, 5 * ps]), 2);
+        let mut out = Vec::new();
+        p.next_background(3, &mut out);
+        assert_eq!(out, vec![5 * ps, 6 * ps, ps]);
+        out.clear();
+        p.next_background(8, &mut out);
+        assert_eq!(out, vec![2 * ps, 7 * ps]);
+        assert_eq!(p.left(), 0);
     }
 }
