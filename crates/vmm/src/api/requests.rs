@@ -240,7 +240,7 @@ impl From<CommandError> for ApiFailure {
                 use crate::migration::MigrationError as M;
                 ApiFailure::new(
                     match m {
-                        M::Connect { .. } | M::Refused(_) | M::Wire(_) => 502,
+                        M::Connect { .. } | M::Refused(_) | M::Wire(_) | M::Link(_) => 502,
                         M::NoConvergence(_) => 504,
                         M::GuestEnded => 409,
                         _ => 500,

@@ -284,6 +284,9 @@ pub enum MigrationError {
         /// Why.
         reason: String,
     },
+    /// The connection to the peer failed while sending or waiting.
+    #[error("the link to the destination failed {0}")]
+    Link(String),
     /// A host-side failure.
     #[error("{0}")]
     Host(String),

@@ -2,7 +2,7 @@
 //! (hello, configuration, mode) and how it reads the destination's
 //! answers, where an ERROR frame is a refusal.
 
-use super::migrate::{io, Reader};
+use super::migrate::{link, Reader};
 use crate::migration::wire::Kind;
 use crate::migration::MigrationError;
 
@@ -35,7 +35,7 @@ pub(super) fn handshake(
         Ok(f) if f.kind == Kind::Error => Err(MigrationError::Refused(
             String::from_utf8_lossy(&f.payload).into_owned(),
         )),
-        _ => Err(io(what)(e)),
+        _ => Err(link(what)(e)),
     }
 }
 
@@ -72,10 +72,10 @@ mod tests {
     }
 
     #[test]
-    fn a_write_that_failed_without_a_reason_is_the_hosts_error() {
+    fn a_write_that_failed_without_a_reason_is_a_link_failure() {
         let mut r = reader_after(&[]);
         match handshake(broken_pipe(), "sending the mode", &mut r) {
-            Err(MigrationError::Host(m)) => assert!(m.starts_with("sending the mode: "), "{m}"),
+            Err(MigrationError::Link(m)) => assert!(m.starts_with("sending the mode: "), "{m}"),
             other => panic!("{other:?}"),
         }
         // A write that worked reads nothing.

@@ -41,6 +41,19 @@ pub(super) fn io(what: &'static str) -> impl Fn(std::io::Error) -> MigrationErro
     move |e| MigrationError::Host(format!("{what}: {e}"))
 }
 
+/// A failure of the connection itself (the peer died, stalled or closed):
+/// the destination's fault, not this host's; a stall is said as one.
+pub(super) fn link(what: &'static str) -> impl Fn(std::io::Error) -> MigrationError {
+    move |e| {
+        MigrationError::Link(match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                format!("{what}: the destination stopped reading (timed out)")
+            }
+            _ => format!("{what}: {e}"),
+        })
+    }
+}
+
 /// Pages asked of a sender process at a time: fine enough for the
 /// bandwidth limit's pacing, coarse enough that its round trips do not
 /// count.
@@ -80,7 +93,7 @@ impl PageSender {
         if let Some(p) = &mut self.process {
             let mut sent = 0;
             for chunk in gpas.chunks(PROCESS_CHUNK) {
-                let (n, bytes) = p.send(chunk, skip_zero).map_err(io("sending memory"))?;
+                let (n, bytes) = p.send(chunk, skip_zero).map_err(link("sending memory"))?;
                 sent += n;
                 self.pages += n;
                 self.process_bytes += bytes;
@@ -102,7 +115,7 @@ impl PageSender {
             )
             .map_err(|e| match e {
                 BatchError::Read(e) => io("reading guest memory")(e),
-                BatchError::Write(e) => io("sending memory")(e),
+                BatchError::Write(e) => link("sending memory")(e),
             })?;
         self.throttled |= throttled;
         self.pages += sent;
@@ -505,16 +518,16 @@ impl Running {
             .map_err(|e| MigrationError::Host(e.to_string()))?;
         let st = postcard::to_allocvec(&st).expect("state types always encode");
         w.frame(Kind::State, &[&st])
-            .map_err(io("sending the state"))?;
+            .map_err(link("sending the state"))?;
         parts.state_us = lap_us(&mut lap);
         if o.verify {
             let d = memory::digest(&self.vm.ram, self.vm.pager.as_ref())
                 .map_err(io("digesting guest memory"))?;
             w.frame(Kind::Digest, &[&d.to_le_bytes()])
-                .map_err(io("sending the digest"))?;
+                .map_err(link("sending the digest"))?;
         }
         parts.verify_us = lap_us(&mut lap);
-        w.frame(Kind::End, &[]).map_err(io("ending the stream"))?;
+        w.frame(Kind::End, &[]).map_err(link("ending the stream"))?;
         await_running(
             &mut r,
             &mut report,

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use super::control::{CommandError, Lifecycle, MigrationProgress};
 use super::handshake::expect;
-use super::migrate::{io, pace_wait, PageSender, Reader, Writer};
+use super::migrate::{io, link, pace_wait, PageSender, Reader, Writer};
 use super::run::Running;
 use crate::migration::postcopy::outgoing::{Pending, Serve, ServeError};
 use crate::migration::postcopy::{page_hash, Mode, PostcopyReport};
@@ -88,10 +88,10 @@ impl Running {
             .map_err(|e| MigrationError::Host(e.to_string()))?;
         let st = postcopy_state(&st);
         w.frame(Kind::State, &[&st])
-            .map_err(io("sending the state"))?;
+            .map_err(link("sending the state"))?;
         let end = self.vm.ram.end();
         w.frame(Kind::Postcopy, &[&page_bitmap(rest.iter().copied(), end)])
-            .map_err(io("sending the missing pages"))?;
+            .map_err(link("sending the missing pages"))?;
         parts.state_us = lap_us(&mut lap);
         let mut r = r;
         super::migrate::await_running(
@@ -163,9 +163,9 @@ impl Running {
                 .map_err(io("setting the connection's timeout"))?;
             let mut w = FrameWriter::new(conn.try_clone().map_err(io("cloning the connection"))?);
             let mut r = FrameReader::new(conn.try_clone().map_err(io("cloning the connection"))?);
-            w.hello().map_err(io("sending the hello"))?;
+            w.hello().map_err(link("sending the hello"))?;
             w.frame(Kind::Recover, &[])
-                .map_err(io("asking to recover"))?;
+                .map_err(link("asking to recover"))?;
             let missing = expect(&mut r, Kind::Missing)?;
             let gpas = bitmap_pages(&missing, self.vm.ram.end()).map_err(|reason| {
                 MigrationError::Unfit {
