@@ -8,7 +8,7 @@ mod common;
 
 use std::io::Write;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::migrate::{assert_breakdown_adds_up, finish, kvstore, receiver, refused_request};
 use common::{report, Scratch, Vm};
@@ -241,6 +241,32 @@ fn failed_migrations_leave_the_source_running() {
     assert_eq!(report(&o, "kvstore.errors"), 0);
 }
 
+/// Connect to a fresh `hover receive` and send `noise`, which fails the
+/// hello, then `bytes`, a stream it refuses: it must log the first with
+/// every `needle`, wait on, and end on the second with exit 2.
+fn passed_over(dir: &Scratch, name: &str, noise: &[u8], needles: &[&str], bytes: &[u8]) {
+    let path = dir.path(&format!("{name}.sock"));
+    let (dest, _) = receiver(&format!("unix:{}", path.display()));
+    let mut s = UnixStream::connect(&path).unwrap();
+    let _ = s.write_all(noise);
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    // The receiver answers with why, then closes.
+    let _ = std::io::Read::read_to_end(&mut s, &mut Vec::new());
+    let mut s = UnixStream::connect(&path).unwrap();
+    let _ = s.write_all(bytes);
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let (code, o, stderr) = finish(dest);
+    assert_eq!(code, Some(2), "{name}: {stderr}");
+    assert!(o.is_null(), "{name}: nothing ran");
+    let warned = stderr
+        .lines()
+        .find(|l| l.contains("failed the handshake"))
+        .unwrap_or_else(|| panic!("{name}: no warning in {stderr}"));
+    for n in needles {
+        assert!(warned.contains(n), "{name}: {n:?} not in {warned}");
+    }
+}
+
 /// Send `bytes` to a fresh `hover receive`: it must refuse with exit 2 and
 /// one line that contains every `needle`.
 fn refused(dir: &Scratch, name: &str, bytes: &[u8], needles: &[&str]) {
@@ -257,6 +283,37 @@ fn refused(dir: &Scratch, name: &str, bytes: &[u8], needles: &[&str]) {
     for n in needles {
         assert!(err[0].contains(n), "{name}: {n:?} not in {}", err[0]);
     }
+}
+
+#[test]
+fn a_receiver_waits_through_connections_that_fail_the_handshake() {
+    if !kvm_for_test("a_receiver_waits_through_connections_that_fail_the_handshake") {
+        return;
+    }
+    let dir = Scratch::new("migrate-noise");
+    let path = dir.path("in.sock");
+    let (dest, at) = receiver(&format!("unix:{}", path.display()));
+    // Connect and close; connect and send garbage.
+    drop(UnixStream::connect(&path).unwrap());
+    let mut g = UnixStream::connect(&path).unwrap();
+    let _ = g.write_all(b"GET / HTTP/1.1\r\n\r\n");
+    let _ = g.shutdown(std::net::Shutdown::Write);
+    let _ = std::io::Read::read_to_end(&mut g, &mut Vec::new());
+    // The real migration still arrives.
+    let src = kvstore(&dir, "src");
+    std::thread::sleep(Duration::from_millis(300));
+    let body = serde_json::json!({ "to": at, "verify": true }).to_string();
+    src.api().json("PUT", "/vm/migrate", Some(&body)).unwrap();
+    let (code, _, stderr) = src.wait();
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, o, stderr) = finish(dest);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(report(&o, "kvstore.errors"), 0);
+    assert_eq!(
+        stderr.matches("failed the handshake").count(),
+        2,
+        "both were logged: {stderr}"
+    );
 }
 
 #[test]
@@ -281,13 +338,17 @@ fn bad_streams_are_refused_and_nothing_runs() {
         drop(w);
         out
     };
-    refused(
+    // A connection that fails the hello is logged and dropped: the receiver
+    // waits on, and here ends on the next connection's bad stream.
+    let pages_first = stream(&[(Kind::Pages, vec![0; 8])]);
+    passed_over(
         &dir,
         "magic",
         b"NOTHOVER\x01\0\0\0\0\0\0\0",
         &["not a Hover migration stream", "offset 0"],
+        &pages_first,
     );
-    refused(&dir, "empty", b"", &["ended at offset 0"]);
+    passed_over(&dir, "empty", b"", &["ended at offset 0"], &pages_first);
     let good_conf = stream(&[(Kind::Conf, b"whatever".to_vec())]);
     let mut bad = good_conf.clone();
     let last = bad.len() - 1;
@@ -315,15 +376,16 @@ fn bad_streams_are_refused_and_nothing_runs() {
         &["CONF frame at offset 16"],
     );
 
-    // While one source is connected, nobody else can connect.
+    // Once a source has said hello, nobody else can connect.
     let path = dir.path("second.sock");
     let (dest, _) = receiver(&format!("unix:{}", path.display()));
-    let first = UnixStream::connect(&path).unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    assert!(
-        UnixStream::connect(&path).is_err(),
-        "a second connection was taken"
-    );
+    let mut first = UnixStream::connect(&path).unwrap();
+    first.write_all(&stream(&[])).unwrap();
+    let until = Instant::now() + Duration::from_secs(30);
+    while UnixStream::connect(&path).is_ok() {
+        assert!(Instant::now() < until, "a second connection was taken");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     drop(first);
     let (code, _, stderr) = finish(dest);
     assert_eq!(code, Some(2), "{stderr}");

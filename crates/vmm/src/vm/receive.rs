@@ -26,6 +26,17 @@ use hover_abi::layout::PAGE_SIZE;
 
 /// How long the source may go quiet in the middle of a migration.
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a new connection has to say hello.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Read a connection's hello: a reader past it, or why not.
+fn hello(conn: &Conn) -> Result<FrameReader<Conn>, MigrationError> {
+    let io = |e: std::io::Error| MigrationError::Host(e.to_string());
+    conn.set_timeout(Some(HELLO_TIMEOUT)).map_err(io)?;
+    let mut r = FrameReader::new(conn.try_clone().map_err(io)?);
+    r.hello()?;
+    Ok(r)
+}
 
 fn unfit(section: &'static str, offset: u64, reason: String) -> MigrationError {
     MigrationError::Unfit {
@@ -45,9 +56,12 @@ fn decode<T: serde::de::DeserializeOwned>(
 
 impl Vm {
     /// Listen at `listen`, call `on_listening` with the address (a TCP port
-    /// 0 is chosen by the system), take one incoming VM and build it. The
-    /// listener closes once a source connects, so a second connection is
-    /// refused. Nothing runs until [`Vm::run`].
+    /// 0 is chosen by the system), take one incoming VM and build it. A
+    /// connection that does not open with a Hover hello within
+    /// [`HELLO_TIMEOUT`] (closed at once, garbage, another version) is
+    /// logged, told why if it listens, and dropped: the receiver waits on
+    /// for its migration. Once a source has said hello the listener closes,
+    /// so a second connection is refused. Nothing runs until [`Vm::run`].
     pub fn receive(
         listen: &Addr,
         opts: &RestoreOptions,
@@ -64,16 +78,30 @@ impl Vm {
         // A broken post-copy is recovered at the address bound (TCP port 0
         // became a real port).
         let recover_at: Addr = local.parse().unwrap_or_else(|_| listen.clone());
-        let conn = listener.accept().map_err(|e| {
-            Error::Migration(MigrationError::Host(format!("accepting a connection: {e}")))
-        })?;
+        let (conn, r) = loop {
+            let conn = listener.accept().map_err(|e| {
+                Error::Migration(MigrationError::Host(format!("accepting a connection: {e}")))
+            })?;
+            match hello(&conn) {
+                Ok(r) => break (conn, r),
+                Err(e) => {
+                    tracing::warn!(
+                        "hover receive: a connection failed the handshake ({e}); still waiting for a migration on {local}"
+                    );
+                    if let Ok(c) = conn.try_clone() {
+                        let _ = FrameWriter::new(c).frame(Kind::Error, &[e.to_string().as_bytes()]);
+                    }
+                    conn.shutdown();
+                }
+            }
+        };
         drop(listener);
         let created_at = Instant::now();
         let writer = conn
             .try_clone()
             .map_err(|e| Error::Migration(MigrationError::Host(e.to_string())))?;
         let mut w = FrameWriter::new(writer);
-        match Vm::take_in(&conn, &mut w, opts, created_at, recover_at) {
+        match Vm::take_in(&conn, r, &mut w, opts, created_at, recover_at) {
             Ok(vm) => Ok(vm),
             Err(e) => {
                 // Tell the source why, if it still listens.
@@ -90,6 +118,7 @@ impl Vm {
 
     fn take_in(
         conn: &Conn,
+        mut r: FrameReader<Conn>,
         w: &mut FrameWriter<Conn>,
         opts: &RestoreOptions,
         created_at: Instant,
@@ -102,8 +131,6 @@ impl Vm {
         };
         conn.set_timeout(Some(IO_TIMEOUT))
             .map_err(host("setting the connection's timeout"))?;
-        let mut r = FrameReader::new(conn.try_clone().map_err(host("cloning the connection"))?);
-        r.hello().map_err(|e| mig(e.into()))?;
         let f = r.frame().map_err(|e| mig(e.into()))?;
         if f.kind != Kind::Conf {
             return Err(mig(unfit(
