@@ -111,6 +111,15 @@ fn a_killed_vms_api_socket_is_taken_over_by_the_next_start() {
     killed.kill().unwrap();
     killed.wait().unwrap();
     assert!(sock.exists(), "SIGKILL leaves the socket file");
+    // A kill between binding and linking leaves a staging name: the next
+    // start removes those of dead processes (and only those).
+    let mut dead = std::process::Command::new("true").spawn().unwrap();
+    let dead_pid = dead.id();
+    dead.wait().unwrap();
+    let stale = dir.path(&format!(".hover-api-{dead_pid}-0"));
+    let live = dir.path(&format!(".hover-api-{}-0", std::process::id()));
+    std::fs::write(&stale, b"").unwrap();
+    std::fs::write(&live, b"").unwrap();
     // The next VM finds nobody listening there and takes the path.
     let next = start(1);
     let out = next.wait_with_output().unwrap();
@@ -125,6 +134,9 @@ fn a_killed_vms_api_socket_is_taken_over_by_the_next_start() {
         "it says so"
     );
     assert!(!sock.exists(), "and removes it at its exit");
+    assert!(!stale.exists(), "a dead VMM's staging name is removed");
+    assert!(live.exists(), "a live process's is not");
+    std::fs::remove_file(&live).unwrap();
     // A regular file there is never touched.
     std::fs::write(&sock, b"keep").unwrap();
     let out = hover_cmd()

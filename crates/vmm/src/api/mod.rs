@@ -350,6 +350,32 @@ fn remove_if_stale(path: &Path) -> bool {
     }
 }
 
+/// Remove staging names beside `path` left by a VMM that was killed between
+/// binding and linking (`.hover-api-PID-N` of a PID no longer running).
+fn remove_stale_staging(path: &Path) {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(".hover-api-")) else {
+            continue;
+        };
+        let pid = rest.split('-').next().and_then(|p| p.parse::<u32>().ok());
+        let gone = pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists());
+        if gone && std::fs::remove_file(e.path()).is_ok() {
+            tracing::warn!(
+                "removed {}, left by a VMM that was killed while starting its API",
+                e.path().display()
+            );
+        }
+    }
+}
+
 /// A name beside `path` for binding before the socket is linked in place,
 /// if a Unix socket address has room for it.
 fn staging_path(path: &Path) -> Option<PathBuf> {
@@ -390,6 +416,7 @@ impl ApiServer {
         // (binding in place leaves a moment when the file exists but nothing
         // listens, and a quick client gets ECONNREFUSED), and link() refuses
         // to replace anything that appeared there meanwhile.
+        remove_stale_staging(path);
         let staging = staging_path(path);
         let (listener, bound_at) = match staging.as_deref().map(|s| (UnixListener::bind(s), s)) {
             Some((Ok(l), s)) => (l, s),

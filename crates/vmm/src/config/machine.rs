@@ -158,15 +158,16 @@ impl MachineConfig {
                 max,
             });
         }
+        // Too large first: rounding a huge size up to a page overflows.
+        if self.memory > MAX_MEMORY {
+            return Err(ConfigError::MemoryTooLarge { given: self.memory });
+        }
         if !self.memory.is_multiple_of(PAGE_SIZE) {
             let suggest = self.memory.div_ceil(PAGE_SIZE) * PAGE_SIZE;
             return Err(ConfigError::MemoryUnaligned {
                 given: self.memory,
                 suggest,
             });
-        }
-        if self.memory > MAX_MEMORY {
-            return Err(ConfigError::MemoryTooLarge { given: self.memory });
         }
         if self.cmdline.len() > CMDLINE_MAX {
             return Err(ConfigError::CmdlineTooLong {

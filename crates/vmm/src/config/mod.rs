@@ -250,6 +250,11 @@ mod tests {
             c(|c| c.memory = 1 << 40),
             Err(ConfigError::MemoryTooLarge { .. })
         ));
+        // Not "try 0 bytes": too large, said as such.
+        assert!(matches!(
+            c(|c| c.memory = u64::MAX),
+            Err(ConfigError::MemoryTooLarge { .. })
+        ));
         let err = c(|c| c.cmdline = "workload=nope".into()).unwrap_err();
         assert!(err.to_string().contains("unknown workload 'nope'"), "{err}");
         assert!(err.to_string().contains("hello"), "{err}");

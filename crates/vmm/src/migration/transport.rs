@@ -168,7 +168,15 @@ impl Listener {
                         format!("{} already exists", p.display()),
                     ));
                 }
-                Listener::Unix(UnixListener::bind(p)?, p.clone())
+                // Owner only, whatever the umask: the socket is created
+                // with the mode the umask leaves (the receiver binds before
+                // it starts any thread, so no other file sees this umask).
+                // SAFETY: umask only swaps the process's file-mode mask.
+                let old = unsafe { libc::umask(0o177) };
+                let bound = UnixListener::bind(p);
+                // SAFETY: as above, putting the caller's mask back.
+                unsafe { libc::umask(old) };
+                Listener::Unix(bound?, p.clone())
             }
         })
     }
