@@ -140,6 +140,10 @@ fn a_demand_fault_never_waits_behind_the_loader() {
     // 200 pages a second: the 4096+ pages memtouch wrote would take over
     // 20 s to load; the guest touches them all at once.
     let vm = restore(&snap, Some(200));
+    let pageable = file
+        .stored_pages()
+        .filter(|&(gpa, _)| gpa >= vm.image_end())
+        .count() as u64;
     let o = vm.run().unwrap();
     assert_eq!(o.exit_code, 0);
     assert_eq!(report(&o, "memtouch.errors"), 0);
@@ -148,7 +152,8 @@ fn a_demand_fault_never_waits_behind_the_loader() {
         p.source_reads > 0,
         "the guest's faults were served on demand: {p:?}"
     );
-    assert!(p.pushed_pages < file.pages(), "{p:?}");
+    // The guest's own faults brought in what the loader had not reached.
+    assert!(p.pushed_pages < pageable, "{p:?}");
     std::fs::remove_dir_all(snap.parent().unwrap()).unwrap();
 }
 

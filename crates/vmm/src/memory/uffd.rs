@@ -119,9 +119,12 @@ impl Uffd {
     }
 
     /// Fill the missing page(s) at `dst` with a copy of `src` and wake the
-    /// threads waiting on them. `Ok(false)`: the page was already there.
+    /// threads waiting on them. `Ok(false)`: a page was already there (it
+    /// is kept; the pages after it in the run are copied all the same).
     pub fn copy(&self, dst: u64, src: *const u8, len: u64) -> io::Result<bool> {
+        const PAGE: u64 = hover_abi::layout::PAGE_SIZE;
         let (mut dst, mut src, mut len) = (dst, src as u64, len);
+        let mut all_new = true;
         loop {
             let mut c = UffdioCopy {
                 dst,
@@ -134,13 +137,19 @@ impl Uffd {
             // buffer) and writes only into the registered range.
             let rc = unsafe { ioctl_with_mut_ref(&self.0, UFFDIO_COPY(), &mut c) };
             if rc == 0 {
-                return Ok(true);
+                return Ok(all_new);
             }
             let err = io::Error::last_os_error();
             match err.raw_os_error() {
                 Some(libc::EEXIST) => {
-                    self.wake(dst, len)?;
-                    return Ok(false);
+                    // The first page is there already: wake whoever waits
+                    // on it and carry on after it.
+                    self.wake(dst, PAGE.min(len))?;
+                    all_new = false;
+                    if len <= PAGE {
+                        return Ok(false);
+                    }
+                    (dst, src, len) = (dst + PAGE, src + PAGE, len - PAGE);
                 }
                 // The address space changed under the copy: go on from
                 // where it stopped (a run of pages may be partly copied).
@@ -149,7 +158,7 @@ impl Uffd {
                         let done = (c.copy as u64).min(len);
                         (dst, src, len) = (dst + done, src + done, len - done);
                         if len == 0 {
-                            return Ok(true);
+                            return Ok(all_new);
                         }
                     }
                 }

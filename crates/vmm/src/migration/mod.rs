@@ -285,7 +285,7 @@ pub enum MigrationError {
         reason: String,
     },
     /// The connection to the peer failed while sending or waiting.
-    #[error("the link to the destination failed {0}")]
+    #[error("the link to the destination failed ({0})")]
     Link(String),
     /// A host-side failure.
     #[error("{0}")]

@@ -230,7 +230,9 @@ fn allow_list(kind: Kind) -> Vec<Allow> {
                 libc::SYS_fcntl,
                 libc::SYS_setsockopt,
                 libc::SYS_getsockopt,
-                // Post-copy recovery: the destination listens again.
+                // Post-copy recovery: the destination listens again (on a
+                // socket made 0600 before it is bound).
+                libc::SYS_fchmod,
                 libc::SYS_socket,
                 libc::SYS_bind,
                 libc::SYS_listen,

@@ -93,7 +93,8 @@ impl PageSender {
         if let Some(p) = &mut self.process {
             let mut sent = 0;
             for chunk in gpas.chunks(PROCESS_CHUNK) {
-                let (n, bytes) = p.send(chunk, skip_zero).map_err(link("sending memory"))?;
+                // The helper's own failures are this host's, not the link's.
+                let (n, bytes) = p.send(chunk, skip_zero).map_err(io("sending memory"))?;
                 sent += n;
                 self.pages += n;
                 self.process_bytes += bytes;

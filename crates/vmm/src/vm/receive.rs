@@ -26,8 +26,9 @@ use hover_abi::layout::PAGE_SIZE;
 
 /// How long the source may go quiet in the middle of a migration.
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long a new connection has to say hello.
-pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a new connection may go quiet before its hello is complete
+/// (per read: the hello is 16 bytes).
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Read a connection's hello: a reader past it, or why not.
 fn hello(conn: &Conn) -> Result<FrameReader<Conn>, MigrationError> {
@@ -57,8 +58,8 @@ fn decode<T: serde::de::DeserializeOwned>(
 impl Vm {
     /// Listen at `listen`, call `on_listening` with the address (a TCP port
     /// 0 is chosen by the system), take one incoming VM and build it. A
-    /// connection that does not open with a Hover hello within
-    /// [`HELLO_TIMEOUT`] (closed at once, garbage, another version) is
+    /// connection that does not open with a Hover hello (closed at once,
+    /// garbage, another version, quiet for [`HELLO_TIMEOUT`]) is
     /// logged, told why if it listens, and dropped: the receiver waits on
     /// for its migration. Once a source has said hello the listener closes,
     /// so a second connection is refused. Nothing runs until [`Vm::run`].
@@ -79,9 +80,32 @@ impl Vm {
         // became a real port).
         let recover_at: Addr = local.parse().unwrap_or_else(|_| listen.clone());
         let (conn, r) = loop {
-            let conn = listener.accept().map_err(|e| {
-                Error::Migration(MigrationError::Host(format!("accepting a connection: {e}")))
-            })?;
+            let conn = match listener.accept() {
+                Ok(c) => c,
+                // A connection that died before it was taken, or no
+                // descriptor free for a moment: wait for the next one.
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(
+                            libc::ECONNABORTED
+                                | libc::EPROTO
+                                | libc::EINTR
+                                | libc::EMFILE
+                                | libc::ENFILE
+                        )
+                    ) =>
+                {
+                    tracing::warn!("hover receive: accepting a connection: {e}; waiting on");
+                    std::thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
+                Err(e) => {
+                    return Err(Error::Migration(MigrationError::Host(format!(
+                        "accepting a connection: {e}"
+                    ))))
+                }
+            };
             match hello(&conn) {
                 Ok(r) => break (conn, r),
                 Err(e) => {

@@ -317,14 +317,14 @@ impl Vm {
         phase("state loaded");
         if opts.memory == MemoryRestore::Prefetch {
             // The hot set first, then every page the file holds (the
-            // loader skips what is in place by then).
-            let order = snap
-                .hot
-                .iter()
-                .copied()
-                .filter(|&g| snap.holds(g))
-                .chain(snap.stored_pages().map(|(gpa, _)| gpa))
-                .collect();
+            // loader skips what is in place by then). Under a budget only
+            // the hot set: cold pages loaded to fill it would be the first
+            // evicted, and every demand fault would evict one.
+            let hot = snap.hot.iter().copied().filter(|&g| snap.holds(g));
+            let order = match config.machine.memory_budget {
+                Some(_) => hot.collect(),
+                None => hot.chain(snap.stored_pages().map(|(gpa, _)| gpa)).collect(),
+            };
             let pager = vm.pager.as_mut().expect("a lazy restore has a pager");
             pager.prefetch(order, snap.clone(), opts.prefetch_rate)?;
             phase("prefetch started");

@@ -33,9 +33,10 @@ impl DirtyTracker for BitmapTracker {
     }
 
     fn start(&mut self) -> Result<(), DirtyError> {
-        logging_on(&self.vm, &self.slots, "bitmap")?;
+        // On before the slots are: a start that fails part-way is still
+        // turned off by `stop` (or the drop).
         self.on = true;
-        Ok(())
+        logging_on(&self.vm, &self.slots, "bitmap")
     }
 
     fn harvest(&mut self) -> Result<Vec<u64>, DirtyError> {

@@ -241,9 +241,10 @@ impl DirtyTracker for RingTracker {
         // Forget entries from before (none should be there: logging was off).
         let _ = self.rings.harvest_all();
         self.rings.take_vcpu_counts();
-        logging_on(&self.vm, &self.slots, "ring")?;
+        // On before the slots are: a start that fails part-way is still
+        // turned off by `stop` (or the drop).
         self.on = true;
-        Ok(())
+        logging_on(&self.vm, &self.slots, "ring")
     }
 
     fn harvest(&mut self) -> Result<Vec<u64>, DirtyError> {
