@@ -146,9 +146,19 @@ fn a_hybrid_migration_switches_to_postcopy_when_asked() {
     assert_eq!(report(&o, "kvstore.errors"), 0);
 }
 
-/// Migrate `src` in post-copy through a proxy to `dest_at`, break the link
-/// with `damage` once post-copy runs, and recover straight to `dest_at`.
-fn break_and_recover(name: &str, damage: impl FnOnce(&Proxy)) {
+/// A post-copy migration whose link broke: the destination holds its guest
+/// (paused) and waits for the source to come back.
+struct Broken {
+    _dir: Scratch,
+    dest: std::process::Child,
+    dest_at: String,
+    dest_api: std::path::PathBuf,
+    src: Vm,
+}
+
+/// Migrate a writer in post-copy through a proxy, and break the link with
+/// `damage` once post-copy runs.
+fn break_link(name: &str, damage: impl FnOnce(&Proxy)) -> Broken {
     let dir = Scratch::new(name);
     let dest_at = format!("unix:{}", dir.path("in.sock").display());
     let dest_api = dir.path("dest-api.sock");
@@ -182,6 +192,24 @@ fn break_and_recover(name: &str, damage: impl FnOnce(&Proxy)) {
         assert!(t0.elapsed() < Duration::from_secs(10), "not paused: {v}");
         std::thread::sleep(Duration::from_millis(20));
     }
+    Broken {
+        _dir: dir,
+        dest,
+        dest_at,
+        dest_api,
+        src,
+    }
+}
+
+/// Break the link with `damage`, and recover straight to the destination.
+fn break_and_recover(name: &str, damage: impl FnOnce(&Proxy)) {
+    let Broken {
+        _dir,
+        dest,
+        dest_at,
+        src,
+        ..
+    } = break_link(name, damage);
     // The source keeps the pages and never resumes the guest.
     let v = src.api().json("GET", "/vm", None).unwrap();
     assert_eq!(v["state"], "postcopy-paused", "{v}");
@@ -206,6 +234,25 @@ fn break_and_recover(name: &str, damage: impl FnOnce(&Proxy)) {
     assert_eq!(pc["recoveries"], 1, "{pc}");
     assert_eq!(pc["verified"], true, "nothing lost: {pc}");
     assert_eq!(report(&o, "kvstore.errors"), 0);
+}
+
+#[test]
+fn a_destination_whose_source_died_ends_on_shutdown() {
+    if !kvm_for_test("a_destination_whose_source_died_ends_on_shutdown") {
+        return;
+    }
+    let b = break_link("postcopy-dead-source", |p| p.cut());
+    // The source dies for good: nobody will ever bring the pages back.
+    // SAFETY: kill on our own child's pid.
+    unsafe { libc::kill(b.src.pid() as i32, libc::SIGKILL) };
+    let _ = b.src.wait();
+    let dest_vm = hover_vmm::api::ApiClient::new(&b.dest_api, Duration::from_secs(30));
+    dest_vm.json("PUT", "/vm/shutdown", None).unwrap();
+    // The process ends (it used to wait for a recovery forever), and its
+    // status says the guest was lost.
+    let (code, _, stderr) = finish(b.dest);
+    assert_ne!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("the guest is lost"), "{stderr}");
 }
 
 #[test]

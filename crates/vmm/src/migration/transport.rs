@@ -221,6 +221,30 @@ impl Listener {
         })
     }
 
+    /// Wait for one connection until `stop` is set (looked at every 100 ms):
+    /// `None` then.
+    pub fn accept_unless(&self, stop: &std::sync::atomic::AtomicBool) -> io::Result<Option<Conn>> {
+        use std::os::fd::AsRawFd;
+        let fd = match self {
+            Listener::Tcp(l) => l.as_raw_fd(),
+            Listener::Unix(l, _) => l.as_raw_fd(),
+        };
+        loop {
+            if stop.load(std::sync::atomic::Ordering::Acquire) {
+                return Ok(None);
+            }
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            if unsafe { libc::poll(&mut p, 1, 100) } > 0 {
+                return self.accept().map(Some);
+            }
+        }
+    }
+
     /// Wait for one connection.
     pub fn accept(&self) -> io::Result<Conn> {
         Ok(match self {

@@ -25,11 +25,15 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) struct IncomingHandle {
     done: Receiver<Result<PostcopyReport, String>>,
     conn: Conn,
+    stop: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl IncomingHandle {
     /// Wait for the post-copy phase to end; its report.
     pub(crate) fn finish(self) -> Result<PostcopyReport, String> {
+        // Memory still arriving keeps coming; a wait for a source that
+        // broke off ends now (the guest is gone: nobody would need it).
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
         match self.done.recv_timeout(FINISH_TIMEOUT) {
             Ok(r) => r,
             Err(RecvTimeoutError::Timeout) => {
@@ -96,6 +100,7 @@ impl Vm {
         let events = self.events.clone();
         let end = self.ram.end();
         let (tx, done) = mpsc::channel();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let incoming = Incoming {
             pages: remote,
             placer,
@@ -104,6 +109,7 @@ impl Vm {
             hash: 0,
             end,
             started: Instant::now(),
+            stop: stop.clone(),
         };
         incoming.connect(w);
         crate::seccomp::spawn(
@@ -124,7 +130,7 @@ impl Vm {
                 let _ = tx.send(result);
             },
         )?;
-        self.postcopy_in = Some(IncomingHandle { done, conn });
+        self.postcopy_in = Some(IncomingHandle { done, conn, stop });
         Ok(())
     }
 }

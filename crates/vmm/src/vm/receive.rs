@@ -59,7 +59,7 @@ impl Vm {
     /// Listen at `listen`, call `on_listening` with the address (a TCP port
     /// 0 is chosen by the system), take one incoming VM and build it. A
     /// connection that does not open with a Hover hello (closed at once,
-    /// garbage, another version, quiet for [`HELLO_TIMEOUT`]) is
+    /// garbage, another version, quiet for 2 s) is
     /// logged, told why if it listens, and dropped: the receiver waits on
     /// for its migration. Once a source has said hello the listener closes,
     /// so a second connection is refused. Nothing runs until [`Vm::run`].

@@ -293,6 +293,9 @@ pub struct Incoming {
     pub end: u64,
     /// When the guest was started here.
     pub started: Instant,
+    /// Set when the run ends: stop waiting for a source that may never
+    /// come back.
+    pub stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Incoming {
@@ -435,9 +438,15 @@ impl Incoming {
             let listener = Listener::bind(&self.recover_at).map_err(|e| {
                 format!("cannot listen at {} for the recovery: {e}", self.recover_at)
             })?;
-            let conn = listener
-                .accept()
-                .map_err(|e| format!("accepting the recovery connection: {e}"))?;
+            let Some(conn) = listener
+                .accept_unless(&self.stop)
+                .map_err(|e| format!("accepting the recovery connection: {e}"))?
+            else {
+                return Err(format!(
+                    "the run ended while waiting for the source to come back: {} pages of the guest's memory never arrived, the guest is lost",
+                    self.pages.remaining()
+                ));
+            };
             drop(listener);
             match self.take_recovery(conn) {
                 Ok(()) => return Ok(()),
