@@ -101,8 +101,9 @@ enum MemoryRestoreArg {
 struct RestoreArgs {
     /// The snapshot file (`hover ctl snapshot`).
     path: PathBuf,
-    /// How guest memory comes back (a VM with a memory budget is always
-    /// restored lazily, through its pager).
+    /// How guest memory comes back (a VM with a memory budget comes back
+    /// through its pager: lazily, or with prefetch its hot set up to the
+    /// budget).
     #[arg(long, value_enum, default_value = "eager")]
     memory_restore: MemoryRestoreArg,
     /// With prefetch: load at most this many pages a second in the
