@@ -3,7 +3,7 @@
 use std::io;
 use std::path::PathBuf;
 
-use super::file::FORMAT_VERSION;
+use super::version::FORMAT_VERSION;
 
 /// Why a snapshot could not be written or read. Every variant names the
 /// file; those about its content name the section and offset.

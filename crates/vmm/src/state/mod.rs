@@ -9,6 +9,7 @@ mod error;
 pub mod file;
 mod index;
 pub mod memory;
+mod version;
 
 use kvm_bindings::{kvm_clock_data, kvm_irqchip};
 use serde::{Deserialize, Serialize};

@@ -2,7 +2,7 @@
 //! (hello, configuration, mode) and how it reads the destination's
 //! answers, where an ERROR frame is a refusal.
 
-use super::migrate::{link, Reader};
+use super::link::{link, Reader};
 use crate::migration::wire::Kind;
 use crate::migration::MigrationError;
 

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::control::{CommandError, Lifecycle, MigrationProgress, VmEvent};
 use super::handshake::{expect, handshake};
+use super::link::{io, link, Reader, Writer, CONNECT_TIMEOUT, IO_TIMEOUT};
 use super::run::Running;
 use crate::migration::batch::{BatchError, Batcher};
 use crate::migration::convergence::{Convergence, Decision, Round};
@@ -27,32 +28,8 @@ use crate::state::{self, memory};
 use crate::vcpu::VcpuEvent;
 use hover_abi::layout::PAGE_SIZE;
 
-/// How long connecting may take.
-pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a read or write may stall before the peer counts as gone.
-pub(super) const IO_TIMEOUT: Duration = Duration::from_secs(30);
 /// A round smaller than this is not used to measure the link's rate.
 const MIN_RATE_BYTES: u64 = 1 << 20;
-
-pub(super) type Writer = FrameWriter<Conn>;
-pub(super) type Reader = FrameReader<Conn>;
-
-pub(super) fn io(what: &'static str) -> impl Fn(std::io::Error) -> MigrationError {
-    move |e| MigrationError::Host(format!("{what}: {e}"))
-}
-
-/// A failure of the connection itself (the peer died, stalled or closed):
-/// the destination's fault, not this host's; a stall is said as one.
-pub(super) fn link(what: &'static str) -> impl Fn(std::io::Error) -> MigrationError {
-    move |e| {
-        MigrationError::Link(match e.kind() {
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-                format!("{what}: the destination stopped reading (timed out)")
-            }
-            _ => format!("{what}: {e}"),
-        })
-    }
-}
 
 /// Pages asked of a sender process at a time: fine enough for the
 /// bandwidth limit's pacing, coarse enough that its round trips do not

@@ -7,6 +7,7 @@ mod control;
 mod dirty_log;
 mod handshake;
 mod hot_set;
+mod link;
 mod migrate;
 mod outcome;
 mod postcopy;

@@ -8,7 +8,8 @@ use std::time::Instant;
 
 use super::control::{CommandError, Lifecycle, MigrationProgress};
 use super::handshake::expect;
-use super::migrate::{io, link, pace_wait, PageSender, Reader, Writer};
+use super::link::{io, link, Reader, Writer};
+use super::migrate::{pace_wait, PageSender};
 use super::run::Running;
 use crate::migration::postcopy::outgoing::{Pending, Serve, ServeError};
 use crate::migration::postcopy::{page_hash, Mode, PostcopyReport};
@@ -153,13 +154,13 @@ impl Running {
             .expect("a postcopy-paused VM keeps what is left");
         let t0 = Instant::now();
         let attempt = (|| -> Result<(Writer, Reader, Vec<u64>), MigrationError> {
-            let conn = Conn::connect(&o.to, super::migrate::CONNECT_TIMEOUT).map_err(|source| {
+            let conn = Conn::connect(&o.to, super::link::CONNECT_TIMEOUT).map_err(|source| {
                 MigrationError::Connect {
                     to: o.to.to_string(),
                     source,
                 }
             })?;
-            conn.set_timeout(Some(super::migrate::IO_TIMEOUT))
+            conn.set_timeout(Some(super::link::IO_TIMEOUT))
                 .map_err(io("setting the connection's timeout"))?;
             let mut w = FrameWriter::new(conn.try_clone().map_err(io("cloning the connection"))?);
             let mut r = FrameReader::new(conn.try_clone().map_err(io("cloning the connection"))?);

@@ -1,0 +1,34 @@
+//! The source's side of a migration connection, shared by pre-copy
+//! (migrate.rs), its handshake and post-copy: the stream's reader and
+//! writer, its timeouts, and how a failure is told (this host's, or the
+//! link's).
+
+use std::time::Duration;
+
+use crate::migration::transport::Conn;
+use crate::migration::wire::{FrameReader, FrameWriter};
+use crate::migration::MigrationError;
+
+/// How long connecting may take.
+pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a read or write may stall before the peer counts as gone.
+pub(super) const IO_TIMEOUT: Duration = Duration::from_secs(30);
+pub(super) type Writer = FrameWriter<Conn>;
+pub(super) type Reader = FrameReader<Conn>;
+
+pub(super) fn io(what: &'static str) -> impl Fn(std::io::Error) -> MigrationError {
+    move |e| MigrationError::Host(format!("{what}: {e}"))
+}
+
+/// A failure of the connection itself (the peer died, stalled or closed):
+/// the destination's fault, not this host's; a stall is said as one.
+pub(super) fn link(what: &'static str) -> impl Fn(std::io::Error) -> MigrationError {
+    move |e| {
+        MigrationError::Link(match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                format!("{what}: the destination stopped reading (timed out)")
+            }
+            _ => format!("{what}: {e}"),
+        })
+    }
+}
