@@ -241,20 +241,25 @@ fn failed_migrations_leave_the_source_running() {
     assert_eq!(report(&o, "kvstore.errors"), 0);
 }
 
+/// Connect to the receiver at `path`, send `bytes` (it may close before
+/// all of them are taken) and end the sending side.
+fn send(path: &std::path::Path, bytes: &[u8]) -> UnixStream {
+    let mut s = UnixStream::connect(path).unwrap();
+    let _ = s.write_all(bytes);
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    s
+}
+
 /// Connect to a fresh `hover receive` and send `noise`, which fails the
 /// hello, then `bytes`, a stream it refuses: it must log the first with
 /// every `needle`, wait on, and end on the second with exit 2.
 fn passed_over(dir: &Scratch, name: &str, noise: &[u8], needles: &[&str], bytes: &[u8]) {
     let path = dir.path(&format!("{name}.sock"));
     let (dest, _) = receiver(&format!("unix:{}", path.display()));
-    let mut s = UnixStream::connect(&path).unwrap();
-    let _ = s.write_all(noise);
-    let _ = s.shutdown(std::net::Shutdown::Write);
+    let mut s = send(&path, noise);
     // The receiver answers with why, then closes.
     let _ = std::io::Read::read_to_end(&mut s, &mut Vec::new());
-    let mut s = UnixStream::connect(&path).unwrap();
-    let _ = s.write_all(bytes);
-    let _ = s.shutdown(std::net::Shutdown::Write);
+    send(&path, bytes);
     let (code, o, stderr) = finish(dest);
     assert_eq!(code, Some(2), "{name}: {stderr}");
     assert!(o.is_null(), "{name}: nothing ran");
@@ -272,9 +277,7 @@ fn passed_over(dir: &Scratch, name: &str, noise: &[u8], needles: &[&str], bytes:
 fn refused(dir: &Scratch, name: &str, bytes: &[u8], needles: &[&str]) {
     let path = dir.path(&format!("{name}.sock"));
     let (dest, _) = receiver(&format!("unix:{}", path.display()));
-    let mut s = UnixStream::connect(&path).unwrap();
-    let _ = s.write_all(bytes);
-    let _ = s.shutdown(std::net::Shutdown::Write);
+    send(&path, bytes);
     let (code, o, stderr) = finish(dest);
     assert_eq!(code, Some(2), "{name}: {stderr}");
     assert!(o.is_null(), "{name}: nothing ran");
