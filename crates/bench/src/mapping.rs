@@ -102,7 +102,7 @@ pub(crate) fn map_samples(b: &MigrateBench, round: u32) -> Result<Vec<MapSample>
     cells.rotate_left(round as usize % n);
     let mut out = Vec::new();
     for (mode, batch) in cells {
-        let mut p = ProcessSender::spawn(mode, &ram, &null, batch)
+        let mut p = ProcessSender::spawn(mode, &ram, &null, batch, None)
             .map_err(|e| host("starting a sender process", &e))?;
         // Warm up: the helper's first request maps and faults in its own
         // buffers.

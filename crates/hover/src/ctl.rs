@@ -46,8 +46,10 @@ pub enum CtlAction {
         #[arg(long, default_value_t = hover_vmm::api::DEFAULT_HOT_WINDOW_MS)]
         hot_window_ms: u64,
     },
-    /// Move the running VM to `hover receive` at ADDR (live, pre-copy). The
-    /// VM here ends once the guest runs there; on any failure it runs on here.
+    /// Move the running VM to `hover receive` at ADDR, live (pre-copy,
+    /// post-copy or hybrid: --mode). Over TCP the VMMs prove a shared
+    /// --migration-key (or --insecure). The VM here ends once the guest runs
+    /// there; on any failure before that it runs on here.
     Migrate {
         /// Where: tcp:HOST:PORT or unix:PATH.
         #[arg(long)]
@@ -100,6 +102,11 @@ pub enum CtlAction {
         /// --listen address.
         #[arg(long)]
         recover: bool,
+        /// Over TCP without a migration key (the VMM was started without
+        /// --migration-key): anyone who can reach or imitate the
+        /// destination gets the VM, and frames carry only a CRC.
+        #[arg(long)]
+        insecure: bool,
     },
     /// Have the hybrid migration under way switch to post-copy now.
     Postcopy,
@@ -170,6 +177,7 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
             sender_process,
             mode,
             recover,
+            insecure,
         } => {
             let body = serde_json::json!({
                 "to": to,
@@ -186,6 +194,7 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
                 "sender_process": sender_process,
                 "mode": mode,
                 "recover": recover,
+                "insecure": insecure,
             });
             ("PUT", "/vm/migrate", Some(body.to_string()))
         }

@@ -3,11 +3,13 @@
 //! or sent in a migration), and their parsers.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
 use hover_vmm::config::{
-    parse_duration, parse_size, ConsoleTarget, GuestLimits, HostConfig, PageStore, SeccompMode,
+    parse_duration, parse_size, ConsoleTarget, GuestLimits, HostConfig, MigrationKey, PageStore,
+    SeccompMode,
 };
 
 /// Parse a console target: `stdout`, `stderr`, `off`, or `file:PATH`.
@@ -51,6 +53,16 @@ pub(crate) struct HostFileArgs {
     /// Default: a file on tmpfs (/dev/shm), unlinked as soon as it is open.
     #[arg(long)]
     pub(crate) io_file: Option<PathBuf>,
+    /// Pre-shared key file (mode 0600, this user's, at least 32 bytes of
+    /// secret; `hover migration-key FILE` makes one) that this VM's
+    /// migrations prove, outgoing and incoming: each frame then carries a
+    /// MAC. Without it a migration over TCP needs --insecure.
+    #[arg(long, value_name = "FILE", value_parser = parse_migration_key)]
+    pub(crate) migration_key: Option<Arc<MigrationKey>>,
+}
+
+fn parse_migration_key(s: &str) -> Result<Arc<MigrationKey>, String> {
+    MigrationKey::load(std::path::Path::new(s)).map(Arc::new)
 }
 
 impl HostFileArgs {
@@ -140,6 +152,7 @@ pub(crate) fn host_config(out: &RunOutput, files: &HostFileArgs, guard: &GuardAr
         io_file: files.io_file.clone(),
         limits: guard.limits(),
         seccomp: guard.seccomp,
+        migration_key: files.migration_key.clone(),
     }
 }
 

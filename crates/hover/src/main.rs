@@ -21,7 +21,7 @@ use hover_vmm::config::{
     parse_duration, parse_size, BoostConfig, BoostMode, BoostPolicy, GuestImage, HaltPoll,
     MachineConfig, MemoryBackend, VmConfig,
 };
-use hover_vmm::{Error, MemoryRestore, RestoreOptions, Vm};
+use hover_vmm::{Error, MemoryRestore, ReceiveOptions, RestoreOptions, Vm};
 
 fn parse_boost_policy(s: &str) -> Result<BoostPolicy, String> {
     s.parse()
@@ -63,6 +63,15 @@ enum Command {
     /// Write the built-in guest's ELF to a new file, to boot it elsewhere
     /// (`hover run --guest PATH`, or another VMM).
     GuestImage(GuestImageArgs),
+    /// Make a new random migration key file (mode 0600) to copy to both
+    /// hosts and give `hover run|restore|receive --migration-key`.
+    MigrationKey(MigrationKeyArgs),
+}
+
+#[derive(Args)]
+struct MigrationKeyArgs {
+    /// The file to write (a new file: an existing path is refused).
+    path: PathBuf,
 }
 
 #[derive(Args)]
@@ -78,6 +87,15 @@ struct ReceiveArgs {
     /// printed on stderr) or unix:PATH.
     #[arg(long)]
     listen: String,
+    /// Over TCP, take a VM without a migration key: anyone who reaches the
+    /// port can send one (and read nothing back but its errors). Unix
+    /// sockets need no key (their file is 0600).
+    #[arg(long)]
+    insecure: bool,
+    /// Give up (exit 1) if no source has opened a migration stream within
+    /// this long (e.g. 10m) [default: wait for ever].
+    #[arg(long, value_parser = hover_vmm::config::parse_duration)]
+    timeout: Option<std::time::Duration>,
     #[command(flatten)]
     files: HostFileArgs,
     #[command(flatten)]
@@ -277,6 +295,31 @@ fn main() -> ExitCode {
         Command::Restore(args) => restore(args),
         Command::Receive(args) => receive(args),
         Command::GuestImage(args) => guest_image(&args.out),
+        Command::MigrationKey(args) => migration_key(&args.path),
+    }
+}
+
+fn migration_key(path: &std::path::Path) -> ExitCode {
+    match hover_vmm::config::MigrationKey::create(path) {
+        Ok(()) => {
+            eprintln!(
+                "hover: wrote a new migration key to {} (mode 0600); copy it to the other host the same way (e.g. scp -p) and give both VMMs --migration-key {}",
+                path.display(),
+                path.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            eprintln!(
+                "hover: error: {}: already exists (choose a new path; a key is never overwritten)",
+                path.display()
+            );
+            ExitCode::from(EXIT_BAD_INPUT)
+        }
+        Err(e) => {
+            eprintln!("hover: error: {}: {e}", path.display());
+            ExitCode::from(EXIT_BAD_INPUT)
+        }
     }
 }
 
@@ -348,7 +391,16 @@ fn receive(args: ReceiveArgs) -> ExitCode {
     };
     let announce = |at: &str| eprintln!("hover: waiting for a migrating VM on {at}");
     finish(
-        Vm::receive(&listen, &opts, announce).and_then(Vm::run),
+        Vm::receive(
+            &listen,
+            &opts,
+            &ReceiveOptions {
+                insecure: args.insecure,
+                timeout: args.timeout,
+            },
+            announce,
+        )
+        .and_then(Vm::run),
         args.out.json,
         args.out.stats,
     )

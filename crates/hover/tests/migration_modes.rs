@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::migrate::{finish, kvstore, receiver, refused_request};
+use common::migrate::{finish, kvstore, new_key, receiver, receiver_with, refused_request};
 use common::{report, Scratch, Vm};
 use hover_vmm::host::kvm_for_test;
 
@@ -136,18 +136,22 @@ fn a_sender_process_migrates_the_guest_with_each_mapping_mode() {
     }
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let dir = Scratch::new("migrate-sender");
+    // readv on an authenticated link: the process's frames carry on the
+    // VMM's MAC sequence, and the destination checks every one.
+    let key = new_key(&dir, "k.key");
+    let keyed = ["--migration-key", key.to_str().unwrap()];
     for mode in ["per-page", "readv", "persistent"] {
-        let (dest, at) = receiver(&format!("unix:{}", dir.path("in.sock").display()));
-        let src = Vm::spawn(
-            &[
-                "run",
-                "--memory-backend",
-                "memfd",
-                "--cmdline",
-                "workload=kvstore wss=16M rate=1000 seconds=4",
-            ],
-            &dir.path("src.sock"),
-        );
+        let extra = if mode == "readv" { &keyed[..] } else { &[][..] };
+        let (dest, at) = receiver_with(&format!("unix:{}", dir.path("in.sock").display()), extra);
+        let mut args = vec![
+            "run",
+            "--memory-backend",
+            "memfd",
+            "--cmdline",
+            "workload=kvstore wss=16M rate=1000 seconds=4",
+        ];
+        args.extend(extra);
+        let src = Vm::spawn(&args, &dir.path("src.sock"));
         std::thread::sleep(Duration::from_millis(500));
         let body = serde_json::json!({ "to": at, "verify": true, "sender_process": mode });
         let rep = src
@@ -155,6 +159,7 @@ fn a_sender_process_migrates_the_guest_with_each_mapping_mode() {
             .json("PUT", "/vm/migrate", Some(&body.to_string()))
             .unwrap_or_else(|e| panic!("{mode}: {e}"));
         assert_eq!(rep["sender_process"], mode, "{rep}");
+        assert_eq!(rep["authenticated"], mode == "readv", "{rep}");
         assert!(rep["pages_sent"].as_u64().unwrap() > 100, "{rep}");
         assert!(
             rep["sender_process_cpu_us"].as_u64().unwrap() > 0,

@@ -11,21 +11,22 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::migrate::{assert_breakdown_adds_up, finish, receiver, receiver_with};
+use common::migrate::{assert_breakdown_adds_up, finish, new_key, receiver, receiver_with};
 use common::proxy::Proxy;
 use common::{report, Scratch, Vm};
 use hover_vmm::host::kvm_for_test;
 
 /// A kvstore guest that keeps writing for `seconds`.
 fn writer(dir: &Scratch, name: &str, seconds: u32) -> Vm {
-    Vm::spawn(
-        &[
-            "run",
-            "--cmdline",
-            &format!("workload=kvstore wss=32M rate=2000 seconds={seconds}"),
-        ],
-        &dir.path(&format!("{name}.sock")),
-    )
+    writer_with(dir, name, seconds, &[])
+}
+
+/// [`writer`] with more `hover run` arguments.
+fn writer_with(dir: &Scratch, name: &str, seconds: u32, extra: &[&str]) -> Vm {
+    let cmdline = format!("workload=kvstore wss=32M rate=2000 seconds={seconds}");
+    let mut args = vec!["run", "--cmdline", &cmdline];
+    args.extend(extra);
+    Vm::spawn(&args, &dir.path(&format!("{name}.sock")))
 }
 
 /// Wait until `vm`'s migration shows `mode` (within 20 s).
@@ -50,12 +51,15 @@ fn kvstore_runs_at_the_destination_while_its_memory_arrives() {
         return;
     }
     let dir = Scratch::new("postcopy");
-    for listen in [
-        format!("unix:{}", dir.path("in.sock").display()),
-        "tcp:127.0.0.1:0".to_string(),
+    // Over TCP authenticated: requests and pushed pages carry MACs both ways.
+    let key = new_key(&dir, "k.key");
+    let keyed = ["--migration-key", key.to_str().unwrap()];
+    for (listen, extra) in [
+        (format!("unix:{}", dir.path("in.sock").display()), &[][..]),
+        ("tcp:127.0.0.1:0".to_string(), &keyed[..]),
     ] {
-        let (dest, at) = receiver(&listen);
-        let src = writer(&dir, "src", 6);
+        let (dest, at) = receiver_with(&listen, extra);
+        let src = writer_with(&dir, "src", 6, extra);
         std::thread::sleep(Duration::from_millis(1500));
         // 8 MB/s: the pushed pages take over a second to arrive, so the
         // guest (2000 random writes a second over 32 MiB) certainly touches

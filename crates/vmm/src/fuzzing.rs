@@ -73,8 +73,14 @@ pub fn migration_stream(data: &[u8]) {
         Some((&k, payload)) if k & 0x80 != 0 => decode(k & 0x7f, payload),
         _ => {
             let mut r = FrameReader::new(data);
-            if r.hello().is_err() {
-                return;
+            match r.hello() {
+                // The MAC trailer's reading is fuzzed too (a fixed key:
+                // random tags never match, but every length does pass).
+                Ok(flags) if flags & wire::HELLO_AUTH != 0 => {
+                    r.set_mac(crate::migration::auth::FrameMac::from_key_bytes([0; 32]))
+                }
+                Ok(_) => {}
+                Err(_) => return,
             }
             while let Ok(f) = r.frame() {
                 decode(f.kind as u8, &f.payload);

@@ -1,5 +1,6 @@
 //! What this host offers: whether KVM can be used at all.
 
+use std::io;
 use std::path::Path;
 
 /// Block SIGXFSZ in the calling thread (and so in every thread it starts
@@ -47,4 +48,22 @@ pub fn kvm_for_test(test: &str) -> bool {
             false
         }
     }
+}
+
+/// Fill `buf` from the kernel's random source.
+pub fn random_bytes(buf: &mut [u8]) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: writes at most the rest of `buf`.
+        let n = unsafe { libc::getrandom(buf[done..].as_mut_ptr().cast(), buf.len() - done, 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        } else {
+            done += n as usize;
+        }
+    }
+    Ok(())
 }

@@ -33,7 +33,7 @@ pub use report::{ReportEntry, ReportValue};
 pub use vcpu::{GuestCrash, RegisterDump};
 pub use vm::{
     BootTimings, Command, CommandError, Controller, EndReason, Lifecycle, MemoryRestore,
-    MemoryUsage, RestoreOptions, RunOutcome, Vm,
+    MemoryUsage, ReceiveOptions, RestoreOptions, RunOutcome, Vm,
 };
 
 /// A KVM operation, named for error messages.

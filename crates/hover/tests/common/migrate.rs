@@ -4,7 +4,7 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Stdio};
 
-use super::{hover_cmd, text, Scratch, Vm};
+use super::{hover, hover_cmd, text, Scratch, Vm};
 
 /// `hover receive --listen ADDR --json --console off`, and the address it listens on.
 pub fn receiver(listen: &str) -> (Child, String) {
@@ -88,4 +88,13 @@ pub fn assert_breakdown_adds_up(r: &serde_json::Value) {
         "parts add up to {sum} us, downtime {downtime_us} us: {b}"
     );
     assert!(b["destination_load_us"].as_u64().unwrap() > 0, "{b}");
+}
+
+/// A new migration key file made by `hover migration-key`.
+#[allow(dead_code)] // not every test file uses every helper
+pub fn new_key(dir: &Scratch, name: &str) -> std::path::PathBuf {
+    let p = dir.path(name);
+    let out = hover(&["migration-key", p.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    p
 }

@@ -98,6 +98,8 @@ pub(super) struct MigrateRequest {
     mode: Option<String>,
     #[serde(default)]
     recover: bool,
+    #[serde(default)]
+    insecure: bool,
 }
 
 impl MigrateRequest {
@@ -136,6 +138,7 @@ impl MigrateRequest {
             o.mode = m.parse().map_err(|e| ApiFailure::bad("mode", e))?;
         }
         o.recover = self.recover;
+        o.insecure = self.insecure;
         o.check()
             .map_err(|(field, reason)| ApiFailure::bad(field, reason))?;
         Ok(o)
@@ -240,7 +243,11 @@ impl From<CommandError> for ApiFailure {
                 use crate::migration::MigrationError as M;
                 ApiFailure::new(
                     match m {
-                        M::Connect { .. } | M::Refused(_) | M::Wire(_) | M::Link(_) => 502,
+                        M::Connect { .. }
+                        | M::Refused(_)
+                        | M::Auth(_)
+                        | M::Wire(_)
+                        | M::Link(_) => 502,
                         M::NoConvergence(_) => 504,
                         M::GuestEnded => 409,
                         _ => 500,

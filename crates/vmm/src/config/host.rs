@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use super::limits::GuestLimits;
 use super::ConfigError;
+use super::MigrationKey;
 
 /// A byte buffer shared with the caller, for capturing the console.
 pub type SharedBuffer = Arc<Mutex<Vec<u8>>>;
@@ -110,6 +111,10 @@ pub struct HostConfig {
     pub limits: GuestLimits,
     /// seccomp filters on the VMM's threads (`--seccomp`).
     pub seccomp: SeccompMode,
+    /// The pre-shared key this VMM's migrations prove, both ways
+    /// (`--migration-key`); `None`: unauthenticated, so TCP only when a
+    /// migration asks for `insecure`.
+    pub migration_key: Option<Arc<MigrationKey>>,
 }
 
 impl HostConfig {

@@ -11,6 +11,7 @@ pub mod halt_poll;
 pub mod host;
 pub mod limits;
 pub mod machine;
+pub mod migration_key;
 
 use hover_abi::cmdline::CmdlineError;
 use hover_abi::workload::{self, ParamKind, WorkloadError};
@@ -24,6 +25,7 @@ pub use machine::{
     BootProtocol, GuestImage, MachineConfig, MemoryBackend, DEFAULT_CMDLINE, DEFAULT_MEMORY,
     DEFAULT_VCPUS, MAX_MEMORY,
 };
+pub use migration_key::MigrationKey;
 
 /// Everything needed to build and run a VM on this host.
 #[derive(Clone, Debug, Default)]

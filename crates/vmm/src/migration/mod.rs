@@ -8,10 +8,12 @@
 //! VM's control loop (`vm/migrate.rs`), the destination side is
 //! [`crate::Vm::receive`] (`vm/receive.rs`). docs/MIGRATION.md.
 
+pub mod auth;
 pub mod batch;
 pub mod convergence;
 pub mod dirty;
 pub mod mapper;
+pub mod opening;
 pub mod postcopy;
 pub mod received;
 pub mod sender;
@@ -92,6 +94,9 @@ pub struct MigrateOptions {
     /// Reconnect a post-copy migration whose connection broke (the VM is
     /// `postcopy-paused`) instead of starting one.
     pub recover: bool,
+    /// Allow TCP without a migration key: anyone who can reach or imitate
+    /// the destination gets the VM.
+    pub insecure: bool,
 }
 
 impl MigrateOptions {
@@ -109,6 +114,7 @@ impl MigrateOptions {
             sender_process: None,
             mode: postcopy::Mode::Precopy,
             recover: false,
+            insecure: false,
         }
     }
 
@@ -156,6 +162,9 @@ pub struct MigrationReport {
     pub mode: String,
     /// The post-copy phase, if there was one.
     pub postcopy: Option<postcopy::PostcopyReport>,
+    /// Whether both ends proved the migration key and every frame carried
+    /// a MAC (`false`: a Unix socket, or TCP with `insecure`).
+    pub authenticated: bool,
     /// The tracker.
     pub tracker: String,
     /// Pages per batch.
@@ -258,6 +267,10 @@ pub enum MigrationError {
     /// The destination refused.
     #[error("the destination refused: {0}")]
     Refused(String),
+    /// The peer did not prove it holds the migration key, or the two ends
+    /// disagree on authenticating.
+    #[error("migration authentication failed: {0}")]
+    Auth(String),
     /// The stream broke or was malformed.
     #[error(transparent)]
     Wire(#[from] WireError),
@@ -284,6 +297,9 @@ pub enum MigrationError {
         /// Why.
         reason: String,
     },
+    /// The destination's wait for a source ended without one.
+    #[error(transparent)]
+    Waited(#[from] opening::WaitError),
     /// The connection to the peer failed while sending or waiting.
     #[error("the link to the destination failed ({0})")]
     Link(String),
@@ -298,7 +314,10 @@ impl MigrationError {
     pub fn is_bad_input(&self) -> bool {
         matches!(
             self,
-            MigrationError::Wire(_) | MigrationError::Unfit { .. } | MigrationError::Refused(_)
+            MigrationError::Wire(_)
+                | MigrationError::Unfit { .. }
+                | MigrationError::Refused(_)
+                | MigrationError::Auth(_)
         )
     }
 }

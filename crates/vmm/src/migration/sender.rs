@@ -9,13 +9,16 @@
 //! binary dispatches it to [`child_main`]); it inherits the connection, a
 //! control socket and the guest memfds, and dies with its parent.
 //!
-//! Control protocol (a Unix socket pair, little-endian): a request is
-//! `count u32, flags u32` (bit 0: skip pages of zeros; bit 1: read the
-//! pages only, send nothing) and `count` page addresses u64; `count = 0,
-//! flags = u32::MAX` ends the helper. An answer is `pages sent (or read)
-//! u64, bytes written u64, CPU µs the helper spent on requests so far u64,
-//! error length u32` and the error's UTF-8 text (empty when the request was
-//! done).
+//! Control protocol (a Unix socket pair, little-endian): first the VMM
+//! sends one byte, 1 if the link is authenticated (then the 32-byte frame
+//! key of the source's direction follows: never on the command line) or 0.
+//! A request is `count u32, flags u32, seq u64` (bit 0: skip pages of
+//! zeros; bit 1: read the pages only, send nothing; `seq`: the MAC
+//! sequence number of the first frame) and `count` page addresses u64;
+//! `count = 0, flags = u32::MAX` ends the helper. An answer is `pages sent
+//! (or read) u64, bytes written u64, CPU µs the helper spent on requests so
+//! far u64, the next frame's sequence number u64, error length u32` and the
+//! error's UTF-8 text (empty when the request was done).
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
@@ -25,6 +28,7 @@ use std::process::{Child, Command, Stdio};
 
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
+use super::auth::FrameMac;
 use super::batch::{BatchError, Batcher};
 use super::mapper::{MapMode, Region, RemoteMemory};
 use super::wire::FrameWriter;
@@ -54,6 +58,7 @@ impl ProcessSender {
         ram: &GuestRam,
         conn: &impl AsRawFd,
         batch: usize,
+        mac: Option<&FrameMac>,
     ) -> io::Result<ProcessSender> {
         let regions: Vec<Region> = ram
             .memory()
@@ -110,43 +115,62 @@ impl ProcessSender {
         }
         let child = cmd.spawn()?;
         drop(theirs);
+        let mut ctl = mine;
+        let mut first = vec![mac.is_some() as u8];
+        if let Some(m) = mac {
+            first.extend_from_slice(&m.key_bytes());
+        }
+        ctl.write_all(&first)?;
         // Let the helper read this process's memory where Yama restricts
         // ptrace to ancestors (harmless elsewhere).
         // SAFETY: plain prctl on this process.
         unsafe { libc::prctl(libc::PR_SET_PTRACER, child.id() as libc::c_ulong) };
         Ok(ProcessSender {
             child,
-            ctl: mine,
+            ctl,
             cpu_us: 0,
         })
     }
 
     /// Have the helper send the pages at `gpas` (skipping pages of zeros if
-    /// `skip_zero`): the pages and bytes it sent.
-    pub fn send(&mut self, gpas: &[u64], skip_zero: bool) -> io::Result<(u64, u64)> {
-        self.request(gpas, if skip_zero { SKIP_ZERO } else { 0 })
+    /// `skip_zero`), its frames carrying on `mac`'s sequence on an
+    /// authenticated link: the pages and bytes it sent.
+    pub fn send(
+        &mut self,
+        gpas: &[u64],
+        skip_zero: bool,
+        mac: Option<&mut FrameMac>,
+    ) -> io::Result<(u64, u64)> {
+        let seq = mac.as_ref().map_or(0, |m| m.seq());
+        let (pages, bytes, next) =
+            self.request(gpas, if skip_zero { SKIP_ZERO } else { 0 }, seq)?;
+        if let Some(m) = mac {
+            m.set_seq(next);
+        }
+        Ok((pages, bytes))
     }
 
     /// Have the helper read the pages at `gpas` and send nothing (how much
     /// the reading costs: the mapping micro-benchmark). Pages read.
     pub fn read_only(&mut self, gpas: &[u64]) -> io::Result<u64> {
-        self.request(gpas, READ_ONLY).map(|(n, _)| n)
+        self.request(gpas, READ_ONLY, 0).map(|(n, _, _)| n)
     }
 
-    fn request(&mut self, gpas: &[u64], flags: u32) -> io::Result<(u64, u64)> {
-        let mut req = Vec::with_capacity(8 + gpas.len() * 8);
+    fn request(&mut self, gpas: &[u64], flags: u32, seq: u64) -> io::Result<(u64, u64, u64)> {
+        let mut req = Vec::with_capacity(16 + gpas.len() * 8);
         req.extend_from_slice(&(gpas.len() as u32).to_le_bytes());
         req.extend_from_slice(&flags.to_le_bytes());
+        req.extend_from_slice(&seq.to_le_bytes());
         for g in gpas {
             req.extend_from_slice(&g.to_le_bytes());
         }
         self.ctl.write_all(&req).map_err(|e| self.gone(e))?;
-        let mut a = [0u8; 28];
+        let mut a = [0u8; 36];
         self.ctl.read_exact(&mut a).map_err(|e| self.gone(e))?;
         let word = |i: usize| u64::from_le_bytes(a[i..i + 8].try_into().expect("8 bytes"));
-        let (pages, bytes) = (word(0), word(8));
+        let (pages, bytes, next) = (word(0), word(8), word(24));
         self.cpu_us = word(16);
-        let elen = u32::from_le_bytes(a[24..28].try_into().expect("4 bytes")) as usize;
+        let elen = u32::from_le_bytes(a[32..36].try_into().expect("4 bytes")) as usize;
         if elen > 0 {
             let mut e = vec![0u8; elen.min(1 << 16)];
             self.ctl.read_exact(&mut e).map_err(|e| self.gone(e))?;
@@ -155,7 +179,7 @@ impl ProcessSender {
                 String::from_utf8_lossy(&e)
             )));
         }
-        Ok((pages, bytes))
+        Ok((pages, bytes, next))
     }
 
     fn gone(&mut self, e: io::Error) -> io::Error {
@@ -169,7 +193,7 @@ impl ProcessSender {
 
 impl Drop for ProcessSender {
     fn drop(&mut self) {
-        let mut end = [0u8; 8];
+        let mut end = [0u8; 16];
         end[4..8].copy_from_slice(&END.to_le_bytes());
         if self.ctl.write_all(&end).is_err() {
             let _ = self.child.kill();
@@ -245,6 +269,21 @@ pub fn child_main(args: &[String]) -> i32 {
             UnixStream::from_raw_fd(a.ctl_fd),
         )
     };
+    // The link's frame key, if it is authenticated: read before anything else.
+    let mut first = [0u8; 1];
+    if ctl.read_exact(&mut first).is_err() {
+        return 0;
+    }
+    let mac = match first[0] {
+        0 => None,
+        _ => {
+            let mut key = [0u8; 32];
+            if ctl.read_exact(&mut key).is_err() {
+                return 0;
+            }
+            Some(FrameMac::from_key_bytes(key))
+        }
+    };
     let mut mem = match RemoteMemory::new(a.mode, a.pid, a.regions) {
         Ok(m) => Ok(m),
         Err(e) => Err(e.to_string()),
@@ -255,15 +294,21 @@ pub fn child_main(args: &[String]) -> i32 {
         return 1;
     }
     let mut w = FrameWriter::new(conn);
+    if let Some(m) = mac {
+        w.set_mac(m);
+    }
     let mut frames = Batcher::new(a.batch);
     let mut serving_us = 0u64;
     loop {
-        let mut h = [0u8; 8];
+        let mut h = [0u8; 16];
         if ctl.read_exact(&mut h).is_err() {
             return 0;
         }
         let count = u32::from_le_bytes(h[0..4].try_into().expect("4 bytes")) as usize;
         let flags = u32::from_le_bytes(h[4..8].try_into().expect("4 bytes"));
+        if let Some(m) = w.mac_mut() {
+            m.set_seq(u64::from_le_bytes(h[8..16].try_into().expect("8 bytes")));
+        }
         if count == 0 && flags == END {
             return 0;
         }
@@ -298,10 +343,11 @@ pub fn child_main(args: &[String]) -> i32 {
             Ok(n) => (n, String::new()),
             Err(e) => (0, e.to_string()),
         };
-        let mut ans = Vec::with_capacity(28 + err.len());
+        let mut ans = Vec::with_capacity(36 + err.len());
         ans.extend_from_slice(&pages.to_le_bytes());
         ans.extend_from_slice(&(w.bytes - bytes0).to_le_bytes());
         ans.extend_from_slice(&serving_us.to_le_bytes());
+        ans.extend_from_slice(&w.mac().map_or(0, |m| m.seq()).to_le_bytes());
         ans.extend_from_slice(&(err.len() as u32).to_le_bytes());
         ans.extend_from_slice(err.as_bytes());
         if ctl.write_all(&ans).is_err() {

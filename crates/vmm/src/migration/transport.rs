@@ -148,6 +148,45 @@ impl Write for Conn {
     }
 }
 
+/// A connection read under one deadline for all its reads (a peer that
+/// trickles bytes cannot stretch it), not a timeout per read.
+pub struct Timed {
+    conn: Conn,
+    until: std::time::Instant,
+}
+
+impl Timed {
+    /// Read `conn` until `until`.
+    pub fn new(conn: Conn, until: std::time::Instant) -> Timed {
+        Timed { conn, until }
+    }
+
+    /// The connection, deadline dropped (its read timeout is left as the
+    /// last read set it: set it again).
+    pub fn into_inner(self) -> Conn {
+        self.conn
+    }
+}
+
+impl Read for Timed {
+    fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
+        let left = self
+            .until
+            .saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "timed out (the deadline for the whole opening passed)",
+            ));
+        }
+        match &self.conn {
+            Conn::Tcp(s) => s.set_read_timeout(Some(left))?,
+            Conn::Unix(s) => s.set_read_timeout(Some(left))?,
+        }
+        self.conn.read(b)
+    }
+}
+
 /// A listening socket for `hover receive`.
 pub enum Listener {
     /// TCP.
@@ -224,23 +263,40 @@ impl Listener {
     /// Wait for one connection until `stop` is set (looked at every 100 ms):
     /// `None` then.
     pub fn accept_unless(&self, stop: &std::sync::atomic::AtomicBool) -> io::Result<Option<Conn>> {
+        loop {
+            if stop.load(std::sync::atomic::Ordering::Acquire) {
+                return Ok(None);
+            }
+            if let Some(c) = self.accept_within(Duration::from_millis(100))? {
+                return Ok(Some(c));
+            }
+        }
+    }
+
+    /// Wait at most `wait` for one connection: `None` if none came.
+    pub fn accept_within(&self, wait: Duration) -> io::Result<Option<Conn>> {
         use std::os::fd::AsRawFd;
         let fd = match self {
             Listener::Tcp(l) => l.as_raw_fd(),
             Listener::Unix(l, _) => l.as_raw_fd(),
         };
-        loop {
-            if stop.load(std::sync::atomic::Ordering::Acquire) {
-                return Ok(None);
-            }
-            let mut p = libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd.
-            if unsafe { libc::poll(&mut p, 1, 100) } > 0 {
-                return self.accept().map(Some);
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = wait.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd.
+        match unsafe { libc::poll(&mut p, 1, ms) } {
+            n if n > 0 => self.accept().map(Some),
+            0 => Ok(None),
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    Ok(None)
+                } else {
+                    Err(e)
+                }
             }
         }
     }
@@ -280,6 +336,37 @@ impl Drop for Listener {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deadline_holds_over_all_reads() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let mut t = Timed::new(
+            Conn::Unix(a),
+            std::time::Instant::now() + Duration::from_millis(300),
+        );
+        let t0 = std::time::Instant::now();
+        // A byte every 100 ms: each read is quick, the sum is not.
+        let trickle = std::thread::spawn(move || {
+            for _ in 0..20 {
+                if b.write_all(b"x").is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let mut buf = [0u8; 16];
+        let e = t.read_exact(&mut buf).unwrap_err();
+        assert!(
+            matches!(
+                e.kind(),
+                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+            ),
+            "{e}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+        drop(t);
+        trickle.join().unwrap();
+    }
 
     #[test]
     fn addresses_parse() {

@@ -1,7 +1,9 @@
 //! The migration stream (docs/MIGRATION.md): a hello, then frames, each a
-//! 24-byte header (kind, length, CRC32 of the payload) and its payload.
+//! 24-byte header (kind, length, CRC32 of the payload) and its payload;
+//! on an authenticated link (`auth`), a MAC after each frame.
 //!
 //! ```text
+//! authenticated links open with: HELLO, AUTH (both ways), AUTH (auth.rs)
 //! pre-copy:
 //! source -> destination: HELLO, CONF, MODE, PAGES..., STATE, [DIGEST], END
 //! destination -> source: READY after MODE, RUNNING after END
@@ -23,10 +25,13 @@ use std::io::{self, IoSlice, Read, Write};
 
 use hover_abi::layout::PAGE_SIZE;
 
+pub use super::auth::HELLO_AUTH;
+use super::auth::{FrameMac, MAC_BYTES};
+
 /// The stream's magic.
 pub const MAGIC: [u8; 8] = *b"HOVERMIG";
 /// The stream version this build speaks.
-pub const VERSION: u32 = 5;
+pub const VERSION: u32 = 6;
 /// Largest page batch.
 pub const MAX_BATCH: usize = 4096;
 /// Largest frame payload: a full page batch, or a state document.
@@ -53,6 +58,8 @@ pub enum Kind {
     Postcopy = 7,
     /// The first frame of a connection that resumes a broken post-copy.
     Recover = 8,
+    /// Either side, on an authenticated link: a nonce or a proof (auth.rs).
+    Auth = 9,
     /// Destination: the VM is built, send memory.
     Ready = 16,
     /// Destination: the guest runs here now.
@@ -112,6 +119,7 @@ impl Kind {
             6 => Kind::Mode,
             7 => Kind::Postcopy,
             8 => Kind::Recover,
+            9 => Kind::Auth,
             16 => Kind::Ready,
             17 => Kind::Running,
             18 => Kind::Error,
@@ -158,6 +166,15 @@ pub enum WireError {
         /// Where.
         offset: u64,
     },
+    /// A frame's MAC does not match: altered, replayed, reordered, or not
+    /// from the peer that authenticated.
+    #[error("{kind:?} frame at offset {offset} fails its MAC: altered in transit or not from the authenticated peer")]
+    Mac {
+        /// The frame's kind.
+        kind: Kind,
+        /// Where.
+        offset: u64,
+    },
     /// The stream ended early.
     #[error("the stream ended at offset {offset}, inside {what}")]
     Truncated {
@@ -172,6 +189,7 @@ pub enum WireError {
 pub struct FrameReader<R> {
     inner: R,
     offset: u64,
+    mac: Option<FrameMac>,
 }
 
 /// A frame read: its kind, where it started, its payload.
@@ -188,7 +206,21 @@ pub struct Frame {
 impl<R: Read> FrameReader<R> {
     /// Read from `inner`.
     pub fn new(inner: R) -> Self {
-        FrameReader { inner, offset: 0 }
+        FrameReader {
+            inner,
+            offset: 0,
+            mac: None,
+        }
+    }
+
+    /// From here on, every frame must carry a MAC under `mac`.
+    pub fn set_mac(&mut self, mac: FrameMac) {
+        self.mac = Some(mac);
+    }
+
+    /// The MAC state, on an authenticated link.
+    pub fn mac(&self) -> Option<&FrameMac> {
+        self.mac.as_ref()
     }
 
     fn exact(&mut self, buf: &mut [u8], what: impl Fn() -> String) -> Result<(), WireError> {
@@ -208,22 +240,23 @@ impl<R: Read> FrameReader<R> {
         }
     }
 
-    /// Read and check the hello.
-    pub fn hello(&mut self) -> Result<(), WireError> {
+    /// Read and check the hello: its flags ([`HELLO_AUTH`]).
+    pub fn hello(&mut self) -> Result<u32, WireError> {
         let mut h = [0u8; 16];
         self.exact(&mut h, || "the hello".into())?;
         let version = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
-        // The reserved word must be zero too: a damaged hello is refused.
-        if h[..8] != MAGIC || version != VERSION || h[12..16] != [0; 4] {
+        let flags = u32::from_le_bytes(h[12..16].try_into().expect("4 bytes"));
+        // Unknown flags are refused: a damaged hello must not pass.
+        if h[..8] != MAGIC || version != VERSION || flags & !HELLO_AUTH != 0 {
             return Err(WireError::Hello {
                 offset: 0,
                 found: format!(
-                    "magic {:?}, version {version}",
+                    "magic {:?}, version {version}, flags {flags:#x}",
                     String::from_utf8_lossy(&h[..8])
                 ),
             });
         }
-        Ok(())
+        Ok(flags)
     }
 
     /// Read the next frame, checking its kind, length and CRC.
@@ -256,6 +289,16 @@ impl<R: Read> FrameReader<R> {
         self.exact(&mut payload, || {
             format!("the {kind:?} frame at offset {at}")
         })?;
+        if self.mac.is_some() {
+            let mut tag = [0u8; MAC_BYTES];
+            self.exact(&mut tag, || {
+                format!("the MAC of the {kind:?} frame at offset {at}")
+            })?;
+            let mac = self.mac.as_mut().expect("checked above");
+            if !mac.verify(&h, &payload, &tag) {
+                return Err(WireError::Mac { kind, offset: at });
+            }
+        }
         if crc32fast::hash(&payload) != crc {
             return Err(WireError::Crc { kind, offset: at });
         }
@@ -270,6 +313,16 @@ impl<R: Read> FrameReader<R> {
     pub fn offset(&self) -> u64 {
         self.offset
     }
+
+    /// The same stream read through `f(inner)` from here on (offset and
+    /// MAC state carried over).
+    pub fn map_inner<S>(self, f: impl FnOnce(R) -> S) -> FrameReader<S> {
+        FrameReader {
+            inner: f(self.inner),
+            offset: self.offset,
+            mac: self.mac,
+        }
+    }
 }
 
 /// Writes frames; counts bytes sent.
@@ -277,19 +330,50 @@ pub struct FrameWriter<W> {
     inner: W,
     /// Bytes written so far.
     pub bytes: u64,
+    mac: Option<FrameMac>,
 }
 
 impl<W: Write> FrameWriter<W> {
     /// Write to `inner`.
     pub fn new(inner: W) -> Self {
-        FrameWriter { inner, bytes: 0 }
+        FrameWriter {
+            inner,
+            bytes: 0,
+            mac: None,
+        }
     }
 
-    /// The hello.
-    pub fn hello(&mut self) -> io::Result<()> {
+    /// From here on, every frame carries a MAC under `mac`.
+    pub fn set_mac(&mut self, mac: FrameMac) {
+        self.mac = Some(mac);
+    }
+
+    /// The MAC state, on an authenticated link (a sender process carries
+    /// on its sequence).
+    pub fn mac(&self) -> Option<&FrameMac> {
+        self.mac.as_ref()
+    }
+
+    /// The MAC state, to move its sequence on.
+    pub fn mac_mut(&mut self) -> Option<&mut FrameMac> {
+        self.mac.as_mut()
+    }
+
+    /// A writer to `inner`, the same stream, that carries on this one's
+    /// MAC sequence: from then on only one of the two may write.
+    pub fn hand_over<V: Write>(&self, inner: V) -> FrameWriter<V> {
+        FrameWriter {
+            inner,
+            bytes: 0,
+            mac: self.mac.clone(),
+        }
+    }
+
+    /// The hello, with `flags` ([`HELLO_AUTH`] or 0).
+    pub fn hello(&mut self, flags: u32) -> io::Result<()> {
         let mut h = MAGIC.to_vec();
         h.extend_from_slice(&VERSION.to_le_bytes());
-        h.extend_from_slice(&0u32.to_le_bytes());
+        h.extend_from_slice(&flags.to_le_bytes());
         self.inner.write_all(&h)?;
         self.bytes += h.len() as u64;
         Ok(())
@@ -307,11 +391,15 @@ impl<W: Write> FrameWriter<W> {
         h[0..4].copy_from_slice(&(kind as u32).to_le_bytes());
         h[8..16].copy_from_slice(&(len as u64).to_le_bytes());
         h[16..20].copy_from_slice(&crc.finalize().to_le_bytes());
-        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(parts.len() + 1);
+        let tag = self.mac.as_mut().map(|m| m.tag(&h, parts));
+        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(parts.len() + 2);
         slices.push(IoSlice::new(&h));
         slices.extend(parts.iter().map(|p| IoSlice::new(p)));
+        if let Some(t) = &tag {
+            slices.push(IoSlice::new(t));
+        }
         write_all_vectored(&mut self.inner, &mut slices)?;
-        self.bytes += (HEADER + len) as u64;
+        self.bytes += (HEADER + len + tag.map_or(0, |t| t.len())) as u64;
         Ok(())
     }
 
@@ -458,7 +546,7 @@ mod tests {
 
     fn stream(frames: &[(Kind, Vec<u8>)]) -> Vec<u8> {
         let mut w = FrameWriter::new(Vec::new());
-        w.hello().unwrap();
+        w.hello(0).unwrap();
         for (k, p) in frames {
             w.frame(*k, &[&p[..p.len() / 2], &p[p.len() / 2..]])
                 .unwrap();
@@ -504,6 +592,9 @@ mod tests {
         let mut bad = s.clone();
         bad[13] = 1;
         assert!(FrameReader::new(&bad[..]).hello().is_err());
+        let mut bad = s.clone();
+        bad[12] = HELLO_AUTH as u8;
+        assert_eq!(FrameReader::new(&bad[..]).hello().unwrap(), HELLO_AUTH);
         let mut bad = s.clone();
         bad[16] = 99;
         let mut r = FrameReader::new(&bad[..]);

@@ -1,10 +1,47 @@
-//! The source's side of the stream's opening: what it sends unasked
-//! (hello, configuration, mode) and how it reads the destination's
-//! answers, where an ERROR frame is a refusal.
+//! The source's side of the stream's opening: the hello and, with a key,
+//! the proofs both ways; what it sends unasked (configuration, mode) and
+//! how it reads the destination's answers, where an ERROR frame is a
+//! refusal.
 
-use super::link::{link, Reader};
-use crate::migration::wire::Kind;
+use super::link::{io, link, Reader, Writer};
+use crate::config::MigrationKey;
+use crate::migration::auth::{self, LinkAuth};
+use crate::migration::transport::{Addr, Conn};
+use crate::migration::wire::{FrameReader, FrameWriter, Kind, HELLO_AUTH};
 use crate::migration::MigrationError;
+
+/// How a source that may not use `to` without a key is told to fix it.
+const HOW: &str = "start this VMM with --migration-key FILE, the same key as the destination's, or ask for an unauthenticated migration (\"insecure\": true; hover ctl migrate --insecure)";
+
+/// Whether a migration to `to` may go: over TCP only with a key or when
+/// `insecure`.
+pub(super) fn allowed(
+    key: Option<&std::sync::Arc<MigrationKey>>,
+    to: &Addr,
+    insecure: bool,
+) -> Result<(), String> {
+    LinkAuth {
+        key: key.cloned(),
+        insecure,
+    }
+    .check(to, HOW)
+}
+
+/// Open the stream on `conn`: the hello and, with `key`, prove it and
+/// check the destination's proof; from there every frame carries a MAC.
+pub(super) fn open(
+    conn: &Conn,
+    key: Option<&MigrationKey>,
+) -> Result<(Writer, Reader), MigrationError> {
+    let mut w = FrameWriter::new(conn.try_clone().map_err(io("cloning the connection"))?);
+    let mut r = FrameReader::new(conn.try_clone().map_err(io("cloning the connection"))?);
+    let flags = if key.is_some() { HELLO_AUTH } else { 0 };
+    handshake(w.hello(flags), "sending the hello", &mut r)?;
+    if let Some(k) = key {
+        auth::client(k, &mut r, &mut w)?;
+    }
+    Ok((w, r))
+}
 
 /// Wait for `want` from the destination; its ERROR becomes a refusal.
 pub(super) fn expect(r: &mut Reader, want: Kind) -> Result<Vec<u8>, MigrationError> {

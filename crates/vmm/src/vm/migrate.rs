@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use super::control::{CommandError, Lifecycle, MigrationProgress, VmEvent};
-use super::handshake::{expect, handshake};
+use super::handshake::{allowed, expect, handshake, open};
 use super::link::{io, link, Reader, Writer, CONNECT_TIMEOUT, IO_TIMEOUT};
 use super::run::Running;
 use crate::migration::batch::{BatchError, Batcher};
@@ -18,9 +18,7 @@ use crate::migration::postcopy::Mode;
 use crate::migration::sender::ProcessSender;
 use crate::migration::throttle::{Policy, Ticker};
 use crate::migration::transport::Conn;
-use crate::migration::wire::{
-    FrameReader, FrameWriter, Kind, RunningFrame, MODE_POSTCOPY, MODE_PRECOPY,
-};
+use crate::migration::wire::{Kind, RunningFrame, MODE_POSTCOPY, MODE_PRECOPY};
 use crate::migration::{
     lap_us, transfer_time, DowntimeBreakdown, MigrateOptions, MigrationError, MigrationReport,
 };
@@ -71,7 +69,9 @@ impl PageSender {
             let mut sent = 0;
             for chunk in gpas.chunks(PROCESS_CHUNK) {
                 // The helper's own failures are this host's, not the link's.
-                let (n, bytes) = p.send(chunk, skip_zero).map_err(io("sending memory"))?;
+                let (n, bytes) = p
+                    .send(chunk, skip_zero, w.mac_mut())
+                    .map_err(io("sending memory"))?;
                 sent += n;
                 self.pages += n;
                 self.process_bytes += bytes;
@@ -180,6 +180,12 @@ impl Running {
                 });
             }
         }
+        allowed(self.vm.migration_key.as_ref(), &o.to, o.insecure).map_err(|reason| {
+            CommandError::Invalid {
+                field: "to",
+                reason,
+            }
+        })?;
         let ring_full0 = self.vm.rings.as_ref().map_or(0, |r| r.full_exits());
         let slept0 = self.vm.throttle.slept_us();
         let t0 = Instant::now();
@@ -232,9 +238,7 @@ impl Running {
         // A stalled destination ends the migration within its timeout.
         conn.set_timeout(Some(IO_TIMEOUT.min(o.timeout)))
             .map_err(io("setting the connection's timeout"))?;
-        let mut w = FrameWriter::new(conn.try_clone().map_err(io("cloning the connection"))?);
-        let mut r = FrameReader::new(conn.try_clone().map_err(io("cloning the connection"))?);
-        handshake(w.hello(), "sending the hello", &mut r)?;
+        let (mut w, mut r) = open(conn, self.vm.migration_key.as_deref())?;
         let mut config = self.vm.saved.clone();
         config.config.halt_poll = self.vm.halt_poll;
         let conf = postcard::to_allocvec(&config).expect("state types always encode");
@@ -259,6 +263,7 @@ impl Running {
         let mut report = MigrationReport {
             to: o.to.to_string(),
             mode: "precopy".into(),
+            authenticated: w.mac().is_some(),
             tracker: tracker.name().into(),
             batch_pages: o.batch_pages,
             sender_process: o.sender_process,
@@ -272,9 +277,10 @@ impl Running {
             throttled: false,
             process: match o.sender_process {
                 Some(mode) => Some(
-                    ProcessSender::spawn(mode, &self.vm.ram, conn, o.batch_pages).map_err(|e| {
-                        MigrationError::Host(format!("starting the sender process: {e}"))
-                    })?,
+                    ProcessSender::spawn(mode, &self.vm.ram, conn, o.batch_pages, w.mac())
+                        .map_err(|e| {
+                            MigrationError::Host(format!("starting the sender process: {e}"))
+                        })?,
                 ),
                 None => None,
             },

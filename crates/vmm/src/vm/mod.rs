@@ -53,6 +53,7 @@ pub(crate) use control::{Status, VmEvent};
 pub use dirty_log::{DirtyLogReport, DirtyLogRequest, MAX_DIRTY_LOG};
 pub use hot_set::MAX_HOT_WINDOW;
 pub use outcome::{thread_cpu_us, BootTimings, EndReason, MemoryUsage, RestoreReport, RunOutcome};
+pub use receive::ReceiveOptions;
 pub use restore::{MemoryRestore, RestoreOptions};
 
 /// The COM1 interrupt line on the IOAPIC.
@@ -76,6 +77,8 @@ pub struct Vm {
     halt_poll: HaltPoll,
     api_socket: Option<std::path::PathBuf>,
     seccomp: crate::seccomp::Mode,
+    /// The key this VM's outgoing migrations prove (`--migration-key`).
+    migration_key: Option<Arc<crate::config::MigrationKey>>,
     pvio: Arc<PvioDevice>,
     saved: SavedMachine,
     restored: Option<RestoreReport>,
@@ -338,6 +341,7 @@ impl Vm {
             pager,
             halt_poll: config.machine.halt_poll,
             api_socket: config.host.api_socket.clone(),
+            migration_key: config.host.migration_key.clone(),
             seccomp: config.host.seccomp,
             pvio,
             saved,

@@ -7,14 +7,14 @@
 use std::time::Instant;
 
 use super::control::{CommandError, Lifecycle, MigrationProgress};
-use super::handshake::expect;
+use super::handshake::{allowed, expect, open};
 use super::link::{io, link, Reader, Writer};
 use super::migrate::{pace_wait, PageSender};
 use super::run::Running;
 use crate::migration::postcopy::outgoing::{Pending, Serve, ServeError};
 use crate::migration::postcopy::{page_hash, Mode, PostcopyReport};
 use crate::migration::transport::Conn;
-use crate::migration::wire::{bitmap_pages, page_bitmap, FrameReader, FrameWriter, Kind};
+use crate::migration::wire::{bitmap_pages, page_bitmap, Kind};
 use crate::migration::{
     lap_us, DowntimeBreakdown, MigrateOptions, MigrationError, MigrationReport,
 };
@@ -148,6 +148,12 @@ impl Running {
                 reason: "this VM's post-copy migration broke off: only `recover` (to the same destination) carries it on".into(),
             });
         }
+        allowed(self.vm.migration_key.as_ref(), &o.to, o.insecure).map_err(|reason| {
+            CommandError::Invalid {
+                field: "to",
+                reason,
+            }
+        })?;
         let mut left = self
             .postcopy_left
             .take()
@@ -162,9 +168,7 @@ impl Running {
             })?;
             conn.set_timeout(Some(super::link::IO_TIMEOUT))
                 .map_err(io("setting the connection's timeout"))?;
-            let mut w = FrameWriter::new(conn.try_clone().map_err(io("cloning the connection"))?);
-            let mut r = FrameReader::new(conn.try_clone().map_err(io("cloning the connection"))?);
-            w.hello().map_err(link("sending the hello"))?;
+            let (mut w, mut r) = open(&conn, self.vm.migration_key.as_deref())?;
             w.frame(Kind::Recover, &[])
                 .map_err(link("asking to recover"))?;
             let missing = expect(&mut r, Kind::Missing)?;

@@ -106,6 +106,7 @@ impl Vm {
             placer,
             reader: r,
             recover_at,
+            key: self.migration_key.clone(),
             hash: 0,
             end,
             started: Instant::now(),

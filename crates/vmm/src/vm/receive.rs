@@ -12,6 +12,8 @@ use vm_memory::{Bytes, GuestAddress};
 use super::restore::{prepare, LoadError, RestoreOptions};
 use super::{open_console, DeviceSetup, Vm};
 use crate::memory::paged::PageSource;
+use crate::migration::auth::LinkAuth;
+use crate::migration::opening::{self, Opened, Waiting};
 use crate::migration::postcopy::incoming::{self, RemotePages};
 use crate::migration::received::ReceivedPages;
 use crate::migration::transport::{Addr, Conn, Listener};
@@ -26,18 +28,6 @@ use hover_abi::layout::PAGE_SIZE;
 
 /// How long the source may go quiet in the middle of a migration.
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long a new connection may go quiet before its hello is complete
-/// (per read: the hello is 16 bytes).
-pub const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Read a connection's hello: a reader past it, or why not.
-fn hello(conn: &Conn) -> Result<FrameReader<Conn>, MigrationError> {
-    let io = |e: std::io::Error| MigrationError::Host(e.to_string());
-    conn.set_timeout(Some(HELLO_TIMEOUT)).map_err(io)?;
-    let mut r = FrameReader::new(conn.try_clone().map_err(io)?);
-    r.hello()?;
-    Ok(r)
-}
 
 fn unfit(section: &'static str, offset: u64, reason: String) -> MigrationError {
     MigrationError::Unfit {
@@ -55,20 +45,43 @@ fn decode<T: serde::de::DeserializeOwned>(
     postcard::from_bytes(b).map_err(|e| unfit(section, offset, format!("cannot be decoded: {e}")))
 }
 
+/// How `hover receive` waits for its source.
+#[derive(Clone, Debug, Default)]
+pub struct ReceiveOptions {
+    /// Allow TCP without a migration key (`--insecure`).
+    pub insecure: bool,
+    /// Give up if no source has opened a stream by then (`--timeout`).
+    pub timeout: Option<Duration>,
+}
+
 impl Vm {
     /// Listen at `listen`, call `on_listening` with the address (a TCP port
-    /// 0 is chosen by the system), take one incoming VM and build it. A
-    /// connection that does not open with a Hover hello (closed at once,
-    /// garbage, another version, quiet for 2 s) is
-    /// logged, told why if it listens, and dropped: the receiver waits on
-    /// for its migration. Once a source has said hello the listener closes,
-    /// so a second connection is refused. Nothing runs until [`Vm::run`].
+    /// 0 is chosen by the system), take one incoming VM and build it. The
+    /// first connection to open a stream (a Hover hello and, where either
+    /// end has a key, `opts.host.migration_key`, proofs of the same key)
+    /// wins; one that fails (closed at once, garbage, another version,
+    /// another key or none, not open within 5 s) is logged, told why if it
+    /// listens, and dropped (migration/opening.rs). The listener closes once
+    /// a stream is open, so a second source is refused. TCP without a key
+    /// only if `insecure`; no stream by `timeout`: an error. Nothing runs
+    /// until [`Vm::run`].
     pub fn receive(
         listen: &Addr,
         opts: &RestoreOptions,
+        how: &ReceiveOptions,
         on_listening: impl FnOnce(&str),
     ) -> Result<Vm, Error> {
         opts.check()?;
+        let key = opts.host.migration_key.clone();
+        LinkAuth {
+            key: key.clone(),
+            insecure: how.insecure,
+        }
+        .check(
+            listen,
+            "give hover receive --migration-key FILE (the source's VMM the same key), or --insecure to take a VM from anyone who reaches the port",
+        )
+        .map_err(|e| Error::Migration(MigrationError::Auth(e)))?;
         let listener = Listener::bind(listen).map_err(|e| {
             Error::Migration(MigrationError::Host(format!(
                 "cannot listen at {listen}: {e}"
@@ -79,52 +92,18 @@ impl Vm {
         // A broken post-copy is recovered at the address bound (TCP port 0
         // became a real port).
         let recover_at: Addr = local.parse().unwrap_or_else(|_| listen.clone());
-        let (conn, r) = loop {
-            let conn = match listener.accept() {
-                Ok(c) => c,
-                // A connection that died before it was taken, or no
-                // descriptor free for a moment: wait for the next one.
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(
-                            libc::ECONNABORTED
-                                | libc::EPROTO
-                                | libc::EINTR
-                                | libc::EMFILE
-                                | libc::ENFILE
-                        )
-                    ) =>
-                {
-                    tracing::warn!("hover receive: accepting a connection: {e}; waiting on");
-                    std::thread::sleep(Duration::from_millis(50));
-                    continue;
-                }
-                Err(e) => {
-                    return Err(Error::Migration(MigrationError::Host(format!(
-                        "accepting a connection: {e}"
-                    ))))
-                }
-            };
-            match hello(&conn) {
-                Ok(r) => break (conn, r),
-                Err(e) => {
-                    tracing::warn!(
-                        "hover receive: a connection failed the handshake ({e}); still waiting for a migration on {local}"
-                    );
-                    if let Ok(c) = conn.try_clone() {
-                        let _ = FrameWriter::new(c).frame(Kind::Error, &[e.to_string().as_bytes()]);
-                    }
-                    conn.shutdown();
-                }
-            }
+        let waiting = Waiting {
+            key,
+            deadline: how.timeout.map(|t| Instant::now() + t),
         };
+        let Opened {
+            conn,
+            reader: r,
+            writer: mut w,
+        } = opening::wait(&listener, &waiting)
+            .map_err(|e| Error::Migration(MigrationError::Waited(e)))?;
         drop(listener);
         let created_at = Instant::now();
-        let writer = conn
-            .try_clone()
-            .map_err(|e| Error::Migration(MigrationError::Host(e.to_string())))?;
-        let mut w = FrameWriter::new(writer);
         match Vm::take_in(&conn, r, &mut w, opts, created_at, recover_at) {
             Ok(vm) => Ok(vm),
             Err(e) => {
@@ -360,7 +339,7 @@ impl Vm {
         w.frame(Kind::Running, &[&running.encode()])
             .map_err(host("answering the source"))?;
         if let Some(remote) = remote {
-            let w = FrameWriter::new(conn.try_clone().map_err(host("cloning the connection"))?);
+            let w = w.hand_over(conn.try_clone().map_err(host("cloning the connection"))?);
             vm.start_incoming(remote, r, w, recover_at, pinned_hash)
                 .map_err(host("starting the post-copy receiver"))?;
         }

@@ -286,6 +286,9 @@ pub struct Incoming {
     pub reader: FrameReader<Conn>,
     /// Where to listen for the source's recovery connection.
     pub recover_at: Addr,
+    /// The key the recovering source must prove, as the first connection's
+    /// source did.
+    pub key: Option<std::sync::Arc<crate::config::MigrationKey>>,
     /// Order-free hash of the memory image as of the switch: pages held
     /// before it (those not pending), added to as pages arrive.
     pub hash: u64,
@@ -461,7 +464,11 @@ impl Incoming {
             .map_err(|e| err(&e))?;
         let mut r = FrameReader::new(conn.try_clone().map_err(|e| err(&e))?);
         let mut w = FrameWriter::new(conn.try_clone().map_err(|e| err(&e))?);
-        r.hello().map_err(|e| err(&e))?;
+        let flags = r.hello().map_err(|e| err(&e))?;
+        if let Err(e) = crate::migration::auth::server(self.key.as_deref(), flags, &mut r, &mut w) {
+            let _ = w.frame(Kind::Error, &[e.to_string().as_bytes()]);
+            return Err(e.to_string());
+        }
         let f = r.frame().map_err(|e| err(&e))?;
         if f.kind != Kind::Recover {
             let _ = w.frame(Kind::Error, &[b"expected RECOVER"]);

@@ -1,0 +1,140 @@
+//! The pre-shared key of authenticated migrations (`--migration-key
+//! FILE`): a host setting, never saved or sent. How it is used on the
+//! wire: `migration/auth.rs`.
+
+use std::io::{self, Read};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::Path;
+
+/// Fewest bytes of secret a key file holds.
+pub const MIN_SECRET: usize = 32;
+/// Most bytes a key file may hold (it is a secret, not a document).
+const MAX_KEY_FILE: u64 = 4096;
+const KEY_CONTEXT: &str = "hover 2026-11-25 migration pre-shared key";
+
+/// A pre-shared migration key (`--migration-key FILE`), derived from the
+/// file's secret. Its `Debug` never shows it.
+#[derive(Clone)]
+pub struct MigrationKey([u8; 32]);
+
+impl std::fmt::Debug for MigrationKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MigrationKey(..)")
+    }
+}
+
+impl MigrationKey {
+    /// A key from `secret` (surrounding white space does not count): at
+    /// least [`MIN_SECRET`] bytes.
+    pub fn from_secret(secret: &[u8]) -> Result<MigrationKey, String> {
+        let s = secret.trim_ascii();
+        if s.len() < MIN_SECRET {
+            return Err(format!(
+                "holds {} bytes of secret; a migration key needs at least {MIN_SECRET} (`hover migration-key FILE` makes one)",
+                s.len()
+            ));
+        }
+        Ok(MigrationKey(blake3::derive_key(KEY_CONTEXT, s)))
+    }
+
+    /// Read the key file at `path`: a regular file of this user that no
+    /// one else may read or write (mode 0600 or stricter).
+    pub fn load(path: &Path) -> Result<MigrationKey, String> {
+        let shown = path.display();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path)
+            .map_err(|e| format!("migration key {shown}: {e}"))?;
+        let m = f
+            .metadata()
+            .map_err(|e| format!("migration key {shown}: {e}"))?;
+        if !m.is_file() {
+            return Err(format!("migration key {shown}: not a regular file"));
+        }
+        // SAFETY: geteuid cannot fail.
+        let me = unsafe { libc::geteuid() };
+        if m.uid() != me {
+            return Err(format!(
+                "migration key {shown}: owned by user {}, not by this user ({me})",
+                m.uid()
+            ));
+        }
+        if m.mode() & 0o077 != 0 {
+            return Err(format!(
+                "migration key {shown}: mode {:04o} lets others read or change it: chmod 600 {shown}",
+                m.mode() & 0o7777
+            ));
+        }
+        if m.len() > MAX_KEY_FILE {
+            return Err(format!(
+                "migration key {shown}: {} bytes, over the {MAX_KEY_FILE}-byte limit of a key file",
+                m.len()
+            ));
+        }
+        let mut secret = Vec::new();
+        f.take(MAX_KEY_FILE)
+            .read_to_end(&mut secret)
+            .map_err(|e| format!("migration key {shown}: {e}"))?;
+        MigrationKey::from_secret(&secret).map_err(|e| format!("migration key {shown}: {e}"))
+    }
+
+    /// The derived key itself.
+    pub(crate) fn secret(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// Write a new random key to `path` (which must not exist), mode 0600:
+    /// 64 hexadecimal digits and a newline.
+    pub fn create(path: &Path) -> io::Result<()> {
+        use std::io::Write;
+        let mut raw = [0u8; 32];
+        crate::host::random_bytes(&mut raw)?;
+        let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)?;
+        // Whatever the umask made of it, the file is the owner's only.
+        f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+        writeln!(f, "{hex}")?;
+        f.sync_all()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn key_files_are_checked() {
+        let dir = std::env::temp_dir().join(format!("hover-key-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("k");
+        let _ = std::fs::remove_file(&p);
+        MigrationKey::create(&p).unwrap();
+        let m = std::fs::metadata(&p).unwrap();
+        assert_eq!(m.permissions().mode() & 0o777, 0o600);
+        assert_eq!(m.len(), 65);
+        let k = MigrationKey::load(&p).unwrap();
+        assert_eq!(format!("{k:?}"), "MigrationKey(..)");
+        assert!(MigrationKey::create(&p).is_err(), "never overwrites");
+        // Two keys made apart differ.
+        let q = dir.join("q");
+        let _ = std::fs::remove_file(&q);
+        MigrationKey::create(&q).unwrap();
+        assert_ne!(MigrationKey::load(&q).unwrap().secret(), k.secret());
+        // Readable by others: refused with the fix.
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = MigrationKey::load(&p).unwrap_err();
+        assert!(e.contains("chmod 600"), "{e}");
+        // Too short a secret.
+        std::fs::write(&q, "short\n").unwrap();
+        assert!(MigrationKey::load(&q).unwrap_err().contains("at least 32"));
+        // Not a regular file.
+        assert!(MigrationKey::load(&dir).unwrap_err().contains("regular"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,427 @@
+//! Authenticated migration links (docs/MIGRATION.md, "Who may migrate"):
+//! both ends prove they hold the same pre-shared key before any state is
+//! read, and from then on every frame carries a MAC under a key of its own
+//! direction and connection, so a frame altered, replayed, reordered or
+//! reflected is refused.
+//!
+//! ```text
+//! source -> destination: HELLO (flag AUTH), AUTH(nonce_s)
+//! destination -> source: AUTH(nonce_d, proof_d)
+//! source -> destination: AUTH(proof_s)
+//! then every frame: header, payload, MAC (32 bytes)
+//! ```
+//! `proof_x = BLAKE3-keyed(K, label_x || nonce_s || nonce_d)`; each
+//! direction's frame key is `BLAKE3-derive(K || nonces || direction)`; a
+//! frame's MAC covers its sequence number in that direction, its header and
+//! its payload. The link is not encrypted: guest memory crosses it in the
+//! clear, so a network others can read needs a tunnel of its own.
+
+use std::io::{self, Read, Write};
+use std::sync::Arc;
+
+use super::transport::Addr;
+use super::wire::{Frame, FrameReader, FrameWriter, Kind};
+use super::MigrationError;
+pub use crate::config::MigrationKey;
+use crate::host::random_bytes;
+
+/// Bytes of a MAC on each frame of an authenticated link.
+pub const MAC_BYTES: usize = 32;
+const NONCE: usize = 32;
+const FRAME_KEY_CONTEXT: &str = "hover 2026-11-25 migration frame key";
+const SOURCE_PROOF: &[u8] = b"hover migration source proof";
+const DESTINATION_PROOF: &[u8] = b"hover migration destination proof";
+
+/// What one end of a migration asks of its links: a key to prove, or
+/// none, and whether TCP without one is allowed.
+#[derive(Clone, Debug, Default)]
+pub struct LinkAuth {
+    /// The pre-shared key: links that have one authenticate, whatever the
+    /// transport; a peer without it is refused.
+    pub key: Option<Arc<MigrationKey>>,
+    /// Allow TCP without a key (`--insecure`): anyone who reaches the port
+    /// may send or receive a VM.
+    pub insecure: bool,
+}
+
+impl LinkAuth {
+    /// Whether a link at `addr` may be used: TCP needs a key or `insecure`
+    /// (a Unix socket relies on its file's 0600 mode). `how` says how to
+    /// give each, for the message.
+    pub fn check(&self, addr: &Addr, how: &str) -> Result<(), String> {
+        match addr {
+            Addr::Tcp(_) if self.key.is_none() && !self.insecure => Err(format!(
+                "a migration over TCP must be authenticated: {how} (`hover migration-key FILE` makes a key; copy it to both hosts)"
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The hello's flag word: the source will authenticate.
+pub const HELLO_AUTH: u32 = 1;
+
+/// The MAC state of one direction of a link.
+#[derive(Clone)]
+pub struct FrameMac {
+    key: [u8; 32],
+    seq: u64,
+}
+
+impl std::fmt::Debug for FrameMac {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FrameMac {{ seq: {} }}", self.seq)
+    }
+}
+
+impl FrameMac {
+    /// The frame MAC for `direction` (0: source to destination, 1: back)
+    /// of the connection whose nonces are `ns` and `nd`.
+    fn derive(key: &MigrationKey, ns: &[u8; NONCE], nd: &[u8; NONCE], direction: u8) -> FrameMac {
+        let mut material = Vec::with_capacity(32 + 2 * NONCE + 1);
+        material.extend_from_slice(key.secret());
+        material.extend_from_slice(ns);
+        material.extend_from_slice(nd);
+        material.push(direction);
+        FrameMac {
+            key: blake3::derive_key(FRAME_KEY_CONTEXT, &material),
+            seq: 0,
+        }
+    }
+
+    /// The MAC of the next frame (`header` and its payload in `parts`);
+    /// the sequence number moves on.
+    pub fn tag(&mut self, header: &[u8], parts: &[&[u8]]) -> [u8; MAC_BYTES] {
+        let mut h = blake3::Hasher::new_keyed(&self.key);
+        h.update(&self.seq.to_le_bytes());
+        h.update(header);
+        for p in parts {
+            h.update(p);
+        }
+        self.seq += 1;
+        *h.finalize().as_bytes()
+    }
+
+    /// Whether `tag` is the next frame's MAC (compared in constant time);
+    /// the sequence number moves on either way.
+    pub fn verify(&mut self, header: &[u8], payload: &[u8], tag: &[u8; MAC_BYTES]) -> bool {
+        blake3::Hash::from(self.tag(header, &[payload])) == blake3::Hash::from(*tag)
+    }
+
+    /// Frames this direction has carried.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Carry on from frame `seq` (a sender process wrote the ones between).
+    pub fn set_seq(&mut self, seq: u64) {
+        self.seq = seq;
+    }
+
+    /// The key, to hand a sender process that writes frames of this direction.
+    pub fn key_bytes(&self) -> [u8; 32] {
+        self.key
+    }
+
+    /// A MAC state from a key handed over by [`FrameMac::key_bytes`].
+    pub fn from_key_bytes(key: [u8; 32]) -> FrameMac {
+        FrameMac { key, seq: 0 }
+    }
+}
+
+fn proof(key: &MigrationKey, label: &[u8], ns: &[u8; NONCE], nd: &[u8; NONCE]) -> blake3::Hash {
+    let mut h = blake3::Hasher::new_keyed(key.secret());
+    h.update(label);
+    h.update(ns);
+    h.update(nd);
+    h.finalize()
+}
+
+fn auth_error(what: impl Into<String>) -> MigrationError {
+    MigrationError::Auth(what.into())
+}
+
+/// Which end reads an AUTH frame: how the other end's ERROR is told.
+#[derive(Clone, Copy)]
+enum Reading {
+    /// The source: the destination's ERROR is its refusal.
+    Source,
+    /// The destination: the source's ERROR says why it gave up.
+    Destination,
+}
+
+/// Read the peer's next AUTH frame of `len` bytes.
+fn expect_auth(
+    r: &mut FrameReader<impl Read>,
+    len: usize,
+    me: Reading,
+) -> Result<Vec<u8>, MigrationError> {
+    let Frame { kind, payload, .. } = r.frame()?;
+    match (kind, me) {
+        (Kind::Auth, _) if payload.len() == len => Ok(payload),
+        (Kind::Auth, _) => Err(auth_error(format!(
+            "an AUTH frame of {} bytes where {len} belong",
+            payload.len()
+        ))),
+        (Kind::Error, Reading::Source) => Err(MigrationError::Refused(
+            String::from_utf8_lossy(&payload).into_owned(),
+        )),
+        (Kind::Error, Reading::Destination) => Err(auth_error(format!(
+            "the source gave up: {}",
+            String::from_utf8_lossy(&payload)
+        ))),
+        (other, _) => Err(auth_error(format!(
+            "the peer sent {other:?} where its AUTH frame belongs"
+        ))),
+    }
+}
+
+/// The source's side, right after its hello (sent with [`HELLO_AUTH`]):
+/// prove the key, check the destination's proof, and turn on both
+/// directions' MACs.
+pub fn client(
+    key: &MigrationKey,
+    r: &mut FrameReader<impl Read>,
+    w: &mut FrameWriter<impl Write>,
+) -> Result<(), MigrationError> {
+    let link = |e: io::Error| MigrationError::Link(format!("authenticating: {e}"));
+    let mut ns = [0u8; NONCE];
+    random_bytes(&mut ns).map_err(|e| MigrationError::Host(format!("a random nonce: {e}")))?;
+    // A destination that refuses at once (no key, another key policy)
+    // closes before reading this: its ERROR is the answer, not the pipe.
+    let sent = w.frame(Kind::Auth, &[&ns]);
+    let answer = expect_auth(r, 2 * NONCE, Reading::Source);
+    let answer = match (sent, answer) {
+        (_, Ok(a)) => a,
+        (Err(e), Err(MigrationError::Wire(_))) => return Err(link(e)),
+        (_, Err(e)) => return Err(e),
+    };
+    let nd: [u8; NONCE] = answer[..NONCE].try_into().expect("checked length");
+    let theirs: [u8; 32] = answer[NONCE..].try_into().expect("checked length");
+    if blake3::Hash::from(theirs) != proof(key, DESTINATION_PROOF, &ns, &nd) {
+        let why = "the destination does not hold this migration key (its proof does not match)";
+        // Tell the destination, so that its log says why too.
+        let _ = w.frame(Kind::Error, &[why.as_bytes()]);
+        return Err(auth_error(why));
+    }
+    w.frame(Kind::Auth, &[proof(key, SOURCE_PROOF, &ns, &nd).as_bytes()])
+        .map_err(link)?;
+    w.set_mac(FrameMac::derive(key, &ns, &nd, 0));
+    r.set_mac(FrameMac::derive(key, &ns, &nd, 1));
+    Ok(())
+}
+
+/// The destination's side, after reading a hello with `flags`: whether
+/// the source authenticates must match whether this end has a key (a
+/// mismatch is refused with a reason); with a key, check the source's
+/// proof before anything else is read and turn on both directions' MACs.
+pub fn server(
+    key: Option<&MigrationKey>,
+    flags: u32,
+    r: &mut FrameReader<impl Read>,
+    w: &mut FrameWriter<impl Write>,
+) -> Result<(), MigrationError> {
+    let key = match (key, flags & HELLO_AUTH != 0) {
+        (None, false) => return Ok(()),
+        (Some(k), true) => k,
+        (Some(_), false) => {
+            return Err(auth_error(
+                "this receiver requires an authenticated migration: give the source's VMM the same --migration-key",
+            ))
+        }
+        (None, true) => {
+            return Err(auth_error(
+                "the source authenticates but this receiver has no key: start it with the same --migration-key",
+            ))
+        }
+    };
+    let link = |e: io::Error| MigrationError::Link(format!("authenticating: {e}"));
+    let theirs = expect_auth(r, NONCE, Reading::Destination)?;
+    let ns: [u8; NONCE] = theirs[..].try_into().expect("checked length");
+    let mut nd = [0u8; NONCE];
+    random_bytes(&mut nd).map_err(|e| MigrationError::Host(format!("a random nonce: {e}")))?;
+    let mine = proof(key, DESTINATION_PROOF, &ns, &nd);
+    w.frame(Kind::Auth, &[&nd, mine.as_bytes()]).map_err(link)?;
+    let proved: [u8; 32] = expect_auth(r, 32, Reading::Destination)?[..]
+        .try_into()
+        .expect("checked length");
+    if blake3::Hash::from(proved) != proof(key, SOURCE_PROOF, &ns, &nd) {
+        return Err(auth_error(
+            "the source does not hold this migration key (its proof does not match)",
+        ));
+    }
+    w.set_mac(FrameMac::derive(key, &ns, &nd, 1));
+    r.set_mac(FrameMac::derive(key, &ns, &nd, 0));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::migration::transport::Conn;
+    use std::os::unix::net::UnixStream;
+
+    fn key(s: &str) -> MigrationKey {
+        MigrationKey::from_secret(s.repeat(32).as_bytes()).unwrap()
+    }
+
+    /// Run the source's and the destination's handshakes against each
+    /// other over a socket pair: each side's result and its reader and
+    /// writer.
+    #[allow(clippy::type_complexity)]
+    fn pair(
+        source_key: Option<MigrationKey>,
+        destination_key: Option<MigrationKey>,
+    ) -> (
+        Result<(FrameReader<Conn>, FrameWriter<Conn>), MigrationError>,
+        Result<(FrameReader<Conn>, FrameWriter<Conn>), MigrationError>,
+    ) {
+        let (a, b) = UnixStream::pair().unwrap();
+        let ends = |s: UnixStream| {
+            let c = Conn::Unix(s);
+            (
+                FrameReader::new(c.try_clone().unwrap()),
+                FrameWriter::new(c),
+            )
+        };
+        let (mut dr, mut dw) = ends(b);
+        let dst = std::thread::spawn(move || {
+            let flags = dr.hello()?;
+            match server(destination_key.as_ref(), flags, &mut dr, &mut dw) {
+                Ok(()) => Ok((dr, dw)),
+                Err(e) => {
+                    let _ = dw.frame(Kind::Error, &[e.to_string().as_bytes()]);
+                    Err(e)
+                }
+            }
+        });
+        let (mut sr, mut sw) = ends(a);
+        let src = (|| {
+            sw.hello(if source_key.is_some() { HELLO_AUTH } else { 0 })
+                .map_err(|e| MigrationError::Host(e.to_string()))?;
+            if let Some(k) = &source_key {
+                client(k, &mut sr, &mut sw)?;
+            }
+            Ok((sr, sw))
+        })();
+        let dst = dst.join().unwrap().map_err(|e: MigrationError| e);
+        (src, dst)
+    }
+
+    #[test]
+    fn the_same_key_authenticates_and_frames_carry_macs() {
+        let (src, dst) = pair(Some(key("a")), Some(key("a")));
+        let (mut sr, mut sw) = src.unwrap();
+        let (mut dr, mut dw) = dst.unwrap();
+        sw.frame(Kind::Conf, &[b"conf", b"iguration"]).unwrap();
+        let f = dr.frame().unwrap();
+        assert_eq!(
+            (f.kind, &f.payload[..]),
+            (Kind::Conf, &b"configuration"[..])
+        );
+        dw.frame(Kind::Ready, &[]).unwrap();
+        assert_eq!(sr.frame().unwrap().kind, Kind::Ready);
+    }
+
+    #[test]
+    fn a_wrong_key_or_none_is_refused_before_any_frame_is_read() {
+        // Different keys: each side finds the other's proof wrong.
+        let (src, dst) = pair(Some(key("a")), Some(key("b")));
+        assert!(
+            matches!(&src, Err(MigrationError::Auth(m)) if m.contains("destination does not hold")),
+            "{:?}",
+            src.err()
+        );
+        assert!(dst.is_err());
+        // A receiver with a key refuses a source without one, and says why.
+        let (src, dst) = pair(None, Some(key("a")));
+        assert!(src.is_ok(), "the source learns it on its next read");
+        assert!(
+            matches!(&dst, Err(MigrationError::Auth(m)) if m.contains("requires an authenticated")),
+            "{:?}",
+            dst.err()
+        );
+        // A source with a key refuses a receiver without one.
+        let (src, dst) = pair(Some(key("a")), None);
+        assert!(
+            matches!(&src, Err(MigrationError::Refused(m)) if m.contains("has no key")),
+            "{:?}",
+            src.err()
+        );
+        assert!(dst.is_err());
+    }
+
+    #[test]
+    fn an_altered_replayed_reordered_or_reflected_frame_is_refused() {
+        let (ns, nd) = ([1u8; NONCE], [2u8; NONCE]);
+        let k = key("a");
+        let forth = || FrameMac::derive(&k, &ns, &nd, 0);
+        let frames = |macs: FrameMac, payloads: &[&[u8]]| {
+            let mut w = FrameWriter::new(Vec::new());
+            w.set_mac(macs);
+            for p in payloads {
+                w.frame(Kind::Conf, &[p]).unwrap();
+            }
+            w.into_inner()
+        };
+        let read_all = |bytes: &[u8], mac: FrameMac| {
+            let mut r = FrameReader::new(bytes);
+            r.set_mac(mac);
+            let mut n = 0;
+            loop {
+                match r.frame() {
+                    Ok(_) => n += 1,
+                    Err(e) => return (n, e.to_string()),
+                }
+            }
+        };
+        let two = frames(forth(), &[b"first", b"second"]);
+        let (n, end) = read_all(&two, forth());
+        assert_eq!(n, 2, "{end}");
+        // One payload byte flipped, its CRC fixed as an attacker would.
+        let mut bad = two.clone();
+        bad[24] ^= 1;
+        let crc = crc32fast::hash(&bad[24..29]);
+        bad[16..20].copy_from_slice(&crc.to_le_bytes());
+        let (n, e) = read_all(&bad, forth());
+        assert!(n == 0 && e.contains("MAC"), "{e}");
+        // The first frame replayed in the second's place.
+        let one = frames(forth(), &[b"first"]);
+        let (n, e) = read_all(&[&one[..], &one[..]].concat(), forth());
+        assert!(n == 1 && e.contains("MAC"), "{e}");
+        // The second frame first.
+        let second = &two[one.len()..];
+        let (n, e) = read_all(second, forth());
+        assert!(n == 0 && e.contains("MAC"), "{e}");
+        // The other direction's key, or another connection's nonces.
+        let (n, e) = read_all(&two, FrameMac::derive(&k, &ns, &nd, 1));
+        assert!(n == 0 && e.contains("MAC"), "{e}");
+        let (n, e) = read_all(&two, FrameMac::derive(&k, &nd, &ns, 0));
+        assert!(n == 0 && e.contains("MAC"), "{e}");
+        // A frame without its MAC is cut short.
+        let (n, _) = read_all(&two[..one.len() - MAC_BYTES], forth());
+        assert_eq!(n, 0);
+    }
+
+    #[test]
+    fn tcp_needs_a_key_or_insecure() {
+        let tcp: Addr = "tcp:127.0.0.1:1".parse().unwrap();
+        let unix: Addr = "unix:/tmp/x".parse().unwrap();
+        let none = LinkAuth::default();
+        assert!(none
+            .check(&tcp, "give --migration-key")
+            .unwrap_err()
+            .contains("--migration-key"));
+        assert!(none.check(&unix, "").is_ok());
+        let insecure = LinkAuth {
+            key: None,
+            insecure: true,
+        };
+        assert!(insecure.check(&tcp, "").is_ok());
+        let keyed = LinkAuth {
+            key: Some(Arc::new(key("k"))),
+            insecure: false,
+        };
+        assert!(keyed.check(&tcp, "").is_ok());
+    }
+}
