@@ -283,6 +283,9 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    // Whatever runs a VM here ends with the process: its thread may be
+    // confined once the VM runs (docs/RELIABILITY.md).
+    hover_vmm::seccomp::confine_control_threads();
     match cli.command {
         Command::Run(args) => run(args),
         Command::Bench(args) => bench::bench(args),

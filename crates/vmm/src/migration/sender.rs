@@ -113,7 +113,9 @@ impl ProcessSender {
                 Ok(())
             });
         }
-        let child = cmd.spawn()?;
+        // Through the broker: a confined control thread may not start a
+        // program itself.
+        let child = crate::seccomp::broker::spawn(cmd)?;
         drop(theirs);
         let mut ctl = mine;
         let mut first = vec![mac.is_some() as u8];

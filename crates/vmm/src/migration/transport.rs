@@ -2,7 +2,7 @@
 //! connections between source and destination.
 
 use std::io::{self, Read, Write};
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -62,7 +62,8 @@ impl Conn {
             Addr::Tcp(a) => {
                 let mut last = io::Error::other(format!("{a} resolves to no address"));
                 let mut conn = None;
-                for sa in a.to_socket_addrs()? {
+                // Through the broker: a name lookup may load a library.
+                for sa in crate::seccomp::broker::resolve(a)? {
                     match TcpStream::connect_timeout(&sa, timeout) {
                         Ok(s) => {
                             conn = Some(s);

@@ -15,7 +15,7 @@ use seccompiler::{
 use super::{Kind, Mode};
 
 /// Every kind, for checking that all filters compile.
-pub const KINDS: [Kind; 9] = [
+pub const KINDS: [Kind; 10] = [
     Kind::Vcpu,
     Kind::Pager,
     Kind::Io,
@@ -25,6 +25,7 @@ pub const KINDS: [Kind; 9] = [
     Kind::Timer,
     Kind::Migration,
     Kind::Sender,
+    Kind::Control,
 ];
 
 /// A call and the rules of which any one must match (none: any arguments).
@@ -75,6 +76,8 @@ fn prctl(options: &[i32]) -> Allow {
 
 const KVM: u64 = 0xae;
 const UFFD: u64 = 0xaa;
+/// Terminal and socket ioctls (`TCGETS` of isatty, `FIONBIO`).
+const TTY: u64 = 0x54;
 
 /// What every thread does: the Rust runtime (allocation, locks, thread
 /// start and exit), logging to stderr, time, and the SIGSYS handler's
@@ -241,6 +244,86 @@ fn allow_list(kind: Kind) -> Vec<Allow> {
                 libc::SYS_newfstatat,
                 libc::SYS_statx,
                 libc::SYS_unlink,
+            ]));
+        }
+        Kind::Control => {
+            // Threads the control thread starts after it is confined (all
+            // of them, in `hover receive`) carry its filter under their
+            // own: it must allow whatever theirs do.
+            for kind in KINDS {
+                if !matches!(kind, Kind::Control | Kind::Sender) {
+                    v.extend(allow_list(kind));
+                }
+            }
+            v.push(ioctl_types(&[KVM, UFFD, TTY]));
+            v.push(prctl(&[
+                libc::PR_GET_SECCOMP,
+                // Letting the sender process read guest memory (Yama).
+                libc::PR_SET_PTRACER,
+                // Threads started later install their own filters.
+                libc::PR_SET_NO_NEW_PRIVS,
+                libc::PR_SET_SECCOMP,
+            ]));
+            v.extend(any(&[
+                libc::SYS_seccomp,
+                libc::SYS_rt_sigaction,
+                // Files the user names: snapshots, page stores, sockets.
+                libc::SYS_openat,
+                libc::SYS_read,
+                libc::SYS_readv,
+                libc::SYS_pread64,
+                libc::SYS_preadv,
+                libc::SYS_pwrite64,
+                libc::SYS_lseek,
+                libc::SYS_fsync,
+                libc::SYS_fdatasync,
+                libc::SYS_ftruncate,
+                libc::SYS_fallocate,
+                libc::SYS_fstat,
+                libc::SYS_newfstatat,
+                libc::SYS_statx,
+                libc::SYS_fstatfs,
+                libc::SYS_getdents64,
+                libc::SYS_readlink,
+                libc::SYS_unlink,
+                libc::SYS_linkat,
+                libc::SYS_chmod,
+                libc::SYS_fchmod,
+                libc::SYS_fcntl,
+                libc::SYS_mincore,
+                libc::SYS_memfd_create,
+                libc::SYS_userfaultfd,
+                libc::SYS_eventfd2,
+                libc::SYS_pipe2,
+                // Migration peers and the API socket.
+                libc::SYS_socket,
+                libc::SYS_socketpair,
+                libc::SYS_connect,
+                libc::SYS_bind,
+                libc::SYS_listen,
+                libc::SYS_accept4,
+                libc::SYS_accept,
+                libc::SYS_getsockname,
+                libc::SYS_getpeername,
+                libc::SYS_setsockopt,
+                libc::SYS_getsockopt,
+                libc::SYS_shutdown,
+                libc::SYS_sendto,
+                libc::SYS_recvfrom,
+                libc::SYS_sendmsg,
+                libc::SYS_recvmsg,
+                libc::SYS_poll,
+                libc::SYS_ppoll,
+                // Threads; reaping (and killing) the sender process the
+                // broker started (never starting a program: no execve).
+                libc::SYS_clone,
+                libc::SYS_clone3,
+                libc::SYS_wait4,
+                libc::SYS_kill,
+                libc::SYS_tgkill,
+                libc::SYS_geteuid,
+                libc::SYS_getuid,
+                libc::SYS_prlimit64,
             ]));
         }
         Kind::Sender => {

@@ -4,9 +4,13 @@
 //! work, a filter that allows the system calls its kind makes and nothing
 //! else ([`filters`]): a vCPU thread may issue KVM ioctls but not open a
 //! file; the API thread may accept and read but not map executable memory.
-//! The thread that builds and runs the VM (the caller's) stays unfiltered:
-//! it opens the files and sockets the user names (snapshots, migration
-//! peers) and starts the migration's sender process.
+//! The thread that builds and runs the VM (the caller's) is confined too
+//! once the VM runs (`hover receive`: once it listens, before it reads a
+//! byte of the stream), by the `control` filter: it may open the files and
+//! sockets the user names (snapshots, migration peers), but never start a
+//! program or map executable memory; an unfiltered [`broker`] thread,
+//! started just before, does that for it (the sender process, host-name
+//! lookups).
 //!
 //! Kinds that never open a file get ENOENT from `openat` instead of a
 //! trap (see `filters::failing_open`): the C library's own lookups (glibc's
@@ -28,6 +32,7 @@
 //! by the VM's own thread, except the API's per-request threads, which
 //! are of the API's kind.
 
+pub mod broker;
 pub mod filters;
 mod trap;
 
@@ -62,6 +67,10 @@ pub enum Kind {
     Migration,
     /// The migration's sender process, once set up.
     Sender,
+    /// The thread that builds and runs the VM (the caller's), once the VM
+    /// runs (in `hover receive`: once it listens, before it reads the
+    /// stream); with the `hover` binary only ([`confine_control_threads`]).
+    Control,
 }
 
 impl Kind {
@@ -77,12 +86,42 @@ impl Kind {
             Kind::Timer => "timer",
             Kind::Migration => "migration",
             Kind::Sender => "sender",
+            Kind::Control => "control",
         }
     }
 }
 
 thread_local! {
     static MODE: Cell<Mode> = const { Cell::new(Mode::On) };
+    static CONFINED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether [`confine_control`] confines (set by the `hover` binary).
+static CONFINE_CONTROL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Have the thread that builds and runs a VM confined by the `control`
+/// filter once the VM runs ([`confine_control`]). The `hover` binary asks
+/// for it; a library user whose thread goes on to other work after a VM
+/// does not (the filter cannot be lifted).
+pub fn confine_control_threads() {
+    CONFINE_CONTROL.store(true, std::sync::atomic::Ordering::Release);
+}
+
+/// Confine the calling thread, the one that runs a VM, with the `control`
+/// filter in `mode` (once; only after [`confine_control_threads`]): first
+/// the [`broker`] is started, which keeps what the filter forbids
+/// (starting a program, resolving a host name) for it.
+pub fn confine_control(mode: Mode) -> Result<(), Error> {
+    if mode == Mode::Off
+        || !CONFINE_CONTROL.load(std::sync::atomic::Ordering::Acquire)
+        || CONFINED.with(|c| c.get())
+    {
+        return Ok(());
+    }
+    broker::start().map_err(|e| Error::Install("control", format!("the broker thread: {e}")))?;
+    apply(Kind::Control, mode)?;
+    CONFINED.with(|c| c.set(true));
+    Ok(())
 }
 
 /// Set the mode for the threads this thread starts from now on.
@@ -231,6 +270,56 @@ mod tests {
         assert!(!stdout.contains("went on"), "{stdout}");
     }
 
+    /// In the child: the control thread, confined, starts a program
+    /// through the broker, then tries to start one itself.
+    fn control_execs(mode: Mode) {
+        set_mode(mode);
+        check(mode).unwrap();
+        confine_control_threads();
+        confine_control(mode).unwrap();
+        let mut c = std::process::Command::new("true");
+        c.stdout(std::process::Stdio::null());
+        let ok = broker::spawn(c).unwrap().wait().unwrap().success();
+        println!("through the broker: {ok}");
+        std::thread::Builder::new()
+            .name("control-test".into())
+            .spawn(|| ())
+            .unwrap()
+            .join()
+            .unwrap();
+        let path = c"/bin/true";
+        let argv = [path.as_ptr(), std::ptr::null()];
+        let envp = [std::ptr::null()];
+        // SAFETY: valid NUL-terminated arrays; on success the process is replaced.
+        unsafe { libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+        println!("execve went on");
+    }
+
+    #[test]
+    fn the_confined_control_thread_starts_programs_only_through_the_broker() {
+        if let Some(mode) = child_mode() {
+            return control_execs(mode);
+        }
+        let out = child(
+            "seccomp::tests::the_confined_control_thread_starts_programs_only_through_the_broker",
+            Mode::On,
+        );
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(
+            stdout.contains("through the broker: true"),
+            "{stdout}\n{stderr}"
+        );
+        assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+        assert!(
+            stderr.contains("(control filter) made the forbidden system call execve (59)"),
+            "{stderr}"
+        );
+        assert!(!stdout.contains("execve went on"), "{stdout}");
+    }
+
     #[test]
     fn log_mode_lets_a_forbidden_call_through() {
         if let Some(mode) = child_mode() {
@@ -298,7 +387,7 @@ mod tests {
             let prog = filters::compile(kind, Mode::On).unwrap();
             let fails_open =
                 prog[4].code == 0x06 && prog[4].k == libc::SECCOMP_RET_ERRNO | libc::ENOENT as u32;
-            let opens = matches!(kind, Kind::Pager | Kind::Io | Kind::Api);
+            let opens = matches!(kind, Kind::Pager | Kind::Io | Kind::Api | Kind::Control);
             assert_eq!(fails_open, !opens, "{kind:?}");
         }
     }

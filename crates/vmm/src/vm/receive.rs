@@ -88,6 +88,11 @@ impl Vm {
             )))
         })?;
         let local = listener.local();
+        // Before a byte of the stream is read, this thread is confined
+        // (the VM it builds inherits nothing of it but the filter).
+        crate::seccomp::set_mode(opts.host.seccomp);
+        crate::seccomp::check(opts.host.seccomp)?;
+        crate::seccomp::confine_control(opts.host.seccomp)?;
         on_listening(&local);
         // A broken post-copy is recovered at the address bound (TCP port 0
         // became a real port).

@@ -97,6 +97,9 @@ impl Vm {
             source,
         })?;
         let spawned = r.spawn_vcpus();
+        // Every thread runs: from here this one is confined too.
+        let spawned = spawned
+            .and_then(|()| crate::seccomp::confine_control(r.vm.seccomp).map_err(Error::from));
         let end = match spawned {
             Ok(()) => {
                 if let Some(rep) = r.vm.restored.as_mut() {

@@ -1,0 +1,59 @@
+//! The thread that runs the VM is under the `control` seccomp filter once
+//! the VM runs, and `hover receive`'s before it reads a byte of a stream
+//! (docs/RELIABILITY.md); `--seccomp off` leaves it unfiltered. What it may
+//! not do (start a program) is the seccomp unit tests' business; here, that
+//! the binary installs it where it says.
+
+mod common;
+
+use common::migrate::receiver_with;
+use common::{Scratch, Vm};
+use hover_vmm::host::kvm_for_test;
+
+/// The seccomp mode of thread `tid` of process `pid` (0 none, 2 filter).
+fn seccomp_of(pid: u32, tid: u32) -> u32 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Seccomp:"))
+        .unwrap_or_else(|| panic!("no Seccomp line: {status}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn the_main_thread_is_filtered_once_the_vm_runs() {
+    if !kvm_for_test("the_main_thread_is_filtered_once_the_vm_runs") {
+        return;
+    }
+    let dir = Scratch::new("confined");
+    for (seccomp, want) in [("on", 2), ("off", 0)] {
+        let vm = Vm::spawn(
+            &[
+                "run",
+                "--seccomp",
+                seccomp,
+                "--cmdline",
+                "workload=spin seconds=30",
+            ],
+            &dir.path(&format!("{seccomp}.sock")),
+        );
+        // The API answers once the control loop serves it.
+        vm.api().json("GET", "/vm", None).unwrap();
+        assert_eq!(seccomp_of(vm.pid(), vm.pid()), want, "--seccomp {seccomp}");
+        vm.api().call("PUT", "/vm/shutdown", None).unwrap();
+        let (code, _, stderr) = vm.wait();
+        assert_eq!(code, Some(0), "{stderr}");
+    }
+}
+
+#[test]
+fn a_receiver_is_filtered_before_it_reads_a_stream() {
+    let dir = Scratch::new("confined-receive");
+    let (mut rx, _) = receiver_with(&format!("unix:{}", dir.path("in.sock").display()), &[]);
+    // It said where it listens: it is waiting, confined.
+    assert_eq!(seccomp_of(rx.id(), rx.id()), 2);
+    rx.kill().unwrap();
+    rx.wait().unwrap();
+}
