@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::migrate::receiver_with;
+use common::migrate::{finish, receiver_with};
 use common::{Scratch, Vm};
 use hover_vmm::host::kvm_for_test;
 
@@ -46,6 +46,36 @@ fn the_main_thread_is_filtered_once_the_vm_runs() {
         let (code, _, stderr) = vm.wait();
         assert_eq!(code, Some(0), "{stderr}");
     }
+}
+
+/// Taking a VM in runs confined from the first byte: building the VM,
+/// checking its own `--io-file`, loading the state, running it.
+#[test]
+fn a_confined_receiver_takes_a_vm_in_with_its_own_io_file() {
+    if !kvm_for_test("a_confined_receiver_takes_a_vm_in_with_its_own_io_file") {
+        return;
+    }
+    let dir = Scratch::new("confined-io");
+    let io = dir.path("io.bin");
+    let listen = format!("unix:{}", dir.path("in.sock").display());
+    let (rx, at) = receiver_with(&listen, &["--io-file", io.to_str().unwrap()]);
+    let src = Vm::spawn(
+        &[
+            "run",
+            "--cmdline",
+            "workload=kvstore wss=16M rate=1000 seconds=3",
+        ],
+        &dir.path("src.sock"),
+    );
+    let body = serde_json::json!({ "to": at, "verify": true }).to_string();
+    src.api().json("PUT", "/vm/migrate", Some(&body)).unwrap();
+    let (code, _, stderr) = src.wait();
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, o, stderr) = finish(rx);
+    assert_eq!(code, Some(0), "{stderr}");
+    // It ran to the guest's end: checking the I/O file's path (access(2))
+    // under the filter did not stop it.
+    assert_eq!(o["ended"], "power_off", "{o}");
 }
 
 #[test]

@@ -20,7 +20,7 @@ use std::io::{self, Read, Write};
 use std::sync::Arc;
 
 use super::transport::Addr;
-use super::wire::{Frame, FrameReader, FrameWriter, Kind};
+use super::wire::{peer_text, Frame, FrameReader, FrameWriter, Kind};
 use super::MigrationError;
 pub use crate::config::MigrationKey;
 use crate::host::random_bytes;
@@ -163,12 +163,10 @@ fn expect_auth(
             "an AUTH frame of {} bytes where {len} belong",
             payload.len()
         ))),
-        (Kind::Error, Reading::Source) => Err(MigrationError::Refused(
-            String::from_utf8_lossy(&payload).into_owned(),
-        )),
+        (Kind::Error, Reading::Source) => Err(MigrationError::Refused(peer_text(&payload))),
         (Kind::Error, Reading::Destination) => Err(auth_error(format!(
             "the source gave up: {}",
-            String::from_utf8_lossy(&payload)
+            peer_text(&payload)
         ))),
         (other, _) => Err(auth_error(format!(
             "the peer sent {other:?} where its AUTH frame belongs"

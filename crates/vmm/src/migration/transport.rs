@@ -261,19 +261,6 @@ impl Listener {
         })
     }
 
-    /// Wait for one connection until `stop` is set (looked at every 100 ms):
-    /// `None` then.
-    pub fn accept_unless(&self, stop: &std::sync::atomic::AtomicBool) -> io::Result<Option<Conn>> {
-        loop {
-            if stop.load(std::sync::atomic::Ordering::Acquire) {
-                return Ok(None);
-            }
-            if let Some(c) = self.accept_within(Duration::from_millis(100))? {
-                return Ok(Some(c));
-            }
-        }
-    }
-
     /// Wait at most `wait` for one connection: `None` if none came.
     pub fn accept_within(&self, wait: Duration) -> io::Result<Option<Conn>> {
         use std::os::fd::AsRawFd;

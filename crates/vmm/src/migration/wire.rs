@@ -190,6 +190,7 @@ pub struct FrameReader<R> {
     inner: R,
     offset: u64,
     mac: Option<FrameMac>,
+    limit: u64,
 }
 
 /// A frame read: its kind, where it started, its payload.
@@ -210,7 +211,14 @@ impl<R: Read> FrameReader<R> {
             inner,
             offset: 0,
             mac: None,
+            limit: MAX_FRAME,
         }
+    }
+
+    /// Refuse frames over `bytes` (at most [`MAX_FRAME`]): before a peer
+    /// has proved anything, it may not make this end allocate much.
+    pub fn set_limit(&mut self, bytes: u64) {
+        self.limit = bytes.min(MAX_FRAME);
     }
 
     /// From here on, every frame must carry a MAC under `mac`.
@@ -279,10 +287,13 @@ impl<R: Read> FrameReader<R> {
                 reason: "reserved header bytes are not zero".into(),
             });
         }
-        if len > MAX_FRAME {
+        if len > self.limit {
             return Err(WireError::Frame {
                 offset: at,
-                reason: format!("{kind:?} frame of {len} bytes is over the {MAX_FRAME}-byte limit"),
+                reason: format!(
+                    "{kind:?} frame of {len} bytes is over the {}-byte limit",
+                    self.limit
+                ),
             });
         }
         let mut payload = vec![0u8; len as usize];
@@ -321,6 +332,7 @@ impl<R: Read> FrameReader<R> {
             inner: f(self.inner),
             offset: self.offset,
             mac: self.mac,
+            limit: self.limit,
         }
     }
 }
@@ -431,6 +443,17 @@ fn write_all_vectored(w: &mut impl Write, mut bufs: &mut [IoSlice<'_>]) -> io::R
         }
     }
     Ok(())
+}
+
+/// A peer's text (an ERROR frame's reason) as this end quotes it: at most
+/// 200 characters, so a peer cannot fill logs or answers with its own.
+pub fn peer_text(payload: &[u8]) -> String {
+    const MAX: usize = 200;
+    let s = String::from_utf8_lossy(payload);
+    match s.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("{}... ({} bytes)", &s[..cut], payload.len()),
+        None => s.into_owned(),
+    }
 }
 
 /// Split a PAGES payload into its addresses and page contents, checking it.
@@ -636,6 +659,25 @@ mod tests {
         assert!(decode_addrs(&r[..12], end).is_err());
         assert!(decode_addrs(&encode_addrs(&[end]), end).is_err());
         assert!(decode_addrs(&encode_addrs(&[5]), end).is_err());
+    }
+
+    #[test]
+    fn a_peers_text_is_cut_and_a_limit_holds() {
+        assert_eq!(peer_text(b"no room"), "no room");
+        let long = peer_text(&[b'x'; 100_000]);
+        assert!(
+            long.len() < 250 && long.ends_with("(100000 bytes)"),
+            "{long}"
+        );
+        let s = stream(&[(Kind::Error, vec![b'x'; 5000])]);
+        let mut r = FrameReader::new(&s[..]);
+        r.hello().unwrap();
+        r.set_limit(4096);
+        assert!(r
+            .frame()
+            .unwrap_err()
+            .to_string()
+            .contains("4096-byte limit"));
     }
 
     #[test]

@@ -218,6 +218,8 @@ fn allow_list(kind: Kind) -> Vec<Allow> {
         }
         Kind::Migration => {
             v.push(ioctl_types(&[KVM, UFFD]));
+            // Naming the recovery's opening threads.
+            v.push(prctl(&[libc::PR_SET_NAME]));
             v.extend(any(&[
                 libc::SYS_read,
                 libc::SYS_readv,
@@ -234,7 +236,10 @@ fn allow_list(kind: Kind) -> Vec<Allow> {
                 libc::SYS_setsockopt,
                 libc::SYS_getsockopt,
                 // Post-copy recovery: the destination listens again (on a
-                // socket made 0600 before it is bound).
+                // socket made 0600 before it is bound) and checks each
+                // connection's opening on a thread of its own.
+                libc::SYS_clone3,
+                libc::SYS_clone,
                 libc::SYS_fchmod,
                 libc::SYS_socket,
                 libc::SYS_bind,
@@ -285,6 +290,10 @@ fn allow_list(kind: Kind) -> Vec<Allow> {
                 libc::SYS_fstatfs,
                 libc::SYS_getdents64,
                 libc::SYS_readlink,
+                // Whether --io-file is writable (restore, receive).
+                libc::SYS_access,
+                libc::SYS_faccessat,
+                libc::SYS_faccessat2,
                 libc::SYS_unlink,
                 libc::SYS_linkat,
                 libc::SYS_chmod,

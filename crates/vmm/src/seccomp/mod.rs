@@ -277,8 +277,8 @@ mod tests {
         check(mode).unwrap();
         confine_control_threads();
         confine_control(mode).unwrap();
-        let mut c = std::process::Command::new("true");
-        c.stdout(std::process::Stdio::null());
+        let mut c = std::process::Command::new(std::env::current_exe().unwrap());
+        c.arg("__no_such_test").stdout(std::process::Stdio::null());
         let ok = broker::spawn(c).unwrap().wait().unwrap().success();
         println!("through the broker: {ok}");
         std::thread::Builder::new()

@@ -7,7 +7,7 @@ use super::link::{io, link, Reader, Writer};
 use crate::config::MigrationKey;
 use crate::migration::auth::{self, LinkAuth};
 use crate::migration::transport::{Addr, Conn};
-use crate::migration::wire::{FrameReader, FrameWriter, Kind, HELLO_AUTH};
+use crate::migration::wire::{peer_text, FrameReader, FrameWriter, Kind, HELLO_AUTH};
 use crate::migration::MigrationError;
 
 /// How a source that may not use `to` without a key is told to fix it.
@@ -48,9 +48,7 @@ pub(super) fn expect(r: &mut Reader, want: Kind) -> Result<Vec<u8>, MigrationErr
     let f = r.frame()?;
     match f.kind {
         k if k == want => Ok(f.payload),
-        Kind::Error => Err(MigrationError::Refused(
-            String::from_utf8_lossy(&f.payload).into_owned(),
-        )),
+        Kind::Error => Err(MigrationError::Refused(peer_text(&f.payload))),
         other => Err(MigrationError::Refused(format!(
             "the destination answered {other:?} where {want:?} belongs"
         ))),
@@ -69,9 +67,7 @@ pub(super) fn handshake(
 ) -> Result<(), MigrationError> {
     let Err(e) = sent else { return Ok(()) };
     match r.frame() {
-        Ok(f) if f.kind == Kind::Error => Err(MigrationError::Refused(
-            String::from_utf8_lossy(&f.payload).into_owned(),
-        )),
+        Ok(f) if f.kind == Kind::Error => Err(MigrationError::Refused(peer_text(&f.payload))),
         _ => Err(link(what)(e)),
     }
 }

@@ -100,6 +100,7 @@ impl Vm {
         let waiting = Waiting {
             key,
             deadline: how.timeout.map(|t| Instant::now() + t),
+            stop: None,
         };
         let Opened {
             conn,

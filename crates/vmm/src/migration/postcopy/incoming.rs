@@ -16,6 +16,7 @@ use hover_abi::layout::PAGE_SIZE;
 use super::{page_hash, LatencyHist, PostcopyReport};
 use crate::memory::paged::{PageSource, Placer};
 use crate::memory::store::PageBuf;
+use crate::migration::opening::{self, Opened, WaitError, Waiting};
 use crate::migration::received::ReceivedPages;
 use crate::migration::transport::{Addr, Conn, Listener};
 use crate::migration::wire::{
@@ -426,7 +427,7 @@ impl Incoming {
             }
             Kind::Error => Err(link(format!(
                 "the source gave up: {}",
-                String::from_utf8_lossy(&f.payload)
+                crate::migration::wire::peer_text(&f.payload)
             ))),
             other => Err(link(format!(
                 "a {other:?} frame at offset {at} does not belong in post-copy"
@@ -435,43 +436,50 @@ impl Incoming {
     }
 
     /// Wait for the source to come back with RECOVER, tell it what is
-    /// still missing and carry on with the new connection.
+    /// still missing and carry on with the new connection. Connections are
+    /// checked as `hover receive` checks them (migration/opening.rs): each
+    /// on its own thread, the key proved again, 5 s for the opening.
     fn reconnect(&mut self) -> Result<(), String> {
         loop {
             let listener = Listener::bind(&self.recover_at).map_err(|e| {
                 format!("cannot listen at {} for the recovery: {e}", self.recover_at)
             })?;
-            let Some(conn) = listener
-                .accept_unless(&self.stop)
-                .map_err(|e| format!("accepting the recovery connection: {e}"))?
-            else {
-                return Err(format!(
-                    "the run ended while waiting for the source to come back: {} pages of the guest's memory never arrived, the guest is lost",
-                    self.pages.remaining()
-                ));
+            let how = Waiting {
+                key: self.key.clone(),
+                deadline: None,
+                stop: Some(self.stop.clone()),
+            };
+            let opened = match opening::wait(&listener, &how) {
+                Ok(o) => o,
+                Err(WaitError::Stopped) => {
+                    return Err(format!(
+                        "the run ended while waiting for the source to come back: {} pages of the guest's memory never arrived, the guest is lost",
+                        self.pages.remaining()
+                    ))
+                }
+                Err(e) => return Err(format!("waiting for the recovery connection: {e}")),
             };
             drop(listener);
-            match self.take_recovery(conn) {
+            match self.take_recovery(opened) {
                 Ok(()) => return Ok(()),
                 Err(e) => tracing::warn!("post-copy: a recovery attempt failed: {e}"),
             }
         }
     }
 
-    fn take_recovery(&mut self, conn: Conn) -> Result<(), String> {
+    fn take_recovery(&mut self, o: Opened) -> Result<(), String> {
         let err = |e: &dyn std::fmt::Display| e.to_string();
+        let Opened {
+            conn,
+            reader: mut r,
+            writer: mut w,
+        } = o;
         conn.set_timeout(Some(Duration::from_secs(30)))
             .map_err(|e| err(&e))?;
-        let mut r = FrameReader::new(conn.try_clone().map_err(|e| err(&e))?);
-        let mut w = FrameWriter::new(conn.try_clone().map_err(|e| err(&e))?);
-        let flags = r.hello().map_err(|e| err(&e))?;
-        if let Err(e) = crate::migration::auth::server(self.key.as_deref(), flags, &mut r, &mut w) {
-            let _ = w.frame(Kind::Error, &[e.to_string().as_bytes()]);
-            return Err(e.to_string());
-        }
         let f = r.frame().map_err(|e| err(&e))?;
         if f.kind != Kind::Recover {
             let _ = w.frame(Kind::Error, &[b"expected RECOVER"]);
+            conn.shutdown();
             return Err(format!("the first frame was {:?}, not RECOVER", f.kind));
         }
         let missing = page_bitmap(self.pages.pending_gpas(), self.end);

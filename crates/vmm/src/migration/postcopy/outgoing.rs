@@ -150,7 +150,7 @@ fn listen(mut r: FrameReader<Conn>, end: u64) -> Receiver<Msg> {
                         }
                     },
                     Kind::Done => Msg::Done,
-                    Kind::Error => Msg::Refused(String::from_utf8_lossy(&f.payload).into_owned()),
+                    Kind::Error => Msg::Refused(crate::migration::wire::peer_text(&f.payload)),
                     other => Msg::Refused(format!(
                         "a {other:?} frame at offset {} does not belong in post-copy",
                         f.offset
