@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
@@ -433,8 +433,10 @@ fn status_of(socket: &std::path::Path, head: &[u8], rest: &[u8]) -> u16 {
         .unwrap_or_else(|| panic!("no status in {line:?}"))
 }
 
-/// Raise this process's descriptor limit to its hard limit; the new soft limit.
-fn raise_fd_limit() -> u64 {
+/// Raise this process's descriptor limit to at least `want` if it may (a
+/// process with CAP_SYS_RESOURCE may raise the hard limit too), else to its
+/// hard limit; the new soft limit.
+fn raise_fd_limit(want: u64) -> u64 {
     let mut r = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -442,15 +444,62 @@ fn raise_fd_limit() -> u64 {
     // SAFETY: getrlimit/setrlimit with a valid rlimit.
     unsafe {
         libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
+        let hard = r.rlim_max;
+        r.rlim_max = hard.max(want);
         r.rlim_cur = r.rlim_max;
-        libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &r) != 0 {
+            r.rlim_max = hard;
+            r.rlim_cur = hard;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
         libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
     }
     r.rlim_cur
 }
 
+/// The helper the flood below runs when one process may not hold all its
+/// connections: this test binary again, holding `HOVER_HOLD` connections to
+/// `HOVER_HOLD_AT` until its stdin closes.
+fn hold_connections_if_asked() -> bool {
+    let (Ok(n), Ok(at)) = (std::env::var("HOVER_HOLD"), std::env::var("HOVER_HOLD_AT")) else {
+        return false;
+    };
+    let n: usize = n.parse().unwrap();
+    let held: Vec<UnixStream> = (0..n)
+        .map(|i| UnixStream::connect(&at).unwrap_or_else(|e| panic!("connection {i} refused: {e}")))
+        .collect();
+    println!("holding {}", held.len());
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
+    true
+}
+
+/// Start a helper process holding `n` connections to `socket`; it lets go
+/// when the returned child's stdin is closed (its stdout, returned too,
+/// must be read to its end).
+fn helper_holding(n: usize, socket: &std::path::Path) -> (std::process::Child, impl std::io::Read) {
+    use std::io::BufRead;
+    let mut c = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["abusive_clients_never_end_the_vm", "--exact", "--nocapture"])
+        .env("HOVER_HOLD", n.to_string())
+        .env("HOVER_HOLD_AT", socket)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(c.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("holding") {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the helper ended");
+    }
+    (c, out)
+}
+
 #[test]
 fn abusive_clients_never_end_the_vm() {
+    if hold_connections_if_asked() {
+        return;
+    }
     if !kvm_for_test("abusive_clients_never_end_the_vm") {
         return;
     }
@@ -483,10 +532,14 @@ fn abusive_clients_never_end_the_vm() {
         rss_after < rss_before + (16 << 10),
         "RSS grew from {rss_before} to {rss_after} KiB"
     );
-    // As many idle connections as this process may hold (20,000 here),
-    // held at once: extra ones are turned away, the VM never notices, and
-    // the API answers again once they are gone.
-    let budget = raise_fd_limit().saturating_sub(64).min(20_000) as usize;
+    // 20,000 idle connections held at once (a helper process holds those
+    // this one's descriptor limit leaves over): extra ones are turned away,
+    // the VM never notices, and the API answers again once they are gone.
+    const FLOOD: usize = 20_000;
+    let budget = raise_fd_limit(FLOOD as u64 + 64)
+        .saturating_sub(64)
+        .min(FLOOD as u64) as usize;
+    let helper = (budget < FLOOD).then(|| helper_holding(FLOOD - budget, &vm.socket));
     let mut idle = Vec::with_capacity(budget);
     for _ in 0..budget {
         match UnixStream::connect(&vm.socket) {
@@ -494,8 +547,15 @@ fn abusive_clients_never_end_the_vm() {
             Err(e) => panic!("connection {} refused: {e}", idle.len()),
         }
     }
-    println!("held {} idle connections", idle.len());
+    let by_helper = helper.as_ref().map_or(0, |_| FLOOD - budget);
+    assert_eq!(idle.len() + by_helper, FLOOD);
+    println!("held {} idle connections ({by_helper} by a helper)", FLOOD);
     drop(idle);
+    if let Some((mut h, mut out)) = helper {
+        drop(h.stdin.take());
+        let _ = out.read_to_end(&mut Vec::new());
+        assert!(h.wait().unwrap().success());
+    }
     let until = Instant::now() + Duration::from_secs(30);
     let answered = loop {
         match vm.api().call("GET", "/vm", None) {
