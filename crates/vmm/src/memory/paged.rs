@@ -44,6 +44,9 @@ mod prefetch;
 mod source;
 mod stats;
 mod workers;
+mod zeroed;
+
+use zeroed::zeroed;
 
 pub use place::Placer;
 pub use prefetch::BulkSource;
@@ -51,6 +54,8 @@ pub use source::{PageContent, PageReader, PageSource};
 pub use stats::PagerStats;
 
 const ABSENT: u8 = 0;
+// The state arrays start zeroed (`zeroed`): every page ABSENT.
+const _: () = assert!(ABSENT == 0);
 const RESIDENT: u8 = 1;
 const FETCHING: u8 = 2;
 const EVICTING: u8 = 3;
@@ -462,9 +467,9 @@ impl Pager {
             shared: Arc::new(Shared {
                 uffd,
                 ranges,
-                states: (0..pages).map(|_| AtomicU8::new(ABSENT)).collect(),
-                stored: (0..pages).map(|_| AtomicBool::new(false)).collect(),
-                crcs: (0..pages).map(|_| Default::default()).collect(),
+                states: zeroed(pages),
+                stored: zeroed(pages),
+                crcs: zeroed(pages),
                 fifo: Mutex::new(VecDeque::new()),
                 busy: RwLock::new(()),
                 source,

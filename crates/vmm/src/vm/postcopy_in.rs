@@ -12,7 +12,6 @@ use crate::migration::postcopy::incoming::{Incoming, LinkEvents, RemotePages};
 use crate::migration::postcopy::{page_hash, PostcopyReport};
 use crate::migration::transport::{Addr, Conn};
 use crate::migration::wire::{FrameReader, FrameWriter};
-use crate::state::memory;
 use hover_abi::layout::PAGE_SIZE;
 
 /// How long the end of a run waits for the last pages before it gives up
@@ -64,18 +63,35 @@ impl LinkEvents for GuestHold {
     }
 }
 
-/// The hash of the pinned boot area as it is now (before the guest runs).
-pub(super) fn pinned_hash(vm: &Vm, image_end: u64) -> std::io::Result<u64> {
-    let ps = PAGE_SIZE as usize;
-    let mut page = vec![0u8; ps];
-    let mut sum = 0u64;
-    for gpa in (0..image_end).step_by(ps) {
-        if vm.ram.contains(gpa, PAGE_SIZE) {
-            memory::read_page(&vm.ram, gpa, &mut page)?;
-            sum = sum.wrapping_add(page_hash(gpa, &page));
+/// The hash of the pinned boot area as the guest will find it, kept up as
+/// its pages arrive (a page sent again replaces its hash), so the switch
+/// adds up a few thousand numbers instead of reading and hashing the area
+/// in the downtime (3.5-9 ms for the built-in guest, measured 2026-11-25).
+/// Pages never sent are zero here and hash to 0, as at the source.
+pub(super) struct PinnedHash {
+    hashes: Vec<u64>,
+}
+
+impl PinnedHash {
+    /// For the area below guest-physical `image_end`.
+    pub(super) fn new(image_end: u64) -> PinnedHash {
+        PinnedHash {
+            hashes: vec![0; image_end.div_ceil(PAGE_SIZE) as usize],
         }
     }
-    Ok(sum)
+
+    /// The page at `gpa` arrived with `page`; pages above the area are not
+    /// its business.
+    pub(super) fn note(&mut self, gpa: u64, page: &[u8]) {
+        if let Some(h) = self.hashes.get_mut((gpa / PAGE_SIZE) as usize) {
+            *h = page_hash(gpa, page);
+        }
+    }
+
+    /// The area's hash.
+    pub(super) fn sum(&self) -> u64 {
+        self.hashes.iter().fold(0u64, |a, h| a.wrapping_add(*h))
+    }
 }
 
 impl Vm {

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use vm_memory::{Bytes, GuestAddress};
 
+use super::postcopy_in::PinnedHash;
 use super::restore::{prepare, LoadError, RestoreOptions};
 use super::{open_console, DeviceSetup, Vm};
 use crate::memory::paged::PageSource;
@@ -204,6 +205,9 @@ impl Vm {
 
         let (mut state, mut digest, mut pages): (Option<(u64, VmState)>, Option<u32>, u64) =
             (None, None, 0);
+        // With verification, a post-copy checks the boot area's hash: kept
+        // up as its pages arrive, out of the downtime.
+        let mut pinned = (postcopy && verify).then(|| PinnedHash::new(saved.image_end));
         loop {
             let f = r.frame().map_err(|e| mig(e.into()))?;
             match f.kind {
@@ -217,6 +221,9 @@ impl Vm {
                                 f.offset,
                                 format!("page {gpa:#x} is outside guest memory"),
                             )));
+                        }
+                        if let Some(p) = pinned.as_mut() {
+                            p.note(*gpa, page);
                         }
                         let kept = match (&received, &remote) {
                             _ if *gpa < saved.image_end => None,
@@ -291,7 +298,6 @@ impl Vm {
         };
         p.check_vcpus(&s.vcpus)
             .map_err(|e| load(e, "STATE", state_at))?;
-        let saved_image_end = saved.image_end;
         let sink = open_console(&p.config)?;
         let config = p.config;
         let mut vm = Vm::assemble(
@@ -312,13 +318,7 @@ impl Vm {
             created_at,
         )?;
         // What the guest may change once it runs, hashed before it does.
-        let pinned_hash = match (&remote, verify) {
-            (Some(_), true) => Some(
-                super::postcopy_in::pinned_hash(&vm, saved_image_end)
-                    .map_err(host("hashing the boot area"))?,
-            ),
-            _ => None,
-        };
+        let pinned_hash = pinned.map(|p| p.sum());
         // Checked with the pager running: pages may wait in its source.
         if let Some(want) = digest {
             let got = memory::digest(&vm.ram, vm.pager.as_ref())
