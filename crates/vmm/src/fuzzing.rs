@@ -14,6 +14,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use crate::boot::{self, ImageBytes};
 use crate::devices::control::ControlDevice;
 use crate::migration::dirty::HostWrites;
+use crate::migration::page_lists;
 use crate::migration::wire::{self, FrameReader, Kind};
 use crate::sched::boost::{BoostConfig, BoostMode, Booster};
 use crate::state::{SavedMachine, VmState};
@@ -100,13 +101,13 @@ fn decode(kind: u8, payload: &[u8]) {
                 let _ = postcard::from_bytes::<VmState>(payload);
             }
             Kind::Pages => {
-                let _ = wire::split_pages(payload);
+                let _ = page_lists::split_pages(payload);
             }
             Kind::Postcopy | Kind::Missing => {
-                let _ = wire::bitmap_pages(payload, END);
+                let _ = page_lists::decode_page_set(payload, END);
             }
             Kind::Request => {
-                let _ = wire::decode_addrs(payload, END);
+                let _ = page_lists::decode_addrs(payload, END);
             }
             Kind::Error => {
                 let _ = String::from_utf8_lossy(payload);

@@ -7,7 +7,8 @@ use std::io::{self, Write};
 
 use hover_abi::layout::PAGE_SIZE;
 
-use super::wire::{pages_header, FrameWriter, Kind};
+use super::page_lists::pages_header;
+use super::wire::{FrameWriter, Kind};
 use crate::state::memory::is_zero;
 
 /// Reads the pages at the addresses given into the buffer, a page each.
@@ -110,7 +111,8 @@ impl Batcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::migration::wire::{split_pages, FrameReader};
+    use crate::migration::page_lists::split_pages;
+    use crate::migration::wire::FrameReader;
 
     #[test]
     fn pages_go_in_frames_of_the_batch_size_zeros_left_out_on_request() {

@@ -14,6 +14,7 @@ pub mod convergence;
 pub mod dirty;
 pub mod mapper;
 pub mod opening;
+pub mod page_lists;
 pub mod postcopy;
 pub mod received;
 pub mod sender;

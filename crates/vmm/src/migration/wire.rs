@@ -456,116 +456,10 @@ pub fn peer_text(payload: &[u8]) -> String {
     }
 }
 
-/// Split a PAGES payload into its addresses and page contents, checking it.
-pub fn split_pages(p: &[u8]) -> Result<(Vec<u64>, &[u8]), String> {
-    if p.len() < 8 {
-        return Err("a page batch without its count".into());
-    }
-    let n = u32::from_le_bytes(p[0..4].try_into().expect("4 bytes")) as usize;
-    if n == 0 || n > MAX_BATCH {
-        return Err(format!("a page batch of {n} pages (1 to {MAX_BATCH})"));
-    }
-    let want = 8 + n * (8 + PAGE_SIZE as usize);
-    if p.len() != want {
-        return Err(format!(
-            "a batch of {n} pages is {} bytes, not {want}",
-            p.len()
-        ));
-    }
-    let gpas = p[8..8 + n * 8]
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-        .collect::<Vec<_>>();
-    if gpas.iter().any(|g| !g.is_multiple_of(PAGE_SIZE)) {
-        return Err("a page address is not page-aligned".into());
-    }
-    Ok((gpas, &p[8 + n * 8..]))
-}
-
-/// The header of a PAGES payload for `gpas`.
-pub fn pages_header(gpas: &[u64]) -> Vec<u8> {
-    let mut h = Vec::with_capacity(8 + gpas.len() * 8);
-    h.extend_from_slice(&(gpas.len() as u32).to_le_bytes());
-    h.extend_from_slice(&0u32.to_le_bytes());
-    for g in gpas {
-        h.extend_from_slice(&g.to_le_bytes());
-    }
-    h
-}
-
-/// A bitmap of pages below guest-physical `end`: bit `i` of byte `i / 8`
-/// is the page at `i * PAGE_SIZE`.
-pub fn page_bitmap(gpas: impl IntoIterator<Item = u64>, end: u64) -> Vec<u8> {
-    let mut b = vec![0u8; (end / PAGE_SIZE).div_ceil(8) as usize];
-    for g in gpas {
-        let i = (g / PAGE_SIZE) as usize;
-        if let Some(byte) = b.get_mut(i / 8) {
-            *byte |= 1 << (i % 8);
-        }
-    }
-    b
-}
-
-/// The page addresses set in `bitmap`, which must be the size
-/// [`page_bitmap`] makes for `end`, with no page set at or past `end`.
-pub fn bitmap_pages(bitmap: &[u8], end: u64) -> Result<Vec<u64>, String> {
-    let pages = end / PAGE_SIZE;
-    let want = pages.div_ceil(8) as usize;
-    if bitmap.len() != want {
-        return Err(format!(
-            "a page bitmap of {} bytes where guest memory needs {want}",
-            bitmap.len()
-        ));
-    }
-    let mut out = Vec::new();
-    for (i, &byte) in bitmap.iter().enumerate() {
-        for bit in 0..8 {
-            if byte & (1 << bit) != 0 {
-                let page = (i * 8 + bit) as u64;
-                if page >= pages {
-                    return Err(format!(
-                        "page {:#x} is outside guest memory",
-                        page * PAGE_SIZE
-                    ));
-                }
-                out.push(page * PAGE_SIZE);
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// A REQUEST payload: page addresses.
-pub fn encode_addrs(gpas: &[u64]) -> Vec<u8> {
-    gpas.iter().flat_map(|g| g.to_le_bytes()).collect()
-}
-
-/// The page addresses of a REQUEST payload, each page-aligned and below `end`.
-pub fn decode_addrs(p: &[u8], end: u64) -> Result<Vec<u64>, String> {
-    if p.is_empty() || !p.len().is_multiple_of(8) || p.len() / 8 > MAX_BATCH {
-        return Err(format!(
-            "a request of {} bytes (1 to {MAX_BATCH} 8-byte addresses)",
-            p.len()
-        ));
-    }
-    let gpas: Vec<u64> = p
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-        .collect();
-    match gpas
-        .iter()
-        .find(|g| !g.is_multiple_of(PAGE_SIZE) || **g >= end)
-    {
-        Some(g) => Err(format!(
-            "page {g:#x} is not a page of guest memory (below {end:#x})"
-        )),
-        None => Ok(gpas),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::migration::page_lists::{pages_header, split_pages};
 
     fn stream(frames: &[(Kind, Vec<u8>)]) -> Vec<u8> {
         let mut w = FrameWriter::new(Vec::new());
@@ -638,30 +532,6 @@ mod tests {
     }
 
     #[test]
-    fn bitmaps_and_requests_round_trip_and_are_checked() {
-        let end = 20 * PAGE_SIZE;
-        let b = page_bitmap([0, 3 * PAGE_SIZE, 19 * PAGE_SIZE], end);
-        assert_eq!(b.len(), 3);
-        assert_eq!(
-            bitmap_pages(&b, end).unwrap(),
-            vec![0, 3 * PAGE_SIZE, 19 * PAGE_SIZE]
-        );
-        assert!(bitmap_pages(&b[..2], end).unwrap_err().contains("needs 3"));
-        let mut past = b.clone();
-        past[2] |= 0x80;
-        assert!(bitmap_pages(&past, end).unwrap_err().contains("outside"));
-        let r = encode_addrs(&[PAGE_SIZE, 2 * PAGE_SIZE]);
-        assert_eq!(
-            decode_addrs(&r, end).unwrap(),
-            vec![PAGE_SIZE, 2 * PAGE_SIZE]
-        );
-        assert!(decode_addrs(&[], end).is_err());
-        assert!(decode_addrs(&r[..12], end).is_err());
-        assert!(decode_addrs(&encode_addrs(&[end]), end).is_err());
-        assert!(decode_addrs(&encode_addrs(&[5]), end).is_err());
-    }
-
-    #[test]
     fn a_peers_text_is_cut_and_a_limit_holds() {
         assert_eq!(peer_text(b"no room"), "no room");
         let long = peer_text(&[b'x'; 100_000]);
@@ -678,17 +548,5 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("4096-byte limit"));
-    }
-
-    #[test]
-    fn page_batches_are_checked() {
-        assert!(split_pages(&[0; 4]).is_err());
-        assert!(split_pages(&pages_header(&[])).is_err());
-        let mut p = pages_header(&[0x1001]);
-        p.extend_from_slice(&[0; 4096]);
-        assert!(split_pages(&p).unwrap_err().contains("aligned"));
-        let mut p = pages_header(&[0x1000, 0x2000]);
-        p.extend_from_slice(&[0; 4096]);
-        assert!(split_pages(&p).unwrap_err().contains("not"));
     }
 }

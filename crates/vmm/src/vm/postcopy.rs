@@ -11,10 +11,11 @@ use super::handshake::{allowed, expect, open};
 use super::link::{io, link, Reader, Writer};
 use super::migrate::{pace_wait, PageSender};
 use super::run::Running;
+use crate::migration::page_lists::{decode_page_set, encode_page_set};
 use crate::migration::postcopy::outgoing::{Pending, Serve, ServeError};
 use crate::migration::postcopy::{page_hash, Mode, PostcopyReport};
 use crate::migration::transport::Conn;
-use crate::migration::wire::{bitmap_pages, page_bitmap, Kind};
+use crate::migration::wire::Kind;
 use crate::migration::{
     lap_us, DowntimeBreakdown, MigrateOptions, MigrationError, MigrationReport,
 };
@@ -91,8 +92,11 @@ impl Running {
         w.frame(Kind::State, &[&st])
             .map_err(link("sending the state"))?;
         let end = self.vm.ram.end();
-        w.frame(Kind::Postcopy, &[&page_bitmap(rest.iter().copied(), end)])
-            .map_err(link("sending the missing pages"))?;
+        w.frame(
+            Kind::Postcopy,
+            &[&encode_page_set(rest.iter().copied(), end)],
+        )
+        .map_err(link("sending the missing pages"))?;
         parts.state_us = lap_us(&mut lap);
         let mut r = r;
         super::migrate::await_running(
@@ -172,7 +176,7 @@ impl Running {
             w.frame(Kind::Recover, &[])
                 .map_err(link("asking to recover"))?;
             let missing = expect(&mut r, Kind::Missing)?;
-            let gpas = bitmap_pages(&missing, self.vm.ram.end()).map_err(|reason| {
+            let gpas = decode_page_set(&missing, self.vm.ram.end()).map_err(|reason| {
                 MigrationError::Unfit {
                     section: "MISSING",
                     offset: 16,

@@ -15,12 +15,12 @@ use super::{open_console, DeviceSetup, Vm};
 use crate::memory::paged::PageSource;
 use crate::migration::auth::LinkAuth;
 use crate::migration::opening::{self, Opened, Waiting};
+use crate::migration::page_lists::{decode_page_set, split_pages};
 use crate::migration::postcopy::incoming::{self, RemotePages};
 use crate::migration::received::ReceivedPages;
 use crate::migration::transport::{Addr, Conn, Listener};
 use crate::migration::wire::{
-    bitmap_pages, split_pages, FrameReader, FrameWriter, Kind, RunningFrame, MODE_POSTCOPY,
-    MODE_PRECOPY,
+    FrameReader, FrameWriter, Kind, RunningFrame, MODE_POSTCOPY, MODE_PRECOPY,
 };
 use crate::migration::MigrationError;
 use crate::state::{self, memory, SavedMachine, VmState};
@@ -262,7 +262,7 @@ impl Vm {
                 }
                 Kind::End if !postcopy => break,
                 Kind::Postcopy if postcopy && state.is_some() => {
-                    let gpas = bitmap_pages(&f.payload, ram.end())
+                    let gpas = decode_page_set(&f.payload, ram.end())
                         .map_err(|reason| mig(unfit("POSTCOPY", f.offset, reason)))?;
                     if let Some(g) = gpas.iter().find(|&&g| g < saved.image_end) {
                         return Err(mig(unfit(

@@ -17,11 +17,10 @@ use super::{page_hash, LatencyHist, PostcopyReport};
 use crate::memory::paged::{PageSource, Placer};
 use crate::memory::store::PageBuf;
 use crate::migration::opening::{self, Opened, WaitError, Waiting};
+use crate::migration::page_lists::{encode_addrs, encode_page_set, split_pages};
 use crate::migration::received::ReceivedPages;
 use crate::migration::transport::{Addr, Conn, Listener};
-use crate::migration::wire::{
-    encode_addrs, page_bitmap, split_pages, FrameReader, FrameWriter, Kind, WireError,
-};
+use crate::migration::wire::{FrameReader, FrameWriter, Kind, WireError};
 
 /// How long a demanded page may take while the connection is up.
 pub const DEFAULT_PAGE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -482,7 +481,7 @@ impl Incoming {
             conn.shutdown();
             return Err(format!("the first frame was {:?}, not RECOVER", f.kind));
         }
-        let missing = page_bitmap(self.pages.pending_gpas(), self.end);
+        let missing = encode_page_set(self.pages.pending_gpas(), self.end);
         w.frame(Kind::Missing, &[&missing]).map_err(|e| err(&e))?;
         self.reader = r;
         self.pages.set_writer(Some(w));

@@ -11,8 +11,9 @@ use hover_abi::layout::PAGE_SIZE;
 
 use super::PostcopyReport;
 use crate::migration::batch::ReadPages;
+use crate::migration::page_lists::{decode_addrs, pages_header};
 use crate::migration::transport::Conn;
-use crate::migration::wire::{decode_addrs, pages_header, FrameReader, FrameWriter, Kind};
+use crate::migration::wire::{FrameReader, FrameWriter, Kind};
 
 /// How long the destination may stay silent once every page is sent.
 const DONE_TIMEOUT: Duration = Duration::from_secs(60);
