@@ -18,7 +18,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use hover_abi::control::{op, ControlRequest, Report};
 use hover_vmm::boot::{inspect, ImageBytes, BUILTIN_GUEST};
 use hover_vmm::devices::control::ControlDevice;
-use hover_vmm::migration::auth::FrameMac;
+use hover_vmm::migration::mac::FrameMac;
 use hover_vmm::migration::page_lists::pages_header;
 use hover_vmm::migration::wire::{FrameReader, FrameWriter, Kind};
 use hover_vmm::sched::halt_poll::{choose_window, WakeHist, MAX_WINDOW_NS};

@@ -78,7 +78,7 @@ pub fn migration_stream(data: &[u8]) {
                 // The MAC trailer's reading is fuzzed too (a fixed key:
                 // random tags never match, but every length does pass).
                 Ok(flags) if flags & wire::HELLO_AUTH != 0 => {
-                    r.set_mac(crate::migration::auth::FrameMac::from_key_bytes([0; 32]))
+                    r.set_mac(crate::migration::mac::FrameMac::from_key_bytes([0; 32]))
                 }
                 Ok(_) => {}
                 Err(_) => return,

@@ -19,14 +19,13 @@
 use std::io::{self, Read, Write};
 use std::sync::Arc;
 
+pub use super::mac::{FrameMac, MAC_BYTES};
 use super::transport::Addr;
-use super::wire::{peer_text, Frame, FrameReader, FrameWriter, Kind};
+use super::wire::{peer_text, Frame, FrameReader, FrameWriter, Kind, HELLO_AUTH};
 use super::MigrationError;
 pub use crate::config::MigrationKey;
 use crate::host::random_bytes;
 
-/// Bytes of a MAC on each frame of an authenticated link.
-pub const MAC_BYTES: usize = 32;
 const NONCE: usize = 32;
 const FRAME_KEY_CONTEXT: &str = "hover 2026-11-25 migration frame key";
 const SOURCE_PROOF: &[u8] = b"hover migration source proof";
@@ -58,75 +57,15 @@ impl LinkAuth {
     }
 }
 
-/// The hello's flag word: the source will authenticate.
-pub const HELLO_AUTH: u32 = 1;
-
-/// The MAC state of one direction of a link.
-#[derive(Clone)]
-pub struct FrameMac {
-    key: [u8; 32],
-    seq: u64,
-}
-
-impl std::fmt::Debug for FrameMac {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "FrameMac {{ seq: {} }}", self.seq)
-    }
-}
-
-impl FrameMac {
-    /// The frame MAC for `direction` (0: source to destination, 1: back)
-    /// of the connection whose nonces are `ns` and `nd`.
-    fn derive(key: &MigrationKey, ns: &[u8; NONCE], nd: &[u8; NONCE], direction: u8) -> FrameMac {
-        let mut material = Vec::with_capacity(32 + 2 * NONCE + 1);
-        material.extend_from_slice(key.secret());
-        material.extend_from_slice(ns);
-        material.extend_from_slice(nd);
-        material.push(direction);
-        FrameMac {
-            key: blake3::derive_key(FRAME_KEY_CONTEXT, &material),
-            seq: 0,
-        }
-    }
-
-    /// The MAC of the next frame (`header` and its payload in `parts`);
-    /// the sequence number moves on.
-    pub fn tag(&mut self, header: &[u8], parts: &[&[u8]]) -> [u8; MAC_BYTES] {
-        let mut h = blake3::Hasher::new_keyed(&self.key);
-        h.update(&self.seq.to_le_bytes());
-        h.update(header);
-        for p in parts {
-            h.update(p);
-        }
-        self.seq += 1;
-        *h.finalize().as_bytes()
-    }
-
-    /// Whether `tag` is the next frame's MAC (compared in constant time);
-    /// the sequence number moves on either way.
-    pub fn verify(&mut self, header: &[u8], payload: &[u8], tag: &[u8; MAC_BYTES]) -> bool {
-        blake3::Hash::from(self.tag(header, &[payload])) == blake3::Hash::from(*tag)
-    }
-
-    /// Frames this direction has carried.
-    pub fn seq(&self) -> u64 {
-        self.seq
-    }
-
-    /// Carry on from frame `seq` (a sender process wrote the ones between).
-    pub fn set_seq(&mut self, seq: u64) {
-        self.seq = seq;
-    }
-
-    /// The key, to hand a sender process that writes frames of this direction.
-    pub fn key_bytes(&self) -> [u8; 32] {
-        self.key
-    }
-
-    /// A MAC state from a key handed over by [`FrameMac::key_bytes`].
-    pub fn from_key_bytes(key: [u8; 32]) -> FrameMac {
-        FrameMac { key, seq: 0 }
-    }
+/// The frame MAC for `direction` (0: source to destination, 1: back) of
+/// the connection whose nonces are `ns` and `nd`.
+fn frame_mac(key: &MigrationKey, ns: &[u8; NONCE], nd: &[u8; NONCE], direction: u8) -> FrameMac {
+    let mut material = Vec::with_capacity(32 + 2 * NONCE + 1);
+    material.extend_from_slice(key.secret());
+    material.extend_from_slice(ns);
+    material.extend_from_slice(nd);
+    material.push(direction);
+    FrameMac::from_key_bytes(blake3::derive_key(FRAME_KEY_CONTEXT, &material))
 }
 
 fn proof(key: &MigrationKey, label: &[u8], ns: &[u8; NONCE], nd: &[u8; NONCE]) -> blake3::Hash {
@@ -204,8 +143,8 @@ pub fn client(
     }
     w.frame(Kind::Auth, &[proof(key, SOURCE_PROOF, &ns, &nd).as_bytes()])
         .map_err(link)?;
-    w.set_mac(FrameMac::derive(key, &ns, &nd, 0));
-    r.set_mac(FrameMac::derive(key, &ns, &nd, 1));
+    w.set_mac(frame_mac(key, &ns, &nd, 0));
+    r.set_mac(frame_mac(key, &ns, &nd, 1));
     Ok(())
 }
 
@@ -248,8 +187,8 @@ pub fn server(
             "the source does not hold this migration key (its proof does not match)",
         ));
     }
-    w.set_mac(FrameMac::derive(key, &ns, &nd, 1));
-    r.set_mac(FrameMac::derive(key, &ns, &nd, 0));
+    w.set_mac(frame_mac(key, &ns, &nd, 1));
+    r.set_mac(frame_mac(key, &ns, &nd, 0));
     Ok(())
 }
 
@@ -353,7 +292,7 @@ mod tests {
     fn an_altered_replayed_reordered_or_reflected_frame_is_refused() {
         let (ns, nd) = ([1u8; NONCE], [2u8; NONCE]);
         let k = key("a");
-        let forth = || FrameMac::derive(&k, &ns, &nd, 0);
+        let forth = || frame_mac(&k, &ns, &nd, 0);
         let frames = |macs: FrameMac, payloads: &[&[u8]]| {
             let mut w = FrameWriter::new(Vec::new());
             w.set_mac(macs);
@@ -392,9 +331,9 @@ mod tests {
         let (n, e) = read_all(second, forth());
         assert!(n == 0 && e.contains("MAC"), "{e}");
         // The other direction's key, or another connection's nonces.
-        let (n, e) = read_all(&two, FrameMac::derive(&k, &ns, &nd, 1));
+        let (n, e) = read_all(&two, frame_mac(&k, &ns, &nd, 1));
         assert!(n == 0 && e.contains("MAC"), "{e}");
-        let (n, e) = read_all(&two, FrameMac::derive(&k, &nd, &ns, 0));
+        let (n, e) = read_all(&two, frame_mac(&k, &nd, &ns, 0));
         assert!(n == 0 && e.contains("MAC"), "{e}");
         // A frame without its MAC is cut short.
         let (n, _) = read_all(&two[..one.len() - MAC_BYTES], forth());

@@ -12,6 +12,7 @@ pub mod auth;
 pub mod batch;
 pub mod convergence;
 pub mod dirty;
+pub mod mac;
 pub mod mapper;
 pub mod opening;
 pub mod page_lists;

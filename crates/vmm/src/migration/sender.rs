@@ -28,8 +28,8 @@ use std::process::{Child, Command, Stdio};
 
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
-use super::auth::FrameMac;
 use super::batch::{BatchError, Batcher};
+use super::mac::FrameMac;
 use super::mapper::{MapMode, Region, RemoteMemory};
 use super::wire::FrameWriter;
 use crate::memory::GuestRam;

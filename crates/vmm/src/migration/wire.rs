@@ -25,8 +25,10 @@ use std::io::{self, IoSlice, Read, Write};
 
 use hover_abi::layout::PAGE_SIZE;
 
-pub use super::auth::HELLO_AUTH;
-use super::auth::{FrameMac, MAC_BYTES};
+use super::mac::{FrameMac, MAC_BYTES};
+
+/// The hello's flag word: the source will authenticate (migration/auth.rs).
+pub const HELLO_AUTH: u32 = 1;
 
 /// The stream's magic.
 pub const MAGIC: [u8; 8] = *b"HOVERMIG";
