@@ -15,7 +15,7 @@ use kvm_bindings::{
 use super::outcome::{us_since, RestoreReport};
 use super::{open_console, DeviceSetup, Machine, Vm};
 use crate::config::{HostConfig, VmConfig};
-use crate::memory::paged::PageSource;
+use crate::memory::paged::{self, PageSource};
 use crate::state::file::{Snapshot, SnapshotError};
 use crate::state::memory;
 use crate::state::{SavedMachine, VmState};
@@ -320,10 +320,17 @@ impl Vm {
             // loader skips what is in place by then). Under a budget only
             // the hot set: cold pages loaded to fill it would be the first
             // evicted, and every demand fault would evict one.
-            let hot = snap.hot.iter().copied().filter(|&g| snap.holds(g));
             let order = match config.machine.memory_budget {
-                Some(_) => hot.collect(),
-                None => hot.chain(snap.stored_pages().map(|(gpa, _)| gpa)).collect(),
+                Some(_) => snap
+                    .hot
+                    .iter()
+                    .copied()
+                    .filter(|&g| snap.holds(g))
+                    .collect(),
+                None => {
+                    let stored: Vec<u64> = snap.stored_pages().map(|(gpa, _)| gpa).collect();
+                    paged::block_order(&snap.hot, &stored)
+                }
             };
             let pager = vm.pager.as_mut().expect("a lazy restore has a pager");
             pager.prefetch(order, snap.clone(), opts.prefetch_rate)?;

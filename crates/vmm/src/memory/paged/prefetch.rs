@@ -2,7 +2,8 @@
 //! thread fills the rest of guest memory from the page source in large
 //! copies (one `UFFDIO_COPY` per run of pages contiguous in guest memory,
 //! read with one `pread` per run contiguous in the file), in the order it
-//! is given: the hot set first, then everything else.
+//! is given ([`block_order`]: the blocks around the hot set first, then
+//! everything else).
 //!
 //! Demand faults never wait behind it: the loader reads a chunk without
 //! claiming any page, and claims a run (ABSENT -> FETCHING) only for the
@@ -23,6 +24,14 @@ use super::{Pager, PagerError, Placer, Shared, ABSENT, STATE};
 
 /// Pages read and placed at a time (1 MiB).
 pub const CHUNK_PAGES: usize = 256;
+
+/// Pages loaded together around a hot page (256 KiB): on this host a
+/// system call costs about what copying a few pages does, so a hot set
+/// scattered over guest memory is loaded fastest as whole blocks, each one
+/// `pread` and one `UFFDIO_COPY`, rather than page by page (measured on a
+/// 64 MiB random working set: 16,000 single-page calls took 40 ms of CPU
+/// to read and 35 ms to place).
+pub const BLOCK_PAGES: u64 = 64;
 
 /// A page source that reads many pages at once (a snapshot file).
 pub trait BulkSource: Send + Sync {
@@ -65,6 +74,33 @@ impl Pager {
     }
 }
 
+/// The order to load `stored` (the ascending guest-physical addresses a
+/// source holds) in: the block of [`BLOCK_PAGES`] around each page of
+/// `hot` when that page comes up (each block ascending), then the blocks left,
+/// ascending. A page in `hot` that `stored` lacks is left out.
+pub fn block_order(hot: &[u64], stored: &[u64]) -> Vec<u64> {
+    let block_bytes = BLOCK_PAGES * PAGE_SIZE;
+    let block = |gpa: u64| gpa / block_bytes;
+    // The index range of each block's pages in `stored`.
+    let mut ranges = std::collections::HashMap::new();
+    let mut i = 0;
+    while i < stored.len() {
+        let b = block(stored[i]);
+        let end = i + stored[i..].partition_point(|&g| block(g) == b);
+        ranges.insert(b, i..end);
+        i = end;
+    }
+    let mut order = Vec::with_capacity(stored.len());
+    let mut left: Vec<u64> = ranges.keys().copied().collect();
+    left.sort_unstable();
+    for b in hot.iter().map(|&g| block(g)).chain(left) {
+        if let Some(r) = ranges.remove(&b) {
+            order.extend_from_slice(&stored[r]);
+        }
+    }
+    order
+}
+
 /// The next chunk of `order` from `*i`: pages still absent, sorted so that
 /// neighbours form runs.
 fn next_chunk(sh: &Shared, order: &[u64], i: &mut usize) -> Vec<u64> {
@@ -85,10 +121,16 @@ fn next_chunk(sh: &Shared, order: &[u64], i: &mut usize) -> Vec<u64> {
 }
 
 fn load(sh: &Arc<Shared>, order: &[u64], source: &dyn BulkSource, rate: Option<u64>) {
+    // At the fetch workers' priority: the guest's vCPUs would otherwise
+    // take half the loader's CPU, while the guest's speed hangs on what
+    // the loader has not placed yet (1 GiB guest, 64 MiB hot: 60-170 ms
+    // to load at the default priority, 43-69 ms above it).
+    super::workers::raise_priority();
     let started = Instant::now();
     let placer = Placer::new(sh.clone());
     let ps = PAGE_SIZE as usize;
-    let mut buf = vec![0u8; CHUNK_PAGES * ps];
+    let mut pages = crate::memory::store::PageBufs::new(CHUNK_PAGES);
+    let buf = pages.bytes_mut();
     let (mut i, mut placed) = (0usize, 0u64);
     while i < order.len() && !sh.stop.load(Ordering::Acquire) {
         // Under a budget, what does not fit comes on demand; a tenth of
@@ -132,4 +174,35 @@ fn load(sh: &Arc<Shared>, order: &[u64], source: &dyn BulkSource, rate: Option<u
     }
     sh.prefetch_done_us
         .store(started.elapsed().as_micros() as u64 + 1, Ordering::Release);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BLOCK: u64 = BLOCK_PAGES * PAGE_SIZE;
+
+    #[test]
+    fn hot_pages_bring_their_blocks_first_then_the_rest_ascending() {
+        let stored: Vec<u64> = (0..4 * BLOCK_PAGES).map(|i| i * PAGE_SIZE).collect();
+        let hot = [3 * BLOCK + 5 * PAGE_SIZE, BLOCK + PAGE_SIZE, 3 * BLOCK];
+        let order = block_order(&hot, &stored);
+        let blocks: Vec<u64> = order.iter().map(|g| g / BLOCK).collect();
+        let n = BLOCK_PAGES as usize;
+        assert_eq!(order.len(), stored.len(), "every stored page once");
+        assert!(blocks[..n].iter().all(|&b| b == 3));
+        assert!(blocks[n..2 * n].iter().all(|&b| b == 1));
+        assert!(blocks[2 * n..3 * n].iter().all(|&b| b == 0));
+        assert!(blocks[3 * n..].iter().all(|&b| b == 2));
+        assert!(order[..n].windows(2).all(|w| w[0] + PAGE_SIZE == w[1]));
+    }
+
+    #[test]
+    fn pages_the_source_lacks_are_never_ordered() {
+        // Blocks 0 and 2 hold a page each; block 1 holds none.
+        let stored = [PAGE_SIZE, 2 * BLOCK];
+        let hot = [BLOCK + PAGE_SIZE, 2 * BLOCK + PAGE_SIZE];
+        assert_eq!(block_order(&hot, &stored), vec![2 * BLOCK, PAGE_SIZE]);
+        assert!(block_order(&hot, &[]).is_empty());
+    }
 }

@@ -56,7 +56,7 @@ pub(super) fn fault_loop(sh: Arc<Shared>, wake: RawEventFd) {
 /// vCPU (or a whole guest) is waiting for, and with async page faults the
 /// vCPU threads keep their host CPUs busy meanwhile. Without this, on a host
 /// with few CPUs every step of a page-in waits for a scheduler slot.
-fn raise_priority() {
+pub(super) fn raise_priority() {
     // SAFETY: setpriority on this thread (a tid is a valid PRIO_PROCESS id
     // on Linux); failure (no permission) just leaves the default priority.
     let rc =
