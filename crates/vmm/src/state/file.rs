@@ -442,7 +442,7 @@ impl Snapshot {
     /// Read the stored pages at `gpas` into `out` (a page each, in order),
     /// checking their CRCs: one read for pages stored next to each other.
     /// Pages the file does not hold are zeros.
-    pub fn read_pages(&self, gpas: &[u64], out: &mut [u8]) -> io::Result<()> {
+    pub fn read_pages(&self, gpas: &[u64], out: &mut [u8]) -> Result<(), SnapshotError> {
         let ps = PAGE_SIZE as usize;
         let mut i = 0;
         while i < gpas.len() {
@@ -457,19 +457,20 @@ impl Snapshot {
             }
             let chunk = &mut out[i * ps..(i + n) * ps];
             self.file
-                .read_exact_at(chunk, DATA_OFFSET + first * PAGE_SIZE)?;
+                .read_exact_at(chunk, DATA_OFFSET + first * PAGE_SIZE)
+                .map_err(|source| SnapshotError::Io {
+                    path: self.path.clone(),
+                    what: "cannot read guest memory",
+                    source,
+                })?;
             for (k, page) in chunk.chunks_exact(ps).enumerate() {
                 let slot = first + k as u64;
                 if crc(page) != self.index.crcs[slot as usize] {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!(
-                            "snapshot {}: the page at offset {} (guest page {:#x}) is corrupted (CRC mismatch)",
-                            self.path.display(),
-                            DATA_OFFSET + slot * PAGE_SIZE,
-                            gpas[i + k]
-                        ),
-                    ));
+                    return Err(SnapshotError::Corrupt {
+                        path: self.path.clone(),
+                        what: format!("guest page {:#x}", gpas[i + k]),
+                        offset: DATA_OFFSET + slot * PAGE_SIZE,
+                    });
                 }
             }
             i += n;
@@ -497,7 +498,10 @@ impl Snapshot {
 
 impl BulkSource for Snapshot {
     fn read_pages(&self, gpas: &[u64], out: &mut [u8]) -> io::Result<()> {
-        Snapshot::read_pages(self, gpas, out)
+        Snapshot::read_pages(self, gpas, out).map_err(|e| match e {
+            SnapshotError::Io { source, .. } => source,
+            e => io::Error::new(io::ErrorKind::InvalidData, e.to_string()),
+        })
     }
 }
 

@@ -235,19 +235,46 @@ pub fn load(snap: &Snapshot, ram: &GuestRam, end: u64) -> Result<PageCount, Snap
         what: "cannot map guest memory",
         source,
     })?;
+    let ps = PAGE_SIZE as usize;
+    // Runs of pages next to each other in guest memory, read straight into
+    // it with one `pread` each (a page at a time, 16,000 calls took about
+    // as long as the copies on this host).
+    let mut run: Vec<u64> = Vec::with_capacity(LOAD_RUN);
     let mut n = 0;
-    for (gpa, slot) in snap.stored_pages().take_while(|&(gpa, _)| gpa < end) {
+    let mut flush = |run: &mut Vec<u64>| -> Result<(), SnapshotError> {
+        let Some(&first) = run.first() else {
+            return Ok(());
+        };
         let r = regions
             .iter()
-            .find(|r| gpa >= r.gpa && gpa < r.gpa + r.len)
+            .find(|r| first >= r.gpa && first < r.gpa + r.len)
             .expect("the index was checked against the RAM layout");
-        // SAFETY: the page lies inside the region's live mapping, which no
-        // vCPU runs on yet.
-        let page = unsafe {
-            std::slice::from_raw_parts_mut(r.host.add((gpa - r.gpa) as usize), PAGE_SIZE as usize)
+        // SAFETY: the run lies inside one region's live mapping (a run
+        // never crosses a region's end), which no vCPU runs on yet.
+        let out = unsafe {
+            std::slice::from_raw_parts_mut(r.host.add((first - r.gpa) as usize), run.len() * ps)
         };
-        snap.read_stored(slot, page)?;
-        n += 1;
+        snap.read_pages(run, out)?;
+        n += run.len() as PageCount;
+        run.clear();
+        Ok(())
+    };
+    for (gpa, _) in snap.stored_pages().take_while(|&(gpa, _)| gpa < end) {
+        let joins = run.last().is_some_and(|&last| {
+            gpa == last + PAGE_SIZE
+                && run.len() < LOAD_RUN
+                && regions
+                    .iter()
+                    .any(|r| last >= r.gpa && gpa + PAGE_SIZE <= r.gpa + r.len)
+        });
+        if !joins {
+            flush(&mut run)?;
+        }
+        run.push(gpa);
     }
+    flush(&mut run)?;
     Ok(n)
 }
+
+/// Most pages an eager load reads with one call (1 MiB).
+const LOAD_RUN: usize = 256;
