@@ -19,6 +19,9 @@ pub enum Fault {
     CutAt(u64),
     /// Flip a bit of the byte at this offset.
     FlipAt(u64),
+    /// Hold everything the destination sends this long before passing it
+    /// on (a slow return path: each answer arrives late).
+    DelayBack(std::time::Duration),
 }
 
 /// The proxy; dropping it cuts the connection.
@@ -71,7 +74,11 @@ impl Proxy {
                 .unwrap()
                 .extend([a.try_clone().unwrap(), b.try_clone().unwrap()]);
             let (a2, b2) = (a.try_clone().unwrap(), b.try_clone().unwrap());
-            std::thread::spawn(move || pump_back(b2, a2));
+            let delay = match fault {
+                Fault::DelayBack(d) => d,
+                _ => std::time::Duration::ZERO,
+            };
+            std::thread::spawn(move || pump_back_after(b2, a2, delay));
             let mut at = 0u64;
             let mut buf = vec![0u8; 1 << 16];
             loop {
@@ -131,9 +138,15 @@ impl Drop for Proxy {
     }
 }
 
-fn pump_back(mut from: UnixStream, mut to: UnixStream) {
+fn pump_back(from: UnixStream, to: UnixStream) {
+    pump_back_after(from, to, std::time::Duration::ZERO)
+}
+
+/// Forward what the destination sends, each read held `delay` first.
+fn pump_back_after(mut from: UnixStream, mut to: UnixStream, delay: std::time::Duration) {
     let mut buf = vec![0u8; 1 << 16];
     while let Ok(n) = from.read(&mut buf) {
+        std::thread::sleep(delay);
         if n == 0 || to.write_all(&buf[..n]).is_err() {
             break;
         }

@@ -180,6 +180,11 @@ pub struct MigrationReport {
     pub guest_downtime_ms: f64,
     /// Where the downtime went.
     pub downtime_breakdown: DowntimeBreakdown,
+    /// Waiting, before the pause, for the destination to apply everything
+    /// sent so far (a `SYNC` round trip), microseconds: on a slow link the
+    /// socket buffers and any relay between hold rounds already "sent",
+    /// which the pause would otherwise wait behind.
+    pub drain_us: u64,
     /// Rounds, the final one included.
     pub rounds: u32,
     /// Pages sent in each round.

@@ -33,7 +33,7 @@ pub const HELLO_AUTH: u32 = 1;
 /// The stream's magic.
 pub const MAGIC: [u8; 8] = *b"HOVERMIG";
 /// The stream version this build speaks.
-pub const VERSION: u32 = 6;
+pub const VERSION: u32 = 7;
 /// Largest page batch.
 pub const MAX_BATCH: usize = 4096;
 /// Largest frame payload: a full page batch, or a state document.
@@ -62,6 +62,9 @@ pub enum Kind {
     Recover = 8,
     /// Either side, on an authenticated link: a nonce or a proof (auth.rs).
     Auth = 9,
+    /// Source, before it pauses the guest: answer [`Kind::Synced`] once
+    /// every frame before this one is applied (empty).
+    Sync = 10,
     /// Destination: the VM is built, send memory.
     Ready = 16,
     /// Destination: the guest runs here now.
@@ -74,6 +77,8 @@ pub enum Kind {
     Done = 20,
     /// Destination, on recovery: a page bitmap of what is still missing.
     Missing = 21,
+    /// Destination: every frame before the [`Kind::Sync`] is applied (empty).
+    Synced = 22,
 }
 
 /// [`Kind::Mode`]: every page arrives before the guest runs here.
@@ -122,12 +127,14 @@ impl Kind {
             7 => Kind::Postcopy,
             8 => Kind::Recover,
             9 => Kind::Auth,
+            10 => Kind::Sync,
             16 => Kind::Ready,
             17 => Kind::Running,
             18 => Kind::Error,
             19 => Kind::Request,
             20 => Kind::Done,
             21 => Kind::Missing,
+            22 => Kind::Synced,
             _ => return None,
         })
     }

@@ -442,6 +442,16 @@ impl Running {
                 }
             }
         }
+        // Before the pause, the destination catches up with what has been
+        // sent: a backlog in socket buffers or a relay (a slow link) would
+        // otherwise drain inside the downtime (a hybrid switch's 185 ms
+        // acknowledgement, 2026-11-25). Pages the guest dirties meanwhile
+        // go in the final round.
+        let drain_at = Instant::now();
+        w.frame(Kind::Sync, &[])
+            .map_err(io("asking the destination to catch up"))?;
+        expect(&mut r, Kind::Synced)?;
+        report.drain_us = drain_at.elapsed().as_micros() as u64;
         report.vcpu_throttle_pct = policy.peak().to_vec();
         // The guest stops in a moment: no more slowing down.
         throttle.clear();

@@ -260,6 +260,11 @@ impl Vm {
                     })?;
                     digest = Some(u32::from_le_bytes(b));
                 }
+                // The source waits for this before it pauses its guest,
+                // so that the pause never waits behind a backlog here.
+                Kind::Sync => w
+                    .frame(Kind::Synced, &[])
+                    .map_err(host("answering the source"))?,
                 Kind::End if !postcopy => break,
                 Kind::Postcopy if postcopy && state.is_some() => {
                     let gpas = decode_page_set(&f.payload, ram.end())
