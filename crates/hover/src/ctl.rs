@@ -54,8 +54,12 @@ pub enum CtlAction {
         /// Where: tcp:HOST:PORT or unix:PATH.
         #[arg(long)]
         to: String,
-        /// How dirty pages are found.
-        #[arg(long, default_value = "bitmap")]
+        /// How dirty pages are found: KVM's dirty bitmap (bitmap), the bitmap
+        /// with manual re-protection (manual), sections the guest keeps
+        /// writing left unprotected and sent at the end (hybrid, seed 4), or
+        /// per-vCPU dirty rings (ring; a VM started with --dirty-ring, and
+        /// then only ring).
+        #[arg(long, default_value = "bitmap", value_parser = ["bitmap", "manual", "hybrid", "ring"])]
         dirty_tracking: String,
         /// The longest pause allowed for the final round, milliseconds.
         #[arg(long, default_value_t = 100)]
@@ -108,7 +112,8 @@ pub enum CtlAction {
         #[arg(long)]
         insecure: bool,
     },
-    /// Have the hybrid migration under way switch to post-copy now.
+    /// Have the hybrid migration under way switch to post-copy after its
+    /// current round.
     Postcopy,
     /// Live figures: KVM statistics, pager, governor, I/O device.
     Stats,
@@ -277,6 +282,12 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
         };
     }
     if let CtlAction::Metrics = args.action {
+        if args.json {
+            eprintln!(
+                "hover: error: metrics are Prometheus text only; for JSON use `hover ctl --json stats`"
+            );
+            return ExitCode::from(EXIT_BAD_INPUT);
+        }
         return match client.call(method, path, None) {
             Ok(r) if r.status == 200 => {
                 print!("{}", r.body);
@@ -345,6 +356,10 @@ fn migrate_with_progress(
     });
     let bar = indicatif::ProgressBar::new_spinner();
     bar.set_message("connecting");
+    // Without a terminal (a log, a CI job) the spinner draws nothing: a
+    // line a second instead, when there is news.
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let (mut said, mut said_at) = (String::new(), None::<std::time::Instant>);
     let poll = ApiClient::new(socket, Duration::from_secs(2));
     while !request.is_finished() {
         if let Ok(v) = poll.json("GET", "/vm", None) {
@@ -359,14 +374,22 @@ fn migrate_with_progress(
                 } else {
                     String::new()
                 };
-                bar.set_message(format!(
+                let line = format!(
                     "round {}: {} pages sent, {} dirty, {:.0} MB/s, final round now ~{:.1} ms{throttle}",
                     m["round"],
                     m["pages_sent"],
                     m["dirty_pages"],
                     m["rate_mb_s"].as_f64().unwrap_or(0.0),
                     m["expected_downtime_ms"].as_f64().unwrap_or(0.0)
-                ));
+                );
+                if !tty
+                    && line != said
+                    && said_at.is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+                {
+                    eprintln!("hover: migrating: {line}");
+                    (said, said_at) = (line.clone(), Some(std::time::Instant::now()));
+                }
+                bar.set_message(line);
             }
         }
         bar.tick();

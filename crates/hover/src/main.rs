@@ -9,12 +9,13 @@ mod bench;
 mod ctl;
 mod host_args;
 mod output;
+mod self_doc;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use ctl::{CtlAction, CtlArgs};
 use host_args::{host_config, GuardArgs, HostFileArgs, RunOutput};
 use hover_vmm::config::{
@@ -66,6 +67,29 @@ enum Command {
     /// Make a new random migration key file (mode 0600) to copy to both
     /// hosts and give `hover run|restore|receive --migration-key`.
     MigrationKey(MigrationKeyArgs),
+    /// List the built-in guest's workloads with their parameters, accepted
+    /// values and defaults (the table `--cmdline` is checked against).
+    Workloads,
+    /// Print a shell completion script, e.g. `hover completions bash >
+    /// ~/.local/share/bash-completion/completions/hover`.
+    Completions(CompletionsArgs),
+    /// Print hover(1) on stdout, or with --out write a man page for every
+    /// subcommand too (`hover-run.1`, `hover-ctl-migrate.1`, ...).
+    Man(ManArgs),
+}
+
+#[derive(Args)]
+struct CompletionsArgs {
+    /// The shell.
+    #[arg(value_enum)]
+    shell: clap_complete::Shell,
+}
+
+#[derive(Args)]
+struct ManArgs {
+    /// A directory (created if missing) to write every page into.
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -276,11 +300,16 @@ fn main() -> ExitCode {
     if argv.get(1).map(String::as_str) == Some(hover_vmm::migration::sender::SUBCOMMAND) {
         return ExitCode::from(hover_vmm::migration::sender::child_main(&argv[2..]) as u8);
     }
+    // Colour only for a person at a terminal (https://no-color.org): escape
+    // codes in a log file are noise.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .init();
     let cli = Cli::parse();
     // Whatever runs a VM here ends with the process: its thread may be
@@ -299,6 +328,45 @@ fn main() -> ExitCode {
         Command::Receive(args) => receive(args),
         Command::GuestImage(args) => guest_image(&args.out),
         Command::MigrationKey(args) => migration_key(&args.path),
+        Command::Workloads => {
+            die_on_broken_pipe();
+            print!("{}", self_doc::workloads());
+            ExitCode::SUCCESS
+        }
+        Command::Completions(args) => {
+            die_on_broken_pipe();
+            self_doc::completions(args.shell, Cli::command(), &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
+        Command::Man(args) => {
+            die_on_broken_pipe();
+            man(args.out.as_deref())
+        }
+    }
+}
+
+fn man(out: Option<&std::path::Path>) -> ExitCode {
+    let written = match out {
+        None => self_doc::man_page(Cli::command(), &mut std::io::stdout()).map(|()| Vec::new()),
+        Some(dir) => {
+            std::fs::create_dir_all(dir).and_then(|()| self_doc::man_pages(Cli::command(), dir))
+        }
+    };
+    match written {
+        Ok(pages) => {
+            if let Some(dir) = out {
+                eprintln!(
+                    "hover: wrote {} man pages to {}",
+                    pages.len(),
+                    dir.display()
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("hover: error: cannot write the man pages: {e}");
+            ExitCode::from(EXIT_HOST_FAILURE)
+        }
     }
 }
 

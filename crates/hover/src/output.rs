@@ -87,11 +87,22 @@ pub fn print_summary(o: &RunOutcome) {
             (_, true) => "",
             (_, false) => " (store without O_DIRECT)",
         };
+        // The budget covers the pageable region only: the pinned boot area
+        // and guest image stay outside it (and a lazy restore's or a
+        // post-copy destination's pager has no budget at all).
+        let budget = if p.budget_pages >= p.pageable_pages {
+            format!("no budget ({} pageable pages)", p.pageable_pages)
+        } else {
+            format!(
+                "budget {} ({} of {} pageable pages; the pinned boot area and guest image are outside it)",
+                mib(p.budget_pages * 4096),
+                p.budget_pages,
+                p.pageable_pages
+            )
+        };
         out!(
             w,
-            "pager: budget {} ({} pageable pages), {} resident; {} faults: {} zero-filled{}, {} read from the store (mean {:.1} us); {} evicted{}",
-            mib(p.budget_pages * 4096),
-            p.budget_pages,
+            "pager: {budget}, {} resident; {} faults: {} zero-filled{}, {} read from the store (mean {:.1} us); {} evicted{}",
             mib(p.resident_pages * 4096),
             p.faults,
             p.zero_fills,
@@ -246,6 +257,36 @@ pub fn print_ctl(action: &str, v: &serde_json::Value) {
                     .map(|p| format!("; restored from {p}"))
                     .unwrap_or_default()
             );
+            out!(w, "halt polling: {}", halt_poll_text(&c["halt_poll"]));
+            let b = &c["boost"];
+            match b["mode"].as_str() {
+                Some("off") | None => out!(w, "boosting: off"),
+                Some(mode) => out!(
+                    w,
+                    "boosting: {mode}, policy {}, at most {} ms per boost, cooldown {} ms, {} boosts/s, monitor every {} us",
+                    policy_text(&b["policy"]),
+                    b["max_ms"],
+                    b["cooldown_ms"],
+                    b["max_rate"],
+                    b["poll_us"]
+                ),
+            }
+            let m = &v["migration"];
+            if m.is_object() {
+                out!(
+                    w,
+                    "migrating ({}): round {}, {} pages sent, {} dirty, {:.0} MB/s, expected downtime {:.1} ms, {:.1} s so far",
+                    m["mode"].as_str().unwrap_or("precopy"),
+                    m["round"],
+                    m["pages_sent"],
+                    m["dirty_pages"],
+                    m["rate_mb_s"].as_f64().unwrap_or(0.0),
+                    m["expected_downtime_ms"].as_f64().unwrap_or(0.0),
+                    m["elapsed_ms"].as_f64().unwrap_or(0.0) / 1000.0
+                );
+            } else {
+                out!(w, "migration: none under way");
+            }
         }
         "pause" => out!(
             w,
@@ -373,5 +414,32 @@ pub fn print_live(v: &serde_json::Value) {
             io["bytes"],
             io["io_errors"]
         );
+    }
+}
+
+/// `config.halt_poll` as set: "kvm_default", {"fixed": {"window_ns": N}}
+/// or {"auto": {"budget_pct": P}}.
+fn halt_poll_text(h: &serde_json::Value) -> String {
+    if let Some(ns) = h["fixed"]["window_ns"].as_u64() {
+        return format!("fixed window {ns} ns");
+    }
+    if let Some(p) = h["auto"]["budget_pct"].as_f64() {
+        return format!("governor, budget {p}% of a CPU per vCPU");
+    }
+    match h.as_str() {
+        Some("kvm_default") => "KVM's module default".into(),
+        _ => h.to_string(),
+    }
+}
+
+/// A boost policy as the flags take it (`fifo:10`, `nice:-20`), from the
+/// API's {"Fifo": 10} or {"Nice": -20}.
+fn policy_text(p: &serde_json::Value) -> String {
+    match p.as_object().and_then(|o| o.iter().next()) {
+        Some((k, n)) => format!("{}:{n}", k.to_lowercase()),
+        None => p
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| p.to_string()),
     }
 }

@@ -54,7 +54,7 @@ pub enum ImageError {
         addr: u64,
     },
     /// Not enough RAM for the image.
-    #[error("--memory {} MiB is too small for guest image {name}, which needs at least {} MiB", .memory >> 20, .needed >> 20)]
+    #[error("--memory {} is too small for guest image {name}, which needs at least {}", crate::config::size_text(*.memory), crate::config::size_text(*.needed))]
     TooLarge {
         /// The image's name.
         name: String,

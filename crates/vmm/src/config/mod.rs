@@ -116,6 +116,17 @@ pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
     n.checked_mul(1u64 << shift).ok_or_else(bad)
 }
 
+/// A byte count as `parse_size` reads it back: in the largest binary unit
+/// that divides it exactly (`256K`, `1G`), else in bytes.
+pub fn size_text(n: u64) -> String {
+    for (unit, shift) in [("T", 40), ("G", 30), ("M", 20), ("K", 10)] {
+        if n != 0 && n.is_multiple_of(1u64 << shift) {
+            return format!("{}{unit}", n >> shift);
+        }
+    }
+    n.to_string()
+}
+
 /// Parse a duration such as `0`, `500ns`, `100us`, `2ms`, `1.5ms` or `1s`.
 pub fn parse_duration(s: &str) -> Result<std::time::Duration, ConfigError> {
     let bad = || ConfigError::BadDuration(s.to_string());
@@ -134,6 +145,16 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_print_as_they_parse() {
+        for n in [0, 1536, 4096, 256 << 10, 16 << 20, 1 << 30, 3 << 40] {
+            assert_eq!(parse_size(&size_text(n)).unwrap(), n, "{n}");
+        }
+        assert_eq!(size_text(256 << 10), "256K");
+        assert_eq!(size_text(1 << 30), "1G");
+        assert_eq!(size_text(1536), "1536");
+    }
 
     #[test]
     fn default_config_is_valid() {

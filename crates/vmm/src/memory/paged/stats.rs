@@ -11,6 +11,10 @@ use super::Shared;
 pub struct PagerStats {
     /// Pages the budget allows in the pageable region.
     pub budget_pages: u64,
+    /// Pages in the pageable region: guest memory less the pinned boot
+    /// area and guest image. A budget at least this large is no budget (a
+    /// lazy restore's or a post-copy destination's pager).
+    pub pageable_pages: u64,
     /// Pageable pages resident now.
     pub resident_pages: u64,
     /// Page faults reported by userfaultfd (repeats included).
@@ -52,6 +56,7 @@ impl Shared {
         let reads = load(&sh.store_reads);
         PagerStats {
             budget_pages: sh.budget,
+            pageable_pages: sh.states.len() as u64,
             resident_pages: load(&sh.resident),
             faults: load(&sh.faults),
             zero_fills: load(&sh.zero_fills),
