@@ -344,7 +344,8 @@ fn ctl_error(e: &ApiError) -> ExitCode {
 }
 
 /// Send the migration request and, while it runs, show its progress from
-/// `GET /vm` on stderr (a spinner line; nothing when stderr is no terminal).
+/// `GET /vm` on stderr: a spinner line on a terminal, otherwise a line a
+/// second while there is news.
 fn migrate_with_progress(
     socket: &std::path::Path,
     body: Option<&str>,

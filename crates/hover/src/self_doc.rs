@@ -7,7 +7,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use clap::Command;
-use hover_abi::workload::{ParamKind, ParamSpec, GLOBAL_PARAMS, WORKLOADS};
+use hover_abi::workload::{ParamKind, ParamSpec, DEFAULT_WORKLOAD, GLOBAL_PARAMS, WORKLOADS};
 use hover_vmm::config::size_text as size;
 
 /// Write `shell`'s completion script for `cmd` to `out`.
@@ -68,6 +68,10 @@ fn param_line(p: &ParamSpec) -> String {
         ParamKind::Number { min, max, default } => (format!("{min}-{max}"), default.to_string()),
         ParamKind::Size { min, max, default } => {
             (format!("{}-{}", size(min), size(max)), size(default))
+        }
+        // `workload` itself: its values are the table's names.
+        ParamKind::Choice { values: [] } if p.name == "workload" => {
+            ("a name above".into(), DEFAULT_WORKLOAD.into())
         }
         ParamKind::Choice { values: [] } => ("text".into(), "none".into()),
         ParamKind::Choice { values } => (values.join("|"), values[0].to_string()),

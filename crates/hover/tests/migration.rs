@@ -75,8 +75,11 @@ fn kvstore_migrates_over_unix_and_tcp_with_each_tracker() {
 
 /// The source pauses its guest only once the destination has applied
 /// everything sent before (a `SYNC` round trip), so the pause never waits
-/// behind frames still in flight: with the destination's answers held
-/// 300 ms on the way back, that wait shows in `drain_us`.
+/// behind frames still in flight. With the destination's answers held 1 s
+/// on the way back, the source's wait shows in `drain_us`, and the gap
+/// the guest saw (the destination's clock at its start, taken before its
+/// `RUNNING` crosses the delay) stays under that second: the wait came
+/// before the pause, not inside it.
 #[test]
 fn the_source_pauses_only_once_the_destination_has_caught_up() {
     if !kvm_for_test("the_source_pauses_only_once_the_destination_has_caught_up") {
@@ -86,8 +89,14 @@ fn the_source_pauses_only_once_the_destination_has_caught_up() {
     let listen = dir.path("in.sock");
     let (dest, _) = receiver(&format!("unix:{}", listen.display()));
     let via = dir.path("relay.sock");
-    let _relay = Proxy::with_fault(&via, &listen, Fault::DelayBack(Duration::from_millis(300)));
-    let src = kvstore(&dir, "src");
+    let _relay = Proxy::with_fault(&via, &listen, Fault::DelayBack(Duration::from_secs(1)));
+    // Outlasts the three delayed answers (READY, SYNCED, RUNNING).
+    let args = [
+        "run",
+        "--cmdline",
+        "workload=kvstore wss=16M rate=1000 seconds=12",
+    ];
+    let src = Vm::spawn(&args, &dir.path("src.sock"));
     std::thread::sleep(Duration::from_millis(500));
     let body = serde_json::json!({ "to": format!("unix:{}", via.display()), "verify": true });
     let r = src
@@ -95,7 +104,9 @@ fn the_source_pauses_only_once_the_destination_has_caught_up() {
         .json("PUT", "/vm/migrate", Some(&body.to_string()))
         .unwrap();
     let drain = r["drain_us"].as_u64().unwrap();
-    assert!(drain >= 300_000, "the source waited for SYNCED: {r}");
+    assert!(drain >= 1_000_000, "the source waited for SYNCED: {r}");
+    let seen = r["guest_downtime_ms"].as_f64().unwrap();
+    assert!(seen < 1000.0, "the wait was not inside the pause: {r}");
     assert_breakdown_adds_up(&r);
     let (code, o, stderr) = src.wait();
     assert_eq!(code, Some(0), "{stderr}");

@@ -14,6 +14,9 @@ use hover_abi::layout::PAGE_SIZE;
 #[repr(C, align(4096))]
 pub struct PageBuf(pub [u8; PAGE_SIZE as usize]);
 
+// `PageBufs` reads a `Vec<PageBuf>` as bytes: no padding between pages.
+const _: () = assert!(std::mem::size_of::<PageBuf>() == PAGE_SIZE as usize);
+
 impl PageBuf {
     /// A zeroed buffer on the heap.
     pub fn new() -> Box<PageBuf> {

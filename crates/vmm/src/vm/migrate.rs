@@ -449,7 +449,7 @@ impl Running {
         // go in the final round.
         let drain_at = Instant::now();
         w.frame(Kind::Sync, &[])
-            .map_err(io("asking the destination to catch up"))?;
+            .map_err(link("asking the destination to catch up"))?;
         expect(&mut r, Kind::Synced)?;
         report.drain_us = drain_at.elapsed().as_micros() as u64;
         report.vcpu_throttle_pct = policy.peak().to_vec();

@@ -124,8 +124,11 @@ fn load(sh: &Arc<Shared>, order: &[u64], source: &dyn BulkSource, rate: Option<u
     // At the fetch workers' priority: the guest's vCPUs would otherwise
     // take half the loader's CPU, while the guest's speed hangs on what
     // the loader has not placed yet (1 GiB guest, 64 MiB hot: 60-170 ms
-    // to load at the default priority, 43-69 ms above it).
-    super::workers::raise_priority();
+    // to load at the default priority, 43-69 ms above it). A loader held
+    // to a rate is meant to be gentle: it keeps the default.
+    if rate.is_none() {
+        super::workers::raise_priority();
+    }
     let started = Instant::now();
     let placer = Placer::new(sh.clone());
     let ps = PAGE_SIZE as usize;
