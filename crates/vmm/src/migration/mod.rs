@@ -181,7 +181,8 @@ pub struct MigrationReport {
     /// Where the downtime went.
     pub downtime_breakdown: DowntimeBreakdown,
     /// Waiting, before the pause, for the destination to apply everything
-    /// sent so far (a `SYNC` round trip), microseconds: on a slow link the
+    /// sent so far (a `SYNC` round trip; two when the first outlasted the
+    /// downtime target and one more round followed), microseconds: on a slow link the
     /// socket buffers and any relay between hold rounds already "sent",
     /// which the pause would otherwise wait behind.
     pub drain_us: u64,

@@ -1,7 +1,9 @@
 //! The source's side of the stream's opening: the hello and, with a key,
 //! the proofs both ways; what it sends unasked (configuration, mode) and
 //! how it reads the destination's answers, where an ERROR frame is a
-//! refusal.
+//! refusal; and the `SYNC` round trip before the pause.
+
+use std::time::{Duration, Instant};
 
 use super::link::{io, link, Reader, Writer};
 use crate::config::MigrationKey;
@@ -115,4 +117,14 @@ mod tests {
         let mut r = reader_after(&[(Kind::Error, b"unread")]);
         assert!(handshake(Ok(()), "sending the mode", &mut r).is_ok());
     }
+}
+
+/// Send `SYNC` and wait for the destination's `SYNCED`: once it answers,
+/// every frame sent before is applied there. How long that took.
+pub(super) fn catch_up(w: &mut Writer, r: &mut Reader) -> Result<Duration, MigrationError> {
+    let at = Instant::now();
+    w.frame(Kind::Sync, &[])
+        .map_err(link("asking the destination to catch up"))?;
+    expect(r, Kind::Synced)?;
+    Ok(at.elapsed())
 }

@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use super::control::{CommandError, Lifecycle, MigrationProgress, VmEvent};
-use super::handshake::{allowed, expect, handshake, open};
+use super::handshake::{allowed, catch_up, expect, handshake, open};
 use super::link::{io, link, Reader, Writer, CONNECT_TIMEOUT, IO_TIMEOUT};
 use super::run::Running;
 use crate::migration::batch::{BatchError, Batcher};
@@ -446,12 +446,28 @@ impl Running {
         // sent: a backlog in socket buffers or a relay (a slow link) would
         // otherwise drain inside the downtime (a hybrid switch's 185 ms
         // acknowledgement, 2026-11-25). Pages the guest dirties meanwhile
-        // go in the final round.
-        let drain_at = Instant::now();
-        w.frame(Kind::Sync, &[])
-            .map_err(link("asking the destination to catch up"))?;
-        expect(&mut r, Kind::Synced)?;
-        report.drain_us = drain_at.elapsed().as_micros() as u64;
+        // go in the final round; when the wait outlasted the downtime
+        // target, one more round carries them first, while the guest runs.
+        let mut drained = catch_up(&mut w, &mut r)?;
+        if !switch && drained > o.downtime {
+            let sent = sender.send(
+                &self.vm.ram,
+                self.vm.pager.as_ref(),
+                &mut w,
+                &pending,
+                false,
+            )?;
+            report.round_pages.push(sent);
+            report.rounds += 1;
+            let harvest_at = Instant::now();
+            let harvested = tracker.harvest()?;
+            report
+                .harvest_us
+                .push(harvest_at.elapsed().as_micros() as u64);
+            pending = merge(harvested, self.vm.host_writes.take());
+            drained += catch_up(&mut w, &mut r)?;
+        }
+        report.drain_us = drained.as_micros() as u64;
         report.vcpu_throttle_pct = policy.peak().to_vec();
         // The guest stops in a moment: no more slowing down.
         throttle.clear();
