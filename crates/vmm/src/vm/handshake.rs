@@ -74,6 +74,16 @@ pub(super) fn handshake(
     }
 }
 
+/// Send `SYNC` and wait for the destination's `SYNCED`: once it answers,
+/// every frame sent before is applied there. How long that took.
+pub(super) fn catch_up(w: &mut Writer, r: &mut Reader) -> Result<Duration, MigrationError> {
+    let at = Instant::now();
+    w.frame(Kind::Sync, &[])
+        .map_err(link("asking the destination to catch up"))?;
+    expect(r, Kind::Synced)?;
+    Ok(at.elapsed())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,14 +127,4 @@ mod tests {
         let mut r = reader_after(&[(Kind::Error, b"unread")]);
         assert!(handshake(Ok(()), "sending the mode", &mut r).is_ok());
     }
-}
-
-/// Send `SYNC` and wait for the destination's `SYNCED`: once it answers,
-/// every frame sent before is applied there. How long that took.
-pub(super) fn catch_up(w: &mut Writer, r: &mut Reader) -> Result<Duration, MigrationError> {
-    let at = Instant::now();
-    w.frame(Kind::Sync, &[])
-        .map_err(link("asking the destination to catch up"))?;
-    expect(r, Kind::Synced)?;
-    Ok(at.elapsed())
 }
