@@ -1,5 +1,6 @@
 //! Prefetching restore: the loader fills guest memory with exactly the
-//! snapshot's pages and the workload's own checks pass; and a demand fault
+//! snapshot's pages, the pager then hands guest memory back to the kernel,
+//! and the workload's own checks pass; and a demand fault
 //! never waits behind it (a loader slowed to 200 pages a second would need
 //! seconds to reach the pages the guest touches at once, and the guest
 //! finishes long before).
@@ -123,9 +124,15 @@ fn prefetch_places_every_saved_page_and_the_workloads_check_passes() {
                 "{name}: page {gpa:#x} differs from the snapshot's"
             );
         }
+        // Loaded before the guest ran: the control loop hands guest memory
+        // back to the kernel as it starts, and the guest runs on without
+        // the pager.
         let o = vm.run().unwrap();
         assert_eq!(o.exit_code, 0, "{name}");
         assert_eq!(report(&o, errors), 0, "{name}: the workload's own check");
+        let p = o.pager.as_ref().expect("the pager's figures are kept");
+        assert!(p.released, "{name}: memory went back to the kernel: {p:?}");
+        assert_eq!(p.pushed_pages, pageable, "{name}: {p:?}");
         std::fs::remove_dir_all(snap.parent().unwrap()).unwrap();
     }
 }

@@ -134,6 +134,8 @@ struct Shared {
     first_touch: Mutex<Vec<u32>>,
     /// How long the prefetch loader took, once it is done (microseconds + 1).
     prefetch_done_us: AtomicU64,
+    /// Set once guest memory is unregistered (`Pager::release`).
+    released: AtomicBool,
     queue: Mutex<VecDeque<(u32, Instant)>>,
     queued: Condvar,
     resident: AtomicU64,
@@ -478,6 +480,7 @@ impl Pager {
                 push_copies: AtomicU64::new(0),
                 first_touch: Mutex::new(Vec::new()),
                 prefetch_done_us: AtomicU64::new(0),
+                released: AtomicBool::new(false),
                 queue: Mutex::new(VecDeque::new()),
                 queued: Condvar::new(),
                 resident: AtomicU64::new(0),

@@ -63,6 +63,7 @@ mod ioctls {
     use vmm_sys_util::{ioctl_ior_nr, ioctl_iowr_nr};
     ioctl_iowr_nr!(UFFDIO_API, UFFDIO, 0x3f, UffdioApi);
     ioctl_iowr_nr!(UFFDIO_REGISTER, UFFDIO, 0x00, UffdioRegister);
+    ioctl_ior_nr!(UFFDIO_UNREGISTER, UFFDIO, 0x01, UffdioRange);
     ioctl_ior_nr!(UFFDIO_WAKE, UFFDIO, 0x02, UffdioRange);
     ioctl_iowr_nr!(UFFDIO_COPY, UFFDIO, 0x03, UffdioCopy);
     ioctl_iowr_nr!(UFFDIO_MOVE, UFFDIO, 0x05, UffdioMove);
@@ -116,6 +117,15 @@ impl Uffd {
         };
         // SAFETY: UFFDIO_REGISTER reads and writes a uffdio_register.
         check(unsafe { ioctl_with_mut_ref(&self.0, UFFDIO_REGISTER(), &mut r) })
+    }
+
+    /// Stop reporting faults in `[addr, addr + len)`. Threads waiting on a
+    /// fault there are woken, and take it again as ordinary faults the
+    /// kernel serves (a missing anonymous page becomes a zeroed one).
+    pub fn unregister(&self, addr: u64, len: u64) -> io::Result<()> {
+        let mut r = UffdioRange { start: addr, len };
+        // SAFETY: UFFDIO_UNREGISTER reads a uffdio_range.
+        check(unsafe { ioctl_with_mut_ref(&self.0, UFFDIO_UNREGISTER(), &mut r) })
     }
 
     /// Fill the missing page(s) at `dst` with a copy of `src` and wake the
@@ -274,6 +284,12 @@ mod tests {
         uffd.move_pages(page, staging, 4096).unwrap();
         // SAFETY: the page is back.
         assert_eq!(unsafe { std::ptr::read_volatile(page as *const u8) }, 0x5a);
+        // Unregistered, the missing page is the kernel's again: a touch
+        // reads zeros, nothing is reported here, nobody waits.
+        uffd.move_pages(staging, page, 4096).unwrap();
+        uffd.unregister(page, len as u64).unwrap();
+        // SAFETY: the page is missing and no longer registered.
+        assert_eq!(unsafe { std::ptr::read_volatile(page as *const u64) }, 0);
         // SAFETY: unmapping what we mapped.
         unsafe { libc::munmap(area, len) };
     }

@@ -228,6 +228,8 @@ pub(crate) struct Status {
 pub(crate) enum VmEvent {
     Vcpu(VcpuEvent),
     PagerFailed(String),
+    /// A prefetching restore's loader has placed every page it was given.
+    PrefetchLoaded,
     Command(Command, Sender<Result<Reply, CommandError>>),
 }
 

@@ -74,6 +74,9 @@ pub struct Vm {
     vcpu_stats: Vec<KvmStats>,
     vm_stats: Option<KvmStats>,
     pager: Option<Pager>,
+    /// What the pager did before it was released (a prefetching restore
+    /// that finished loading), for the outcome.
+    pager_released: Option<crate::memory::paged::PagerStats>,
     halt_poll: HaltPoll,
     api_socket: Option<std::path::PathBuf>,
     seccomp: crate::seccomp::Mode,
@@ -339,6 +342,7 @@ impl Vm {
             vcpu_stats,
             vm_stats,
             pager,
+            pager_released: None,
             halt_poll: config.machine.halt_poll,
             api_socket: config.host.api_socket.clone(),
             migration_key: config.host.migration_key.clone(),
@@ -369,7 +373,10 @@ impl Vm {
 
     /// What its pager has done so far (`None`: no pager).
     pub fn pager_stats(&self) -> Option<crate::memory::paged::PagerStats> {
-        self.pager.as_ref().map(|p| p.stats())
+        self.pager
+            .as_ref()
+            .map(|p| p.stats())
+            .or_else(|| self.pager_released.clone())
     }
 
     /// The VM's KVM handle.

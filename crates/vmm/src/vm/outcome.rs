@@ -195,7 +195,7 @@ pub(super) fn collect(
         console_bytes: vm.devices.serial.bytes_written(),
         vcpu_stats,
         vcpu_histograms,
-        pager: vm.pager.as_ref().map(|p| p.stats()),
+        pager: vm.pager_stats(),
         halt_poll: governor,
         guest_halt_poll: {
             let g = crate::sched::guest_poll::read(

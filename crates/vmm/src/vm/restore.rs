@@ -12,6 +12,7 @@ use kvm_bindings::{
     KVM_MAX_CPUID_ENTRIES,
 };
 
+use super::control::VmEvent;
 use super::outcome::{us_since, RestoreReport};
 use super::{open_console, DeviceSetup, Machine, Vm};
 use crate::config::{HostConfig, VmConfig};
@@ -332,8 +333,12 @@ impl Vm {
                     paged::block_order(&snap.hot, &stored)
                 }
             };
+            let events = vm.events.clone();
+            let loaded = Box::new(move || {
+                let _ = events.send(VmEvent::PrefetchLoaded);
+            });
             let pager = vm.pager.as_mut().expect("a lazy restore has a pager");
-            pager.prefetch(order, snap.clone(), opts.prefetch_rate)?;
+            pager.prefetch(order, snap.clone(), opts.prefetch_rate, loaded)?;
             phase("prefetch started");
         }
         vm.mark_restored(
@@ -345,6 +350,32 @@ impl Vm {
             pages_loaded,
         );
         Ok(vm)
+    }
+}
+
+impl Vm {
+    /// Once a prefetching restore has placed every page the snapshot held,
+    /// a VM without a memory budget needs its pager no more: guest memory
+    /// goes back to the kernel ([`crate::memory::paged::Pager::release`]),
+    /// and snapshots and migrations read it as any VM's. A VM with a budget
+    /// keeps paging. Err: the pager could not let go (the VM must end:
+    /// faults might wait with nobody to serve them).
+    pub(super) fn release_loaded_pager(&mut self) -> Result<(), String> {
+        if self.saved.config.memory_budget.is_some() || self.postcopy_in.is_some() {
+            return Ok(());
+        }
+        let Some(pager) = self.pager.take() else {
+            return Ok(());
+        };
+        let stats = pager
+            .release()
+            .map_err(|e| format!("releasing guest memory after the prefetch: {e}"))?;
+        tracing::debug!(
+            pages = stats.pushed_pages,
+            "prefetch loaded; guest memory handed back to the kernel"
+        );
+        self.pager_released = Some(stats);
+        Ok(())
     }
 }
 

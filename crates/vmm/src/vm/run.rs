@@ -243,6 +243,11 @@ impl Running {
                 VmEvent::Vcpu(VcpuEvent::Failed { error, .. }) => return Ok(End::Failed(error)),
                 VmEvent::Vcpu(VcpuEvent::Panicked { vcpu }) => return Ok(End::VcpuGone(vcpu)),
                 VmEvent::PagerFailed(msg) => return Ok(End::Pager(msg)),
+                VmEvent::PrefetchLoaded => {
+                    if let Err(msg) = self.vm.release_loaded_pager() {
+                        return Ok(End::Pager(msg));
+                    }
+                }
                 VmEvent::Command(cmd, reply) => {
                     let (result, end) = self.command(cmd);
                     let _ = reply.send(result);

@@ -47,6 +47,9 @@ pub struct PagerStats {
     /// A prefetching restore's loader: how long it took to place the pages
     /// it was given, milliseconds (`None`: none ran, or it is still running).
     pub prefetch_ms: Option<f64>,
+    /// Guest memory was handed back to the kernel once the prefetch had
+    /// loaded it all (no budget): these figures stopped there.
+    pub released: bool,
 }
 
 impl Shared {
@@ -57,6 +60,7 @@ impl Shared {
         PagerStats {
             budget_pages: sh.budget,
             pageable_pages: sh.states.len() as u64,
+            released: sh.released.load(Ordering::Acquire),
             resident_pages: load(&sh.resident),
             faults: load(&sh.faults),
             zero_fills: load(&sh.zero_fills),
