@@ -4,6 +4,47 @@
 //! `RSI` = the vCPU index. The page tells the guest what it cannot safely ask
 //! the CPU for on this platform (CPUID at CPL3 shows the outer host).
 
+/// Control-register bits of the entry state (Intel SDM vol. 3, 2.5).
+pub mod cr {
+    /// CR0.PE: protected mode.
+    pub const CR0_PE: u64 = 1;
+    /// CR0.MP: WAIT/FWAIT honour TS.
+    pub const CR0_MP: u64 = 1 << 1;
+    /// CR0.ET: reads as 1.
+    pub const CR0_ET: u64 = 1 << 4;
+    /// CR0.NE: x87 errors as exceptions.
+    pub const CR0_NE: u64 = 1 << 5;
+    /// CR0.WP: CPL0 honours read-only pages.
+    pub const CR0_WP: u64 = 1 << 16;
+    /// CR0.PG: paging.
+    pub const CR0_PG: u64 = 1 << 31;
+    /// CR4.PAE: physical address extension (long mode needs it).
+    pub const CR4_PAE: u64 = 1 << 5;
+    /// CR4.OSFXSR: FXSAVE/FXRSTOR and SSE.
+    pub const CR4_OSFXSR: u64 = 1 << 9;
+    /// CR4.OSXMMEXCPT: SIMD floating-point exceptions.
+    pub const CR4_OSXMMEXCPT: u64 = 1 << 10;
+    /// CR4.FSGSBASE: RD/WR{FS,GS}BASE at any CPL.
+    pub const CR4_FSGSBASE: u64 = 1 << 16;
+    /// EFER.SCE: SYSCALL/SYSRET.
+    pub const EFER_SCE: u64 = 1;
+    /// EFER.LME: long mode enabled.
+    pub const EFER_LME: u64 = 1 << 8;
+    /// EFER.LMA: long mode active.
+    pub const EFER_LMA: u64 = 1 << 10;
+}
+
+/// CR0 at entry, whichever way the guest is entered (the monitor's 64-bit
+/// entry, or the guest's own PVH path under another VMM): protected mode,
+/// paging, and x87/SSE usable (MP set, EM clear).
+pub const ENTRY_CR0: u64 =
+    cr::CR0_PE | cr::CR0_MP | cr::CR0_ET | cr::CR0_NE | cr::CR0_WP | cr::CR0_PG;
+/// CR4 at entry: PAE paging; SSE enabled (Rust's prebuilt `core` uses it);
+/// FSGSBASE so the CPL3 runtime can point GS at its per-CPU area.
+pub const ENTRY_CR4: u64 = cr::CR4_PAE | cr::CR4_OSFXSR | cr::CR4_OSXMMEXCPT | cr::CR4_FSGSBASE;
+/// EFER at entry: long mode active, SYSCALL on.
+pub const ENTRY_EFER: u64 = cr::EFER_SCE | cr::EFER_LME | cr::EFER_LMA;
+
 /// `BootInfo::magic`: ASCII "HOVERBI1" read as a little-endian u64.
 pub const BOOT_INFO_MAGIC: u64 = u64::from_le_bytes(*b"HOVERBI1");
 /// Layout version of [`BootInfo`]; bumped on any incompatible change.

@@ -78,6 +78,20 @@ pub struct ControlRequest {
     pub arg1: u64,
 }
 
+/// Where [`ControlRequest`]'s fields sit, from the type.
+pub mod request_offset {
+    use super::ControlRequest;
+    use core::mem::offset_of;
+    /// [`ControlRequest::op`].
+    pub const OP: usize = offset_of!(ControlRequest, op);
+    /// [`ControlRequest::status`].
+    pub const STATUS: usize = offset_of!(ControlRequest, status);
+    /// [`ControlRequest::arg0`].
+    pub const ARG0: usize = offset_of!(ControlRequest, arg0);
+    /// [`ControlRequest::arg1`].
+    pub const ARG1: usize = offset_of!(ControlRequest, arg1);
+}
+
 /// How a [`Report`]'s `value` is to be read.
 pub mod value_kind {
     /// Unsigned 64-bit integer.
@@ -100,6 +114,20 @@ pub struct Report {
     pub reserved: u32,
     /// The value, to be read according to `kind`.
     pub value: u64,
+}
+
+/// Where [`Report`]'s fields sit, from the type.
+pub mod report_offset {
+    use super::Report;
+    use core::mem::offset_of;
+    /// [`Report::key`].
+    pub const KEY: usize = offset_of!(Report, key);
+    /// [`Report::kind`].
+    pub const KIND: usize = offset_of!(Report, kind);
+    /// [`Report::reserved`].
+    pub const RESERVED: usize = offset_of!(Report, reserved);
+    /// [`Report::value`].
+    pub const VALUE: usize = offset_of!(Report, value);
 }
 
 /// Why a report key was refused.
@@ -168,6 +196,18 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The layout docs/ABI.md publishes: derived offsets, pinned here (a
+    /// field that moves is an ABI break, not a refactor).
+    #[test]
+    fn layouts_are_the_published_ones() {
+        use request_offset as q;
+        assert_eq!([q::OP, q::STATUS, q::ARG0, q::ARG1], [0, 4, 8, 16]);
+        assert_eq!(core::mem::size_of::<ControlRequest>(), 24);
+        use report_offset as r;
+        assert_eq!([r::KEY, r::KIND, r::RESERVED, r::VALUE], [0, 32, 36, 40]);
+        assert_eq!(core::mem::size_of::<Report>(), 48);
+    }
 
     #[test]
     fn key_round_trips() {

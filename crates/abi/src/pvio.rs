@@ -76,5 +76,66 @@ pub struct IoRequest {
     pub reserved: u32,
 }
 
+/// Where [`IoRingHeader`]'s fields sit, from the type.
+pub mod header_offset {
+    use super::IoRingHeader;
+    use core::mem::offset_of;
+    /// [`IoRingHeader::submitted`].
+    pub const SUBMITTED: u64 = offset_of!(IoRingHeader, submitted) as u64;
+    /// [`IoRingHeader::completed`].
+    pub const COMPLETED: u64 = offset_of!(IoRingHeader, completed) as u64;
+}
+
+/// Where [`IoRequest`]'s fields sit, from the type.
+pub mod request_offset {
+    use super::IoRequest;
+    use core::mem::offset_of;
+    /// [`IoRequest::op`].
+    pub const OP: usize = offset_of!(IoRequest, op);
+    /// [`IoRequest::len`].
+    pub const LEN: usize = offset_of!(IoRequest, len);
+    /// [`IoRequest::offset`].
+    pub const OFFSET: usize = offset_of!(IoRequest, offset);
+    /// [`IoRequest::buf`].
+    pub const BUF: usize = offset_of!(IoRequest, buf);
+    /// [`IoRequest::vcpu`].
+    pub const VCPU: usize = offset_of!(IoRequest, vcpu);
+    /// [`IoRequest::status`].
+    pub const STATUS: usize = offset_of!(IoRequest, status);
+    /// [`IoRequest::error`].
+    pub const ERROR: usize = offset_of!(IoRequest, error);
+}
+
+/// Bytes of [`IoRingHeader`]: the first request follows.
+pub const HEADER_SIZE: u64 = core::mem::size_of::<IoRingHeader>() as u64;
+/// Bytes of one [`IoRequest`].
+pub const REQUEST_SIZE: u64 = core::mem::size_of::<IoRequest>() as u64;
+
 const _: () = assert!(core::mem::size_of::<IoRingHeader>() == 16);
 const _: () = assert!(core::mem::size_of::<IoRequest>() == 40);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The layout docs/ABI.md publishes: derived offsets, pinned here.
+    #[test]
+    fn layouts_are_the_published_ones() {
+        use header_offset as h;
+        assert_eq!([h::SUBMITTED, h::COMPLETED, HEADER_SIZE], [0, 8, 16]);
+        use request_offset as q;
+        assert_eq!(
+            [
+                q::OP,
+                q::LEN,
+                q::OFFSET,
+                q::BUF,
+                q::VCPU,
+                q::STATUS,
+                q::ERROR
+            ],
+            [0, 4, 8, 16, 24, 28, 32]
+        );
+        assert_eq!(REQUEST_SIZE, 40);
+    }
+}

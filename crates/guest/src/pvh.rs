@@ -73,8 +73,12 @@ const NOTES: [&str; 4] = [
     "APIC ids are not 0..N-1: running on the vCPUs whose id is their index",
 ];
 
-const CR0: u32 = 1 | 2 | (1 << 4) | (1 << 5) | (1 << 16) | (1 << 31);
-const CR4: u32 = (1 << 5) | (1 << 9) | (1 << 10) | (1 << 16);
+// The same entry state the monitor sets (hover_abi::boot); every bit is
+// below 2^32, as the 32-bit PVH path loads them with 32-bit moves.
+const CR0: u32 = hover_abi::boot::ENTRY_CR0 as u32;
+const CR4: u32 = hover_abi::boot::ENTRY_CR4 as u32;
+const _: () =
+    assert!(CR0 as u64 == hover_abi::boot::ENTRY_CR0 && CR4 as u64 == hover_abi::boot::ENTRY_CR4);
 
 global_asm!(
     include_str!("pvh.S"),

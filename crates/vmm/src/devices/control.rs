@@ -10,7 +10,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use hover_abi::control::{
-    op, status, ControlRequest, Report, MAX_LOG_LEN, MAX_MSI_DELAY_NS, MAX_REPORTS_PER_REQUEST,
+    op, report_offset, request_offset, status, ControlRequest, Report, MAX_LOG_LEN,
+    MAX_MSI_DELAY_NS, MAX_REPORTS_PER_REQUEST,
 };
 
 use super::limits::{GuestLimits, LimitHit};
@@ -22,8 +23,8 @@ use crate::report::{ReportEntry, ReportValue};
 
 const REQUEST_SIZE: usize = std::mem::size_of::<ControlRequest>();
 const REPORT_SIZE: usize = std::mem::size_of::<Report>();
-/// Offset of `ControlRequest::status`.
-const STATUS_OFFSET: u64 = 4;
+/// Where the answer goes: the request's `status`.
+const STATUS_OFFSET: u64 = request_offset::STATUS as u64;
 
 /// What the vCPU should do next.
 #[derive(Debug, PartialEq, Eq)]
@@ -80,21 +81,28 @@ fn decode_request(b: &[u8; REQUEST_SIZE]) -> ControlRequest {
     let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
     let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
     ControlRequest {
-        op: u32_at(0),
-        status: u32_at(4),
-        arg0: u64_at(8),
-        arg1: u64_at(16),
+        op: u32_at(request_offset::OP),
+        status: u32_at(request_offset::STATUS),
+        arg0: u64_at(request_offset::ARG0),
+        arg1: u64_at(request_offset::ARG1),
     }
 }
 
 fn decode_report(b: &[u8]) -> Report {
+    let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
     let mut key = [0u8; 32];
-    key.copy_from_slice(&b[..32]);
+    let k = report_offset::KEY;
+    let n = key.len();
+    key.copy_from_slice(&b[k..k + n]);
     Report {
         key,
-        kind: u32::from_le_bytes(b[32..36].try_into().expect("4 bytes")),
-        reserved: u32::from_le_bytes(b[36..40].try_into().expect("4 bytes")),
-        value: u64::from_le_bytes(b[40..48].try_into().expect("8 bytes")),
+        kind: u32_at(report_offset::KIND),
+        reserved: u32_at(report_offset::RESERVED),
+        value: u64::from_le_bytes(
+            b[report_offset::VALUE..report_offset::VALUE + 8]
+                .try_into()
+                .expect("8 bytes"),
+        ),
     }
 }
 

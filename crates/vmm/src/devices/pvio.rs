@@ -18,7 +18,7 @@ use std::thread::JoinHandle;
 
 use super::gate::Gate;
 use hover_abi::pvio::{
-    io_op, io_status, COMPLETION_VECTOR, DOORBELL_PORT, MAX_ENTRIES, MAX_FILE_BYTES, MAX_LEN,
+    self, io_op, io_status, COMPLETION_VECTOR, DOORBELL_PORT, MAX_ENTRIES, MAX_FILE_BYTES, MAX_LEN,
 };
 use kvm_bindings::{
     kvm_irq_routing_entry, KvmIrqRouting, KVM_IRQCHIP_IOAPIC, KVM_IRQ_ROUTING_IRQCHIP,
@@ -59,8 +59,13 @@ fn io_thread(dev: Weak<PvioDevice>, rx: Receiver<Start>) {
 
 /// GSIs the IOAPIC pins occupy; the device's per-vCPU MSI routes follow.
 const IOAPIC_PINS: u32 = 24;
-const HEADER: u64 = 16;
-const REQUEST: u64 = 40;
+const HEADER: u64 = pvio::HEADER_SIZE;
+const REQUEST: u64 = pvio::REQUEST_SIZE;
+/// Where the monitor counts completions: the header's `completed`.
+const COMPLETED: u64 = pvio::header_offset::COMPLETED;
+/// A request's answer: `status`, then `error` right after it.
+const STATUS: u64 = pvio::request_offset::STATUS as u64;
+const ERROR: u64 = pvio::request_offset::ERROR as u64;
 
 /// What the device did.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -339,7 +344,7 @@ impl PvioDevice {
         }
         let done = self
             .memory
-            .read_obj::<u64>(GuestAddress(gpa + 8))
+            .read_obj::<u64>(GuestAddress(gpa + COMPLETED))
             .map_err(|e| format!("the saved I/O ring at {gpa:#x} is outside guest memory: {e}"))?;
         self.start(gpa, entries, done)?;
         *self.ring.lock().unwrap_or_else(|p| p.into_inner()) = Some((gpa, entries));
@@ -378,18 +383,18 @@ impl PvioDevice {
                 if submitted - done > entries {
                     tracing::warn!("I/O device: the guest overran its ring ({submitted} submitted, {done} done); skipping");
                     done = submitted;
-                    let _ = self.memory.write_obj(done, GuestAddress(gpa + 8));
-                    self.host_writes.mark(gpa + 8, 8);
+                    let _ = self.memory.write_obj(done, GuestAddress(gpa + COMPLETED));
+                    self.host_writes.mark(gpa + COMPLETED, 8);
                     break;
                 }
                 let at = gpa + HEADER + (done % entries) * REQUEST;
                 let (st, err, vcpu) = self.perform(&file, at, &mut buf);
-                let _ = self.memory.write_obj(st, GuestAddress(at + 28));
-                let _ = self.memory.write_obj(err, GuestAddress(at + 32));
-                self.host_writes.mark(at + 28, 8);
+                let _ = self.memory.write_obj(st, GuestAddress(at + STATUS));
+                let _ = self.memory.write_obj(err, GuestAddress(at + ERROR));
+                self.host_writes.mark(at + STATUS, ERROR + 4 - STATUS);
                 done += 1;
-                let _ = self.memory.write_obj(done, GuestAddress(gpa + 8));
-                self.host_writes.mark(gpa + 8, 8);
+                let _ = self.memory.write_obj(done, GuestAddress(gpa + COMPLETED));
+                self.host_writes.mark(gpa + COMPLETED, 8);
                 self.requests.fetch_add(1, Ordering::Relaxed);
                 let index = if (vcpu as usize) < self.irqfds.len() {
                     vcpu as usize
@@ -422,8 +427,14 @@ impl PvioDevice {
         }
         let u32_at = |o: usize| u32::from_le_bytes(raw[o..o + 4].try_into().expect("4 bytes"));
         let u64_at = |o: usize| u64::from_le_bytes(raw[o..o + 8].try_into().expect("8 bytes"));
-        let (op, len, offset, gbuf, vcpu) =
-            (u32_at(0), u32_at(4), u64_at(8), u64_at(16), u32_at(24));
+        use pvio::request_offset as o;
+        let (op, len, offset, gbuf, vcpu) = (
+            u32_at(o::OP),
+            u32_at(o::LEN),
+            u64_at(o::OFFSET),
+            u64_at(o::BUF),
+            u32_at(o::VCPU),
+        );
         let vcpu_ok = (vcpu as usize) < self.irqfds.len();
         let end = offset.checked_add(len as u64);
         let in_file = end.is_some_and(|e| e <= self.max_bytes);

@@ -49,7 +49,7 @@ mod zeroed;
 use zeroed::zeroed;
 
 pub use place::Placer;
-pub use prefetch::{block_order, BulkSource};
+pub use prefetch::{block_order, BulkSource, BLOCK_PAGES};
 pub use source::{PageContent, PageReader, PageSource};
 pub use stats::PagerStats;
 

@@ -7,27 +7,8 @@ use kvm_bindings::{kvm_fpu, kvm_regs, kvm_segment, kvm_sregs};
 
 use super::tables::{boot_stack_top, boot_tss, BOOT_TSS_LIMIT};
 
-const CR0_PE: u64 = 1;
-const CR0_MP: u64 = 1 << 1;
-const CR0_ET: u64 = 1 << 4;
-const CR0_NE: u64 = 1 << 5;
-const CR0_WP: u64 = 1 << 16;
-const CR0_PG: u64 = 1 << 31;
-const CR4_PAE: u64 = 1 << 5;
-const CR4_OSFXSR: u64 = 1 << 9;
-const CR4_OSXMMEXCPT: u64 = 1 << 10;
-const CR4_FSGSBASE: u64 = 1 << 16;
-const EFER_SCE: u64 = 1;
-const EFER_LME: u64 = 1 << 8;
-const EFER_LMA: u64 = 1 << 10;
-
-/// CR0: protected mode, paging, and x87/SSE usable (MP set, EM clear).
-pub const ENTRY_CR0: u64 = CR0_PE | CR0_MP | CR0_ET | CR0_NE | CR0_WP | CR0_PG;
-/// CR4: PAE paging; SSE enabled (Rust's prebuilt `core` uses it); FSGSBASE so
-/// the CPL3 runtime can point GS at its per-CPU area.
-pub const ENTRY_CR4: u64 = CR4_PAE | CR4_OSFXSR | CR4_OSXMMEXCPT | CR4_FSGSBASE;
-/// EFER: long mode active.
-pub const ENTRY_EFER: u64 = EFER_SCE | EFER_LME | EFER_LMA;
+use hover_abi::boot::cr::{CR0_ET, CR0_PE};
+pub use hover_abi::boot::{ENTRY_CR0, ENTRY_CR4, ENTRY_EFER};
 
 /// A flat 4 GiB CPL0 segment: code (64-bit in long mode, else 32-bit) or data.
 fn flat_segment(selector: u16, code: bool, long_mode: bool) -> kvm_segment {
@@ -143,7 +124,7 @@ mod tests {
         assert_eq!(s.cs.l, 1);
         assert_eq!(s.cs.dpl, 0);
         assert_eq!(s.cr3, PML4_GPA);
-        assert_ne!(s.cr4 & CR4_OSFXSR, 0);
+        assert_ne!(s.cr4 & hover_abi::boot::cr::CR4_OSFXSR, 0);
         assert_eq!(s.tr.base, boot_tss(1));
         let r = regs(0x10_0000, 1);
         assert_eq!((r.rip, r.rdi, r.rsi), (0x10_0000, BOOT_INFO_GPA, 1));
