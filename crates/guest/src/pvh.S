@@ -99,7 +99,7 @@ pvh_start32:
     mov %eax, %cr3
     mov $0xc0000080, %ecx
     rdmsr
-    or $0x101, %eax                  /* LME | SCE */
+    or ${entry_efer}, %eax           /* LME | SCE: LMA is the CPU's to set */
     wrmsr
     mov ${entry_cr0}, %eax
     mov %eax, %cr0

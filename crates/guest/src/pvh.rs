@@ -77,6 +77,9 @@ const NOTES: [&str; 4] = [
 // below 2^32, as the 32-bit PVH path loads them with 32-bit moves.
 const CR0: u32 = hover_abi::boot::ENTRY_CR0 as u32;
 const CR4: u32 = hover_abi::boot::ENTRY_CR4 as u32;
+// EFER bits the PVH path sets by WRMSR: the entry's, less LMA (the CPU sets
+// it when paging comes on).
+const EFER: u32 = (hover_abi::boot::ENTRY_EFER & !hover_abi::boot::cr::EFER_LMA) as u32;
 const _: () =
     assert!(CR0 as u64 == hover_abi::boot::ENTRY_CR0 && CR4 as u64 == hover_abi::boot::ENTRY_CR4);
 
@@ -95,6 +98,7 @@ global_asm!(
     pvh_ap_tss = sym PVH_AP_TSS,
     entry_cr4 = const CR4,
     entry_cr0 = const CR0,
+    entry_efer = const EFER,
     kernel_cs = const KERNEL_CS,
     kernel_ds = const KERNEL_DS,
     tss_sel = const TSS_SEL,

@@ -404,7 +404,9 @@ mod tests {
     }
 
     fn status_at(d: &ControlDevice, gpa: u64) -> u32 {
-        d.memory.read_obj(GuestAddress(gpa + 4)).unwrap()
+        d.memory
+            .read_obj(GuestAddress(gpa + STATUS_OFFSET))
+            .unwrap()
     }
 
     /// Put a request at 0x1000, handle it for vCPU 0: the action and the status.

@@ -26,7 +26,7 @@ impl Running {
             .pager
             .as_ref()
             .map(|p| p.first_touches())
-            .unwrap_or_default();
+            .unwrap_or_else(|| self.vm.first_touches_released.clone());
         if window.is_zero() || self.state != Lifecycle::Running {
             return Ok(touched);
         }

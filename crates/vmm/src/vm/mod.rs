@@ -77,6 +77,9 @@ pub struct Vm {
     /// What the pager did before it was released (a prefetching restore
     /// that finished loading), for the outcome.
     pager_released: Option<crate::memory::paged::PagerStats>,
+    /// ... and the order its pages were first touched, for a later
+    /// snapshot's hot set.
+    first_touches_released: Vec<u64>,
     halt_poll: HaltPoll,
     api_socket: Option<std::path::PathBuf>,
     seccomp: crate::seccomp::Mode,
@@ -343,6 +346,7 @@ impl Vm {
             vm_stats,
             pager,
             pager_released: None,
+            first_touches_released: Vec::new(),
             halt_poll: config.machine.halt_poll,
             api_socket: config.host.api_socket.clone(),
             migration_key: config.host.migration_key.clone(),

@@ -367,6 +367,7 @@ impl Vm {
         let Some(pager) = self.pager.take() else {
             return Ok(());
         };
+        self.first_touches_released = pager.first_touches();
         let stats = pager
             .release()
             .map_err(|e| format!("releasing guest memory after the prefetch: {e}"))?;

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use hover_abi::layout::PAGE_SIZE;
 
-use super::{Pager, PagerError, Placer, Shared, ABSENT, STATE};
+use super::{Pager, PagerError, Placer, Shared, ABSENT, RESIDENT, STATE};
 
 /// Pages read and placed at a time (1 MiB).
 pub const CHUNK_PAGES: usize = 256;
@@ -154,7 +154,8 @@ fn next_chunk(sh: &Shared, order: &[u64], i: &mut usize) -> Vec<u64> {
     chunk
 }
 
-/// Whether every page of `order` was dealt with.
+/// Load `order`; whether every page of it is resident at the end (never
+/// under a budget, where pages come and go).
 fn load(sh: &Arc<Shared>, order: &[u64], source: &dyn BulkSource, rate: Option<u64>) -> bool {
     // At the fetch workers' priority: the guest's vCPUs would otherwise
     // take half the loader's CPU, while the guest's speed hangs on what
@@ -165,56 +166,108 @@ fn load(sh: &Arc<Shared>, order: &[u64], source: &dyn BulkSource, rate: Option<u
         super::workers::raise_priority();
     }
     let started = Instant::now();
-    let placer = Placer::new(sh.clone());
-    let ps = PAGE_SIZE as usize;
-    let mut pages = crate::memory::store::PageBufs::new(CHUNK_PAGES);
-    let buf = pages.bytes_mut();
-    let (mut i, mut placed, mut failed) = (0usize, 0u64, false);
-    while i < order.len() && !sh.stop.load(Ordering::Acquire) {
-        // Under a budget, what does not fit comes on demand; a tenth of
-        // it is left for the guest's own faults, which would otherwise
-        // evict what was just loaded.
-        if sh.resident.load(Ordering::Acquire) >= sh.budget - sh.budget / 10 {
-            break;
+    let budgeted = (sh.budget as usize) < sh.states.len();
+    let mut loader = Loader {
+        sh,
+        placer: Placer::new(sh.clone()),
+        source,
+        rate,
+        started,
+        placed: 0,
+        budgeted,
+        pages: crate::memory::store::PageBufs::new(CHUNK_PAGES),
+    };
+    let mut todo = order.to_vec();
+    let complete = loop {
+        if !loader.pass(&todo) || budgeted {
+            break false;
         }
-        let chunk = next_chunk(sh, order, &mut i);
-        if chunk.is_empty() {
-            continue;
+        // A page a fetch worker had claimed for a demand fault was left
+        // to it: wait until it is in (a release before that would drop
+        // the worker's queued fetch and leave the page to the kernel's
+        // zeros), and load whatever is still absent.
+        todo.retain(|&g| {
+            sh.page_of_gpa(g)
+                .is_some_and(|p| sh.states[p].load(Ordering::Acquire) & STATE != RESIDENT)
+        });
+        if todo.is_empty() {
+            break true;
         }
-        let out = &mut buf[..chunk.len() * ps];
-        if let Err(e) = source.read_pages(&chunk, out) {
-            sh.fail(format!(
-                "prefetching guest pages {:#x}-{:#x} from the snapshot failed: {e}",
-                chunk[0],
-                chunk[chunk.len() - 1]
-            ));
-            failed = true;
-            break;
+        if sh.stop.load(Ordering::Acquire) {
+            break false;
         }
-        if let Err(e) = placer.place(&chunk, out) {
-            sh.fail(format!(
-                "placing prefetched guest pages at {:#x} failed: {e}",
-                chunk[0]
-            ));
-            failed = true;
-            break;
-        }
-        placed += chunk.len() as u64;
-        if let Some(r) = rate.filter(|&r| r > 0) {
-            let due = started + Duration::from_secs_f64(placed as f64 / r as f64);
-            // In slices, so that stopping the pager is not held up.
-            while !sh.stop.load(Ordering::Acquire) {
-                let left = due.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                std::thread::sleep(left.min(Duration::from_millis(10)));
-            }
-        }
-    }
+        std::thread::sleep(Duration::from_millis(1));
+    };
     sh.prefetch_done_us
         .store(started.elapsed().as_micros() as u64 + 1, Ordering::Release);
-    i >= order.len() && !failed && !sh.stop.load(Ordering::Acquire)
+    complete
+}
+
+/// The loader's state across its passes over what is left.
+struct Loader<'a> {
+    sh: &'a Arc<Shared>,
+    placer: Placer,
+    source: &'a dyn BulkSource,
+    rate: Option<u64>,
+    started: Instant,
+    placed: u64,
+    budgeted: bool,
+    pages: crate::memory::store::PageBufs,
+}
+
+impl Loader<'_> {
+    /// One pass over `order`: false if it failed, was stopped, or (under
+    /// a budget) filled it.
+    fn pass(&mut self, order: &[u64]) -> bool {
+        let sh = self.sh;
+        let ps = PAGE_SIZE as usize;
+        let buf = self.pages.bytes_mut();
+        let mut i = 0usize;
+        while i < order.len() {
+            if sh.stop.load(Ordering::Acquire) {
+                return false;
+            }
+            // Under a budget, what does not fit comes on demand; a tenth of
+            // it is left for the guest's own faults, which would otherwise
+            // evict what was just loaded.
+            if self.budgeted && sh.resident.load(Ordering::Acquire) >= sh.budget - sh.budget / 10 {
+                return false;
+            }
+            let chunk = next_chunk(sh, order, &mut i);
+            if chunk.is_empty() {
+                continue;
+            }
+            let out = &mut buf[..chunk.len() * ps];
+            if let Err(e) = self.source.read_pages(&chunk, out) {
+                sh.fail(format!(
+                    "prefetching guest pages {:#x}-{:#x} from the snapshot failed: {e}",
+                    chunk[0],
+                    chunk[chunk.len() - 1]
+                ));
+                return false;
+            }
+            if let Err(e) = self.placer.place(&chunk, out) {
+                sh.fail(format!(
+                    "placing prefetched guest pages at {:#x} failed: {e}",
+                    chunk[0]
+                ));
+                return false;
+            }
+            self.placed += chunk.len() as u64;
+            if let Some(r) = self.rate.filter(|&r| r > 0) {
+                let due = self.started + Duration::from_secs_f64(self.placed as f64 / r as f64);
+                // In slices, so that stopping the pager is not held up.
+                while !sh.stop.load(Ordering::Acquire) {
+                    let left = due.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    std::thread::sleep(left.min(Duration::from_millis(10)));
+                }
+            }
+        }
+        true
+    }
 }
 
 #[cfg(test)]
