@@ -135,7 +135,8 @@ enum MemoryRestoreArg {
     /// Bring each page in from the file when the guest first touches it.
     Lazy,
     /// As lazy, and load the rest in the background in large copies, the
-    /// snapshot's hot set first.
+    /// snapshot's hot set first; once all is loaded, a VM without a memory
+    /// budget hands its memory back to the kernel (no pager from then on).
     Prefetch,
 }
 
@@ -149,7 +150,8 @@ struct RestoreArgs {
     #[arg(long, value_enum, default_value = "eager")]
     memory_restore: MemoryRestoreArg,
     /// With prefetch: load at most this many pages a second in the
-    /// background (a device shared with others) [default: no limit].
+    /// background (a device shared with others), at the default priority
+    /// [default: no limit, at the pager's raised priority].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     prefetch_rate: Option<u64>,
     #[command(flatten)]
