@@ -13,7 +13,7 @@ use super::link::{io, link, Reader, Writer, CONNECT_TIMEOUT, IO_TIMEOUT};
 use super::run::Running;
 use crate::migration::batch::{BatchError, Batcher};
 use crate::migration::convergence::{Convergence, Decision, Round};
-use crate::migration::dirty::{merge, DirtyTracker};
+use crate::migration::dirty::{merge, DirtyTracker, HostWrites};
 use crate::migration::postcopy::Mode;
 use crate::migration::sender::ProcessSender;
 use crate::migration::throttle::{Policy, Ticker};
@@ -123,6 +123,19 @@ pub(super) fn await_running(
     report.downtime_breakdown = parts;
     report.downtime_ms = paused_at.elapsed().as_secs_f64() * 1e3;
     Ok(())
+}
+
+/// What the guest dirtied since the last harvest, with the monitor's own
+/// writes to guest memory; the harvest's time goes in the report.
+fn harvest(
+    tracker: &mut dyn DirtyTracker,
+    host_writes: &HostWrites,
+    report: &mut MigrationReport,
+) -> Result<Vec<u64>, MigrationError> {
+    let at = Instant::now();
+    let harvested = tracker.harvest()?;
+    report.harvest_us.push(at.elapsed().as_micros() as u64);
+    Ok(merge(harvested, host_writes.take()))
 }
 
 /// Hold back to `bandwidth` after `bytes` sent since `started`; whether it
@@ -375,12 +388,7 @@ impl Running {
             let held =
                 (rate.unwrap_or(0.0) * o.downtime.as_secs_f64() / 2.0 / PAGE_SIZE as f64) as u64;
             tracker.set_deferral_budget(held);
-            let harvest_at = Instant::now();
-            let harvested = tracker.harvest()?;
-            report
-                .harvest_us
-                .push(harvest_at.elapsed().as_micros() as u64);
-            pending = merge(harvested, self.vm.host_writes.take());
+            pending = harvest(tracker, &self.vm.host_writes, &mut report)?;
             let dirty = pending.len() as u64 + tracker.deferred_pages();
             let left = transfer_time(dirty, rate.unwrap_or(0.0));
             tracing::debug!(round = report.rounds, sent, dirty, ?left, "pre-copy round");
@@ -459,12 +467,7 @@ impl Running {
             )?;
             report.round_pages.push(sent);
             report.rounds += 1;
-            let harvest_at = Instant::now();
-            let harvested = tracker.harvest()?;
-            report
-                .harvest_us
-                .push(harvest_at.elapsed().as_micros() as u64);
-            pending = merge(harvested, self.vm.host_writes.take());
+            pending = harvest(tracker, &self.vm.host_writes, &mut report)?;
             drained += catch_up(&mut w, &mut r)?;
         }
         report.drain_us = drained.as_micros() as u64;
