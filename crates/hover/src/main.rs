@@ -314,6 +314,17 @@ fn main() -> ExitCode {
         .with_ansi(colour)
         .init();
     let cli = Cli::parse();
+    // Commands that run a VM end it cleanly on SIGTERM/SIGINT. Installed
+    // before any thread starts: every thread inherits the blocked mask.
+    if matches!(
+        cli.command,
+        Command::Run(_) | Command::Restore(_) | Command::Receive(_)
+    ) {
+        if let Err(e) = hover_vmm::signals::install() {
+            eprintln!("hover: error: cannot set up SIGTERM/SIGINT handling: {e}");
+            return ExitCode::from(EXIT_HOST_FAILURE);
+        }
+    }
     // Whatever runs a VM here ends with the process: its thread may be
     // confined once the VM runs (docs/RELIABILITY.md).
     hover_vmm::seccomp::confine_control_threads();
@@ -431,6 +442,14 @@ fn guest_image(out: &std::path::Path) -> ExitCode {
     }
 }
 
+/// Run `vm` to its end; SIGTERM or SIGINT meanwhile ends it as the API's
+/// shutdown does (`ended: signal`, exit status 128 + the signal).
+pub(crate) fn run_vm(vm: Vm) -> Result<hover_vmm::RunOutcome, Error> {
+    let controller = vm.controller();
+    let _signals = hover_vmm::signals::watch(move |sig| controller.signal(sig));
+    vm.run()
+}
+
 /// Print a finished run's outcome and turn it into the exit status.
 fn finish(result: Result<hover_vmm::RunOutcome, Error>, json: bool, stats: bool) -> ExitCode {
     match result {
@@ -473,7 +492,7 @@ fn receive(args: ReceiveArgs) -> ExitCode {
             },
             announce,
         )
-        .and_then(Vm::run),
+        .and_then(run_vm),
         args.out.json,
         args.out.stats,
     )
@@ -490,7 +509,7 @@ fn restore(args: RestoreArgs) -> ExitCode {
         host: host_config(&args.out, &args.files, &args.guard),
     };
     finish(
-        Vm::restore(&args.path, &opts).and_then(Vm::run),
+        Vm::restore(&args.path, &opts).and_then(run_vm),
         args.out.json,
         args.out.stats,
     )
@@ -548,7 +567,7 @@ fn run(args: RunArgs) -> ExitCode {
         host: host_config(&args.out, &args.files, &args.guard),
     };
     finish(
-        Vm::new(&config).and_then(Vm::run),
+        Vm::new(&config).and_then(run_vm),
         args.out.json,
         args.out.stats,
     )

@@ -39,6 +39,12 @@ pub fn print_summary(o: &RunOutcome) {
             o.exit_code
         ),
         (EndReason::Shutdown, _) => out!(w, "hover: the VM was shut down through its API"),
+        (EndReason::Signal, _) => out!(
+            w,
+            "hover: the VM was ended by {} (exit status {})",
+            hover_vmm::signals::name(o.exit_code as i32 - 128),
+            o.exit_code
+        ),
         (EndReason::Snapshot, _) => {
             out!(
                 w,

@@ -23,6 +23,7 @@ pub mod migration;
 pub mod report;
 pub mod sched;
 pub mod seccomp;
+pub mod signals;
 pub mod state;
 pub mod stats;
 pub mod vcpu;

@@ -192,8 +192,9 @@ impl Read for Timed {
 pub enum Listener {
     /// TCP.
     Tcp(TcpListener),
-    /// Unix (the socket file is removed when dropped).
-    Unix(UnixListener, PathBuf),
+    /// Unix (the socket file is removed when dropped, or when a signal
+    /// ends the process first).
+    Unix(UnixListener, PathBuf, crate::signals::RemoveOnSignal),
 }
 
 /// Listen on a Unix socket at `p` whose file is the owner's only, whatever
@@ -256,7 +257,11 @@ impl Listener {
                         format!("{} already exists", p.display()),
                     ));
                 }
-                Listener::Unix(bind_private(p)?, p.clone())
+                {
+                    let (l, guard) =
+                        crate::signals::create_removed_on_signal(p.clone(), || bind_private(p))?;
+                    Listener::Unix(l, p.clone(), guard)
+                }
             }
         })
     }
@@ -266,7 +271,7 @@ impl Listener {
         use std::os::fd::AsRawFd;
         let fd = match self {
             Listener::Tcp(l) => l.as_raw_fd(),
-            Listener::Unix(l, _) => l.as_raw_fd(),
+            Listener::Unix(l, ..) => l.as_raw_fd(),
         };
         let mut p = libc::pollfd {
             fd,
@@ -297,7 +302,7 @@ impl Listener {
                 s.set_nodelay(true)?;
                 Conn::Tcp(s)
             }
-            Listener::Unix(l, _) => Conn::Unix(l.accept()?.0),
+            Listener::Unix(l, ..) => Conn::Unix(l.accept()?.0),
         })
     }
 
@@ -308,14 +313,14 @@ impl Listener {
                 .local_addr()
                 .map(|a| format!("tcp:{a}"))
                 .unwrap_or_default(),
-            Listener::Unix(_, p) => format!("unix:{}", p.display()),
+            Listener::Unix(_, p, _) => format!("unix:{}", p.display()),
         }
     }
 }
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        if let Listener::Unix(_, p) = self {
+        if let Listener::Unix(_, p, _) = self {
             let _ = std::fs::remove_file(p);
         }
     }

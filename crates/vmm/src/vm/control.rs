@@ -24,6 +24,9 @@ pub enum Command {
     Resume,
     /// End the run (the guest does not get to power off).
     Shutdown,
+    /// End the run because the VMM was sent this signal (SIGTERM, SIGINT;
+    /// [`crate::signals`]).
+    Signal(i32),
     /// Save state and memory to a new file, pausing meanwhile; then resume,
     /// or end the run if `stop`.
     Snapshot {
@@ -270,6 +273,14 @@ impl Controller {
                 }
             }
         }
+    }
+
+    /// End the run for `signal`, without waiting (the signal watcher must
+    /// not block). A command under way (a migration) finishes first: a
+    /// post-copy destination still needs this VM's pages.
+    pub fn signal(&self, signal: i32) {
+        let (tx, _) = mpsc::channel();
+        let _ = self.tx.send(VmEvent::Command(Command::Signal(signal), tx));
     }
 
     /// Have the hybrid migration under way switch to post-copy after its

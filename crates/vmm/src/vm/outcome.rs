@@ -50,6 +50,8 @@ pub enum EndReason {
     PowerOff,
     /// The API asked the VM to shut down.
     Shutdown,
+    /// The VMM was sent SIGTERM or SIGINT (the exit code is 128 + its number).
+    Signal,
     /// A snapshot was taken with `stop`: the VM lives on in the file.
     Snapshot,
     /// The VM migrated: the guest runs at the destination.

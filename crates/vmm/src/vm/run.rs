@@ -33,6 +33,7 @@ enum End {
     Pager(String),
     VcpuGone(usize),
     Shutdown,
+    Signal(i32),
     Snapshot,
     Migrated,
 }
@@ -131,6 +132,11 @@ impl Vm {
         let (ended, exit_code, exit_vcpu) = match end {
             End::PowerOff { vcpu, code } => (EndReason::PowerOff, code, Some(vcpu)),
             End::Shutdown => (EndReason::Shutdown, 0, None),
+            End::Signal(s) => (
+                EndReason::Signal,
+                u32::from(crate::signals::exit_status(s)),
+                None,
+            ),
             End::Snapshot => (EndReason::Snapshot, 0, None),
             End::Migrated => (EndReason::Migrated, 0, None),
             End::Crash(crash) => return Err(Error::GuestCrash(Box::new(crash))),
@@ -270,6 +276,7 @@ impl Running {
             ),
             Command::Resume => (self.resume().map(|_| state(self.state)), None),
             Command::Shutdown => (Ok(state(Lifecycle::Exited)), Some(End::Shutdown)),
+            Command::Signal(s) => (Ok(state(Lifecycle::Exited)), Some(End::Signal(s))),
             Command::Snapshot {
                 path,
                 stop,

@@ -1,0 +1,99 @@
+//! SIGTERM and SIGINT end a VM cleanly, as tools that stop VMMs expect (the
+//! Firecracker Go SDK's `StopVMM` sends SIGTERM): the outcome is printed
+//! with `ended: signal`, the API socket is gone, and the exit status is
+//! 128 + the signal, whether the VM runs, is paused, or has not come yet.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::{hover_cmd, text, Scratch, Vm};
+use hover_vmm::host::kvm_for_test;
+
+fn send(pid: u32, sig: i32) {
+    // SAFETY: kill(2) with a child's pid.
+    assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);
+}
+
+/// Wait until the VM's API says `state`.
+fn wait_for_state(vm: &Vm, state: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let info = vm.api().json("GET", "/vm", None).unwrap();
+        if info["state"] == state {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never {state}: {info}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `hover <args>` under an API socket, ended by `sig` once it is in
+/// `state` (after `PUT path` when one is given).
+fn ended_by(name: &str, args: &[&str], put: Option<&str>, state: &str, sig: i32) {
+    let dir = Scratch::new(name);
+    let socket = dir.path("api.sock");
+    let vm = Vm::spawn(args, &socket);
+    if let Some(path) = put {
+        vm.api().json("PUT", path, None).unwrap();
+    }
+    wait_for_state(&vm, state);
+    send(vm.pid(), sig);
+    let (code, outcome, stderr) = vm.wait();
+    assert_eq!(code, Some(128 + sig), "{stderr}");
+    assert_eq!(outcome["ended"], "signal", "{outcome}");
+    assert_eq!(outcome["exit_code"], 128 + sig, "{outcome}");
+    assert!(!socket.exists(), "the API socket outlived the VM");
+}
+
+#[test]
+fn sigterm_ends_a_running_vm_with_its_outcome_and_no_socket_left() {
+    if !kvm_for_test("sigterm_ends_a_running_vm_with_its_outcome_and_no_socket_left") {
+        return;
+    }
+    let args = ["run", "--cmdline", "workload=spin tasks=2 seconds=120"];
+    ended_by("sigterm-running", &args, None, "running", libc::SIGTERM);
+}
+
+#[test]
+fn sigint_ends_a_paused_vm_with_status_130() {
+    if !kvm_for_test("sigint_ends_a_paused_vm_with_status_130") {
+        return;
+    }
+    let args = ["run", "--cmdline", "workload=spin tasks=2 seconds=120"];
+    ended_by(
+        "sigint-paused",
+        &args,
+        Some("/vm/pause"),
+        "paused",
+        libc::SIGINT,
+    );
+}
+
+#[test]
+fn sigterm_ends_a_receiver_still_waiting_and_removes_its_socket() {
+    let dir = Scratch::new("sigterm-receiver");
+    let listen = dir.path("in.sock");
+    let child = hover_cmd()
+        .args(["receive", "--listen"])
+        .arg(format!("unix:{}", listen.display()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !listen.exists() {
+        assert!(Instant::now() < deadline, "the receiver never listened");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    send(child.id(), libc::SIGTERM);
+    let out = child.wait_with_output().unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(143), "{stderr}");
+    assert!(stderr.contains("SIGTERM"), "{stderr}");
+    assert!(
+        !listen.exists(),
+        "the listening socket outlived the receiver"
+    );
+}
