@@ -7,7 +7,9 @@
 
 mod bench;
 mod ctl;
+mod firecracker;
 mod host_args;
+mod logging;
 mod output;
 mod self_doc;
 
@@ -64,6 +66,10 @@ enum Command {
     /// Write the built-in guest's ELF to a new file, to boot it elsewhere
     /// (`hover run --guest PATH`, or another VMM).
     GuestImage(GuestImageArgs),
+    /// Serve Firecracker's API (and take its command line), so that tools
+    /// written for Firecracker drive Hover (docs/FIRECRACKER.md). Also run
+    /// when this binary is invoked as `firecracker`.
+    Firecracker(firecracker::FirecrackerArgs),
     /// Make a new random migration key file (mode 0600) to copy to both
     /// hosts and give `hover run|restore|receive --migration-key`.
     MigrationKey(MigrationKeyArgs),
@@ -302,23 +308,23 @@ fn main() -> ExitCode {
     if argv.get(1).map(String::as_str) == Some(hover_vmm::migration::sender::SUBCOMMAND) {
         return ExitCode::from(hover_vmm::migration::sender::child_main(&argv[2..]) as u8);
     }
-    // Colour only for a person at a terminal (https://no-color.org): escape
-    // codes in a log file are noise.
-    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
-        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(colour)
-        .init();
-    let cli = Cli::parse();
+    logging::init();
+    // Invoked as `firecracker` (a symlink): Firecracker's command line.
+    let invoked_as = std::path::Path::new(argv.first().map_or("", String::as_str))
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned());
+    let cli = if invoked_as.as_deref() == Some("firecracker") {
+        let mut args = vec!["hover".to_string(), "firecracker".to_string()];
+        args.extend(argv.iter().skip(1).cloned());
+        Cli::parse_from(args)
+    } else {
+        Cli::parse()
+    };
     // Commands that run a VM end it cleanly on SIGTERM/SIGINT. Installed
     // before any thread starts: every thread inherits the blocked mask.
     if matches!(
         cli.command,
-        Command::Run(_) | Command::Restore(_) | Command::Receive(_)
+        Command::Run(_) | Command::Restore(_) | Command::Receive(_) | Command::Firecracker(_)
     ) {
         if let Err(e) = hover_vmm::signals::install() {
             eprintln!("hover: error: cannot set up SIGTERM/SIGINT handling: {e}");
@@ -340,6 +346,7 @@ fn main() -> ExitCode {
         Command::Restore(args) => restore(args),
         Command::Receive(args) => receive(args),
         Command::GuestImage(args) => guest_image(&args.out),
+        Command::Firecracker(args) => firecracker::firecracker(args),
         Command::MigrationKey(args) => migration_key(&args.path),
         Command::Workloads => {
             die_on_broken_pipe();
@@ -451,7 +458,11 @@ pub(crate) fn run_vm(vm: Vm) -> Result<hover_vmm::RunOutcome, Error> {
 }
 
 /// Print a finished run's outcome and turn it into the exit status.
-fn finish(result: Result<hover_vmm::RunOutcome, Error>, json: bool, stats: bool) -> ExitCode {
+pub(crate) fn finish(
+    result: Result<hover_vmm::RunOutcome, Error>,
+    json: bool,
+    stats: bool,
+) -> ExitCode {
     match result {
         Ok(outcome) => {
             if json {

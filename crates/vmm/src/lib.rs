@@ -15,6 +15,7 @@ pub mod arch;
 pub mod boot;
 pub mod config;
 pub mod devices;
+pub mod firecracker;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod host;

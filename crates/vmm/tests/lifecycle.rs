@@ -105,6 +105,7 @@ fn pause_snapshot_restore_and_no_thread_left() {
                 path: snap.clone(),
                 stop: false,
                 hot_window: Duration::ZERO,
+                also_at: None,
             },
             T,
         )
@@ -120,6 +121,7 @@ fn pause_snapshot_restore_and_no_thread_left() {
             path: snap.clone(),
             stop: false,
             hot_window: Duration::ZERO,
+            also_at: None,
         },
         T,
     );

@@ -46,6 +46,7 @@ fn snapshot(name: &str, cmdline: &str) -> std::path::PathBuf {
             path: snap.clone(),
             stop: true,
             hot_window: Duration::from_millis(50),
+            also_at: None,
         },
         T,
     )

@@ -113,6 +113,7 @@ fn snapshot_cycle(i: usize, scratch: &Path) {
             path: snap.clone(),
             stop: true,
             hot_window: Duration::ZERO,
+            also_at: None,
         },
         Duration::from_secs(60),
     )

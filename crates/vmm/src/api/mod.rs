@@ -27,6 +27,9 @@ pub mod client;
 pub mod http;
 mod metrics;
 mod requests;
+pub mod slot;
+
+pub use slot::ApiSlot;
 
 pub use requests::DEFAULT_HOT_WINDOW_MS;
 
@@ -181,9 +184,42 @@ impl LiveSources {
     }
 }
 
-struct Ctx {
+/// Hover's own routes over one running VM: what [`ApiServer::start`]
+/// serves, and what a server that outlives VMs (the Firecracker API's)
+/// serves through an [`ApiSlot`] while one runs.
+pub struct Routes {
     sources: LiveSources,
     controller: Controller,
+}
+
+impl Routes {
+    /// Routes over the VM that `controller` steers.
+    pub fn new(sources: LiveSources, controller: Controller) -> Routes {
+        Routes {
+            sources,
+            controller,
+        }
+    }
+
+    /// Answer `req`.
+    pub fn handle(&self, req: &http::Request) -> Answer {
+        route(self, &req.method, &req.target, &req.body).unwrap_or_else(failure)
+    }
+
+    /// The VM's controller.
+    pub fn controller(&self) -> &Controller {
+        &self.controller
+    }
+
+    /// The VM's live figures (`GET /vm/stats`).
+    pub fn live(&self) -> LiveStats {
+        self.sources.snapshot()
+    }
+}
+
+/// Whether `path` (without a query) is one of Hover's own endpoints.
+pub fn is_hover_path(path: &str) -> bool {
+    ENDPOINTS.iter().any(|(_, p)| *p == path)
 }
 
 const JSON: &str = "application/json";
@@ -213,7 +249,7 @@ const QUOTE_MAX: usize = 80;
 const MESSAGE_MAX: usize = 400;
 
 /// `s`, cut to [`QUOTE_MAX`] characters: errors never echo unbounded input.
-fn quote(s: &str) -> String {
+pub(crate) fn quote(s: &str) -> String {
     cut(s, QUOTE_MAX)
 }
 
@@ -224,7 +260,7 @@ fn cut(s: &str, max: usize) -> String {
     }
 }
 
-fn route(ctx: &Ctx, method: &str, url: &str, body: &[u8]) -> Result<Answer, ApiFailure> {
+fn route(ctx: &Routes, method: &str, url: &str, body: &[u8]) -> Result<Answer, ApiFailure> {
     let path = url.split('?').next().unwrap_or(url);
     let command = |cmd| -> Result<Answer, ApiFailure> {
         let reply = ctx.controller.request(cmd, COMMAND_TIMEOUT)?;
@@ -269,6 +305,7 @@ fn route(ctx: &Ctx, method: &str, url: &str, body: &[u8]) -> Result<Answer, ApiF
                 path: r.path,
                 stop: r.stop,
                 hot_window: Duration::from_millis(window),
+                also_at: None,
             })
         }
         ("PUT", "/vm/boost") => {
@@ -318,10 +355,6 @@ fn unrouted(method: &str, path: &str) -> ApiFailure {
             ),
         ),
     }
-}
-
-fn handle(ctx: &Ctx, req: &http::Request) -> Answer {
-    route(ctx, &req.method, &req.target, &req.body).unwrap_or_else(failure)
 }
 
 /// Remove `path` if it is a socket nobody listens on (left by a VM that was
@@ -404,6 +437,14 @@ impl ApiServer {
         sources: LiveSources,
         controller: Controller,
     ) -> Result<ApiServer, ApiError> {
+        let routes = Arc::new(Routes::new(sources, controller));
+        ApiServer::listen(path, Arc::new(move |r: &http::Request| routes.handle(r)))
+    }
+
+    /// Listen at `path` (created 0600; a stale socket there is replaced,
+    /// anything else refused) and answer each request with `handler` on
+    /// threads under the API's seccomp filter, until stopped.
+    pub fn listen(path: &Path, handler: http::Handler) -> Result<ApiServer, ApiError> {
         if path.symlink_metadata().is_ok() && !remove_if_stale(path) {
             return Err(ApiError::Exists(path.into()));
         }
@@ -431,16 +472,11 @@ impl ApiServer {
             unbind();
             return Err(bind(e));
         }
-        let ctx = Arc::new(Ctx {
-            sources,
-            controller,
-        });
         // The server's threads (accepting, one per connection: outside
         // input) are started from a thread under the API's seccomp filter,
         // and inherit it.
         let (made_tx, made) = std::sync::mpsc::channel();
         let spawned = crate::seccomp::spawn(crate::seccomp::Kind::Api, "api".into(), move || {
-            let handler: http::Handler = Arc::new(move |r: &http::Request| handle(&ctx, r));
             let _ = made_tx.send(HttpServer::start(
                 listener,
                 http::Limits::default(),

@@ -37,6 +37,10 @@ pub enum Command {
         /// Watch what the guest writes for this long before pausing: the
         /// hot set a prefetching restore loads first.
         hot_window: std::time::Duration,
+        /// A second name for the file (a hard link, made once it is
+        /// complete): Firecracker's API names a memory file beside the
+        /// state, and Hover keeps both in one file.
+        also_at: Option<PathBuf>,
     },
     /// Change halt polling.
     HaltPoll(HaltPoll),

@@ -82,6 +82,11 @@ pub struct Vm {
     first_touches_released: Vec<u64>,
     halt_poll: HaltPoll,
     api_socket: Option<std::path::PathBuf>,
+    /// A server's slot to serve Hover's routes in while this VM runs
+    /// (instead of an API socket of its own).
+    api_slot: Option<crate::api::ApiSlot>,
+    /// Start with every vCPU paused ([`Vm::start_paused`]).
+    start_paused: bool,
     seccomp: crate::seccomp::Mode,
     /// The key this VM's outgoing migrations prove (`--migration-key`).
     migration_key: Option<Arc<crate::config::MigrationKey>>,
@@ -349,6 +354,8 @@ impl Vm {
             first_touches_released: Vec::new(),
             halt_poll: config.machine.halt_poll,
             api_socket: config.host.api_socket.clone(),
+            api_slot: None,
+            start_paused: false,
             migration_key: config.host.migration_key.clone(),
             seccomp: config.host.seccomp,
             pvio,
@@ -386,6 +393,20 @@ impl Vm {
     /// The VM's KVM handle.
     pub fn fd(&self) -> &VmFd {
         &self.fd
+    }
+
+    /// Serve Hover's API routes in `slot` while this VM runs, instead of
+    /// on an API socket of its own (the Firecracker API's server listens
+    /// before the VM exists and goes on after it).
+    pub fn serve_api_in(&mut self, slot: crate::api::ApiSlot) {
+        self.api_slot = Some(slot);
+    }
+
+    /// Start the run with every vCPU paused and the devices frozen, as if
+    /// paused through the API before the guest ran (a Firecracker snapshot
+    /// load without `resume_vm`).
+    pub fn start_paused(&mut self) {
+        self.start_paused = true;
     }
 
     /// A controller for this VM: commands sent before [`Vm::run`] starts

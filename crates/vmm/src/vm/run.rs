@@ -10,7 +10,7 @@ use kvm_bindings::{kvm_irqchip, kvm_msr_entry, Msrs};
 use super::control::{Command, CommandError, Lifecycle, Reply, SnapshotInfo, VmEvent};
 use super::outcome::{us_since, EndReason, RunOutcome};
 use super::Vm;
-use crate::api::{ApiServer, GovernorSource, LiveSources};
+use crate::api::{ApiServer, GovernorSource, LiveSources, Routes};
 use crate::memory::paged::PagerStats;
 use crate::sched::boost::BoostUpdate;
 use crate::sched::halt_poll::{self, Governor, GovernorReport, HaltPoll};
@@ -36,6 +36,24 @@ enum End {
     Signal(i32),
     Snapshot,
     Migrated,
+}
+
+/// Where a running VM's API is served.
+enum Api {
+    /// On its own socket.
+    Socket(ApiServer),
+    /// In another server's slot (emptied when dropped).
+    Slot(crate::api::slot::SlotFill),
+}
+
+impl Api {
+    /// Stop serving this VM (its socket is removed, or the slot emptied).
+    fn stop(self) {
+        match self {
+            Api::Socket(mut server) => server.stop(),
+            Api::Slot(fill) => drop(fill),
+        }
+    }
 }
 
 /// A VM whose vCPU threads run.
@@ -89,9 +107,16 @@ impl Vm {
             r.start_governor(budget_pct)?;
         }
         let started_at = Instant::now();
-        let api = match r.vm.api_socket.clone() {
-            Some(path) => Some(r.start_api(&path, started_at)?),
-            None => None,
+        let api = match (r.vm.api_slot.clone(), r.vm.api_socket.clone()) {
+            (Some(slot), _) => Some(Api::Slot(
+                slot.fill(Routes::new(r.live_sources(started_at), r.vm.controller())),
+            )),
+            (None, Some(path)) => Some(Api::Socket(ApiServer::start(
+                &path,
+                r.live_sources(started_at),
+                r.vm.controller(),
+            )?)),
+            (None, None) => None,
         };
         r.vm.booster.start().map_err(|source| Error::Host {
             what: "start the boost monitor",
@@ -108,6 +133,12 @@ impl Vm {
                     rep.running_tsc = state::host_tsc();
                 }
                 r.set_state(Lifecycle::Running, Some(started_at));
+                if r.vm.start_paused {
+                    // The vCPUs started paused: freeze the rest as a pause does.
+                    r.vm.devices.control.pause();
+                    r.vm.booster.pause();
+                    r.set_state(Lifecycle::Paused, None);
+                }
                 r.serve()
             }
             Err(e) => Err(e),
@@ -118,7 +149,9 @@ impl Vm {
         r.vm.booster.stop();
         // Before the pager stops: its fetches may wait on pages in flight.
         let postcopy = r.vm.postcopy_in.take().map(|h| h.finish());
-        drop(api);
+        if let Some(api) = api {
+            api.stop();
+        }
         r.vm.devices.serial.flush();
         if let Some(p) = r.vm.pager.as_mut() {
             p.stop();
@@ -203,7 +236,8 @@ impl Running {
                     .unwrap_or_else(|p| p.into_inner())
                     .send(VmEvent::Vcpu(e));
             });
-            let h = VcpuHandle::spawn(vcpu, self.vm.devices.clone(), false, sink).map_err(
+            let paused = self.vm.start_paused;
+            let h = VcpuHandle::spawn(vcpu, self.vm.devices.clone(), paused, sink).map_err(
                 |source| Error::Host {
                     what: "start a vCPU thread",
                     source,
@@ -281,7 +315,8 @@ impl Running {
                 path,
                 stop,
                 hot_window,
-            } => match self.snapshot(&path, stop, hot_window) {
+                also_at,
+            } => match self.snapshot(&path, stop, hot_window, also_at.as_deref()) {
                 Ok(info) => {
                     let end = info.stopped.then_some(End::Snapshot);
                     (Ok(Reply::Snapshot(info)), end)
@@ -355,9 +390,13 @@ impl Running {
         path: &std::path::Path,
         stop: bool,
         hot_window: Duration,
+        also_at: Option<&std::path::Path>,
     ) -> Result<SnapshotInfo, CommandError> {
         if !matches!(self.state, Lifecycle::Running | Lifecycle::Paused) {
             return Err(self.wrong_state("snapshot", "running or paused"));
+        }
+        if let Some(also) = also_at.filter(|a| a.symlink_metadata().is_ok()) {
+            return Err(state::file::SnapshotError::Exists(also.into()).into());
         }
         let mut w = SnapshotWriter::create(path)?;
         let hot = match self.record_hot_set(hot_window) {
@@ -387,6 +426,17 @@ impl Running {
             Ok((bytes, pages))
         });
         let paused_us = (pause + t0.elapsed()).as_micros() as u64;
+        let written = written.and_then(|w| match also_at {
+            Some(also) => std::fs::hard_link(path, also).map(|()| w).map_err(|source| {
+                state::file::SnapshotError::Io {
+                    path: also.into(),
+                    what: "cannot give the snapshot this second name (a hard link: it must be on the snapshot's filesystem)",
+                    source,
+                }
+                .into()
+            }),
+            None => Ok(w),
+        });
         let result = match written {
             Ok((bytes, pages)) => Ok(SnapshotInfo {
                 path: path.display().to_string(),
@@ -550,33 +600,34 @@ impl Running {
         Ok(())
     }
 
-    fn start_api(&self, path: &std::path::Path, started: Instant) -> Result<ApiServer, Error> {
+    /// Where the API reads live figures from.
+    fn live_sources(&self, started: Instant) -> LiveSources {
         let vcpu_stats = self
             .vm
             .vcpu_stats
             .iter()
             .map(KvmStats::try_clone)
             .collect::<Result<Vec<_>, _>>();
-        let sources =
-            LiveSources {
-                vcpu_stats: vcpu_stats.unwrap_or_default(),
-                vm_stats: KvmStats::open(self.vm.fd.as_ref()).ok(),
-                pager: self.vm.pager.as_ref().map(|p| {
-                    Box::new(p.stats_source()) as Box<dyn Fn() -> PagerStats + Send + Sync>
-                }),
-                governor: self.governor_live.clone(),
-                boost: Some(self.vm.booster.clone()),
-                io: self.vm.pvio.clone(),
-                guest_poll: {
-                    let (mem, n) = (self.vm.ram.memory().clone(), self.vm.saved.config.vcpus);
-                    let warned = std::sync::atomic::AtomicBool::new(false);
-                    Some(Box::new(move || {
-                        crate::sched::guest_poll::read(&mem, n, &warned)
-                    }))
-                },
-                started,
-            };
-        Ok(ApiServer::start(path, sources, self.vm.controller())?)
+        LiveSources {
+            vcpu_stats: vcpu_stats.unwrap_or_default(),
+            vm_stats: KvmStats::open(self.vm.fd.as_ref()).ok(),
+            pager: self
+                .vm
+                .pager
+                .as_ref()
+                .map(|p| Box::new(p.stats_source()) as Box<dyn Fn() -> PagerStats + Send + Sync>),
+            governor: self.governor_live.clone(),
+            boost: Some(self.vm.booster.clone()),
+            io: self.vm.pvio.clone(),
+            guest_poll: {
+                let (mem, n) = (self.vm.ram.memory().clone(), self.vm.saved.config.vcpus);
+                let warned = std::sync::atomic::AtomicBool::new(false);
+                Some(Box::new(move || {
+                    crate::sched::guest_poll::read(&mem, n, &warned)
+                }))
+            },
+            started,
+        }
     }
 }
 

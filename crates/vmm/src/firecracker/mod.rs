@@ -1,0 +1,380 @@
+//! Firecracker's API on a Unix socket (`hover firecracker`), so that tools
+//! written for Firecracker (its Go SDK, firectl) can drive Hover. A VM is
+//! configured by requests, then started (`InstanceStart`) or loaded from a
+//! snapshot (`snapshot/load`); Hover's own endpoints (`/vm/*`, `GET
+//! /metrics`) answer on the same socket while it runs, so a VM driven this
+//! way can be migrated with `hover ctl migrate`. docs/FIRECRACKER.md lists
+//! every endpoint, what it does here, and what is refused and why.
+//!
+//! Threads: the HTTP server's (under the API's seccomp filter) answer
+//! what needs no file or VM from the shared state; everything before the
+//! start (opening the kernel, the logger's file, building the VM) is done
+//! by the caller's thread in [`serve`] (`setup.rs`), which then runs the
+//! VM; once it runs, requests go to the VM's controller (`runtime.rs`).
+
+mod metrics;
+pub mod models;
+mod runtime;
+mod setup;
+
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::api::http::{self, Answer};
+use crate::api::slot::Waited;
+use crate::api::{ApiError, ApiServer, ApiSlot};
+use crate::config::HostConfig;
+use crate::vm::RunOutcome;
+use models::{FullVmConfiguration, Logger};
+
+/// What Hover answers as `firecracker_version` and `vmm_version`: the
+/// Firecracker API version, with Hover's own as semver build metadata
+/// (Hover never claims to be Firecracker).
+pub fn version() -> String {
+    format!(
+        "{}+hover.{}",
+        models::API_VERSION,
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// Sets up logging for `PUT /logger` (the binary owns the log's writer).
+pub type LoggerHook = Box<dyn FnMut(&Logger) -> Result<(), String> + Send>;
+
+/// How `hover firecracker` was started.
+pub struct Options {
+    /// `--api-sock` (`None`: `--no-api`).
+    pub api_sock: Option<PathBuf>,
+    /// `--id`.
+    pub id: String,
+    /// `--config-file`, parsed: applied, then the VM starts at once.
+    pub config_file: Option<FullVmConfiguration>,
+    /// How this host runs the VM (console, seccomp, ...; no API socket).
+    pub host: HostConfig,
+    /// `--log-path` and `--level`, as a `PUT /logger` would give them.
+    pub logger: Option<Logger>,
+    /// `--metrics-path`.
+    pub metrics_path: Option<PathBuf>,
+    /// Applies a logger configuration.
+    pub set_logger: LoggerHook,
+}
+
+/// How [`serve`] ended.
+pub enum Ended {
+    /// The VM ran and ended.
+    Ran(Box<RunOutcome>),
+    /// A signal ended the process before a VM ran.
+    Signal(i32),
+}
+
+/// Why [`serve`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FirecrackerError {
+    /// The configuration (flags or `--config-file`) is refused.
+    #[error("{0}")]
+    Config(String),
+    /// The API socket cannot be served.
+    #[error(transparent)]
+    Api(#[from] ApiError),
+    /// The VM failed.
+    #[error(transparent)]
+    Vm(#[from] crate::Error),
+}
+
+impl FirecrackerError {
+    /// Whether the user's input is at fault (exit status 2).
+    pub fn is_bad_input(&self) -> bool {
+        match self {
+            FirecrackerError::Config(_) => true,
+            FirecrackerError::Api(e) => matches!(e, ApiError::Exists(_) | ApiError::Bind { .. }),
+            FirecrackerError::Vm(e) => e.is_bad_input(),
+        }
+    }
+}
+
+/// A request the server hands to the thread in [`serve`].
+struct Forwarded {
+    method: String,
+    path: String,
+    body: Vec<u8>,
+    reply: Sender<Outcome>,
+}
+
+/// What the thread in [`serve`] made of a request.
+enum Outcome {
+    /// The answer.
+    Answer(Answer),
+    /// The VM is built and about to run: answer once it runs.
+    Starting,
+}
+
+enum Msg {
+    Request(Forwarded),
+    Signal(i32),
+}
+
+/// Whether the VM was started yet (requests before go to [`serve`]'s thread).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Configuring,
+    Started,
+}
+
+/// What the server's threads and [`serve`]'s share.
+struct Shared {
+    id: String,
+    phase: Mutex<Phase>,
+    to_setup: Mutex<Sender<Msg>>,
+    /// The configuration as `GET /vm/config` shows it.
+    config: Mutex<FullVmConfiguration>,
+    /// The running VM's routes.
+    slot: ApiSlot,
+    /// Where `FlushMetrics` writes.
+    metrics: Mutex<Option<std::fs::File>>,
+}
+
+/// How long `InstanceStart` waits for a built VM's vCPUs to start.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Serve Firecracker's API until the VM it starts ends (or a signal ends
+/// the process first).
+pub fn serve(mut opts: Options) -> Result<Ended, FirecrackerError> {
+    let (tx, rx) = mpsc::channel();
+    let shared = Arc::new(Shared {
+        id: opts.id.clone(),
+        phase: Mutex::new(Phase::Configuring),
+        to_setup: Mutex::new(tx.clone()),
+        config: Mutex::default(),
+        slot: ApiSlot::default(),
+        metrics: Mutex::default(),
+    });
+    let signals = {
+        let tx = tx.clone();
+        crate::signals::watch(move |sig| {
+            let _ = tx.send(Msg::Signal(sig));
+        })
+    };
+    let mut setup = setup::Setup::new(shared.clone(), std::mem::take(&mut opts.host));
+    if let Some(l) = opts.logger.take() {
+        setup
+            .logger(&l, &mut opts.set_logger)
+            .map_err(FirecrackerError::Config)?;
+    }
+    if let Some(p) = opts.metrics_path.take() {
+        setup
+            .metrics(&models::Metrics {
+                metrics_path: p.display().to_string(),
+            })
+            .map_err(FirecrackerError::Config)?;
+    }
+    // A configuration file starts the VM before the API listens: no
+    // request can find it half configured.
+    let started = match opts.config_file.take() {
+        Some(file) => {
+            let vm = setup.apply_file(file, &mut opts.set_logger)?;
+            *shared.phase.lock().unwrap_or_else(|p| p.into_inner()) = Phase::Started;
+            Some(vm)
+        }
+        None => None,
+    };
+    let _server = match &opts.api_sock {
+        Some(path) => {
+            let s = shared.clone();
+            Some(ApiServer::listen(
+                path,
+                Arc::new(move |r: &http::Request| handle(&s, r)),
+            )?)
+        }
+        None => None,
+    };
+    let mut vm = match started {
+        Some(vm) => vm,
+        None => match wait_for_start(rx, &mut setup, &mut opts.set_logger) {
+            Some(vm) => vm,
+            None => return Ok(Ended::Signal(setup.signalled.unwrap_or(libc::SIGTERM))),
+        },
+    };
+    // The handler of the request that started it set the phase.
+    vm.serve_api_in(shared.slot.clone());
+    let controller = vm.controller();
+    drop(signals);
+    let _signals = crate::signals::watch(move |sig| controller.signal(sig));
+    let ran = vm.run();
+    // A VM that failed before its vCPUs ran never filled the slot.
+    shared.slot.close();
+    if let Err(e) = metrics::flush(&shared, None) {
+        tracing::warn!("cannot write the last metrics line: {e}");
+    }
+    Ok(Ended::Ran(Box::new(ran?)))
+}
+
+/// Answer requests forwarded by the server until one starts a VM (`Some`)
+/// or a signal ends the wait (`None`). Requests still queued then are
+/// dropped with `rx`: their senders are told the VMM no longer configures.
+fn wait_for_start(
+    rx: Receiver<Msg>,
+    setup: &mut setup::Setup,
+    set_logger: &mut LoggerHook,
+) -> Option<crate::vm::Vm> {
+    loop {
+        match rx.recv().ok()? {
+            Msg::Signal(sig) => {
+                setup.signalled = Some(sig);
+                return None;
+            }
+            Msg::Request(f) => match setup.request(&f.method, &f.path, &f.body, set_logger) {
+                setup::Step::Answer(a) => {
+                    let _ = f.reply.send(Outcome::Answer(a));
+                }
+                setup::Step::Start(vm) => {
+                    let _ = f.reply.send(Outcome::Starting);
+                    return Some(*vm);
+                }
+            },
+        }
+    }
+}
+
+/// `{"fault_message": ...}` with `status`.
+pub(crate) fn fault(status: u16, message: impl std::fmt::Display) -> Answer {
+    let body = serde_json::json!({ "fault_message": message.to_string() });
+    (status, "application/json", body.to_string())
+}
+
+/// 204, empty: Firecracker's success for a change.
+pub(crate) fn done() -> Answer {
+    (204, "application/json", String::new())
+}
+
+/// 200 with `v` as JSON.
+pub(crate) fn ok<T: serde::Serialize>(v: &T) -> Answer {
+    match serde_json::to_string(v) {
+        Ok(s) => (200, "application/json", s),
+        Err(e) => fault(500, format!("cannot encode the answer: {e}")),
+    }
+}
+
+/// Parse a request body as Firecracker does: unknown fields and bad JSON
+/// refused, the message naming what is wrong.
+pub(crate) fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Answer> {
+    serde_json::from_slice(body).map_err(|e| {
+        let text = e.to_string();
+        let cut: String = text.chars().take(300).collect();
+        fault(
+            400,
+            format!("An error occurred when deserializing the json body of a request: {cut}."),
+        )
+    })
+}
+
+/// Firecracker's endpoints Hover answers: (method, path).
+pub const ENDPOINTS: [(&str, &str); 13] = [
+    ("GET", "/"),
+    ("GET", "/version"),
+    ("GET", "/machine-config"),
+    ("PUT", "/machine-config"),
+    ("PATCH", "/machine-config"),
+    ("PUT", "/boot-source"),
+    ("PUT", "/actions"),
+    ("PATCH", "/vm"),
+    ("GET", "/vm/config"),
+    ("PUT", "/snapshot/create"),
+    ("PUT", "/snapshot/load"),
+    ("PUT", "/logger"),
+    ("PUT", "/metrics"),
+];
+
+/// Firecracker's device endpoints, refused whatever the method: (path or
+/// prefix of `path/ID`, what it is).
+pub const DEVICES: [(&str, &str); 8] = [
+    ("/drives", "block devices (drives)"),
+    ("/network-interfaces", "network interfaces"),
+    ("/vsock", "vsock devices"),
+    ("/balloon", "a balloon device"),
+    ("/mmds", "MMDS (the metadata service)"),
+    ("/entropy", "an entropy device"),
+    ("/cpu-config", "custom CPU templates"),
+    ("/hotplug", "hot-plugging"),
+];
+
+/// The refusal for a device Hover does not have, if `path` names one.
+fn refused_device(path: &str) -> Option<Answer> {
+    let (_, what) = DEVICES
+        .iter()
+        .find(|(p, _)| path == *p || path.strip_prefix(p).is_some_and(|r| r.starts_with('/')))?;
+    Some(fault(
+        400,
+        format!(
+            "Hover has no {what}: its guests keep their data in memory and reach the host through Hover's paravirtual I/O device (docs/FIRECRACKER.md)"
+        ),
+    ))
+}
+
+/// Answer one request (on a server thread).
+fn handle(shared: &Shared, req: &http::Request) -> Answer {
+    let path = req.target.split('?').next().unwrap_or(&req.target);
+    let method = req.method.as_str();
+    if let Some(refused) = refused_device(path) {
+        return refused;
+    }
+    if !ENDPOINTS.contains(&(method, path)) {
+        if crate::api::is_hover_path(path) {
+            return match shared.slot.routes() {
+                Some(routes) => routes.handle(req),
+                None => fault(
+                    400,
+                    format!("{path} is Hover's own endpoint: it answers once the microVM runs"),
+                ),
+            };
+        }
+        return fault(
+            400,
+            format!(
+                "Invalid request method and/or path: {} {}.",
+                crate::api::quote(method),
+                crate::api::quote(path)
+            ),
+        );
+    }
+    let mut phase = shared.phase.lock().unwrap_or_else(|p| p.into_inner());
+    if *phase == Phase::Started {
+        drop(phase);
+        return runtime::handle(shared, method, path, &req.body);
+    }
+    let (reply, answer) = mpsc::channel();
+    let sent = shared
+        .to_setup
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .send(Msg::Request(Forwarded {
+            method: method.into(),
+            path: path.into(),
+            body: req.body.clone(),
+            reply,
+        }));
+    if sent.is_err() {
+        return fault(400, "the VMM is stopping");
+    }
+    match answer.recv() {
+        Ok(Outcome::Answer(a)) => a,
+        Ok(Outcome::Starting) => {
+            *phase = Phase::Started;
+            drop(phase);
+            match shared.slot.wait(START_TIMEOUT) {
+                Waited::Running(_) => done(),
+                Waited::Closed => fault(
+                    400,
+                    "the microVM was built but failed to start: see the VMM's log",
+                ),
+                Waited::TimedOut => fault(
+                    400,
+                    format!("the microVM did not start within {START_TIMEOUT:?}"),
+                ),
+            }
+        }
+        // The VM started from another request, or a signal ended the wait.
+        Err(_) => fault(400, "the VMM is no longer configuring a microVM"),
+    }
+}

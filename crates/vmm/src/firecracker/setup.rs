@@ -1,0 +1,506 @@
+//! Before the start: the requests that configure a microVM, answered on
+//! the thread that will run it (it may open the files they name), and the
+//! two ways to start one (`InstanceStart`, `snapshot/load`).
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::models::{
+    BootSource, FullVmConfiguration, InstanceActionInfo, InstanceInfo, Logger,
+    MachineConfiguration, MachineConfigurationPatch, Metrics, SnapshotLoadParams,
+};
+use super::{done, fault, ok, parse, FirecrackerError, LoggerHook, Shared};
+use crate::api::http::Answer;
+use crate::config::{GuestImage, HostConfig, MachineConfig, VmConfig};
+use crate::vm::{MemoryRestore, RestoreOptions, Vm};
+
+/// What a request led to.
+pub(super) enum Step {
+    /// Its answer; configuring goes on.
+    Answer(Answer),
+    /// A VM, built and ready to run.
+    Start(Box<Vm>),
+}
+
+/// Firecracker's answer to a pre-boot-only request once the VM runs, and
+/// its counterpart before.
+pub(super) const AFTER_START: &str =
+    "The requested operation is not supported after starting the microVM.";
+const BEFORE_START: &str = "The requested operation is not supported before starting the microVM.";
+
+/// The microVM being configured.
+pub(super) struct Setup {
+    shared: Arc<Shared>,
+    host: HostConfig,
+    machine: MachineConfiguration,
+    boot: Option<(BootSource, GuestImage)>,
+    /// Whether anything but the logger and metrics was configured (a
+    /// snapshot load is refused then, as Firecracker refuses it).
+    configured: bool,
+    /// The signal that ended the wait, if one did.
+    pub(super) signalled: Option<i32>,
+}
+
+impl Setup {
+    pub(super) fn new(shared: Arc<Shared>, host: HostConfig) -> Setup {
+        let s = Setup {
+            shared,
+            host,
+            machine: MachineConfiguration::default(),
+            boot: None,
+            configured: false,
+            signalled: None,
+        };
+        s.publish();
+        s
+    }
+
+    /// Show the configuration as it is now in `GET /vm/config`.
+    fn publish(&self) {
+        let mut c = self.shared.config.lock().unwrap_or_else(|p| p.into_inner());
+        c.machine_config = Some(self.machine.clone());
+        c.boot_source = self.boot.as_ref().map(|(b, _)| b.clone());
+    }
+
+    /// Answer one request before the start.
+    pub(super) fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: &[u8],
+        set_logger: &mut LoggerHook,
+    ) -> Step {
+        let answer = match (method, path) {
+            ("GET", "/") => ok(&InstanceInfo {
+                app_name: "Hover",
+                id: self.shared.id.clone(),
+                state: "Not started",
+                vmm_version: super::version(),
+            }),
+            ("GET", "/version") => ok(&super::models::FirecrackerVersion {
+                firecracker_version: super::version(),
+            }),
+            ("GET", "/machine-config") => ok(&self.machine),
+            ("GET", "/vm/config") => {
+                ok(&*self.shared.config.lock().unwrap_or_else(|p| p.into_inner()))
+            }
+            ("PUT", "/machine-config") => self.put_machine(body),
+            ("PATCH", "/machine-config") => self.patch_machine(body),
+            ("PUT", "/boot-source") => self.put_boot(body),
+            ("PUT", "/logger") => match parse::<Logger>(body) {
+                Ok(l) => self
+                    .logger(&l, set_logger)
+                    .map_or_else(|e| fault(400, e), |()| done()),
+                Err(a) => a,
+            },
+            ("PUT", "/metrics") => match parse::<Metrics>(body) {
+                Ok(m) => self.metrics(&m).map_or_else(|e| fault(400, e), |()| done()),
+                Err(a) => a,
+            },
+            ("PUT", "/actions") => return self.action(body),
+            ("PUT", "/snapshot/load") => return self.load(body),
+            ("PATCH", "/vm") | ("PUT", "/snapshot/create") => fault(400, BEFORE_START),
+            _ => fault(
+                400,
+                format!("Invalid request method and/or path: {method} {path}."),
+            ),
+        };
+        Step::Answer(answer)
+    }
+
+    fn put_machine(&mut self, body: &[u8]) -> Answer {
+        match parse::<MachineConfiguration>(body) {
+            Ok(m) => self.set_machine(m),
+            Err(a) => a,
+        }
+    }
+
+    fn patch_machine(&mut self, body: &[u8]) -> Answer {
+        let p = match parse::<MachineConfigurationPatch>(body) {
+            Ok(p) => p,
+            Err(a) => return a,
+        };
+        let mut m = self.machine.clone();
+        m.vcpu_count = p.vcpu_count.unwrap_or(m.vcpu_count);
+        m.mem_size_mib = p.mem_size_mib.unwrap_or(m.mem_size_mib);
+        m.smt = p.smt.unwrap_or(m.smt);
+        m.cpu_template = p.cpu_template.or(m.cpu_template);
+        m.track_dirty_pages = p.track_dirty_pages.unwrap_or(m.track_dirty_pages);
+        self.set_machine(m)
+    }
+
+    fn set_machine(&mut self, m: MachineConfiguration) -> Answer {
+        if let Err(e) = check_machine(&m) {
+            return fault(400, e);
+        }
+        self.machine = m;
+        self.configured = true;
+        self.publish();
+        done()
+    }
+
+    fn put_boot(&mut self, body: &[u8]) -> Answer {
+        let b = match parse::<BootSource>(body) {
+            Ok(b) => b,
+            Err(a) => return a,
+        };
+        if b.initrd_path.is_some() {
+            return fault(
+                400,
+                "Hover boots no initrd: its guest is one x86-64 ELF executable (`hover guest-image`); drop initrd_path",
+            );
+        }
+        let image = match check_kernel(Path::new(&b.kernel_image_path)) {
+            Ok(i) => i,
+            Err(e) => return fault(400, e),
+        };
+        if let (GuestImage::Builtin, Some(args)) = (&image, &b.boot_args) {
+            // The built-in guest's command line, checked as `hover run` checks it.
+            let m = MachineConfig {
+                cmdline: args.clone(),
+                ..MachineConfig::default()
+            };
+            if let Err(e) = m.validate() {
+                return fault(400, format!("boot_args: {e}"));
+            }
+        }
+        self.boot = Some((b, image));
+        self.configured = true;
+        self.publish();
+        done()
+    }
+
+    /// `PUT /logger`, or `--log-path`.
+    pub(super) fn logger(&mut self, l: &Logger, set: &mut LoggerHook) -> Result<(), String> {
+        set(l)?;
+        self.shared
+            .config
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .logger = Some(l.clone());
+        Ok(())
+    }
+
+    /// `PUT /metrics`, or `--metrics-path`.
+    pub(super) fn metrics(&mut self, m: &Metrics) -> Result<(), String> {
+        let mut slot = self
+            .shared
+            .metrics
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if slot.is_some() {
+            return Err("Reinitialization of metrics not allowed.".into());
+        }
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&m.metrics_path)
+            .map_err(|e| format!("metrics_path {}: cannot open it: {e}", m.metrics_path))?;
+        *slot = Some(file);
+        drop(slot);
+        self.shared
+            .config
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .metrics = Some(m.clone());
+        Ok(())
+    }
+
+    fn action(&mut self, body: &[u8]) -> Step {
+        let a = match parse::<InstanceActionInfo>(body) {
+            Ok(a) => a,
+            Err(a) => return Step::Answer(a),
+        };
+        Step::Answer(match a.action_type.as_str() {
+            "InstanceStart" => match self.build() {
+                Ok(vm) => return Step::Start(Box::new(vm)),
+                Err(e) => fault(400, e),
+            },
+            "FlushMetrics" => super::metrics::flush_answer(&self.shared, None),
+            "SendCtrlAltDel" => fault(400, BEFORE_START),
+            other => fault(
+                400,
+                format!(
+                    "unknown action_type {}: give InstanceStart, SendCtrlAltDel or FlushMetrics",
+                    crate::api::quote(other)
+                ),
+            ),
+        })
+    }
+
+    /// Build the configured VM.
+    fn build(&self) -> Result<Vm, String> {
+        let Some((boot, image)) = &self.boot else {
+            return Err("Cannot start microvm without kernel configuration.".into());
+        };
+        let config = VmConfig {
+            machine: MachineConfig {
+                vcpus: self.machine.vcpu_count,
+                memory: self.machine.mem_size_mib << 20,
+                guest: image.clone(),
+                cmdline: boot
+                    .boot_args
+                    .clone()
+                    .unwrap_or_else(|| crate::config::DEFAULT_CMDLINE.into()),
+                ..MachineConfig::default()
+            },
+            host: self.host.clone(),
+        };
+        Vm::new(&config).map_err(|e| format!("Cannot start the microVM: {e}"))
+    }
+
+    fn load(&mut self, body: &[u8]) -> Step {
+        let p = match parse::<SnapshotLoadParams>(body) {
+            Ok(p) => p,
+            Err(a) => return Step::Answer(a),
+        };
+        match self.restore(&p) {
+            Ok(vm) => Step::Start(Box::new(vm)),
+            Err(e) => Step::Answer(fault(400, e)),
+        }
+    }
+
+    fn restore(&mut self, p: &SnapshotLoadParams) -> Result<Vm, String> {
+        if self.configured {
+            return Err(
+                "Loading a microVM snapshot not allowed after configuring boot-specific resources."
+                    .into(),
+            );
+        }
+        if p.enable_diff_snapshots {
+            return Err(
+                "Hover makes full snapshots only: enable_diff_snapshots is not supported".into(),
+            );
+        }
+        let mem = match (&p.mem_file_path, &p.mem_backend) {
+            (Some(m), None) => m.clone(),
+            (None, Some(b)) if b.backend_type == "File" => b.backend_path.clone(),
+            (None, Some(b)) if b.backend_type == "Uffd" => {
+                return Err("mem_backend Uffd is not supported: Hover pages a snapshot's memory in itself (its own userfaultfd pager); give backend_type File".into())
+            }
+            (None, Some(b)) => {
+                return Err(format!(
+                    "mem_backend: unknown backend_type {}: give File",
+                    crate::api::quote(&b.backend_type)
+                ))
+            }
+            (Some(_), Some(_)) => {
+                return Err("give either mem_file_path or mem_backend, not both".into())
+            }
+            (None, None) => return Err("missing mem_file_path (or mem_backend)".into()),
+        };
+        let snap = PathBuf::from(&p.snapshot_path);
+        same_snapshot(&snap, Path::new(&mem))?;
+        let opts = RestoreOptions {
+            memory: MemoryRestore::Prefetch,
+            prefetch_rate: None,
+            host: self.host.clone(),
+        };
+        let mut vm =
+            Vm::restore(&snap, &opts).map_err(|e| format!("Cannot load the snapshot: {e}"))?;
+        if !p.resume_vm {
+            vm.start_paused();
+        }
+        Ok(vm)
+    }
+
+    /// Apply a `--config-file` and build its VM.
+    pub(super) fn apply_file(
+        &mut self,
+        file: FullVmConfiguration,
+        set_logger: &mut LoggerHook,
+    ) -> Result<Vm, FirecrackerError> {
+        if let Some(d) = file.device_refused() {
+            return Err(FirecrackerError::Config(format!(
+                "--config-file: Hover has no {d} devices: remove \"{d}\" (docs/FIRECRACKER.md)"
+            )));
+        }
+        let bad = |what: &str, a: Answer| {
+            let msg = serde_json::from_str::<serde_json::Value>(&a.2)
+                .ok()
+                .and_then(|v| v["fault_message"].as_str().map(String::from))
+                .unwrap_or(a.2);
+            FirecrackerError::Config(format!("--config-file: {what}: {msg}"))
+        };
+        if let Some(l) = &file.logger {
+            self.logger(l, set_logger)
+                .map_err(|e| FirecrackerError::Config(format!("--config-file: logger: {e}")))?;
+        }
+        if let Some(m) = &file.metrics {
+            self.metrics(m)
+                .map_err(|e| FirecrackerError::Config(format!("--config-file: metrics: {e}")))?;
+        }
+        if let Some(m) = file.machine_config {
+            let a = self.set_machine(m);
+            if a.0 != 204 {
+                return Err(bad("machine-config", a));
+            }
+        }
+        let Some(b) = file.boot_source else {
+            return Err(FirecrackerError::Config(
+                "--config-file: missing \"boot-source\" (the guest image to boot)".into(),
+            ));
+        };
+        let body = serde_json::to_vec(&b).unwrap_or_default();
+        let a = self.put_boot(&body);
+        if a.0 != 204 {
+            return Err(bad("boot-source", a));
+        }
+        self.build().map_err(FirecrackerError::Config)
+    }
+}
+
+/// Check a machine configuration against what Hover offers.
+fn check_machine(m: &MachineConfiguration) -> Result<(), String> {
+    let max = hover_abi::layout::MAX_VCPUS as u32;
+    if m.vcpu_count == 0 || m.vcpu_count > max {
+        return Err(format!(
+            "vcpu_count {} is out of range: give 1 to {max}",
+            m.vcpu_count
+        ));
+    }
+    if m.mem_size_mib == 0 || m.mem_size_mib > (1 << 20) {
+        return Err(format!(
+            "mem_size_mib {} is out of range: give 1 to 1048576",
+            m.mem_size_mib
+        ));
+    }
+    if m.smt {
+        return Err("smt: Hover presents no SMT siblings; give false".into());
+    }
+    if let Some(t) = &m.cpu_template {
+        return Err(format!(
+            "cpu_template {}: Hover has no CPU templates (it passes the host's CPUID through, less what it hides itself); omit it",
+            crate::api::quote(t)
+        ));
+    }
+    Ok(())
+}
+
+/// Check that `path` is a guest Hover boots: the built-in guest's bytes
+/// (then its command line is checked as `hover run` checks it), or an
+/// x86-64 ELF executable.
+fn check_kernel(path: &Path) -> Result<GuestImage, String> {
+    let shown = path.display();
+    let mut f = std::fs::File::open(path).map_err(|e| format!("kernel_image_path {shown}: {e}"))?;
+    let mut head = vec![0u8; 0x210];
+    let n = f
+        .read(&mut head)
+        .map_err(|e| format!("kernel_image_path {shown}: {e}"))?;
+    head.truncate(n);
+    if head.get(0x202..0x206) == Some(b"HdrS") {
+        return Err(format!(
+            "kernel_image_path {shown} is a Linux bzImage: Hover boots an x86-64 ELF executable such as `hover guest-image` writes (Linux does not run on this host's KVM; docs/FIRECRACKER.md)"
+        ));
+    }
+    if !head.starts_with(b"\x7fELF") {
+        return Err(format!(
+            "kernel_image_path {shown} is not an ELF file: Hover boots an x86-64 ELF executable such as `hover guest-image` writes"
+        ));
+    }
+    let bytes = std::fs::read(path).map_err(|e| format!("kernel_image_path {shown}: {e}"))?;
+    if bytes == crate::boot::BUILTIN_GUEST {
+        return Ok(GuestImage::Builtin);
+    }
+    let image = GuestImage::Path(path.into());
+    let img = crate::boot::read_image(&image).map_err(|e| format!("kernel_image_path: {e}"))?;
+    crate::boot::inspect(&img).map_err(|e| format!("kernel_image_path: {e}"))?;
+    Ok(image)
+}
+
+/// Check that `mem` is the memory file `snapshot/create` wrote beside
+/// `snap`: Hover keeps state and memory in one file and gives it both
+/// names, so `mem` must be that file (the same inode) or a copy of it.
+fn same_snapshot(snap: &Path, mem: &Path) -> Result<(), String> {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let meta = |p: &Path, what: &str| {
+        std::fs::metadata(p).map_err(|e| format!("{what} {}: {e}", p.display()))
+    };
+    let (s, m) = (meta(snap, "snapshot_path")?, meta(mem, "mem_file_path")?);
+    if (s.dev(), s.ino()) == (m.dev(), m.ino()) {
+        return Ok(());
+    }
+    // A copy: the same size and the same tail (the state sections, which
+    // hold every page's CRC).
+    let differs = || {
+        format!(
+            "mem_file_path {} is not the memory of snapshot {}: Hover writes one file with both names (a hard link), so give the mem_file_path snapshot/create was given with it, or a copy of that file",
+            mem.display(),
+            snap.display()
+        )
+    };
+    if s.len() != m.len() {
+        return Err(differs());
+    }
+    let tail = s.len().min(1 << 18);
+    let read = |p: &Path| -> Result<Vec<u8>, String> {
+        let f = std::fs::File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let mut buf = vec![0u8; tail as usize];
+        f.read_exact_at(&mut buf, s.len() - tail)
+            .map_err(|e| format!("{}: {e}", p.display()))?;
+        Ok(buf)
+    };
+    if read(snap)? != read(mem)? {
+        return Err(differs());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn machine_checks_name_what_hover_lacks() {
+        let m = MachineConfiguration {
+            smt: true,
+            ..MachineConfiguration::default()
+        };
+        assert!(check_machine(&m).unwrap_err().contains("SMT"));
+        let m = MachineConfiguration {
+            vcpu_count: 0,
+            ..MachineConfiguration::default()
+        };
+        assert!(check_machine(&m).unwrap_err().contains("vcpu_count"));
+        assert!(check_machine(&MachineConfiguration::default()).is_ok());
+    }
+
+    #[test]
+    fn kernels_hover_cannot_boot_are_named() {
+        let dir = std::env::temp_dir().join(format!("hover-fc-kernel-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bz = dir.join("bzImage");
+        let mut b = vec![0u8; 0x300];
+        b[0x202..0x206].copy_from_slice(b"HdrS");
+        std::fs::write(&bz, &b).unwrap();
+        assert!(check_kernel(&bz).unwrap_err().contains("bzImage"));
+        let txt = dir.join("notes.txt");
+        std::fs::write(&txt, b"hello").unwrap();
+        assert!(check_kernel(&txt).unwrap_err().contains("not an ELF"));
+        assert!(check_kernel(&dir.join("missing")).is_err());
+        let builtin = dir.join("guest.elf");
+        std::fs::write(&builtin, crate::boot::BUILTIN_GUEST).unwrap();
+        assert!(matches!(check_kernel(&builtin), Ok(GuestImage::Builtin)));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_memory_file_must_be_the_snapshot_or_its_copy() {
+        let dir = std::env::temp_dir().join(format!("hover-fc-same-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, b, c, d) = (dir.join("a"), dir.join("b"), dir.join("c"), dir.join("d"));
+        std::fs::write(&a, vec![7u8; 5000]).unwrap();
+        std::fs::hard_link(&a, &b).unwrap();
+        std::fs::copy(&a, &c).unwrap();
+        let mut other = vec![7u8; 5000];
+        other[4999] = 8;
+        std::fs::write(&d, other).unwrap();
+        assert!(same_snapshot(&a, &b).is_ok());
+        assert!(same_snapshot(&a, &c).is_ok());
+        assert!(same_snapshot(&a, &d)
+            .unwrap_err()
+            .contains("not the memory"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
