@@ -9,7 +9,7 @@
 //! thread takes them with `sigwait` and hands each to whoever [`watch`]es
 //! now: a running VM's control loop, or a server still waiting to build
 //! one. With nobody watching, the watcher removes the paths registered
-//! with [`remove_on_signal`] (sockets a VMM listens on before its VM runs)
+//! with [`create_removed_on_signal`] (sockets a VMM listens on before its VM runs)
 //! and exits at once. Programs started later get an empty mask (Rust's
 //! `Command` resets it), so they see the signals as usual.
 //!
