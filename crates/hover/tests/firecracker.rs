@@ -589,3 +589,47 @@ fn a_config_file_boots_the_guest_without_an_api() {
     let o: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(o["ended"], "power_off");
 }
+
+#[test]
+fn a_vm_a_firecracker_client_started_migrates_with_hover_ctl() {
+    if !kvm_for_test("a_vm_a_firecracker_client_started_migrates_with_hover_ctl") {
+        return;
+    }
+    let dir = Scratch::new("fc-migrate");
+    let image = guest(&dir);
+    let fc = Fc::spawn(&dir, &["--json"]);
+    let s = &fc.sock;
+    done(
+        s,
+        "PUT",
+        "/machine-config",
+        r#"{"vcpu_count": 2, "mem_size_mib": 64}"#,
+    );
+    let boot = format!(
+        r#"{{"kernel_image_path": "{}", "boot_args": "workload=kvstore wss=4M rate=1000 seconds=3"}}"#,
+        image.display()
+    );
+    done(s, "PUT", "/boot-source", &boot);
+    done(s, "PUT", "/actions", r#"{"action_type": "InstanceStart"}"#);
+    let listen = format!("unix:{}", dir.path("in.sock").display());
+    let (rx, at) = common::migrate::receiver(&listen);
+    let out = hover(&[
+        "ctl",
+        "--api-socket",
+        s.to_str().unwrap(),
+        "migrate",
+        "--to",
+        &at,
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (code, stdout, stderr) = fc.wait();
+    assert_eq!(code, Some(0), "{stderr}");
+    let o: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(o["ended"], "migrated", "{o}");
+    let (code, o, stderr) = common::migrate::finish(rx);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(
+        o["ended"], "power_off",
+        "the guest ran on to its verified end: {o}"
+    );
+}
