@@ -41,14 +41,14 @@ pub(crate) struct FirecrackerArgs {
     /// Log to this file (appended; created if missing) instead of stderr.
     #[arg(long, value_name = "PATH")]
     log_path: Option<PathBuf>,
-    /// The log level with --log-path: Error, Warning, Info, Debug, Trace, Off.
-    #[arg(long, requires = "log_path")]
+    /// The log level: Error, Warning (default), Info, Debug, Trace, Off.
+    #[arg(long)]
     level: Option<String>,
-    /// Show each log line's level (with --log-path).
-    #[arg(long, requires = "log_path")]
+    /// Show each log line's level.
+    #[arg(long)]
     show_level: bool,
-    /// Show each log line's origin (with --log-path).
-    #[arg(long, requires = "log_path")]
+    /// Show each log line's origin (module).
+    #[arg(long)]
     show_log_origin: bool,
     /// Write Firecracker-style metrics lines to this file on `FlushMetrics`
     /// and when the VM ends.
@@ -100,6 +100,16 @@ pub(crate) fn firecracker(args: FirecrackerArgs) -> ExitCode {
     }
     if args.files.names_a_page_store() {
         return bad("--page-store, --page-store-latency and --page-store-jitter need a memory budget, which the Firecracker API does not set".into());
+    }
+    if args.log_path.is_none() && (args.level.is_some() || args.show_level || args.show_log_origin)
+    {
+        if let Err(e) = crate::logging::set_stderr_level(
+            args.level.as_deref(),
+            args.show_level,
+            args.show_log_origin,
+        ) {
+            return bad(format!("--level: {e}"));
+        }
     }
     let config_file = match &args.config_file {
         None => None,

@@ -108,26 +108,48 @@ fn level(name: Option<&str>) -> Result<&'static str, String> {
 /// Send log lines to `l.log_path` (appended; created if missing) at its
 /// level, in its format.
 pub fn set_firecracker_logger(l: &Logger) -> Result<(), String> {
-    let level = level(l.level.as_deref())?;
-    let filter = match &l.module {
+    let file = hover_vmm::firecracker::open_log(std::path::Path::new(&l.log_path))
+        .map_err(|e| format!("log_path {}: cannot open it: {e}", l.log_path))?;
+    // Checked before the file takes the lines: a bad level changes nothing.
+    let filter = filter(l.level.as_deref(), l.module.as_deref())?;
+    *FILE.lock().unwrap_or_else(|p| p.into_inner()) = Some(file);
+    reload(filter, false, l.show_level, l.show_log_origin)
+}
+
+/// `--level` (and `--show-level`, `--show-log-origin`) without a log
+/// file: the lines stay on stderr, at that level and in that format.
+pub fn set_stderr_level(
+    level: Option<&str>,
+    show_level: bool,
+    show_origin: bool,
+) -> Result<(), String> {
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    reload(filter(level, None)?, colour, show_level, show_origin)
+}
+
+fn filter(level: Option<&str>, module: Option<&str>) -> Result<EnvFilter, String> {
+    let level = self::level(level)?;
+    let filter = match module {
         Some(m) => format!("{m}={level}"),
         None => level.to_string(),
     };
-    let filter = EnvFilter::try_new(&filter).map_err(|e| format!("module: {e}"))?;
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&l.log_path)
-        .map_err(|e| format!("log_path {}: cannot open it: {e}", l.log_path))?;
+    EnvFilter::try_new(&filter).map_err(|e| format!("module: {e}"))
+}
+
+fn reload(
+    filter: EnvFilter,
+    ansi: bool,
+    show_level: bool,
+    show_origin: bool,
+) -> Result<(), String> {
     let h = HANDLES.get().ok_or("logging is not set up")?;
-    *FILE.lock().unwrap_or_else(|p| p.into_inner()) = Some(file);
     h.filter
         .reload(filter)
         .map_err(|e| format!("cannot change the log level: {e}"))?;
     h.format
-        .reload(format_layer(false, l.show_level, l.show_log_origin))
-        .map_err(|e| format!("cannot change the log format: {e}"))?;
-    Ok(())
+        .reload(format_layer(ansi, show_level, show_origin))
+        .map_err(|e| format!("cannot change the log format: {e}"))
 }
 
 #[cfg(test)]

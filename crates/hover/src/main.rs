@@ -454,7 +454,10 @@ fn guest_image(out: &std::path::Path) -> ExitCode {
 pub(crate) fn run_vm(vm: Vm) -> Result<hover_vmm::RunOutcome, Error> {
     let controller = vm.controller();
     let _signals = hover_vmm::signals::watch(move |sig| controller.signal(sig));
-    vm.run()
+    let ran = vm.run();
+    // The VM has ended: a signal now must not cut its outcome short.
+    hover_vmm::signals::ignore_from_now();
+    ran
 }
 
 /// Print a finished run's outcome and turn it into the exit status.

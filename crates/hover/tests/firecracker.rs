@@ -220,11 +220,25 @@ fn every_documented_endpoint_answers_on_the_live_server() {
     assert_eq!(code, Some(0), "{stderr}");
     assert!(stdout.contains("shut down"), "{stdout}");
     let metrics = std::fs::read_to_string(dir.path("metrics")).unwrap();
+    let lines: Vec<serde_json::Value> = metrics
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(
-        metrics.lines().count(),
+        lines.len(),
         2,
         "one on FlushMetrics, one at the end: {metrics}"
     );
+    assert_eq!(lines[0]["state"], "running", "{metrics}");
+    assert_eq!(
+        lines[1]["state"], "exited",
+        "the last line is the ended VM's: {metrics}"
+    );
+    for l in &lines {
+        assert!(l["utc_timestamp_ms"].as_u64().unwrap() > 0);
+        assert!(l["vcpu"]["exits"].as_u64().unwrap() > 0, "{l}");
+        assert!(l["hover"]["uptime_ms"].is_u64(), "{l}");
+    }
     assert!(!dir.path("fc.sock").exists());
 }
 
@@ -353,6 +367,16 @@ fn out_of_order_and_malformed_requests_get_a_reason_and_change_nothing() {
         r#"{"log_path": "/tmp/x", "level": "Loud"}"#,
         "level",
     );
+    // A named pipe nobody reads: the metrics open without waiting.
+    let fifo = dir.path("log.fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let metrics = format!(r#"{{"metrics_path": "{}"}}"#, fifo.display());
+    done(s, "PUT", "/metrics", &metrics);
+    refused(s, "PUT", "/metrics", &metrics, "Reinitialization");
+    let boot_fifo = format!(r#"{{"kernel_image_path": "{}"}}"#, fifo.display());
+    refused(s, "PUT", "/boot-source", &boot_fifo, "not a regular file");
     // Nothing of the refused requests stuck.
     let (_, mc) = req(s, "GET", "/machine-config", "");
     assert!(
@@ -438,6 +462,40 @@ fn out_of_order_and_malformed_requests_get_a_reason_and_change_nothing() {
         dir.path("m").display()
     );
     refused(s, "PUT", "/snapshot/create", &diff, "full snapshots only");
+    let with = |extra: &str, mem: &str| {
+        format!(
+            r#"{{"snapshot_path": "{}", "mem_file_path": "{mem}"{extra}}}"#,
+            dir.path("s").display()
+        )
+    };
+    let m = dir.path("m").display().to_string();
+    let half = with(r#", "snapshot_type": "Half""#, &m);
+    refused(s, "PUT", "/snapshot/create", &half, "unknown snapshot_type");
+    let old = with(r#", "version": "0.25.0""#, &m);
+    refused(
+        s,
+        "PUT",
+        "/snapshot/create",
+        &old,
+        "its own snapshot format",
+    );
+    // /dev/shm is another filesystem than the scratch directory.
+    let shm = format!("/dev/shm/hover-fc-mem-{}", std::process::id());
+    refused(
+        s,
+        "PUT",
+        "/snapshot/create",
+        &with("", &shm),
+        "one filesystem",
+    );
+    assert!(!Path::new(&shm).exists() && !dir.path("s").exists());
+    refused(
+        s,
+        "PUT",
+        "/metrics",
+        r#"{"metrics_path": "/tmp/m"}"#,
+        "after starting",
+    );
     let existing = format!(
         r#"{{"snapshot_path": "{}", "mem_file_path": "{}"}}"#,
         dir.path("s").display(),
@@ -506,14 +564,105 @@ fn a_snapshot_load_of_files_that_are_not_hovers_is_refused() {
         r#"{"snapshot_path": "x"}"#,
         "mem_file_path",
     );
+    let both = r#"{"snapshot_path": "x", "mem_file_path": "x", "mem_backend": {"backend_type": "File", "backend_path": "x"}}"#;
+    refused(s, "PUT", "/snapshot/load", both, "not both");
+    let tape =
+        r#"{"snapshot_path": "x", "mem_backend": {"backend_type": "Tape", "backend_path": "x"}}"#;
+    refused(s, "PUT", "/snapshot/load", tape, "unknown backend_type");
     let (_, info) = req(s, "GET", "/", "");
     assert!(info.contains("Not started"), "{info}");
-    // SIGTERM before a start: the socket goes, status 143.
+    // A real snapshot, with another file as its memory, then with a copy.
+    let src = Scratch::new("fc-load-src");
+    let snap = snapshot_of_a_running_vm(&src);
+    refused(
+        s,
+        "PUT",
+        "/snapshot/load",
+        &load(&snap, &junk),
+        "not the memory of snapshot",
+    );
+    let copy = dir.path("copy.mem");
+    std::fs::copy(&snap, &copy).unwrap();
+    done(s, "PUT", "/snapshot/load", &load(&snap, &copy));
+    let (_, info) = req(s, "GET", "/", "");
+    assert!(
+        info.contains(r#""state":"Paused""#),
+        "loaded without resume_vm: {info}"
+    );
+    let (_, mc) = req(s, "GET", "/machine-config", "");
+    assert!(
+        mc.contains(r#""vcpu_count":2"#) && mc.contains(r#""mem_size_mib":64"#),
+        "the snapshot's machine: {mc}"
+    );
+    done(s, "PATCH", "/vm", r#"{"state": "Resumed"}"#);
+    let (code, stdout, stderr) = fc.wait();
+    assert_eq!(
+        code,
+        Some(0),
+        "the restored guest runs to its end: {stderr}"
+    );
+    assert!(stdout.contains("restored from"), "{stdout}");
+}
+
+/// A snapshot (both names one file) of a VM `hover firecracker` runs.
+fn snapshot_of_a_running_vm(dir: &Scratch) -> PathBuf {
+    let image = guest(dir);
+    let fc = Fc::spawn(dir, &[]);
+    let s = &fc.sock;
+    done(
+        s,
+        "PUT",
+        "/machine-config",
+        r#"{"vcpu_count": 2, "mem_size_mib": 64}"#,
+    );
+    let boot = format!(
+        r#"{{"kernel_image_path": "{}", "boot_args": "workload=kvstore wss=4M rate=1000 seconds=2"}}"#,
+        image.display()
+    );
+    done(s, "PUT", "/boot-source", &boot);
+    done(s, "PUT", "/actions", r#"{"action_type": "InstanceStart"}"#);
+    done(s, "PATCH", "/vm", r#"{"state": "Paused"}"#);
+    let snap = dir.path("vm.snap");
+    let create = format!(
+        r#"{{"snapshot_path": "{0}", "mem_file_path": "{0}"}}"#,
+        snap.display()
+    );
+    done(s, "PUT", "/snapshot/create", &create);
+    done(s, "PUT", "/actions", r#"{"action_type": "SendCtrlAltDel"}"#);
+    let (code, _, stderr) = fc.wait();
+    assert_eq!(code, Some(0), "{stderr}");
+    snap
+}
+
+#[test]
+fn sigterm_before_a_start_removes_the_socket() {
+    let dir = Scratch::new("fc-sigterm");
+    let fc = Fc::spawn(&dir, &[]);
     // SAFETY: kill(2) with a child's pid.
     unsafe { libc::kill(fc.child.as_ref().unwrap().id() as i32, libc::SIGTERM) };
     let (code, _, stderr) = fc.wait();
     assert_eq!(code, Some(143), "{stderr}");
     assert!(!dir.path("fc.sock").exists());
+}
+
+#[test]
+fn a_guest_that_ends_at_once_still_gets_its_start_answered() {
+    if !kvm_for_test("a_guest_that_ends_at_once_still_gets_its_start_answered") {
+        return;
+    }
+    let dir = Scratch::new("fc-short");
+    let image = guest(&dir);
+    let fc = Fc::spawn(&dir, &[]);
+    let s = &fc.sock;
+    let boot = format!(
+        r#"{{"kernel_image_path": "{}", "boot_args": "workload=hello"}}"#,
+        image.display()
+    );
+    done(s, "PUT", "/boot-source", &boot);
+    // The guest may power off before the answer goes out: it ran, so 204.
+    done(s, "PUT", "/actions", r#"{"action_type": "InstanceStart"}"#);
+    let (code, _, stderr) = fc.wait();
+    assert_eq!(code, Some(0), "{stderr}");
 }
 
 #[test]

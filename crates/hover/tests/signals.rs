@@ -97,3 +97,34 @@ fn sigterm_ends_a_receiver_still_waiting_and_removes_its_socket() {
         "the listening socket outlived the receiver"
     );
 }
+
+#[test]
+fn sigterm_ends_a_restored_vm_as_it_ends_a_booted_one() {
+    if !kvm_for_test("sigterm_ends_a_restored_vm_as_it_ends_a_booted_one") {
+        return;
+    }
+    let dir = Scratch::new("sigterm-restored");
+    let vm = Vm::spawn(
+        &["run", "--cmdline", "workload=spin tasks=2 seconds=120"],
+        &dir.path("src.sock"),
+    );
+    wait_for_state(&vm, "running");
+    let snap = dir.path("vm.snap");
+    let body = serde_json::json!({ "path": snap, "stop": true }).to_string();
+    vm.api().json("PUT", "/vm/snapshot", Some(&body)).unwrap();
+    let (code, _, stderr) = vm.wait();
+    assert_eq!(code, Some(0), "{stderr}");
+    let args = [
+        "restore",
+        snap.to_str().unwrap(),
+        "--memory-restore",
+        "lazy",
+    ];
+    ended_by(
+        "sigterm-restored-run",
+        &args,
+        None,
+        "running",
+        libc::SIGTERM,
+    );
+}

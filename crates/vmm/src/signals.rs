@@ -102,6 +102,13 @@ pub fn watch(handler: impl Fn(i32) + Send + 'static) -> Watch {
     Watch(id)
 }
 
+/// Ignore signals from now on, for good: the VM has ended, and its
+/// outcome is being printed and its files removed; a signal now must not
+/// cut that short.
+pub fn ignore_from_now() {
+    std::mem::forget(watch(|_| {}));
+}
+
 /// A registration of [`watch`].
 pub struct Watch(u64);
 

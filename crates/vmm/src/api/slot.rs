@@ -1,9 +1,8 @@
 //! A place for a VM's [`Routes`] in a server that outlives the VM (the
 //! Firecracker API's, which listens before any VM exists): the VM's run
-//! fills it as its vCPUs start and empties it when the run ends.
+//! fills it once its vCPUs run and marks it ended when the run ends.
 
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
 
 use super::Routes;
 
@@ -14,7 +13,9 @@ enum State {
     Empty,
     /// A run's routes.
     Filled(Arc<Routes>),
-    /// The run has ended (or never started).
+    /// The run that filled it has ended: its routes, for a last look.
+    Ended(Arc<Routes>),
+    /// No run will fill it (the VM failed before its vCPUs ran).
     Closed,
 }
 
@@ -26,10 +27,10 @@ pub struct ApiSlot(Arc<(Mutex<State>, Condvar)>);
 pub enum Waited {
     /// The VM runs: its routes.
     Running(Arc<Routes>),
-    /// The run ended, or the VM never ran.
+    /// The VM ran, and its run has ended.
+    Ended,
+    /// The VM never ran.
     Closed,
-    /// Neither within the time given.
-    TimedOut,
 }
 
 impl ApiSlot {
@@ -41,25 +42,28 @@ impl ApiSlot {
         }
     }
 
-    /// Wait up to `timeout` until a run fills the slot or it is closed.
-    pub fn wait(&self, timeout: Duration) -> Waited {
+    /// Wait until a run fills the slot, or it is closed. A built VM's run
+    /// does one or the other within its start-up (no timeout: a request
+    /// answered before would say nothing true about the VM).
+    pub fn wait(&self) -> Waited {
         let (lock, cv) = &*self.0;
-        let until = Instant::now() + timeout;
         let mut s = lock.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             match &*s {
                 State::Filled(r) => return Waited::Running(r.clone()),
+                State::Ended(_) => return Waited::Ended,
                 State::Closed => return Waited::Closed,
                 State::Empty => {}
             }
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Waited::TimedOut;
-            }
-            s = cv
-                .wait_timeout(s, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            s = cv.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// The routes of the last run, running or ended (its final figures).
+    pub fn last_routes(&self) -> Option<Arc<Routes>> {
+        match &*self.0 .0.lock().unwrap_or_else(|p| p.into_inner()) {
+            State::Filled(r) | State::Ended(r) => Some(r.clone()),
+            _ => None,
         }
     }
 
@@ -69,9 +73,24 @@ impl ApiSlot {
         SlotFill(self.clone())
     }
 
-    /// Say that no run will fill it (the VM failed before it ran).
+    /// Say that no run will fill it (the VM failed before it ran); a slot
+    /// a run filled keeps its routes.
     pub fn close(&self) {
-        self.set(State::Closed);
+        let (lock, cv) = &*self.0;
+        let mut s = lock.lock().unwrap_or_else(|p| p.into_inner());
+        if matches!(*s, State::Empty) {
+            *s = State::Closed;
+        }
+        cv.notify_all();
+    }
+
+    fn end(&self) {
+        let (lock, cv) = &*self.0;
+        let mut s = lock.lock().unwrap_or_else(|p| p.into_inner());
+        if let State::Filled(r) = &*s {
+            *s = State::Ended(r.clone());
+        }
+        cv.notify_all();
     }
 
     fn set(&self, state: State) {
@@ -86,6 +105,6 @@ pub(crate) struct SlotFill(ApiSlot);
 
 impl Drop for SlotFill {
     fn drop(&mut self) {
-        self.0.close();
+        self.0.end();
     }
 }

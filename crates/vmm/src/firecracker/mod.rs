@@ -17,10 +17,11 @@ pub mod models;
 mod runtime;
 mod setup;
 
+pub use setup::open_log;
+
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use crate::api::http::{self, Answer};
 use crate::api::slot::Waited;
@@ -135,12 +136,12 @@ struct Shared {
     metrics: Mutex<Option<std::fs::File>>,
 }
 
-/// How long `InstanceStart` waits for a built VM's vCPUs to start.
-const START_TIMEOUT: Duration = Duration::from_secs(60);
-
 /// Serve Firecracker's API until the VM it starts ends (or a signal ends
 /// the process first).
 pub fn serve(mut opts: Options) -> Result<Ended, FirecrackerError> {
+    // The server's threads start before any VM: they take this mode.
+    crate::seccomp::set_mode(opts.host.seccomp);
+    crate::seccomp::check(opts.host.seccomp).map_err(|e| FirecrackerError::Vm(e.into()))?;
     let (tx, rx) = mpsc::channel();
     let shared = Arc::new(Shared {
         id: opts.id.clone(),
@@ -150,12 +151,7 @@ pub fn serve(mut opts: Options) -> Result<Ended, FirecrackerError> {
         slot: ApiSlot::default(),
         metrics: Mutex::default(),
     });
-    let signals = {
-        let tx = tx.clone();
-        crate::signals::watch(move |sig| {
-            let _ = tx.send(Msg::Signal(sig));
-        })
-    };
+    let configuring = configuring_signals(tx, opts.api_sock.clone());
     let mut setup = setup::Setup::new(shared.clone(), std::mem::take(&mut opts.host));
     if let Some(l) = opts.logger.take() {
         setup
@@ -191,7 +187,7 @@ pub fn serve(mut opts: Options) -> Result<Ended, FirecrackerError> {
     };
     let mut vm = match started {
         Some(vm) => vm,
-        None => match wait_for_start(rx, &mut setup, &mut opts.set_logger) {
+        None => match wait_for_start(&rx, &mut setup, &mut opts.set_logger) {
             Some(vm) => vm,
             None => return Ok(Ended::Signal(setup.signalled.unwrap_or(libc::SIGTERM))),
         },
@@ -199,22 +195,56 @@ pub fn serve(mut opts: Options) -> Result<Ended, FirecrackerError> {
     // The handler of the request that started it set the phase.
     vm.serve_api_in(shared.slot.clone());
     let controller = vm.controller();
-    drop(signals);
-    let _signals = crate::signals::watch(move |sig| controller.signal(sig));
+    // The VM hears signals from now on (the newest watcher wins, so none
+    // falls between the two); one that came while it was built is passed on.
+    let running = {
+        let c = controller.clone();
+        crate::signals::watch(move |sig| c.signal(sig))
+    };
+    drop(configuring);
+    for msg in rx.try_iter() {
+        if let Msg::Signal(sig) = msg {
+            controller.signal(sig);
+        }
+    }
+    // Requests still queued are answered "no longer configuring".
+    drop(rx);
     let ran = vm.run();
     // A VM that failed before its vCPUs ran never filled the slot.
     shared.slot.close();
-    if let Err(e) = metrics::flush(&shared, None) {
+    if let Err(e) = metrics::flush(&shared, shared.slot.last_routes().as_deref()) {
         tracing::warn!("cannot write the last metrics line: {e}");
     }
+    // The VM has ended: a signal now must not cut the outcome short.
+    crate::signals::ignore_from_now();
+    drop(running);
     Ok(Ended::Ran(Box::new(ran?)))
 }
 
+/// Signals while configuring: the first ends the wait for a start (the
+/// socket is removed as [`serve`] returns); a second, if the first is not
+/// taken at once (a VM being built), removes the socket and exits.
+fn configuring_signals(tx: Sender<Msg>, socket: Option<PathBuf>) -> crate::signals::Watch {
+    let seen = std::sync::atomic::AtomicBool::new(false);
+    crate::signals::watch(move |sig| {
+        if seen.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            if let Some(p) = &socket {
+                let _ = std::fs::remove_file(p);
+            }
+            eprintln!(
+                "hover: {} again while starting a microVM: exiting at once",
+                crate::signals::name(sig)
+            );
+            std::process::exit(crate::signals::exit_status(sig).into());
+        }
+        let _ = tx.send(Msg::Signal(sig));
+    })
+}
+
 /// Answer requests forwarded by the server until one starts a VM (`Some`)
-/// or a signal ends the wait (`None`). Requests still queued then are
-/// dropped with `rx`: their senders are told the VMM no longer configures.
+/// or a signal ends the wait (`None`).
 fn wait_for_start(
-    rx: Receiver<Msg>,
+    rx: &Receiver<Msg>,
     setup: &mut setup::Setup,
     set_logger: &mut LoggerHook,
 ) -> Option<crate::vm::Vm> {
@@ -362,15 +392,11 @@ fn handle(shared: &Shared, req: &http::Request) -> Answer {
         Ok(Outcome::Starting) => {
             *phase = Phase::Started;
             drop(phase);
-            match shared.slot.wait(START_TIMEOUT) {
-                Waited::Running(_) => done(),
+            match shared.slot.wait() {
+                Waited::Running(_) | Waited::Ended => done(),
                 Waited::Closed => fault(
                     400,
                     "the microVM was built but failed to start: see the VMM's log",
-                ),
-                Waited::TimedOut => fault(
-                    400,
-                    format!("the microVM did not start within {START_TIMEOUT:?}"),
                 ),
             }
         }

@@ -31,8 +31,10 @@ pub(super) fn handle(shared: &Shared, method: &str, path: &str, body: &[u8]) -> 
         ("GET", "/machine-config") => ok(&config().machine_config),
         ("GET", "/vm/config") => ok(&*config()),
         _ => {
-            let Some(routes) = shared.slot.routes() else {
-                return fault(400, "the microVM has stopped");
+            // A request right after the start waits for the vCPUs to run.
+            let routes = match shared.slot.wait() {
+                crate::api::slot::Waited::Running(r) => r,
+                _ => return fault(400, "the microVM has stopped"),
             };
             let c = routes.controller();
             match (method, path) {

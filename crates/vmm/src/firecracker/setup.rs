@@ -192,10 +192,7 @@ impl Setup {
         if slot.is_some() {
             return Err("Reinitialization of metrics not allowed.".into());
         }
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&m.metrics_path)
+        let file = open_log(Path::new(&m.metrics_path))
             .map_err(|e| format!("metrics_path {}: cannot open it: {e}", m.metrics_path))?;
         *slot = Some(file);
         drop(slot);
@@ -302,6 +299,11 @@ impl Setup {
         if !p.resume_vm {
             vm.start_paused();
         }
+        // What the snapshot holds is the machine now (`GET /machine-config`).
+        let restored = vm.controller().info().config;
+        self.machine.vcpu_count = restored.vcpus;
+        self.machine.mem_size_mib = restored.memory >> 20;
+        self.publish();
         Ok(vm)
     }
 
@@ -351,6 +353,20 @@ impl Setup {
     }
 }
 
+/// Open a log or metrics file as Firecracker does: read-write and
+/// non-blocking, so a named pipe nobody reads yet neither blocks the open
+/// nor, once full, the writers (a line that does not fit is dropped); a
+/// regular file is appended to (created if missing).
+pub fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+}
+
 /// Check a machine configuration against what Hover offers.
 fn check_machine(m: &MachineConfiguration) -> Result<(), String> {
     let max = hover_abi::layout::MAX_VCPUS as u32;
@@ -383,6 +399,12 @@ fn check_machine(m: &MachineConfiguration) -> Result<(), String> {
 /// x86-64 ELF executable.
 fn check_kernel(path: &Path) -> Result<GuestImage, String> {
     let shown = path.display();
+    let meta = std::fs::metadata(path).map_err(|e| format!("kernel_image_path {shown}: {e}"))?;
+    if !meta.is_file() {
+        return Err(format!(
+            "kernel_image_path {shown} is not a regular file: give the guest image's file"
+        ));
+    }
     let mut f = std::fs::File::open(path).map_err(|e| format!("kernel_image_path {shown}: {e}"))?;
     let mut head = vec![0u8; 0x210];
     let n = f
@@ -414,8 +436,10 @@ fn check_kernel(path: &Path) -> Result<GuestImage, String> {
 /// names, so `mem` must be that file (the same inode) or a copy of it.
 fn same_snapshot(snap: &Path, mem: &Path) -> Result<(), String> {
     use std::os::unix::fs::{FileExt, MetadataExt};
-    let meta = |p: &Path, what: &str| {
-        std::fs::metadata(p).map_err(|e| format!("{what} {}: {e}", p.display()))
+    let meta = |p: &Path, what: &str| match std::fs::metadata(p) {
+        Ok(m) if m.is_file() => Ok(m),
+        Ok(_) => Err(format!("{what} {}: not a regular file", p.display())),
+        Err(e) => Err(format!("{what} {}: {e}", p.display())),
     };
     let (s, m) = (meta(snap, "snapshot_path")?, meta(mem, "mem_file_path")?);
     if (s.dev(), s.ino()) == (m.dev(), m.ino()) {

@@ -94,7 +94,11 @@ impl ProcessSender {
             .args(["--ctl-fd", &ctl_fd.to_string()])
             .args(["--seccomp", crate::seccomp::mode().name()])
             .stdin(Stdio::null())
-            .stdout(Stdio::null());
+            .stdout(Stdio::null())
+            // Its own process group: a terminal's Ctrl-C reaches the VMM,
+            // which ends the VM once the migration is over, and not the
+            // helper the migration needs until then.
+            .process_group(0);
         for r in &regions {
             cmd.args(["--region", &r.to_arg()]);
         }

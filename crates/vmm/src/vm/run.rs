@@ -38,6 +38,47 @@ enum End {
     Migrated,
 }
 
+/// Check `also` as a second name for a snapshot about to be written at
+/// `path`, before a byte is written: `None` if it names the same file
+/// (another spelling of `path`), an error if it exists or lies on another
+/// filesystem (a hard link cannot cross one).
+fn second_name(
+    path: &std::path::Path,
+    also: &std::path::Path,
+) -> Result<Option<std::path::PathBuf>, CommandError> {
+    use state::file::SnapshotError;
+    use std::os::unix::fs::MetadataExt;
+    let dir = |p: &std::path::Path| {
+        let d = p.parent().filter(|d| !d.as_os_str().is_empty());
+        std::fs::canonicalize(d.unwrap_or(std::path::Path::new(".")))
+    };
+    let io = |p: &std::path::Path, what, source| SnapshotError::Io {
+        path: p.into(),
+        what,
+        source,
+    };
+    let (d1, d2) = (
+        dir(path).map_err(|e| io(path, "its directory", e))?,
+        dir(also).map_err(|e| io(also, "its directory", e))?,
+    );
+    if d1 == d2 && path.file_name() == also.file_name() {
+        return Ok(None);
+    }
+    if also.symlink_metadata().is_ok() {
+        return Err(SnapshotError::Exists(also.into()).into());
+    }
+    let dev = |d: &std::path::Path| std::fs::metadata(d).map(|m| m.dev());
+    if dev(&d1).ok() != dev(&d2).ok() {
+        return Err(io(
+            also,
+            "cannot be a second name of the snapshot: Hover keeps state and memory in one file and links it under both names, so both must be on one filesystem",
+            std::io::Error::from_raw_os_error(libc::EXDEV),
+        )
+        .into());
+    }
+    Ok(Some(also.into()))
+}
+
 /// Where a running VM's API is served.
 enum Api {
     /// On its own socket.
@@ -107,16 +148,15 @@ impl Vm {
             r.start_governor(budget_pct)?;
         }
         let started_at = Instant::now();
-        let api = match (r.vm.api_slot.clone(), r.vm.api_socket.clone()) {
-            (Some(slot), _) => Some(Api::Slot(
-                slot.fill(Routes::new(r.live_sources(started_at), r.vm.controller())),
-            )),
+        // A slot is filled once the vCPUs run (below): the server that
+        // owns it answers the request that started the VM then.
+        let mut api = match (&r.vm.api_slot, r.vm.api_socket.clone()) {
             (None, Some(path)) => Some(Api::Socket(ApiServer::start(
                 &path,
                 r.live_sources(started_at),
                 r.vm.controller(),
             )?)),
-            (None, None) => None,
+            _ => None,
         };
         r.vm.booster.start().map_err(|source| Error::Host {
             what: "start the boost monitor",
@@ -138,6 +178,10 @@ impl Vm {
                     r.vm.devices.control.pause();
                     r.vm.booster.pause();
                     r.set_state(Lifecycle::Paused, None);
+                }
+                if let Some(slot) = r.vm.api_slot.clone() {
+                    let routes = Routes::new(r.live_sources(started_at), r.vm.controller());
+                    api = Some(Api::Slot(slot.fill(routes)));
                 }
                 r.serve()
             }
@@ -395,9 +439,10 @@ impl Running {
         if !matches!(self.state, Lifecycle::Running | Lifecycle::Paused) {
             return Err(self.wrong_state("snapshot", "running or paused"));
         }
-        if let Some(also) = also_at.filter(|a| a.symlink_metadata().is_ok()) {
-            return Err(state::file::SnapshotError::Exists(also.into()).into());
-        }
+        let also_at = match also_at {
+            Some(also) => second_name(path, also)?,
+            None => None,
+        };
         let mut w = SnapshotWriter::create(path)?;
         let hot = match self.record_hot_set(hot_window) {
             Ok(h) => h,
@@ -426,7 +471,7 @@ impl Running {
             Ok((bytes, pages))
         });
         let paused_us = (pause + t0.elapsed()).as_micros() as u64;
-        let written = written.and_then(|w| match also_at {
+        let written = written.and_then(|w| match &also_at {
             Some(also) => std::fs::hard_link(path, also).map(|()| w).map_err(|source| {
                 state::file::SnapshotError::Io {
                     path: also.into(),
