@@ -360,32 +360,7 @@ fn main() -> ExitCode {
         }
         Command::Man(args) => {
             die_on_broken_pipe();
-            man(args.out.as_deref())
-        }
-    }
-}
-
-fn man(out: Option<&std::path::Path>) -> ExitCode {
-    let written = match out {
-        None => self_doc::man_page(Cli::command(), &mut std::io::stdout()).map(|()| Vec::new()),
-        Some(dir) => {
-            std::fs::create_dir_all(dir).and_then(|()| self_doc::man_pages(Cli::command(), dir))
-        }
-    };
-    match written {
-        Ok(pages) => {
-            if let Some(dir) = out {
-                eprintln!(
-                    "hover: wrote {} man pages to {}",
-                    pages.len(),
-                    dir.display()
-                );
-            }
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("hover: error: cannot write the man pages: {e}");
-            ExitCode::from(EXIT_HOST_FAILURE)
+            self_doc::man(Cli::command(), args.out.as_deref())
         }
     }
 }

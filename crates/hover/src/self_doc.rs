@@ -6,9 +6,35 @@
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
+use std::process::ExitCode;
+
 use clap::Command;
 use hover_abi::workload::{ParamKind, ParamSpec, DEFAULT_WORKLOAD, GLOBAL_PARAMS, WORKLOADS};
 use hover_vmm::config::size_text as size;
+
+/// `hover man`: hover(1) on stdout, or every page into `out`.
+pub fn man(cmd: Command, out: Option<&Path>) -> ExitCode {
+    let written = match out {
+        None => man_page(cmd, &mut std::io::stdout()).map(|()| Vec::new()),
+        Some(dir) => std::fs::create_dir_all(dir).and_then(|()| man_pages(cmd, dir)),
+    };
+    match written {
+        Ok(pages) => {
+            if let Some(dir) = out {
+                eprintln!(
+                    "hover: wrote {} man pages to {}",
+                    pages.len(),
+                    dir.display()
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("hover: error: cannot write the man pages: {e}");
+            ExitCode::from(crate::EXIT_HOST_FAILURE)
+        }
+    }
+}
 
 /// Write `shell`'s completion script for `cmd` to `out`.
 pub fn completions(shell: clap_complete::Shell, mut cmd: Command, out: &mut dyn Write) {

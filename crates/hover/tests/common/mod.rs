@@ -3,6 +3,7 @@
 
 #![allow(dead_code)] // not every test file uses every helper
 
+pub mod firecracker;
 pub mod migrate;
 pub mod proxy;
 

@@ -15,6 +15,7 @@ mod postcopy_in;
 mod receive;
 mod restore;
 mod run;
+mod save;
 
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
@@ -81,10 +82,8 @@ pub struct Vm {
     /// snapshot's hot set.
     first_touches_released: Vec<u64>,
     halt_poll: HaltPoll,
-    api_socket: Option<std::path::PathBuf>,
-    /// A server's slot to serve Hover's routes in while this VM runs
-    /// (instead of an API socket of its own).
-    api_slot: Option<crate::api::ApiSlot>,
+    /// Where its API is served while it runs.
+    api: run::ApiAt,
     /// Start with every vCPU paused ([`Vm::start_paused`]).
     start_paused: bool,
     seccomp: crate::seccomp::Mode,
@@ -353,8 +352,10 @@ impl Vm {
             pager_released: None,
             first_touches_released: Vec::new(),
             halt_poll: config.machine.halt_poll,
-            api_socket: config.host.api_socket.clone(),
-            api_slot: None,
+            api: match &config.host.api_socket {
+                Some(path) => run::ApiAt::Socket(path.clone()),
+                None => run::ApiAt::Nowhere,
+            },
             start_paused: false,
             migration_key: config.host.migration_key.clone(),
             seccomp: config.host.seccomp,
@@ -393,13 +394,6 @@ impl Vm {
     /// The VM's KVM handle.
     pub fn fd(&self) -> &VmFd {
         &self.fd
-    }
-
-    /// Serve Hover's API routes in `slot` while this VM runs, instead of
-    /// on an API socket of its own (the Firecracker API's server listens
-    /// before the VM exists and goes on after it).
-    pub fn serve_api_in(&mut self, slot: crate::api::ApiSlot) {
-        self.api_slot = Some(slot);
     }
 
     /// Start the run with every vCPU paused and the devices frozen, as if

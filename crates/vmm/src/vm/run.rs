@@ -5,25 +5,22 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvm_bindings::{kvm_irqchip, kvm_msr_entry, Msrs};
+use kvm_bindings::{kvm_msr_entry, Msrs};
 
-use super::control::{Command, CommandError, Lifecycle, Reply, SnapshotInfo, VmEvent};
+use super::control::{Command, CommandError, Lifecycle, Reply, VmEvent};
 use super::outcome::{us_since, EndReason, RunOutcome};
 use super::Vm;
-use crate::api::{ApiServer, GovernorSource, LiveSources, Routes};
+use crate::api::{ApiServer, ApiSlot, GovernorSource, LiveSources, Routes};
 use crate::memory::paged::PagerStats;
 use crate::sched::boost::BoostUpdate;
 use crate::sched::halt_poll::{self, Governor, GovernorReport, HaltPoll};
-use crate::state::file::SnapshotWriter;
-use crate::state::{self, DevicesState, MachineState, VmState};
+use crate::state;
 use crate::stats::KvmStats;
 use crate::vcpu::thread::{Kicker, VcpuHandle, VcpuMsg, VcpuReply};
 use crate::vcpu::{GuestCrash, VcpuEvent};
 use crate::{Error, KvmOp};
 
 const MSR_IA32_TSC: u32 = 0x10;
-/// Chips of `KVM_GET_IRQCHIP`: PIC master, PIC slave, IOAPIC.
-const IRQCHIPS: u32 = 3;
 
 /// How a run ended, before it is turned into an outcome or an error.
 enum End {
@@ -38,48 +35,18 @@ enum End {
     Migrated,
 }
 
-/// Check `also` as a second name for a snapshot about to be written at
-/// `path`, before a byte is written: `None` if it names the same file
-/// (another spelling of `path`), an error if it exists or lies on another
-/// filesystem (a hard link cannot cross one).
-fn second_name(
-    path: &std::path::Path,
-    also: &std::path::Path,
-) -> Result<Option<std::path::PathBuf>, CommandError> {
-    use state::file::SnapshotError;
-    use std::os::unix::fs::MetadataExt;
-    let dir = |p: &std::path::Path| {
-        let d = p.parent().filter(|d| !d.as_os_str().is_empty());
-        std::fs::canonicalize(d.unwrap_or(std::path::Path::new(".")))
-    };
-    let io = |p: &std::path::Path, what, source| SnapshotError::Io {
-        path: p.into(),
-        what,
-        source,
-    };
-    let (d1, d2) = (
-        dir(path).map_err(|e| io(path, "its directory", e))?,
-        dir(also).map_err(|e| io(also, "its directory", e))?,
-    );
-    if d1 == d2 && path.file_name() == also.file_name() {
-        return Ok(None);
-    }
-    if also.symlink_metadata().is_ok() {
-        return Err(SnapshotError::Exists(also.into()).into());
-    }
-    let dev = |d: &std::path::Path| std::fs::metadata(d).map(|m| m.dev());
-    if dev(&d1).ok() != dev(&d2).ok() {
-        return Err(io(
-            also,
-            "cannot be a second name of the snapshot: Hover keeps state and memory in one file and links it under both names, so both must be on one filesystem",
-            std::io::Error::from_raw_os_error(libc::EXDEV),
-        )
-        .into());
-    }
-    Ok(Some(also.into()))
+/// Where a VM serves its API while it runs.
+#[derive(Clone)]
+pub(super) enum ApiAt {
+    /// Not at all.
+    Nowhere,
+    /// On a socket of its own (`--api-socket`).
+    Socket(std::path::PathBuf),
+    /// In a server that outlives it ([`Vm::serve_api_in`]).
+    Slot(ApiSlot),
 }
 
-/// Where a running VM's API is served.
+/// The API of a running VM.
 enum Api {
     /// On its own socket.
     Socket(ApiServer),
@@ -100,7 +67,7 @@ impl Api {
 /// A VM whose vCPU threads run.
 pub(super) struct Running {
     pub(super) vm: Vm,
-    vcpus: Vec<VcpuHandle>,
+    pub(super) vcpus: Vec<VcpuHandle>,
     pub(super) state: Lifecycle,
     /// Events taken off the channel during a long command, to handle next.
     pub(super) stashed: VecDeque<VmEvent>,
@@ -115,6 +82,13 @@ pub(super) struct Running {
 }
 
 impl Vm {
+    /// Serve Hover's API routes in `slot` while this VM runs, instead of
+    /// on an API socket of its own (the Firecracker API's server listens
+    /// before the VM exists and goes on after it).
+    pub fn serve_api_in(&mut self, slot: ApiSlot) {
+        self.api = ApiAt::Slot(slot);
+    }
+
     /// Run every vCPU on its own thread until the guest powers off or a
     /// command ends the run (returns the outcome), or the guest crashes
     /// (returns [`Error::GuestCrash`] with a register dump). Every thread
@@ -150,13 +124,13 @@ impl Vm {
         let started_at = Instant::now();
         // A slot is filled once the vCPUs run (below): the server that
         // owns it answers the request that started the VM then.
-        let mut api = match (&r.vm.api_slot, r.vm.api_socket.clone()) {
-            (None, Some(path)) => Some(Api::Socket(ApiServer::start(
-                &path,
+        let mut api = match &r.vm.api {
+            ApiAt::Socket(path) => Some(Api::Socket(ApiServer::start(
+                path,
                 r.live_sources(started_at),
                 r.vm.controller(),
             )?)),
-            _ => None,
+            ApiAt::Slot(_) | ApiAt::Nowhere => None,
         };
         r.vm.booster.start().map_err(|source| Error::Host {
             what: "start the boost monitor",
@@ -179,7 +153,7 @@ impl Vm {
                     r.vm.booster.pause();
                     r.set_state(Lifecycle::Paused, None);
                 }
-                if let Some(slot) = r.vm.api_slot.clone() {
+                if let ApiAt::Slot(slot) = r.vm.api.clone() {
                     let routes = Routes::new(r.live_sources(started_at), r.vm.controller());
                     api = Some(Api::Slot(slot.fill(routes)));
                 }
@@ -383,7 +357,10 @@ impl Running {
     }
 
     /// Tell every vCPU `msg` at once, then collect every reply.
-    fn broadcast(&self, msg: impl Fn() -> VcpuMsg) -> Result<Vec<VcpuReply>, CommandError> {
+    pub(super) fn broadcast(
+        &self,
+        msg: impl Fn() -> VcpuMsg,
+    ) -> Result<Vec<VcpuReply>, CommandError> {
         for h in &self.vcpus {
             h.send(msg());
         }
@@ -397,7 +374,7 @@ impl Running {
             .collect()
     }
 
-    fn wrong_state(&self, action: &'static str, needs: &'static str) -> CommandError {
+    pub(super) fn wrong_state(&self, action: &'static str, needs: &'static str) -> CommandError {
         CommandError::WrongState {
             state: self.state,
             action,
@@ -427,138 +404,6 @@ impl Running {
         self.broadcast(|| VcpuMsg::Resume)?;
         self.set_state(Lifecycle::Running, None);
         Ok(())
-    }
-
-    fn snapshot(
-        &mut self,
-        path: &std::path::Path,
-        stop: bool,
-        hot_window: Duration,
-        also_at: Option<&std::path::Path>,
-    ) -> Result<SnapshotInfo, CommandError> {
-        if !matches!(self.state, Lifecycle::Running | Lifecycle::Paused) {
-            return Err(self.wrong_state("snapshot", "running or paused"));
-        }
-        let also_at = match also_at {
-            Some(also) => second_name(path, also)?,
-            None => None,
-        };
-        let mut w = SnapshotWriter::create(path)?;
-        let hot = match self.record_hot_set(hot_window) {
-            Ok(h) => h,
-            Err(e) => {
-                let _ = std::fs::remove_file(path);
-                return Err(e);
-            }
-        };
-        let hot_pages = hot.len() as u64;
-        w.hot_set(hot);
-        let was_running = self.state == Lifecycle::Running;
-        let pause = if was_running {
-            match self.pause() {
-                Ok(d) => d,
-                Err(e) => {
-                    let _ = std::fs::remove_file(path);
-                    return Err(e);
-                }
-            }
-        } else {
-            Duration::ZERO
-        };
-        let t0 = Instant::now();
-        let written = self.save(&mut w).and_then(|(state, pages)| {
-            let bytes = w.finish(&state)?;
-            Ok((bytes, pages))
-        });
-        let paused_us = (pause + t0.elapsed()).as_micros() as u64;
-        let written = written.and_then(|w| match &also_at {
-            Some(also) => std::fs::hard_link(path, also).map(|()| w).map_err(|source| {
-                state::file::SnapshotError::Io {
-                    path: also.into(),
-                    what: "cannot give the snapshot this second name (a hard link: it must be on the snapshot's filesystem)",
-                    source,
-                }
-                .into()
-            }),
-            None => Ok(w),
-        });
-        let result = match written {
-            Ok((bytes, pages)) => Ok(SnapshotInfo {
-                path: path.display().to_string(),
-                bytes,
-                pages,
-                pause_us: pause.as_micros() as u64,
-                paused_us,
-                stopped: stop,
-                hot_pages,
-            }),
-            Err(e) => {
-                // Never leave a partial snapshot that looks like one.
-                let _ = std::fs::remove_file(path);
-                Err(e)
-            }
-        };
-        if was_running && !(stop && result.is_ok()) {
-            if let Err(e) = self.resume() {
-                tracing::error!("cannot resume the VM after a snapshot: {e}");
-            }
-        }
-        result
-    }
-
-    /// Save everything but memory into a state document, and memory into `w`.
-    fn save(&self, w: &mut SnapshotWriter) -> Result<(VmState, u64), CommandError> {
-        let state = self.collect_state()?;
-        let pages = state::memory::save(&self.vm.ram, self.vm.pager.as_ref(), w)?;
-        Ok((state, pages))
-    }
-
-    /// Everything but memory, as a state document (the VM is paused).
-    pub(super) fn collect_state(&self) -> Result<VmState, CommandError> {
-        let mut vcpus = Vec::with_capacity(self.vcpus.len());
-        for (i, reply) in self.broadcast(|| VcpuMsg::Save)?.into_iter().enumerate() {
-            match reply {
-                VcpuReply::Saved(Ok(s)) => vcpus.push(*s),
-                VcpuReply::Saved(Err(e)) => {
-                    return Err(CommandError::Host(format!("cannot save vCPU {i}: {e}")))
-                }
-                _ => return Err(CommandError::Host(format!("vCPU {i} answered out of turn"))),
-            }
-        }
-        let kvm_err = |what: &str, e: kvm_ioctls::Error| CommandError::Host(format!("{what}: {e}"));
-        let mut irqchip = Vec::new();
-        for chip_id in 0..IRQCHIPS {
-            let mut c = kvm_irqchip {
-                chip_id,
-                ..Default::default()
-            };
-            self.vm
-                .fd
-                .get_irqchip(&mut c)
-                .map_err(|e| kvm_err("KVM_GET_IRQCHIP", e))?;
-            irqchip.push(c);
-        }
-        let clock = self
-            .vm
-            .fd
-            .get_clock()
-            .map_err(|e| kvm_err("KVM_GET_CLOCK", e))?;
-        let mut config = self.vm.saved.clone();
-        config.config.halt_poll = self.vm.halt_poll;
-        Ok(VmState {
-            config,
-            vcpus,
-            machine: MachineState {
-                irqchip,
-                clock,
-                host_tsc: state::host_tsc(),
-            },
-            devices: DevicesState {
-                serial: self.vm.devices.serial.state(),
-                control: self.vm.devices.control.state(),
-                pvio: self.vm.pvio.state(),
-            },
-        })
     }
 
     fn start_governor(&mut self, budget_pct: f64) -> Result<(), Error> {
