@@ -373,3 +373,85 @@ fn a_vm_under_a_memory_budget_moves_in_postcopy_within_its_budget() {
     assert!(pager["pushed_pages"].as_u64().unwrap() <= budget, "{pager}");
     assert_eq!(report(&o, "kvstore.errors"), 0);
 }
+
+/// Once every page of a post-copy has arrived, the destination loads the
+/// pages it held since before the switch (a hybrid's pre-copy round) into
+/// guest memory and hands guest memory back to the kernel: the pager lets
+/// go (`released`), and the guest's fresh memory faults as any VM's. The
+/// destination is held paused from the moment it runs, so its guest cannot
+/// end before the release (the pager works while the vCPUs are paused).
+#[test]
+fn a_postcopy_destination_hands_memory_back_once_all_has_arrived() {
+    if !kvm_for_test("a_postcopy_destination_hands_memory_back_once_all_has_arrived") {
+        return;
+    }
+    let dir = Scratch::new("postcopy-release");
+    let dest_api = dir.path("dest.sock");
+    let (dest, at) = receiver_with(
+        &format!("unix:{}", dir.path("in.sock").display()),
+        &["--api-socket", dest_api.to_str().unwrap()],
+    );
+    let src = writer(&dir, "src", 4);
+    std::thread::sleep(Duration::from_millis(500));
+    // 32 MB/s: the first round takes about a second, time to ask for the
+    // switch, which comes after it: its pages are held at the destination.
+    let body = serde_json::json!({
+        "to": at, "mode": "hybrid", "verify": true, "bandwidth": 32_000_000u64,
+        "auto_converge": false, "timeout_s": 60,
+    });
+    let api = src.api();
+    let mig = std::thread::spawn(move || api.json("PUT", "/vm/migrate", Some(&body.to_string())));
+    wait_for_mode(&src, "hybrid");
+    let r = src.api().call("PUT", "/vm/migrate/postcopy", None).unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    // Hold the destination's guest as soon as it runs.
+    let t0 = Instant::now();
+    let dest_ctl = hover_vmm::api::ApiClient::new(&dest_api, Duration::from_secs(30));
+    loop {
+        if dest_api.exists() {
+            if let Ok(r) = dest_ctl.call("PUT", "/vm/pause", None) {
+                if r.status == 200 {
+                    break;
+                }
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the destination never ran"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let r = mig.join().unwrap().unwrap();
+    assert_eq!(r["mode"], "postcopy", "{r}");
+    let held =
+        r["pages_sent"].as_u64().unwrap() - r["postcopy"]["pages_at_switch"].as_u64().unwrap();
+    assert!(
+        held > 1000,
+        "the pre-copy round left pages at the destination: {r}"
+    );
+    let t0 = Instant::now();
+    loop {
+        let stats = dest_ctl.json("GET", "/vm/stats", None).unwrap();
+        if stats["pager"]["released"] == true {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the pager never let go: {}",
+            stats["pager"]
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    dest_ctl.call("PUT", "/vm/resume", None).unwrap();
+    let (code, _, stderr) = src.wait();
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, o, stderr) = finish(dest);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(o["postcopy"]["verified"], true, "{}", o["postcopy"]);
+    assert_eq!(o["pager"]["released"], true, "{}", o["pager"]);
+    assert_eq!(
+        report(&o, "kvstore.errors"),
+        0,
+        "every page as the source had it"
+    );
+}

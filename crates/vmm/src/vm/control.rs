@@ -237,6 +237,8 @@ pub(crate) enum VmEvent {
     PagerFailed(String),
     /// A prefetching restore's loader has placed every page it was given.
     PrefetchLoaded,
+    /// Every page of a post-copy has arrived.
+    PostcopyArrived,
     Command(Command, Sender<Result<Reply, CommandError>>),
 }
 

@@ -98,6 +98,8 @@ pub struct Vm {
     booster: Arc<Booster>,
     /// A post-copy destination's receiving thread.
     postcopy_in: Option<postcopy_in::IncomingHandle>,
+    /// ... and its report, once every page has arrived.
+    postcopy_done: Option<Result<crate::migration::postcopy::PostcopyReport, String>>,
     events: Sender<VmEvent>,
     events_rx: Receiver<VmEvent>,
     status: Arc<Mutex<Status>>,
@@ -367,6 +369,7 @@ impl Vm {
             throttle,
             booster,
             postcopy_in: None,
+            postcopy_done: None,
             events,
             events_rx,
             status,

@@ -25,6 +25,8 @@ pub(crate) struct IncomingHandle {
     done: Receiver<Result<PostcopyReport, String>>,
     conn: Conn,
     stop: Arc<std::sync::atomic::AtomicBool>,
+    /// The pages, for loading those held here once all have arrived.
+    pages: Arc<RemotePages>,
 }
 
 impl IncomingHandle {
@@ -117,6 +119,7 @@ impl Vm {
         let end = self.ram.end();
         let (tx, done) = mpsc::channel();
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let pages = remote.clone();
         let incoming = Incoming {
             pages: remote,
             placer,
@@ -141,13 +144,48 @@ impl Vm {
                     }
                 }
                 let result = incoming.run(&hold);
-                if let Err(e) = &result {
-                    let _ = events.send(VmEvent::PagerFailed(format!("post-copy: {e}")));
-                }
+                let failed = result.as_ref().err().map(|e| format!("post-copy: {e}"));
                 let _ = tx.send(result);
+                let _ = events.send(match failed {
+                    Some(e) => VmEvent::PagerFailed(e),
+                    None => VmEvent::PostcopyArrived,
+                });
             },
         )?;
-        self.postcopy_in = Some(IncomingHandle { done, conn, stop });
+        self.postcopy_in = Some(IncomingHandle {
+            done,
+            conn,
+            stop,
+            pages,
+        });
         Ok(())
+    }
+
+    /// Every page of a post-copy has arrived: keep its report, and for a
+    /// VM without a memory budget load the pages held here since before
+    /// the switch into guest memory, after which the pager lets go of it
+    /// (`PrefetchLoaded`, [`Vm::release_loaded_pager`]): a first touch of
+    /// fresh memory is then an ordinary fault, not a trip through the pager.
+    pub(super) fn postcopy_arrived(&mut self) -> Result<(), String> {
+        let Some(h) = self.postcopy_in.take() else {
+            return Ok(());
+        };
+        let pages = h.pages.clone();
+        let report = h.finish();
+        let arrived = report.is_ok();
+        self.postcopy_done = Some(report);
+        if !arrived || self.saved.config.memory_budget.is_some() {
+            return Ok(());
+        }
+        let Some(pager) = self.pager.as_mut() else {
+            return Ok(());
+        };
+        let events = self.events.clone();
+        let loaded = Box::new(move || {
+            let _ = events.send(VmEvent::PrefetchLoaded);
+        });
+        pager
+            .prefetch(pages.held_pages(), pages, None, loaded)
+            .map_err(|e| format!("loading the pages held since the switch: {e}"))
     }
 }

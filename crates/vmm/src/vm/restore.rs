@@ -354,7 +354,8 @@ impl Vm {
 }
 
 impl Vm {
-    /// Once a prefetching restore has placed every page the snapshot held,
+    /// Once a prefetching restore has placed every page the snapshot held
+    /// (or a post-copy destination every page it held when all had arrived),
     /// a VM without a memory budget needs its pager no more: guest memory
     /// goes back to the kernel ([`crate::memory::paged::Pager::release`]),
     /// and snapshots and migrations read it as any VM's. A VM with a budget

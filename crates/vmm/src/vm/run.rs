@@ -166,7 +166,10 @@ impl Vm {
         let cpu_us: Vec<u64> = r.vcpus.drain(..).map(|h| h.stop().unwrap_or(0)).collect();
         r.vm.booster.stop();
         // Before the pager stops: its fetches may wait on pages in flight.
-        let postcopy = r.vm.postcopy_in.take().map(|h| h.finish());
+        let postcopy = match r.vm.postcopy_in.take() {
+            Some(h) => Some(h.finish()),
+            None => r.vm.postcopy_done.take(),
+        };
         if let Some(api) = api {
             api.stop();
         }
@@ -301,6 +304,11 @@ impl Running {
                 VmEvent::Vcpu(VcpuEvent::Failed { error, .. }) => return Ok(End::Failed(error)),
                 VmEvent::Vcpu(VcpuEvent::Panicked { vcpu }) => return Ok(End::VcpuGone(vcpu)),
                 VmEvent::PagerFailed(msg) => return Ok(End::Pager(msg)),
+                VmEvent::PostcopyArrived => {
+                    if let Err(msg) = self.vm.postcopy_arrived() {
+                        return Ok(End::Pager(msg));
+                    }
+                }
                 VmEvent::PrefetchLoaded => {
                     if let Err(msg) = self.vm.release_loaded_pager() {
                         return Ok(End::Pager(msg));

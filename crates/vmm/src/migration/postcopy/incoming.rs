@@ -197,6 +197,33 @@ impl RemotePages {
     }
 }
 
+/// Once every page has arrived, the pages held here since before the
+/// switch (a hybrid's pre-copy rounds) are loaded into guest memory like a
+/// snapshot's, so that the pager can let go of it.
+impl crate::memory::paged::BulkSource for RemotePages {
+    fn read_pages(&self, gpas: &[u64], out: &mut [u8]) -> io::Result<()> {
+        let mut buf = PageBuf::new();
+        for (&g, page) in gpas.iter().zip(out.chunks_exact_mut(PAGE_SIZE as usize)) {
+            if self.is_pending(g) {
+                return Err(io::Error::other(format!("page {g:#x} has not arrived")));
+            }
+            if self.held(g, &mut buf)? {
+                page.copy_from_slice(&buf.0);
+            } else {
+                page.fill(0);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl RemotePages {
+    /// The pages held here (not placed in guest memory when they came).
+    pub fn held_pages(&self) -> Vec<u64> {
+        self.local.held()
+    }
+}
+
 impl PageSource for RemotePages {
     fn read(&self, gpa: u64, buf: &mut PageBuf) -> io::Result<bool> {
         if !self.is_pending(gpa) {
