@@ -291,7 +291,7 @@ struct RunArgs {
     cmdline: String,
     /// How the boot vCPU enters the image: `hover` (Hover's 64-bit entry,
     /// every vCPU) or `pvh` (the image's PVH 32-bit entry, as QEMU boots it;
-    /// one vCPU).
+    /// ACPI tables list every vCPU and the guest starts the others).
     #[arg(long, value_enum, default_value = "hover")]
     boot: BootArg,
     #[command(flatten)]

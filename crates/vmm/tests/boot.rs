@@ -102,24 +102,36 @@ fn the_pvh_entry_boots_the_builtin_guest() {
     );
 }
 
+/// Through its PVH entry the guest learns the vCPUs from the ACPI MADT
+/// Hover writes, and starts the others with INIT/SIPI: each says hello.
 #[test]
-fn pvh_boot_is_refused_with_more_than_one_vcpu() {
-    if !kvm_for_test("pvh_boot_is_refused_with_more_than_one_vcpu") {
+fn pvh_boot_starts_every_vcpu_the_madt_lists() {
+    if !kvm_for_test("pvh_boot_starts_every_vcpu_the_madt_lists") {
         return;
     }
-    let (result, _) = boot(VmConfig {
+    let vcpus = 3;
+    let (result, console) = boot(VmConfig {
         machine: MachineConfig {
-            vcpus: 2,
+            vcpus,
             boot: BootProtocol::Pvh,
             ..Default::default()
         },
         ..VmConfig::default()
     });
-    let e = match result {
-        Ok(_) => panic!("a PVH boot with 2 vCPUs was accepted"),
-        Err(e) => e.to_string(),
-    };
-    assert!(e.contains("--boot pvh starts one vCPU"), "{e}");
+    let o = result.unwrap_or_else(|e| panic!("boot failed: {e}\nconsole:\n{console}"));
+    assert_eq!(o.exit_code, exit_code::OK, "console:\n{console}");
+    for i in 0..vcpus {
+        let line = format!("hello from vCPU {i} of {vcpus} (x2APIC id {i})");
+        assert!(
+            console.contains(&line),
+            "missing '{line}' in console:\n{console}"
+        );
+    }
+    let seen = o.reports.iter().find(|r| r.key == "vcpus_seen");
+    assert_eq!(
+        seen.map(|r| r.value.clone()),
+        Some(ReportValue::U64(vcpus as u64))
+    );
 }
 
 #[test]

@@ -86,9 +86,6 @@ pub enum ConfigError {
     /// PVH boot of an image without a PVH entry.
     #[error("--boot pvh: the guest image has no PVH entry (an ELF note \"Xen\" of type XEN_ELFNOTE_PHYS32_ENTRY, 18)")]
     NoPvhEntry,
-    /// PVH boot with more than one vCPU.
-    #[error("--boot pvh starts one vCPU (bringing up others with INIT/SIPI is not built yet); got --vcpus {0}")]
-    PvhVcpus(u32),
     /// A guest poll limit out of range.
     #[error("--guest-halt-poll-max {0} ns is out of range: give 0 (no guest polling) up to {MAX_POLL_NS} ns (10ms)")]
     GuestPollMax(u64),

@@ -187,9 +187,6 @@ impl MachineConfig {
         if self.guest_poll_max_ns > MAX_POLL_NS {
             return Err(ConfigError::GuestPollMax(self.guest_poll_max_ns));
         }
-        if self.boot == BootProtocol::Pvh && self.vcpus != 1 {
-            return Err(ConfigError::PvhVcpus(self.vcpus));
-        }
         self.halt_poll.check()?;
         if let Some(budget) = self.memory_budget {
             if budget > self.memory {

@@ -224,6 +224,12 @@ impl Vcpu {
         Ok(())
     }
 
+    /// Set CPUID only: an application processor of a PVH boot stays in
+    /// KVM's wait-for-SIPI state until the guest starts it (INIT/SIPI).
+    pub fn prepare_application_processor(&self, cpuid: &CpuId) -> Result<(), crate::Error> {
+        self.fd.set_cpuid2(cpuid).map_err(KvmOp::SetCpuid.err())
+    }
+
     /// Read the registers for a crash report.
     pub fn dump(&self) -> Option<RegisterDump> {
         let r = self.fd.get_regs().ok()?;

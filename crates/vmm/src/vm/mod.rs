@@ -26,7 +26,7 @@ use kvm_ioctls::{Kvm, VmFd};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::arch::x86_64::{cpuid, pvh, tables};
+use crate::arch::x86_64::{acpi, cpuid, pvh, tables};
 use crate::boot::{self};
 use crate::config::{BootProtocol, ConfigError, VmConfig};
 use crate::devices::control::ControlDevice;
@@ -154,10 +154,21 @@ impl Vm {
             }
             BootProtocol::Pvh => {
                 let entry = layout.pvh_entry.ok_or(ConfigError::NoPvhEntry)?;
-                let start_info =
-                    pvh::write_start_info(m.ram.memory(), m.ram.size(), &config.machine.cmdline)?;
-                let cpuid = pvh::with_tsc_leaf(&m.vcpu_cpuid(config, 0), tsc_khz);
-                vcpus[0].configure_with(&cpuid, Entry::Pvh { entry, start_info })?;
+                // The MADT tells the guest how many vCPUs to start.
+                let rsdp = acpi::write_tables(m.ram.memory(), config.machine.vcpus)?;
+                let start_info = pvh::write_start_info(
+                    m.ram.memory(),
+                    m.ram.size(),
+                    &config.machine.cmdline,
+                    rsdp,
+                )?;
+                for v in &vcpus {
+                    let cpuid = pvh::with_tsc_leaf(&m.vcpu_cpuid(config, v.index()), tsc_khz);
+                    match v.index() {
+                        0 => v.configure_with(&cpuid, Entry::Pvh { entry, start_info })?,
+                        _ => v.prepare_application_processor(&cpuid)?,
+                    }
+                }
             }
         }
         boot::write_boot_info(

@@ -19,45 +19,39 @@ const CMDLINE_GPA: u64 = 0x9000;
 /// VMware offer it.
 pub const CPUID_TSC_KHZ: u32 = 0x4000_0010;
 
-/// Write the start-info page for RAM of `size` bytes and `cmdline`;
-/// returns its address.
+/// Write the start-info page for RAM of `size` bytes, `cmdline` and the
+/// ACPI RSDP at `rsdp` (0: none); returns its address. Each field goes at
+/// its offset in [`HvmStartInfo`] (the ABI's type), never a literal.
 pub fn write_start_info(
     mem: &GuestMemoryMmap,
     size: u64,
     cmdline: &str,
+    rsdp: u64,
 ) -> Result<u64, GuestMemoryError> {
+    use std::mem::offset_of;
     let ranges = crate::memory::ram_ranges(size);
     for (i, &(addr, len)) in ranges.iter().enumerate() {
-        let e = HvmMemmapEntry {
-            addr,
-            size: len,
-            kind: HVM_MEMMAP_TYPE_RAM,
-            reserved: 0,
-        };
-        let at = MEMMAP_GPA + i as u64 * std::mem::size_of::<HvmMemmapEntry>() as u64;
-        mem.write_obj(e.addr, GuestAddress(at))?;
-        mem.write_obj(e.size, GuestAddress(at + 8))?;
-        mem.write_obj(e.kind, GuestAddress(at + 16))?;
-        mem.write_obj(e.reserved, GuestAddress(at + 20))?;
+        let at = MEMMAP_GPA + (i * std::mem::size_of::<HvmMemmapEntry>()) as u64;
+        let field = |off: usize| GuestAddress(at + off as u64);
+        mem.write_obj(addr, field(offset_of!(HvmMemmapEntry, addr)))?;
+        mem.write_obj(len, field(offset_of!(HvmMemmapEntry, size)))?;
+        mem.write_obj(HVM_MEMMAP_TYPE_RAM, field(offset_of!(HvmMemmapEntry, kind)))?;
+        mem.write_obj(0u32, field(offset_of!(HvmMemmapEntry, reserved)))?;
     }
     let mut line = cmdline.as_bytes().to_vec();
     line.truncate(hover_abi::boot::CMDLINE_MAX);
     line.push(0);
     mem.write_slice(&line, GuestAddress(CMDLINE_GPA))?;
-    let si = HvmStartInfo {
-        magic: XEN_HVM_START_MAGIC,
-        version: 1,
-        cmdline_paddr: CMDLINE_GPA,
-        memmap_paddr: MEMMAP_GPA,
-        memmap_entries: ranges.len() as u32,
-        ..Default::default()
-    };
-    let at = GuestAddress(START_INFO_GPA);
-    mem.write_obj(si.magic, at)?;
-    mem.write_obj(si.version, GuestAddress(START_INFO_GPA + 4))?;
-    mem.write_obj(si.cmdline_paddr, GuestAddress(START_INFO_GPA + 24))?;
-    mem.write_obj(si.memmap_paddr, GuestAddress(START_INFO_GPA + 40))?;
-    mem.write_obj(si.memmap_entries, GuestAddress(START_INFO_GPA + 48))?;
+    let field = |off: usize| GuestAddress(START_INFO_GPA + off as u64);
+    mem.write_obj(XEN_HVM_START_MAGIC, field(offset_of!(HvmStartInfo, magic)))?;
+    mem.write_obj(1u32, field(offset_of!(HvmStartInfo, version)))?;
+    mem.write_obj(CMDLINE_GPA, field(offset_of!(HvmStartInfo, cmdline_paddr)))?;
+    mem.write_obj(rsdp, field(offset_of!(HvmStartInfo, rsdp_paddr)))?;
+    mem.write_obj(MEMMAP_GPA, field(offset_of!(HvmStartInfo, memmap_paddr)))?;
+    mem.write_obj(
+        ranges.len() as u32,
+        field(offset_of!(HvmStartInfo, memmap_entries)),
+    )?;
     Ok(START_INFO_GPA)
 }
 
@@ -89,12 +83,14 @@ mod tests {
     #[test]
     fn the_start_info_page_describes_ram_and_the_command_line() {
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
-        let at = write_start_info(&mem, 1 << 20, "workload=hello").unwrap();
+        let at = write_start_info(&mem, 1 << 20, "workload=hello", 0xA000).unwrap();
         assert_eq!(
             mem.read_obj::<u32>(GuestAddress(at)).unwrap(),
             XEN_HVM_START_MAGIC
         );
         assert_eq!(mem.read_obj::<u32>(GuestAddress(at + 48)).unwrap(), 1);
+        // The published layout (docs/ABI.md): rsdp_paddr at 32.
+        assert_eq!(mem.read_obj::<u64>(GuestAddress(at + 32)).unwrap(), 0xA000);
         assert_eq!(
             mem.read_obj::<u64>(GuestAddress(MEMMAP_GPA + 8)).unwrap(),
             1 << 20
