@@ -128,10 +128,7 @@ fn pvh_boot_starts_every_vcpu_the_madt_lists() {
         );
     }
     let seen = o.reports.iter().find(|r| r.key == "vcpus_seen");
-    assert_eq!(
-        seen.map(|r| r.value.clone()),
-        Some(ReportValue::U64(vcpus as u64))
-    );
+    assert_eq!(seen.map(|r| r.value), Some(ReportValue::U64(vcpus as u64)));
 }
 
 #[test]
