@@ -282,3 +282,29 @@ fn a_lazily_restored_vm_snapshots_pages_it_has_not_fetched() {
         report(&want, "memtouch.checksum")
     );
 }
+
+/// A guest booted through its PVH entry has started its other vCPUs itself
+/// (INIT/SIPI from the MADT): a snapshot holds every vCPU as it runs, and
+/// the restored guest finishes on all of them.
+#[test]
+fn a_pvh_booted_guest_on_two_vcpus_is_restored_whole() {
+    if !kvm_for_test("a_pvh_booted_guest_on_two_vcpus_is_restored_whole") {
+        return;
+    }
+    let dir = Scratch::new("pvh-restore");
+    let args = [
+        "--boot",
+        "pvh",
+        "--vcpus",
+        "2",
+        "--cmdline",
+        "workload=spin tasks=2 seconds=2",
+    ];
+    let snap = snapshot_midway(&dir, "pvh", &args, Duration::from_millis(500));
+    let o = restore(&snap, "eager");
+    assert_eq!(report(&o, "spin.tasks"), 2);
+    let cpus: std::collections::BTreeSet<u64> = (0..2)
+        .map(|t| report(&o, &format!("spin.cpu.{t}")))
+        .collect();
+    assert_eq!(cpus.len(), 2, "the tasks ran on both vCPUs: {o}");
+}

@@ -86,7 +86,7 @@ pub enum BootProtocol {
     #[default]
     Hover,
     /// The PVH protocol's 32-bit entry (the image's Xen PHYS32_ENTRY note),
-    /// as QEMU boots it; one vCPU.
+    /// as QEMU boots it; ACPI tables list the vCPUs, which the guest starts.
     Pvh,
 }
 

@@ -190,6 +190,11 @@ impl Vcpu {
     /// Read the whole state (the vCPU must not be in `KVM_RUN`).
     pub fn save_state(&self) -> Result<VcpuState, StateError> {
         let fd = &self.fd;
+        // First: KVM_GET_MP_STATE delivers a pending INIT or SIPI, which
+        // changes the registers (an application processor a PVH guest is
+        // starting jumps to its trampoline). Read after them, the state
+        // would pair RUNNABLE with the reset CS:IP.
+        let mp_state = fd.get_mp_state().map_err(kvm("KVM_GET_MP_STATE"))?;
         let sregs = if self.layout.sregs2 {
             let mut s = kvm_sregs2::default();
             // SAFETY: KVM_GET_SREGS2 fills a kvm_sregs2 of the size encoded
@@ -227,7 +232,7 @@ impl Vcpu {
             msrs,
             lapic: fd.get_lapic().map_err(kvm("KVM_GET_LAPIC"))?,
             events: fd.get_vcpu_events().map_err(kvm("KVM_GET_VCPU_EVENTS"))?,
-            mp_state: fd.get_mp_state().map_err(kvm("KVM_GET_MP_STATE"))?,
+            mp_state,
             debugregs: fd.get_debug_regs().map_err(kvm("KVM_GET_DEBUGREGS"))?,
         })
     }

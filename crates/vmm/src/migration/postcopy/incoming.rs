@@ -218,7 +218,9 @@ impl crate::memory::paged::BulkSource for RemotePages {
 }
 
 impl RemotePages {
-    /// The pages held here (not placed in guest memory when they came).
+    /// Every page kept here since it came: some were placed in guest
+    /// memory since (a newer copy arrived and went in directly; the loader
+    /// skips pages already in place), the rest only here.
     pub fn held_pages(&self) -> Vec<u64> {
         self.local.held()
     }
