@@ -166,6 +166,26 @@ fn cpus_from_acpi(si: &HvmStartInfo) -> u32 {
     usable.max(1) as u32
 }
 
+/// KVM's paravirtual features (CPUID 0x4000_0001 EAX) when the hypervisor
+/// says it is KVM: what Hover's boot-info page gives under its own entry
+/// (the monitor withholds async PF from both when it is off).
+fn kvm_pv_features() -> u32 {
+    use core::arch::x86_64::__cpuid;
+    // Hypervisor leaves read as something else where there is none: the
+    // signature decides.
+    let sig = __cpuid(0x4000_0000);
+    let kvm = [sig.ebx, sig.ecx, sig.edx]
+        == [
+            u32::from_le_bytes(*b"KVMK"),
+            u32::from_le_bytes(*b"VMKV"),
+            u32::from_le_bytes(*b"M\0\0\0"),
+        ];
+    if !kvm || sig.eax < 0x4000_0001 {
+        return 0;
+    }
+    __cpuid(0x4000_0001).eax
+}
+
 /// A low page for the trampoline: RAM in the VMM's map, below the legacy
 /// holes, clear of everything the VMM handed over (start info, memory map,
 /// command line, RSDP) and of the halt-polling areas; 0 if none.
@@ -283,6 +303,7 @@ pub fn boot_info(gpa: u64) -> &'static BootInfo {
         let b = &mut *CONVERTED.0.get();
         b.vcpu_count = cpus_from_acpi(si);
         b.tsc_khz = PVH_TSC_KHZ.load(Ordering::Relaxed) as u64;
+        b.pv_features = kvm_pv_features();
         if si.cmdline_paddr != 0 {
             let p = si.cmdline_paddr as *const u8;
             let mut n = 0;

@@ -127,6 +127,13 @@ fn pvh_boot_starts_every_vcpu_the_madt_lists() {
             "missing '{line}' in console:\n{console}"
         );
     }
+    // Async page faults are on, as under Hover's own entry: the guest took
+    // KVM's PV features from CPUID.
+    assert!(
+        o.reports.iter().any(|r| r.key == "apf.ready"),
+        "no apf.* reports: {:?}",
+        o.reports.iter().map(|r| &r.key).collect::<Vec<_>>()
+    );
     let seen = o.reports.iter().find(|r| r.key == "vcpus_seen");
     assert_eq!(seen.map(|r| r.value), Some(ReportValue::U64(vcpus as u64)));
 }
