@@ -438,14 +438,9 @@ fn halt_poll_text(h: &serde_json::Value) -> String {
     }
 }
 
-/// A boost policy as the flags take it (`fifo:10`, `nice:-20`), from the
-/// API's {"Fifo": 10} or {"Nice": -20}.
+/// A boost policy as the API gives it: the flags' text (`fifo:10`).
 fn policy_text(p: &serde_json::Value) -> String {
-    match p.as_object().and_then(|o| o.iter().next()) {
-        Some((k, n)) => format!("{}:{n}", k.to_lowercase()),
-        None => p
-            .as_str()
-            .map(str::to_string)
-            .unwrap_or_else(|| p.to_string()),
-    }
+    p.as_str()
+        .map(str::to_string)
+        .unwrap_or_else(|| p.to_string())
 }

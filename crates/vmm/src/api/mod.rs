@@ -428,6 +428,8 @@ pub struct ApiServer {
     /// path still names it (a user may have put something else there).
     inode: Option<(u64, u64)>,
     server: Option<HttpServer>,
+    /// The private name it listens under until [`ApiServer::publish`].
+    staged: Option<PathBuf>,
 }
 
 impl ApiServer {
@@ -437,14 +439,34 @@ impl ApiServer {
         sources: LiveSources,
         controller: Controller,
     ) -> Result<ApiServer, ApiError> {
+        let mut api = ApiServer::start_unpublished(path, sources, controller)?;
+        api.publish()?;
+        Ok(api)
+    }
+
+    /// As [`ApiServer::start`], published later ([`ApiServer::publish`]).
+    pub fn start_unpublished(
+        path: &Path,
+        sources: LiveSources,
+        controller: Controller,
+    ) -> Result<ApiServer, ApiError> {
         let routes = Arc::new(Routes::new(sources, controller));
-        ApiServer::listen(path, Arc::new(move |r: &http::Request| routes.handle(r)))
+        ApiServer::listen_unpublished(path, Arc::new(move |r: &http::Request| routes.handle(r)))
     }
 
     /// Listen at `path` (created 0600; a stale socket there is replaced,
     /// anything else refused) and answer each request with `handler` on
     /// threads under the API's seccomp filter, until stopped.
     pub fn listen(path: &Path, handler: http::Handler) -> Result<ApiServer, ApiError> {
+        let mut api = ApiServer::listen_unpublished(path, handler)?;
+        api.publish()?;
+        Ok(api)
+    }
+
+    /// As [`ApiServer::listen`], but the socket is found under `path` only
+    /// once [`ApiServer::publish`]ed (it listens under a private name
+    /// beside it meanwhile, when the name fits a socket address).
+    pub fn listen_unpublished(path: &Path, handler: http::Handler) -> Result<ApiServer, ApiError> {
         if path.symlink_metadata().is_ok() && !remove_if_stale(path) {
             return Err(ApiError::Exists(path.into()));
         }
@@ -493,40 +515,67 @@ impl ApiServer {
             }
             Err(e) => Err(std::io::Error::other(e.to_string())),
         };
-        let mut server = match made {
+        let server = match made {
             Ok(s) => s,
             Err(e) => {
                 unbind();
                 return Err(bind(e));
             }
         };
-        if bound_at != path {
-            let linked = std::fs::hard_link(bound_at, path);
-            unbind();
-            let refused = match linked {
-                Ok(()) => None,
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    Some(ApiError::Exists(path.into()))
+        let mut api = ApiServer {
+            path: path.into(),
+            inode: None,
+            server: Some(server),
+            staged: (bound_at != path).then(|| bound_at.to_path_buf()),
+        };
+        if api.staged.is_none() {
+            api.note_inode();
+        }
+        Ok(api)
+    }
+
+    /// Link the socket under its real name, if it is not there yet: from
+    /// here clients find it. (A VM publishes its socket once its vCPUs run,
+    /// so that a client never finds a VM that cannot be paused yet.)
+    pub fn publish(&mut self) -> Result<(), ApiError> {
+        let Some(staged) = self.staged.take() else {
+            return Ok(());
+        };
+        let linked = std::fs::hard_link(&staged, &self.path);
+        let _ = std::fs::remove_file(&staged);
+        match linked {
+            Ok(()) => {
+                self.note_inode();
+                Ok(())
+            }
+            Err(e) => {
+                if let Some(mut s) = self.server.take() {
+                    s.stop(Duration::ZERO);
                 }
-                Err(e) => Some(bind(e)),
-            };
-            if let Some(e) = refused {
-                server.stop(Duration::ZERO);
-                return Err(e);
+                Err(match e.kind() {
+                    std::io::ErrorKind::AlreadyExists => ApiError::Exists(self.path.clone()),
+                    _ => ApiError::Bind {
+                        path: self.path.clone(),
+                        source: e,
+                    },
+                })
             }
         }
+    }
+
+    fn note_inode(&mut self) {
         use std::os::unix::fs::MetadataExt;
-        let inode = std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
-        Ok(ApiServer {
-            path: path.into(),
-            inode,
-            server: Some(server),
-        })
+        self.inode = std::fs::metadata(&self.path)
+            .ok()
+            .map(|m| (m.dev(), m.ino()));
     }
 
     /// Stop serving and remove the socket. Answers being written go out
     /// first (bounded: a slow client must not hold the VM's exit).
     pub fn stop(&mut self) {
+        if let Some(staged) = self.staged.take() {
+            let _ = std::fs::remove_file(staged);
+        }
         if let Some(mut s) = self.server.take() {
             s.stop(Duration::from_secs(2));
             use std::os::unix::fs::MetadataExt;

@@ -13,13 +13,49 @@ pub const DEFAULT_FIFO_PRIO: i32 = 10;
 /// Nice value used by `nice` without a value.
 pub const DEFAULT_NICE: i32 = -20;
 
-/// How a boosted thread is scheduled.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// How a boosted thread is scheduled. In JSON (the API, `--json`) it is the
+/// flag's text, `fifo:10` or `nice:-20`, everywhere; in the binary formats
+/// (snapshots, migration streams) the enum as before ([`PolicyWire`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BoostPolicy {
     /// SCHED_FIFO at this priority (1-99): runs before every normal thread.
     Fifo(i32),
     /// SCHED_OTHER at this nice value (-20..19): a larger share, no precedence.
     Nice(i32),
+}
+
+/// The binary formats' encoding (variant index, value): unchanged from
+/// when `BoostPolicy` derived it, so saved files and streams still read.
+#[derive(Serialize, Deserialize)]
+enum PolicyWire {
+    Fifo(i32),
+    Nice(i32),
+}
+
+impl Serialize for BoostPolicy {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if s.is_human_readable() {
+            return s.collect_str(self);
+        }
+        match *self {
+            BoostPolicy::Fifo(p) => PolicyWire::Fifo(p),
+            BoostPolicy::Nice(n) => PolicyWire::Nice(n),
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for BoostPolicy {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        if d.is_human_readable() {
+            let text = String::deserialize(d)?;
+            return text.parse().map_err(serde::de::Error::custom);
+        }
+        Ok(match PolicyWire::deserialize(d)? {
+            PolicyWire::Fifo(p) => BoostPolicy::Fifo(p),
+            PolicyWire::Nice(n) => BoostPolicy::Nice(n),
+        })
+    }
 }
 
 impl Default for BoostPolicy {
@@ -216,6 +252,19 @@ impl BoostUpdate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_has_one_policy_format_and_binary_formats_are_unchanged() {
+        let p = BoostPolicy::Nice(-20);
+        assert_eq!(serde_json::to_string(&p).unwrap(), "\"nice:-20\"");
+        let back: BoostPolicy = serde_json::from_str("\"fifo:10\"").unwrap();
+        assert_eq!(back, BoostPolicy::Fifo(10));
+        assert!(serde_json::from_str::<BoostPolicy>("\"fifo:100\"").is_err());
+        // Variant 1, then -20 as a zigzag varint: what the derive wrote.
+        let bytes = postcard::to_allocvec(&p).unwrap();
+        assert_eq!(bytes, [1, 39]);
+        assert_eq!(postcard::from_bytes::<BoostPolicy>(&bytes).unwrap(), p);
+    }
 
     #[test]
     fn policies_parse_with_defaults_and_ranges() {

@@ -322,10 +322,16 @@ impl Shared {
 
     /// Bring `page` in (it is FETCHING and ours).
     fn fetch(&self, page: usize, since: Instant, buf: &mut PageBuf, staging: u64) {
-        // Bounded: if every resident page is momentarily unmovable (EBUSY),
-        // bring this one in over budget rather than spin.
+        // Count the page before making room for it: fetches running at
+        // once each see the others' pages, so together they evict enough
+        // (checking first and counting after, two workers could both find
+        // one slot free and both take it: the budget overrun by one, seen
+        // in a migration test). Bounded: if every resident page is
+        // momentarily unmovable (EBUSY), bring this one in over budget
+        // rather than spin.
+        self.resident.fetch_add(1, Ordering::AcqRel);
         let mut attempts = 0;
-        while self.resident.load(Ordering::Acquire) >= self.budget
+        while self.resident.load(Ordering::Acquire) > self.budget
             && attempts < MAX_EVICT_ATTEMPTS
             && self.evict_one(staging)
         {
@@ -339,6 +345,7 @@ impl Shared {
             }
         }
         if let Err(e) = self.initial_or_stored(page, buf) {
+            self.resident.fetch_sub(1, Ordering::AcqRel);
             // The faulting access stays blocked; the VM is stopped.
             self.fail(format!(
                 "cannot read guest page {:#x}: {e}",
@@ -351,7 +358,6 @@ impl Shared {
             .copy(self.host_of(page), buf.0.as_ptr(), PAGE_SIZE)
         {
             Ok(_) => {
-                self.resident.fetch_add(1, Ordering::AcqRel);
                 self.states[page].store(RESIDENT, Ordering::Release);
                 self.fifo
                     .lock()
@@ -359,6 +365,7 @@ impl Shared {
                     .push_back(page as u32);
             }
             Err(e) => {
+                self.resident.fetch_sub(1, Ordering::AcqRel);
                 self.fail(format!(
                     "cannot map guest page {:#x} (UFFDIO_COPY): {e}",
                     self.gpa_of(page)

@@ -125,7 +125,7 @@ impl Vm {
         // A slot is filled once the vCPUs run (below): the server that
         // owns it answers the request that started the VM then.
         let mut api = match &r.vm.api {
-            ApiAt::Socket(path) => Some(Api::Socket(ApiServer::start(
+            ApiAt::Socket(path) => Some(Api::Socket(ApiServer::start_unpublished(
                 path,
                 r.live_sources(started_at),
                 r.vm.controller(),
@@ -153,11 +153,18 @@ impl Vm {
                     r.vm.booster.pause();
                     r.set_state(Lifecycle::Paused, None);
                 }
-                if let ApiAt::Slot(slot) = r.vm.api.clone() {
-                    let routes = Routes::new(r.live_sources(started_at), r.vm.controller());
-                    api = Some(Api::Slot(slot.fill(routes)));
-                }
-                r.serve()
+                // Clients find the API once the vCPUs run (a client that
+                // saw the socket early found a VM it could not pause yet).
+                let published = match (&r.vm.api, api.as_mut()) {
+                    (ApiAt::Slot(slot), _) => {
+                        let routes = Routes::new(r.live_sources(started_at), r.vm.controller());
+                        api = Some(Api::Slot(slot.fill(routes)));
+                        Ok(())
+                    }
+                    (_, Some(Api::Socket(server))) => server.publish().map_err(Error::from),
+                    _ => Ok(()),
+                };
+                published.and_then(|()| r.serve())
             }
             Err(e) => Err(e),
         };
