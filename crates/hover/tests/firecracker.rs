@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::firecracker::{done, guest, refused, req, Fc};
+use common::firecracker::{done, guest, refused, req, start_guest, Fc};
 use common::{hover, text, Scratch};
 use hover_vmm::firecracker::{DEVICES, ENDPOINTS};
 use hover_vmm::host::kvm_for_test;
@@ -262,18 +262,7 @@ fn a_vm_a_firecracker_client_started_migrates_with_hover_ctl() {
     let image = guest(&dir);
     let fc = Fc::spawn(&dir, &["--json"]);
     let s = &fc.sock;
-    done(
-        s,
-        "PUT",
-        "/machine-config",
-        r#"{"vcpu_count": 2, "mem_size_mib": 64}"#,
-    );
-    let boot = format!(
-        r#"{{"kernel_image_path": "{}", "boot_args": "workload=kvstore wss=4M rate=1000 seconds=3"}}"#,
-        image.display()
-    );
-    done(s, "PUT", "/boot-source", &boot);
-    done(s, "PUT", "/actions", r#"{"action_type": "InstanceStart"}"#);
+    start_guest(s, &image, "workload=kvstore wss=4M rate=1000 seconds=3");
     let listen = format!("unix:{}", dir.path("in.sock").display());
     let (rx, at) = common::migrate::receiver(&listen);
     let out = hover(&[

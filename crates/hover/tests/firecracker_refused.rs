@@ -6,7 +6,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::firecracker::{done, guest, refused, req, Fc};
+use common::firecracker::{done, guest, refused, req, start_guest, Fc};
 use common::Scratch;
 use hover_vmm::host::kvm_for_test;
 
@@ -377,18 +377,7 @@ fn snapshot_of_a_running_vm(dir: &Scratch) -> PathBuf {
     let image = guest(dir);
     let fc = Fc::spawn(dir, &[]);
     let s = &fc.sock;
-    done(
-        s,
-        "PUT",
-        "/machine-config",
-        r#"{"vcpu_count": 2, "mem_size_mib": 64}"#,
-    );
-    let boot = format!(
-        r#"{{"kernel_image_path": "{}", "boot_args": "workload=kvstore wss=4M rate=1000 seconds=2"}}"#,
-        image.display()
-    );
-    done(s, "PUT", "/boot-source", &boot);
-    done(s, "PUT", "/actions", r#"{"action_type": "InstanceStart"}"#);
+    start_guest(s, &image, "workload=kvstore wss=4M rate=1000 seconds=2");
     done(s, "PATCH", "/vm", r#"{"state": "Paused"}"#);
     let snap = dir.path("vm.snap");
     let create = format!(

@@ -96,3 +96,25 @@ pub fn guest(dir: &Scratch) -> PathBuf {
     assert!(out.status.success());
     p
 }
+
+/// Configure 2 vCPUs and 64 MiB, boot `image` with `boot_args`, and start
+/// it: each step must succeed.
+pub fn start_guest(sock: &Path, image: &Path, boot_args: &str) {
+    done(
+        sock,
+        "PUT",
+        "/machine-config",
+        r#"{"vcpu_count": 2, "mem_size_mib": 64}"#,
+    );
+    let boot = serde_json::json!({
+        "kernel_image_path": image,
+        "boot_args": boot_args,
+    });
+    done(sock, "PUT", "/boot-source", &boot.to_string());
+    done(
+        sock,
+        "PUT",
+        "/actions",
+        r#"{"action_type": "InstanceStart"}"#,
+    );
+}
