@@ -15,7 +15,7 @@ pub const DEFAULT_NICE: i32 = -20;
 
 /// How a boosted thread is scheduled. In JSON (the API, `--json`) it is the
 /// flag's text, `fifo:10` or `nice:-20`, everywhere; in the binary formats
-/// (snapshots, migration streams) the enum as before ([`PolicyWire`]).
+/// (snapshots, migration streams) the enum as before.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BoostPolicy {
     /// SCHED_FIFO at this priority (1-99): runs before every normal thread.
