@@ -9,6 +9,7 @@
 
 pub mod incoming;
 pub mod outgoing;
+pub mod remote;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
