@@ -10,12 +10,19 @@ use hover_vmm::host::kvm_for_test;
 use hover_vmm::{Error, GuestImage, MemoryBackend, ReportValue, VmConfig};
 
 fn hello(vcpus: u32, backend: MemoryBackend) {
+    hello_on(MachineConfig {
+        vcpus,
+        memory_backend: backend,
+        ..Default::default()
+    });
+}
+
+/// Boot `hello` on `machine`: every vCPU says hello and is seen, the timings
+/// are in order; the outcome, for more checks.
+fn hello_on(machine: MachineConfig) -> hover_vmm::RunOutcome {
+    let vcpus = machine.vcpus;
     let (result, console) = boot(VmConfig {
-        machine: MachineConfig {
-            vcpus,
-            memory_backend: backend,
-            ..Default::default()
-        },
+        machine,
         ..VmConfig::default()
     });
     let o = result.unwrap_or_else(|e| panic!("boot failed: {e}\nconsole:\n{console}"));
@@ -42,6 +49,7 @@ fn hello(vcpus: u32, backend: MemoryBackend) {
     assert!(t.first_console_byte_us.is_some());
     assert!(o.memory.guest_resident > 0 && o.memory.guest_resident < o.memory.guest_memory);
     assert_eq!(o.console_bytes as usize, console.len());
+    o
 }
 
 #[test]
@@ -109,24 +117,11 @@ fn pvh_boot_starts_every_vcpu_the_madt_lists() {
     if !kvm_for_test("pvh_boot_starts_every_vcpu_the_madt_lists") {
         return;
     }
-    let vcpus = 3;
-    let (result, console) = boot(VmConfig {
-        machine: MachineConfig {
-            vcpus,
-            boot: BootProtocol::Pvh,
-            ..Default::default()
-        },
-        ..VmConfig::default()
+    let o = hello_on(MachineConfig {
+        vcpus: 3,
+        boot: BootProtocol::Pvh,
+        ..Default::default()
     });
-    let o = result.unwrap_or_else(|e| panic!("boot failed: {e}\nconsole:\n{console}"));
-    assert_eq!(o.exit_code, exit_code::OK, "console:\n{console}");
-    for i in 0..vcpus {
-        let line = format!("hello from vCPU {i} of {vcpus} (x2APIC id {i})");
-        assert!(
-            console.contains(&line),
-            "missing '{line}' in console:\n{console}"
-        );
-    }
     // Async page faults are on, as under Hover's own entry: the guest took
     // KVM's PV features from CPUID.
     assert!(
@@ -134,8 +129,6 @@ fn pvh_boot_starts_every_vcpu_the_madt_lists() {
         "no apf.* reports: {:?}",
         o.reports.iter().map(|r| &r.key).collect::<Vec<_>>()
     );
-    let seen = o.reports.iter().find(|r| r.key == "vcpus_seen");
-    assert_eq!(seen.map(|r| r.value), Some(ReportValue::U64(vcpus as u64)));
 }
 
 #[test]
