@@ -8,7 +8,6 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{report, text, Scratch, Vm};
@@ -38,7 +37,7 @@ fn stress(workload: &str, async_pf: &str) {
         "kvstore" => format!("workload=kvstore wss={wss}M tasks=4 seconds={seconds}"),
         _ => format!("workload=memtouch size={wss}M tasks=2 rounds=1"),
     };
-    let out = Command::new(env!("CARGO_BIN_EXE_hover"))
+    let out = common::hover_cmd()
         .args(["run", "--json", "--console", "off", "--memory"])
         .arg(format!("{memory}M"))
         .arg("--memory-budget")

@@ -3,6 +3,8 @@
 use std::io;
 use std::path::Path;
 
+pub mod watchdog;
+
 /// Block SIGXFSZ in the calling thread (and so in every thread it starts
 /// from now on): a write past a file-size limit (page store, I/O device
 /// file, snapshot) then fails with EFBIG, which is reported, instead of
@@ -38,8 +40,9 @@ pub fn kvm_usable() -> Result<(), String> {
 
 /// For tests that boot a VM: `true` to go ahead. Without usable KVM the test
 /// is skipped with a printed reason, unless `CI` is set, where it fails:
-/// CI must never pass by skipping.
+/// CI must never pass by skipping. Arms the test binary's [`watchdog`].
 pub fn kvm_for_test(test: &str) -> bool {
+    watchdog::arm();
     match kvm_usable() {
         Ok(()) => true,
         Err(why) if std::env::var_os("CI").is_some() => panic!("{test}: CI is set but {why}"),

@@ -13,8 +13,10 @@ use std::time::{Duration, Instant};
 
 use hover_vmm::api::ApiClient;
 
-/// The hover binary under test.
+/// The hover binary under test (and the test binary's watchdog armed: a
+/// hover that never ends fails the test with its threads printed).
 pub fn hover_cmd() -> Command {
+    hover_vmm::host::watchdog::arm();
     Command::new(env!("CARGO_BIN_EXE_hover"))
 }
 
