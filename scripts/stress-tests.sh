@@ -27,7 +27,12 @@ for i in $(seq 1 "$runs"); do
     cargo test --workspace --no-fail-fast > "$logdir/run$i.log" 2>&1
     rc=$?
     stop_hogs
-    grep -E '^test .* FAILED$' "$logdir/run$i.log" | sed "s/^test //; s/ \.\.\. FAILED$/ ($load)/" >> "$logdir/failures"
+    if ! grep -E '^test .* FAILED$' "$logdir/run$i.log" | sed "s/^test //; s/ \.\.\. FAILED$/ ($load)/" >> "$logdir/failures" \
+        && [ "$rc" -ne 0 ]; then
+        # A failure no test names: a test binary that crashed, a build
+        # error, the watchdog ending a hung binary.
+        echo "run $i: exit $rc, no test named ($load)" >> "$logdir/failures"
+    fi
     echo "run $i/$runs ($load): exit $rc in $(( $(date +%s) - start )) s"
 done
 if [ -s "$logdir/failures" ]; then
