@@ -87,3 +87,81 @@ fn a_receiver_is_filtered_before_it_reads_a_stream() {
     rx.kill().unwrap();
     rx.wait().unwrap();
 }
+
+/// A line of `/proc/PID/task/TID/status`, as a number.
+fn status_field(pid: u32, tid: u32, field: &str) -> u32 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .unwrap_or_else(|| panic!("no {field} line: {status}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// The pager's fetch workers are started by its fault thread and inherit
+/// its filter (the seccomp unit tests show they install none): every one
+/// of them is filtered, with as many filters as the fault thread.
+#[test]
+fn every_pager_thread_is_filtered() {
+    if !kvm_for_test("every_pager_thread_is_filtered") {
+        return;
+    }
+    let dir = Scratch::new("confined-pager");
+    let vm = Vm::spawn(
+        &[
+            "run",
+            "--memory",
+            "128M",
+            "--memory-budget",
+            "32M",
+            "--cmdline",
+            "workload=spin seconds=30",
+        ],
+        &dir.path("api.sock"),
+    );
+    vm.api().json("GET", "/vm", None).unwrap();
+    let pid = vm.pid();
+    // The fault thread starts the workers once it runs: wait for them.
+    let pager_threads = || {
+        let mut named = Vec::new();
+        for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .flatten()
+        {
+            let tid: u32 = t.file_name().to_string_lossy().parse().unwrap();
+            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+            if comm.trim().starts_with("pager-") {
+                named.push((comm.trim().to_string(), tid));
+            }
+        }
+        named
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut named = pager_threads();
+    while named.len() < 17 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        named = pager_threads();
+    }
+    let faults = named
+        .iter()
+        .find(|(n, _)| n == "pager-faults")
+        .unwrap_or_else(|| panic!("no pager-faults thread among {named:?}"))
+        .1;
+    let filters = status_field(pid, faults, "Seccomp_filters:");
+    assert!(filters >= 1, "the fault thread is filtered");
+    let workers: Vec<_> = named.iter().filter(|(n, _)| n != "pager-faults").collect();
+    assert_eq!(workers.len(), 16, "{named:?}");
+    for (name, tid) in workers {
+        assert_eq!(seccomp_of(pid, *tid), 2, "{name}");
+        assert_eq!(
+            status_field(pid, *tid, "Seccomp_filters:"),
+            filters,
+            "{name}"
+        );
+    }
+    vm.api().call("PUT", "/vm/shutdown", None).unwrap();
+    let (code, _, stderr) = vm.wait();
+    assert_eq!(code, Some(0), "{stderr}");
+}

@@ -49,7 +49,7 @@ mod zeroed;
 use zeroed::zeroed;
 
 pub use place::Placer;
-pub use prefetch::{block_order, BulkSource, BLOCK_PAGES};
+pub use prefetch::{block_order, BulkSource, LoaderStart, BLOCK_PAGES};
 pub use source::{PageContent, PageReader, PageSource};
 pub use stats::PagerStats;
 
@@ -161,6 +161,9 @@ pub struct Pager {
     wake: EventFd,
     threads: Vec<JoinHandle<()>>,
     staging: (u64, usize),
+    /// Lets a held prefetch loader begin ([`Pager::let_loader_go`]);
+    /// dropped, it ends a loader that never began.
+    loader_go: Option<std::sync::mpsc::Sender<()>>,
 }
 
 impl Shared {
@@ -389,6 +392,28 @@ impl Shared {
     }
 }
 
+/// The fetch workers, each with its own staging page. One that cannot be
+/// started stops the VM: faults could wait with too few to serve them.
+fn start_workers(sh: &Arc<Shared>, staging: u64) -> Vec<JoinHandle<()>> {
+    let mut workers = Vec::with_capacity(WORKERS);
+    for i in 0..WORKERS {
+        let w = sh.clone();
+        let page = staging + i as u64 * PAGE_SIZE;
+        match crate::seccomp::spawn_member(
+            crate::seccomp::Kind::Pager,
+            format!("pager-{i}"),
+            move || worker_loop(w, page),
+        ) {
+            Ok(t) => workers.push(t),
+            Err(e) => {
+                sh.fail(format!("cannot start a pager worker: {e}"));
+                break;
+            }
+        }
+    }
+    workers
+}
+
 impl Pager {
     /// Page guest RAM above `pinned_end` (guest-physical) under `config`,
     /// calling `on_failure` if a page cannot be served.
@@ -508,6 +533,7 @@ impl Pager {
             wake: EventFd::new(libc::EFD_NONBLOCK).map_err(PagerError::Thread)?,
             threads: Vec::new(),
             staging: (staging, staging_len),
+            loader_go: None,
         };
         pager
             .shared
@@ -520,22 +546,18 @@ impl Pager {
             crate::seccomp::spawn(
                 crate::seccomp::Kind::Pager,
                 "pager-faults".into(),
-                move || fault_loop(sh, wake),
+                move || {
+                    // The workers are started here, under this thread's
+                    // filter, and end (stop) before it does.
+                    let workers = start_workers(&sh, staging);
+                    fault_loop(sh, wake);
+                    for w in workers {
+                        let _ = w.join();
+                    }
+                },
             )
             .map_err(PagerError::Thread)?,
         );
-        for i in 0..WORKERS {
-            let sh = pager.shared.clone();
-            let page = staging + i as u64 * PAGE_SIZE;
-            pager.threads.push(
-                crate::seccomp::spawn(
-                    crate::seccomp::Kind::Pager,
-                    format!("pager-{i}"),
-                    move || worker_loop(sh, page),
-                )
-                .map_err(PagerError::Thread)?,
-            );
-        }
         tracing::debug!(pages, budget, store = ?pager.shared.store.as_ref().map(|s| s.path().to_path_buf()), "pager started");
         Ok(pager)
     }

@@ -148,9 +148,15 @@ fn allow_list(kind: Kind) -> Vec<Allow> {
         Kind::Pager => {
             v.push(ioctl_types(&[UFFD]));
             v.push(open_read_only());
-            v.push(prctl(&[libc::PR_SET_TIMERSLACK]));
+            v.push(prctl(&[libc::PR_SET_TIMERSLACK, libc::PR_SET_NAME]));
             v.extend(priorities());
             v.extend(any(&[
+                // The fault thread starts the fetch workers, which inherit
+                // its filter (one filter prepared for the 17 threads, not
+                // 17; `super::spawn_member`). A thread started here can do
+                // no more than the pager can.
+                libc::SYS_clone3,
+                libc::SYS_clone,
                 libc::SYS_read,
                 libc::SYS_pread64,
                 libc::SYS_pwrite64,

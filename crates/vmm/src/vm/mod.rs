@@ -405,6 +405,15 @@ impl Vm {
             .or_else(|| self.pager_released.clone())
     }
 
+    /// Let a prefetching restore's loader begin now, before the guest runs
+    /// ([`Vm::run`] lets it begin once the vCPUs run): for a caller that
+    /// wants memory in place first. Nothing happens without such a loader.
+    pub fn begin_prefetch(&mut self) {
+        if let Some(p) = self.pager.as_mut() {
+            p.let_loader_go();
+        }
+    }
+
     /// The VM's KVM handle.
     pub fn fd(&self) -> &VmFd {
         &self.fd

@@ -185,7 +185,14 @@ impl Vm {
             let _ = events.send(VmEvent::PrefetchLoaded);
         });
         // Only a speed-up: without it the pager goes on serving faults.
-        if let Err(e) = pager.prefetch(pages.held_pages(), pages, None, loaded) {
+        let held = pages.clone();
+        if let Err(e) = pager.prefetch(
+            move || held.held_pages(),
+            pages,
+            None,
+            loaded,
+            crate::memory::paged::LoaderStart::Now,
+        ) {
             tracing::warn!("post-copy: cannot load the pages held since the switch (the pager keeps serving them): {e}");
         }
         Ok(())

@@ -321,16 +321,14 @@ impl Vm {
             // loader skips what is in place by then). Under a budget only
             // the hot set: cold pages loaded to fill it would be the first
             // evicted, and every demand fault would evict one.
-            let order = match config.machine.memory_budget {
-                Some(_) => snap
-                    .hot
-                    .iter()
-                    .copied()
-                    .filter(|&g| snap.holds(g))
-                    .collect(),
-                None => {
-                    let stored: Vec<u64> = snap.stored_pages().map(|(gpa, _)| gpa).collect();
-                    paged::block_order(&snap.hot, &stored)
+            let budgeted = config.machine.memory_budget.is_some();
+            let of = snap.clone();
+            let order = move || {
+                if budgeted {
+                    of.hot.iter().copied().filter(|&g| of.holds(g)).collect()
+                } else {
+                    let stored: Vec<u64> = of.stored_pages().map(|(gpa, _)| gpa).collect();
+                    paged::block_order(&of.hot, &stored)
                 }
             };
             let events = vm.events.clone();
@@ -338,7 +336,13 @@ impl Vm {
                 let _ = events.send(VmEvent::PrefetchLoaded);
             });
             let pager = vm.pager.as_mut().expect("a lazy restore has a pager");
-            pager.prefetch(order, snap.clone(), opts.prefetch_rate, loaded)?;
+            pager.prefetch(
+                order,
+                snap.clone(),
+                opts.prefetch_rate,
+                loaded,
+                paged::LoaderStart::Held,
+            )?;
             phase("prefetch started");
         }
         vm.mark_restored(

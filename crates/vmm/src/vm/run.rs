@@ -137,6 +137,8 @@ impl Vm {
             source,
         })?;
         let spawned = r.spawn_vcpus();
+        // A prefetching restore's loader begins once the vCPUs run.
+        r.vm.begin_prefetch();
         // Every thread runs: from here this one is confined too.
         let spawned = spawned
             .and_then(|()| crate::seccomp::confine_control(r.vm.seccomp).map_err(Error::from));

@@ -100,6 +100,8 @@ impl Pager {
             let _q = self.shared.queue.lock().unwrap_or_else(|p| p.into_inner());
             self.shared.stop.store(true, Ordering::Release);
         }
+        // A loader still held ends without loading.
+        self.loader_go = None;
         let _ = self.wake.write(1);
         self.shared.queued.notify_all();
         for t in self.threads.drain(..) {
