@@ -62,7 +62,7 @@ pub enum CtlAction {
         #[arg(long, default_value = "bitmap", value_parser = ["bitmap", "manual", "hybrid", "ring"])]
         dirty_tracking: String,
         /// The longest pause allowed for the final round, milliseconds.
-        #[arg(long, default_value_t = 100)]
+        #[arg(long, default_value_t = hover_vmm::migration::DEFAULT_DOWNTIME.as_millis() as u64)]
         downtime_ms: u64,
         /// Pages per batch sent (1: one frame per page, the baseline).
         #[arg(long, default_value_t = hover_vmm::migration::DEFAULT_BATCH_PAGES)]
@@ -71,7 +71,7 @@ pub enum CtlAction {
         #[arg(long, value_parser = hover_vmm::config::parse_size)]
         bandwidth: Option<u64>,
         /// Give up (and keep running here) after this many seconds.
-        #[arg(long, default_value_t = 120)]
+        #[arg(long, default_value_t = hover_vmm::migration::DEFAULT_TIMEOUT.as_secs())]
         timeout: u64,
         /// Send a digest of memory for the destination to check before running.
         #[arg(long)]
@@ -81,13 +81,13 @@ pub enum CtlAction {
         #[arg(long, default_value = "on", value_parser = ["on", "off"])]
         auto_converge: String,
         /// The first throttle, percent of a vCPU's time taken away.
-        #[arg(long, default_value_t = 20)]
+        #[arg(long, default_value_t = hover_vmm::migration::throttle::DEFAULT_INITIAL_PCT)]
         throttle_initial: u8,
         /// Added per further round that does not converge, percent.
-        #[arg(long, default_value_t = 10)]
+        #[arg(long, default_value_t = hover_vmm::migration::throttle::DEFAULT_STEP_PCT)]
         throttle_step: u8,
         /// The most a vCPU is throttled, percent (at most 99).
-        #[arg(long, default_value_t = 99)]
+        #[arg(long, default_value_t = hover_vmm::migration::throttle::MAX_PCT)]
         throttle_max: u8,
         /// Send from a separate process that reads guest memory by mmap of
         /// each page (per-page), process_vm_readv per batch (readv) or one

@@ -1,4 +1,5 @@
-//! What this host offers: whether KVM can be used at all.
+//! What this host offers and reports: whether KVM can be used, random bytes,
+//! a thread's CPU time; and, for test binaries, a watchdog.
 
 use std::io;
 use std::path::Path;
@@ -69,4 +70,16 @@ pub fn random_bytes(buf: &mut [u8]) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// CPU time (user + system) the calling thread has used, microseconds
+/// (0 if the kernel will not say).
+pub fn thread_cpu_us() -> u64 {
+    // SAFETY: getrusage fills the struct it is given; the result is checked.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) } != 0 {
+        return 0;
+    }
+    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+    us(u.ru_utime) + us(u.ru_stime)
 }

@@ -326,7 +326,7 @@ pub fn child_main(args: &[String]) -> i32 {
             .chunks_exact(8)
             .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
             .collect();
-        let (bytes0, cpu0) = (w.bytes, crate::vm::thread_cpu_us());
+        let (bytes0, cpu0) = (w.bytes, crate::host::thread_cpu_us());
         let result = match &mut mem {
             Ok(m) if flags & READ_ONLY != 0 => {
                 frames.read_only(&gpas, &mut |chunk, out| m.read(chunk, out))
@@ -344,7 +344,7 @@ pub fn child_main(args: &[String]) -> i32 {
                 }),
             Err(e) => Err(io::Error::other(e.clone())),
         };
-        serving_us += crate::vm::thread_cpu_us().saturating_sub(cpu0);
+        serving_us += crate::host::thread_cpu_us().saturating_sub(cpu0);
         let (pages, err) = match result {
             Ok(n) => (n, String::new()),
             Err(e) => (0, e.to_string()),

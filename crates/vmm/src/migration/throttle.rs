@@ -30,6 +30,11 @@ use serde::Serialize;
 pub const SLICE: Duration = Duration::from_millis(10);
 /// The highest throttle accepted: a vCPU must still make progress.
 pub const MAX_PCT: u8 = 99;
+/// The first throttle by default, percent (QEMU's cpu-throttle-initial).
+pub const DEFAULT_INITIAL_PCT: u8 = 20;
+/// The default step per round that does not converge, percent (QEMU's
+/// cpu-throttle-increment).
+pub const DEFAULT_STEP_PCT: u8 = 10;
 
 #[derive(Default)]
 struct VcpuThrottle {
@@ -133,8 +138,8 @@ impl Default for ThrottleSettings {
     fn default() -> Self {
         ThrottleSettings {
             on: true,
-            initial: 20,
-            step: 10,
+            initial: DEFAULT_INITIAL_PCT,
+            step: DEFAULT_STEP_PCT,
             max: MAX_PCT,
         }
     }

@@ -167,7 +167,7 @@ impl VcpuHandle {
                     }
                     (t.on_event)(VcpuEvent::Panicked { vcpu: index });
                 }
-                crate::vm::thread_cpu_us()
+                crate::host::thread_cpu_us()
             },
         )?;
         Ok(VcpuHandle {

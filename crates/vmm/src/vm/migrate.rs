@@ -202,7 +202,7 @@ impl Running {
         let ring_full0 = self.vm.rings.as_ref().map_or(0, |r| r.full_exits());
         let slept0 = self.vm.throttle.slept_us();
         let t0 = Instant::now();
-        let cpu0 = super::thread_cpu_us();
+        let cpu0 = crate::host::thread_cpu_us();
         let conn =
             Conn::connect(&o.to, CONNECT_TIMEOUT).map_err(|source| MigrationError::Connect {
                 to: o.to.to_string(),
@@ -224,7 +224,7 @@ impl Running {
             }
         }
         let mut report = result?;
-        report.sender_cpu_us = super::thread_cpu_us().saturating_sub(cpu0);
+        report.sender_cpu_us = crate::host::thread_cpu_us().saturating_sub(cpu0);
         report.ring_full_exits = self
             .vm
             .rings

@@ -53,7 +53,7 @@ pub use control::{Command, CommandError, Controller, Lifecycle, Reply, SnapshotI
 pub(crate) use control::{Status, VmEvent};
 pub use dirty_log::{DirtyLogReport, DirtyLogRequest, MAX_DIRTY_LOG};
 pub use hot_set::MAX_HOT_WINDOW;
-pub use outcome::{thread_cpu_us, BootTimings, EndReason, MemoryUsage, RestoreReport, RunOutcome};
+pub use outcome::{BootTimings, EndReason, MemoryUsage, RestoreReport, RunOutcome};
 pub use receive::ReceiveOptions;
 pub use restore::{MemoryRestore, RestoreOptions};
 

@@ -135,17 +135,6 @@ pub fn us_since(since: Instant, t: Instant) -> u64 {
     t.saturating_duration_since(since).as_micros() as u64
 }
 
-/// CPU time (user + system) the calling thread has used, microseconds.
-pub fn thread_cpu_us() -> u64 {
-    // SAFETY: getrusage fills the struct it is given; the result is checked.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) } != 0 {
-        return 0;
-    }
-    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
-    us(u.ru_utime) + us(u.ru_stime)
-}
-
 fn process_resident_bytes() -> std::io::Result<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm")?;
     let pages: u64 = statm
