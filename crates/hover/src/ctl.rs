@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use hover_vmm::api::{ApiClient, ApiError};
+use hover_vmm::api::{ApiClient, ApiError, HaltPollRequest, MigrateRequest, SnapshotRequest};
+use hover_vmm::config::boost::{BoostMode, BoostUpdate};
 
 use crate::{die_on_broken_pipe, output, EXIT_BAD_INPUT, EXIT_HOST_FAILURE};
 
@@ -122,8 +123,8 @@ pub enum CtlAction {
     /// Change vCPU priority boosting live; what is not given stays.
     Boost {
         /// off, dynamic or static.
-        #[arg(long, value_parser = ["off", "dynamic", "static"])]
-        mode: Option<String>,
+        #[arg(long, value_parser = boost_modes())]
+        mode: Option<BoostMode>,
         /// `fifo[:PRIO]` or `nice[:VALUE]`.
         #[arg(long)]
         policy: Option<String>,
@@ -157,6 +158,19 @@ pub enum CtlAction {
     },
 }
 
+/// A request body as JSON (the types serialize to objects; nothing fails).
+fn to_json<T: serde::Serialize>(body: &T) -> String {
+    serde_json::to_string(body).expect("a request body serializes")
+}
+
+/// `--mode` of `hover ctl boost`: the values listed in `--help`, each
+/// one a mode.
+fn boost_modes() -> impl clap::builder::TypedValueParser<Value = BoostMode> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(["off", "dynamic", "static"])
+        .map(|s| s.parse::<BoostMode>().expect("a listed mode parses"))
+}
+
 /// Carry out `hover ctl`.
 pub fn ctl(args: CtlArgs) -> ExitCode {
     die_on_broken_pipe();
@@ -184,24 +198,24 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
             recover,
             insecure,
         } => {
-            let body = serde_json::json!({
-                "to": to,
-                "dirty_tracking": dirty_tracking,
-                "downtime_ms": downtime_ms,
-                "batch_pages": batch_pages,
-                "bandwidth": bandwidth,
-                "timeout_s": timeout,
-                "verify": verify,
-                "auto_converge": auto_converge == "on",
-                "throttle_initial": throttle_initial,
-                "throttle_step": throttle_step,
-                "throttle_max": throttle_max,
-                "sender_process": sender_process,
-                "mode": mode,
-                "recover": recover,
-                "insecure": insecure,
-            });
-            ("PUT", "/vm/migrate", Some(body.to_string()))
+            let body = MigrateRequest {
+                to: to.clone(),
+                dirty_tracking: Some(dirty_tracking.clone()),
+                downtime_ms: Some(*downtime_ms),
+                batch_pages: Some(*batch_pages),
+                bandwidth: *bandwidth,
+                timeout_s: Some(*timeout),
+                verify: *verify,
+                auto_converge: Some(auto_converge == "on"),
+                throttle_initial: Some(*throttle_initial),
+                throttle_step: Some(*throttle_step),
+                throttle_max: Some(*throttle_max),
+                sender_process: sender_process.clone(),
+                mode: Some(mode.clone()),
+                recover: *recover,
+                insecure: *insecure,
+            };
+            ("PUT", "/vm/migrate", Some(to_json(&body)))
         }
         CtlAction::Metrics => ("GET", "/metrics", None),
         CtlAction::Postcopy => ("PUT", "/vm/migrate/postcopy", None),
@@ -214,10 +228,12 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
             let path = std::env::current_dir()
                 .map(|d| d.join(path))
                 .unwrap_or_else(|_| path.clone());
-            let body = serde_json::json!({
-                "path": path, "stop": stop, "hot_window_ms": hot_window_ms,
-            });
-            ("PUT", "/vm/snapshot", Some(body.to_string()))
+            let body = SnapshotRequest {
+                path,
+                stop: *stop,
+                hot_window_ms: Some(*hot_window_ms),
+            };
+            ("PUT", "/vm/snapshot", Some(to_json(&body)))
         }
         CtlAction::HaltPoll {
             window_ns,
@@ -225,13 +241,15 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
             budget,
             kvm_default,
         } => {
+            let request = |mode: &str, window_ns, budget_pct| HaltPollRequest {
+                mode: mode.into(),
+                window_ns,
+                budget_pct,
+            };
             let body = match (window_ns, auto, kvm_default) {
-                (Some(ns), _, _) => serde_json::json!({ "mode": "fixed", "window_ns": ns }),
-                (None, true, _) => match budget {
-                    Some(b) => serde_json::json!({ "mode": "auto", "budget_pct": b }),
-                    None => serde_json::json!({ "mode": "auto" }),
-                },
-                (None, false, true) => serde_json::json!({ "mode": "kvm_default" }),
+                (Some(ns), _, _) => request("fixed", Some(*ns), None),
+                (None, true, _) => request("auto", None, *budget),
+                (None, false, true) => request("kvm_default", None, None),
                 (None, false, false) => {
                     eprintln!(
                         "hover: error: halt-poll needs --window-ns N, --auto or --kvm-default"
@@ -239,7 +257,7 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
                     return ExitCode::from(EXIT_BAD_INPUT);
                 }
             };
-            ("PUT", "/vm/halt-poll", Some(body.to_string()))
+            ("PUT", "/vm/halt-poll", Some(to_json(&body)))
         }
         CtlAction::Boost {
             mode,
@@ -249,23 +267,15 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
             max_rate,
             poll_us,
         } => {
-            let mut body = serde_json::Map::new();
-            let mut put = |k: &str, v: serde_json::Value| {
-                if !v.is_null() {
-                    body.insert(k.into(), v);
-                }
+            let body = BoostUpdate {
+                mode: *mode,
+                policy: policy.clone(),
+                max_ms: *max_ms,
+                cooldown_ms: *cooldown_ms,
+                max_rate: *max_rate,
+                poll_us: *poll_us,
             };
-            put("mode", serde_json::json!(mode));
-            put("policy", serde_json::json!(policy));
-            put("max_ms", serde_json::json!(max_ms));
-            put("cooldown_ms", serde_json::json!(cooldown_ms));
-            put("max_rate", serde_json::json!(max_rate));
-            put("poll_us", serde_json::json!(poll_us));
-            (
-                "PUT",
-                "/vm/boost",
-                Some(serde_json::Value::Object(body).to_string()),
-            )
+            ("PUT", "/vm/boost", Some(to_json(&body)))
         }
     };
     if let CtlAction::Migrate { .. } = args.action {

@@ -212,6 +212,15 @@ fn pause_resume_and_state_through_ctl() {
     );
     let out = ctl(&["halt-poll", "--window-ns", "50000"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // A boost change carries only what it names; what it leaves out stays.
+    let out = ctl(&["boost", "--mode", "static", "--max-ms", "7"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = ctl(&["--json", "get"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["config"]["boost"]["mode"], "static", "{v}");
+    assert_eq!(v["config"]["boost"]["max_ms"], 7, "{v}");
+    assert_eq!(v["config"]["boost"]["policy"], "fifo:10", "{v}");
+    assert_eq!(ctl(&["boost", "--mode", "off"]).status.code(), Some(0));
     // `hover stats` stays as an alias of `hover ctl stats`.
     let out = hover(&["stats", "--api-socket", s]);
     assert!(

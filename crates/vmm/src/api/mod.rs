@@ -34,9 +34,9 @@ pub use server::ApiServer;
 
 pub use slot::ApiSlot;
 
-pub use requests::DEFAULT_HOT_WINDOW_MS;
+pub use requests::{HaltPollRequest, MigrateRequest, SnapshotRequest, DEFAULT_HOT_WINDOW_MS};
 
-use requests::{parse_body, ApiFailure, HaltPollRequest, MigrateRequest, SnapshotRequest};
+use requests::{parse_body, ApiFailure};
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -4,21 +4,24 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::sched::halt_poll::HaltPoll;
 use crate::vm::CommandError;
 
-/// The body of `PUT /vm/snapshot`.
-#[derive(Debug, Deserialize)]
+/// The body of `PUT /vm/snapshot` (the server reads it, `hover ctl` writes it).
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct SnapshotRequest {
-    pub(super) path: PathBuf,
+pub struct SnapshotRequest {
+    /// The new snapshot file (absolute, or from the VMM's directory).
+    pub path: PathBuf,
+    /// End the VM once the snapshot is written.
     #[serde(default)]
-    pub(super) stop: bool,
+    pub stop: bool,
     /// Milliseconds to watch the guest's writes before pausing (the hot
     /// set); absent: [`DEFAULT_HOT_WINDOW_MS`].
-    pub(super) hot_window_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hot_window_ms: Option<u64>,
 }
 
 /// The hot-set window a snapshot takes unless told otherwise, ms.
@@ -78,31 +81,60 @@ impl DirtyLogBody {
     }
 }
 
-/// The body of `PUT /vm/migrate`.
-#[derive(Debug, Deserialize)]
+/// The body of `PUT /vm/migrate` (the server reads it, `hover ctl` writes
+/// it): what is absent takes [`crate::migration::MigrateOptions`]' default.
+/// docs/api.yaml describes each field.
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct MigrateRequest {
-    to: String,
-    dirty_tracking: Option<String>,
-    downtime_ms: Option<u64>,
-    batch_pages: Option<usize>,
-    bandwidth: Option<u64>,
-    timeout_s: Option<u64>,
+pub struct MigrateRequest {
+    /// The destination: `tcp:HOST:PORT` or `unix:PATH`.
+    pub to: String,
+    /// `bitmap`, `manual`, `hybrid` or `ring`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dirty_tracking: Option<String>,
+    /// The longest pause allowed for the final round, ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub downtime_ms: Option<u64>,
+    /// Pages per batch sent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch_pages: Option<usize>,
+    /// Bytes per second the migration may use.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bandwidth: Option<u64>,
+    /// Give up after this many seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<u64>,
+    /// Send a digest of memory for the destination to check.
     #[serde(default)]
-    verify: bool,
-    auto_converge: Option<bool>,
-    throttle_initial: Option<u8>,
-    throttle_step: Option<u8>,
-    throttle_max: Option<u8>,
-    sender_process: Option<String>,
-    mode: Option<String>,
+    pub verify: bool,
+    /// Throttle vCPUs that dirty faster than the link.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auto_converge: Option<bool>,
+    /// The first throttle, percent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub throttle_initial: Option<u8>,
+    /// Added per round that does not converge, percent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub throttle_step: Option<u8>,
+    /// The most a vCPU is throttled, percent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub throttle_max: Option<u8>,
+    /// `per-page`, `readv` or `persistent`: send from a separate process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sender_process: Option<String>,
+    /// `precopy`, `postcopy` or `hybrid`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// Post-copy: reconnect to a destination waiting for its missing pages.
     #[serde(default)]
-    recover: bool,
+    pub recover: bool,
+    /// TCP without a migration key.
     #[serde(default)]
-    insecure: bool,
+    pub insecure: bool,
 }
 
 impl MigrateRequest {
+    /// The migration's options, checked: the field at fault otherwise.
     pub(super) fn options(&self) -> Result<crate::migration::MigrateOptions, ApiFailure> {
         use crate::migration::{MigrateOptions, Tracker};
         let to = self.to.parse().map_err(|e| ApiFailure::bad("to", e))?;
@@ -145,13 +177,19 @@ impl MigrateRequest {
     }
 }
 
-/// The body of `PUT /vm/halt-poll`.
-#[derive(Debug, Deserialize)]
+/// The body of `PUT /vm/halt-poll` (the server reads it, `hover ctl`
+/// writes it).
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct HaltPollRequest {
-    mode: String,
-    window_ns: Option<u64>,
-    budget_pct: Option<f64>,
+pub struct HaltPollRequest {
+    /// `fixed`, `auto` or `kvm_default`.
+    pub mode: String,
+    /// The window of `fixed`, nanoseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window_ns: Option<u64>,
+    /// The governor's CPU budget of `auto`, percent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget_pct: Option<f64>,
 }
 
 impl HaltPollRequest {
@@ -318,6 +356,42 @@ mod tests {
         assert_eq!((e.status, e.field.as_deref()), (400, Some("window_ns")));
         let e = parse("{not json").unwrap_err();
         assert_eq!((e.status, e.field.as_deref()), (400, Some("body")));
+    }
+
+    /// What a client writes with the shared types is what the server reads.
+    #[test]
+    fn request_types_round_trip_through_json() {
+        let m = MigrateRequest {
+            to: "unix:/tmp/in.sock".into(),
+            downtime_ms: Some(7),
+            mode: Some("hybrid".into()),
+            verify: true,
+            ..Default::default()
+        };
+        let json = serde_json::to_string(&m).unwrap();
+        assert!(!json.contains("null"), "absent fields are left out: {json}");
+        let o = parse_body::<MigrateRequest>(json.as_bytes())
+            .unwrap()
+            .options()
+            .unwrap();
+        assert_eq!(o.downtime, Duration::from_millis(7));
+        assert!(o.verify);
+        let h = HaltPollRequest {
+            mode: "auto".into(),
+            window_ns: None,
+            budget_pct: Some(4.0),
+        };
+        let back: HaltPollRequest =
+            parse_body(serde_json::to_string(&h).unwrap().as_bytes()).unwrap();
+        assert_eq!(back.setting().unwrap(), HaltPoll::Auto { budget_pct: 4.0 });
+        let s = SnapshotRequest {
+            path: "/tmp/s".into(),
+            stop: true,
+            hot_window_ms: None,
+        };
+        let back: SnapshotRequest =
+            parse_body(serde_json::to_string(&s).unwrap().as_bytes()).unwrap();
+        assert!(back.stop && back.hot_window_ms.is_none());
     }
 
     #[test]

@@ -138,6 +138,21 @@ pub enum BoostMode {
     Static,
 }
 
+impl FromStr for BoostMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(BoostMode::Off),
+            "dynamic" => Ok(BoostMode::Dynamic),
+            "static" => Ok(BoostMode::Static),
+            _ => Err(format!(
+                "unknown boost mode {s:?}: give off, dynamic or static"
+            )),
+        }
+    }
+}
+
 /// Boosting settings (`--boost`, `--vcpu-rt`, `--boost-*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BoostConfig {
@@ -206,21 +221,28 @@ impl BoostConfig {
     }
 }
 
-/// A live change of the settings (`PUT /vm/boost`): what is absent stays.
-#[derive(Clone, Debug, Default, Deserialize)]
+/// A live change of the settings (`PUT /vm/boost`; `hover ctl boost`
+/// writes it): what is absent stays.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct BoostUpdate {
     /// `off`, `dynamic` or `static`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub mode: Option<BoostMode>,
     /// `fifo[:PRIO]` or `nice[:VALUE]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub policy: Option<String>,
     /// As `--boost-max-ms`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_ms: Option<u64>,
     /// As `--boost-cooldown-ms`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub cooldown_ms: Option<u64>,
     /// As `--boost-max-rate`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_rate: Option<u32>,
     /// As `--boost-poll-us`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub poll_us: Option<u64>,
 }
 
