@@ -21,12 +21,7 @@ impl Running {
     /// guest runs; the monitor's own writes too), then the pager's first
     /// touches.
     pub(super) fn record_hot_set(&mut self, window: Duration) -> Result<Vec<u64>, CommandError> {
-        let touched = self
-            .vm
-            .pager
-            .as_ref()
-            .map(|p| p.first_touches())
-            .unwrap_or_else(|| self.vm.first_touches_released.clone());
+        let touched = self.vm.first_touches();
         if window.is_zero() || self.state != Lifecycle::Running {
             return Ok(touched);
         }

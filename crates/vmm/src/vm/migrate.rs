@@ -497,12 +497,21 @@ impl Running {
         report
             .harvest_us
             .push(harvest_at.elapsed().as_micros() as u64);
-        // What the guest was writing when it stopped: post-copy pushes it
-        // first (pure post-copy had no rounds: only the last harvest).
+        // What the guest was writing when it stopped, and (a VM under the
+        // pager) what it touched first: post-copy pushes those first (pure
+        // post-copy had no rounds: only the last harvest). Pages the
+        // destination holds already are left out when the push is planned.
+        let touched = || {
+            // `merge` takes ascending lists; the push goes in address order.
+            let mut t = self.vm.first_touches();
+            t.sort_unstable();
+            t.dedup();
+            t
+        };
         let hot = match (switch, o.mode) {
             (false, _) => Vec::new(),
-            (true, Mode::Postcopy) => final_dirty.clone(),
-            (true, _) => merge(pending.clone(), final_dirty.clone()),
+            (true, Mode::Postcopy) => merge(final_dirty.clone(), touched()),
+            (true, _) => merge(merge(pending.clone(), final_dirty.clone()), touched()),
         };
         let last = merge(merge(pending, final_dirty), self.vm.host_writes.take());
         parts.final_harvest_us = lap_us(&mut lap);

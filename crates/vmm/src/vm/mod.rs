@@ -405,6 +405,17 @@ impl Vm {
             .or_else(|| self.pager_released.clone())
     }
 
+    /// The pageable pages in the order the guest first touched them, for a
+    /// VM under the pager (overcommitted, or restored lazily; kept when a
+    /// prefetching restore's pager let go): a hot set of its own, which
+    /// snapshots record and post-copy pushes early. Empty for any other VM.
+    pub(super) fn first_touches(&self) -> Vec<u64> {
+        self.pager
+            .as_ref()
+            .map(|p| p.first_touches())
+            .unwrap_or_else(|| self.first_touches_released.clone())
+    }
+
     /// Let a prefetching restore's loader begin now, before the guest runs
     /// ([`Vm::run`] lets it begin once the vCPUs run): for a caller that
     /// wants memory in place first. Nothing happens without such a loader.
