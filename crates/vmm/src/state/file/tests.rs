@@ -107,6 +107,51 @@ fn a_hot_set_naming_pages_outside_guest_memory_is_refused() {
     }
 }
 
+/// The `HOTS` section of a file written with `hot`: its offset, and the
+/// file's bytes.
+fn with_hot_set(p: &Path, hot: Vec<u64>) -> (usize, Vec<u8>) {
+    let mut w = SnapshotWriter::create(p).unwrap();
+    w.page(0x1000, &[1u8; PAGE_SIZE as usize]).unwrap();
+    w.hot_set(hot);
+    w.finish(&state()).unwrap();
+    let b = std::fs::read(p).unwrap();
+    let at = b
+        .windows(4)
+        .rposition(|t| t == b"HOTS")
+        .expect("a HOTS section");
+    (at, b)
+}
+
+#[test]
+fn a_damaged_hot_set_is_refused_naming_the_section_and_offset() {
+    let p = scratch("hot-damaged");
+    let (at, mut b) = with_hot_set(&p, vec![0x1000, 0x2000, 0x3000]);
+    // A byte of the payload changed: its CRC no longer matches.
+    b[at + SECTION_HEADER_LEN + 1] ^= 0x40;
+    std::fs::write(&p, &b).unwrap();
+    let e = Snapshot::open(&p).err().expect("refused");
+    assert!(
+        matches!(&e, SnapshotError::Corrupt { what, offset, .. }
+            if what == "section HOTS" && *offset == at as u64),
+        "{e}"
+    );
+    // A payload that is no list of addresses, with a CRC to match.
+    std::fs::remove_file(&p).unwrap();
+    let (at, mut b) = with_hot_set(&p, vec![0x1000]);
+    let body = at + SECTION_HEADER_LEN;
+    let len = u64::from_le_bytes(b[at + 8..at + 16].try_into().unwrap()) as usize;
+    b[body..body + len].fill(0xff);
+    let c = crc(&b[body..body + len]);
+    b[at + 16..at + 20].copy_from_slice(&c.to_le_bytes());
+    std::fs::write(&p, &b).unwrap();
+    let e = Snapshot::open(&p).err().expect("refused").to_string();
+    assert!(
+        e.contains("HOTS") && e.contains("cannot be decoded") && e.contains(&format!("{at}")),
+        "{e}"
+    );
+    std::fs::remove_file(&p).unwrap();
+}
+
 #[test]
 fn damaged_files_never_panic() {
     let p = scratch("damaged");
