@@ -34,7 +34,7 @@ pub enum ConfigError {
         suggest: u64,
     },
     /// Memory too large for the boot page tables.
-    #[error("--memory {} MiB is too large: at most {} MiB is supported", .given >> 20, MAX_MEMORY >> 20)]
+    #[error("--memory {} is too large: at most {} is supported", super::size_text(*.given), super::size_text(MAX_MEMORY))]
     MemoryTooLarge {
         /// What was asked for.
         given: u64,
@@ -56,7 +56,7 @@ pub enum ConfigError {
     #[error("{0}")]
     Cmdline(String),
     /// The memory budget exceeds the memory.
-    #[error("--memory-budget {} MiB is larger than --memory {} MiB: a budget must not exceed the memory it limits", .budget >> 20, .memory >> 20)]
+    #[error("--memory-budget {} is larger than --memory {}: a budget must not exceed the memory it limits", super::size_text(*.budget), super::size_text(*.memory))]
     BudgetOverMemory {
         /// The budget.
         budget: u64,
@@ -64,7 +64,7 @@ pub enum ConfigError {
         memory: u64,
     },
     /// The memory budget is below what the guest needs resident.
-    #[error("--memory-budget {} MiB is below the working minimum of {} MiB (the boot area and guest image stay resident, plus 4 MiB to page in)", .budget >> 20, .minimum.div_ceil(1 << 20))]
+    #[error("--memory-budget {} is below the working minimum of {} MiB (the boot area and guest image stay resident, plus 4 MiB to page in)", super::size_text(*.budget), .minimum.div_ceil(1 << 20))]
     BudgetTooSmall {
         /// The budget.
         budget: u64,
