@@ -30,9 +30,11 @@ pub enum MemoryRestore {
     /// Read every saved page before the guest runs.
     #[default]
     Eager,
-    /// Map nothing up front: each page comes from the snapshot file when the
-    /// guest first touches it, through the pager (with async PF on, the
-    /// guest runs other tasks meanwhile).
+    /// Load only the pinned part up front (the boot area and the guest
+    /// image, about a hundred pages for the built-in guest): every other
+    /// page comes from the snapshot file when the guest first touches it,
+    /// through the pager (with async PF on, the guest runs other tasks
+    /// meanwhile).
     Lazy,
     /// As `Lazy`, and a background loader fills the rest of memory from the
     /// file in large copies, the snapshot's hot set first; a page the guest
