@@ -139,8 +139,17 @@ fn every_pager_thread_is_filtered() {
         named
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    // A new thread carries its starter's name until it sets its own: wait
+    // until the 16 workers' names are all there.
+    let workers_named = |named: &[(String, u32)]| {
+        let mut n: Vec<&str> = named.iter().map(|(n, _)| n.as_str()).collect();
+        n.retain(|n| *n != "pager-faults");
+        n.sort_unstable();
+        n.dedup();
+        n.len() == 16
+    };
     let mut named = pager_threads();
-    while named.len() < 17 && std::time::Instant::now() < deadline {
+    while !workers_named(&named) && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(10));
         named = pager_threads();
     }

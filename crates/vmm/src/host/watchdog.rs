@@ -44,14 +44,23 @@ fn fire(secs: u64) -> ! {
         "\n=== test watchdog: this test binary ran past {secs} s (HOVER_TEST_DEADLINE_SECS); its threads and its children's ===\n"
     );
     let children = descendants(me);
-    for pid in std::iter::once(me).chain(children.iter().copied()) {
-        out.push_str(&describe(pid));
+    // Held still from here: none exits (and has its id reused) before it
+    // is killed below; gdb attaches to a stopped process all the same.
+    for &pid in &children {
+        // SAFETY: kill(2) on a process id; a gone process is ESRCH.
+        unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+    }
+    // This process's own threads by name and wait channel only: gdb on
+    // its own process would stop this thread too.
+    out.push_str(&describe(me, false));
+    for &pid in &children {
+        out.push_str(&describe(pid, true));
     }
     // Written past the test harness's output capture, which would
     // swallow it when the process exits.
     let _ = std::io::stderr().write_all(out.as_bytes());
     for pid in children {
-        // SAFETY: kill(2) on a process id; a gone process is ESRCH.
+        // SAFETY: as above.
         unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     }
     std::process::exit(101);
@@ -88,7 +97,9 @@ fn stat_field(path: &str, n: usize) -> Option<String> {
     rest.split_whitespace().nth(n).map(str::to_string)
 }
 
-fn describe(pid: u32) -> String {
+/// `pid`'s threads, and with `backtraces` each one's stack from gdb (where
+/// gdb is installed and may attach; bounded, and killed if it hangs).
+fn describe(pid: u32, backtraces: bool) -> String {
     let read = |p: String| {
         std::fs::read_to_string(p)
             .unwrap_or_default()
@@ -109,8 +120,20 @@ fn describe(pid: u32) -> String {
             ));
         }
     }
+    if !backtraces {
+        return s;
+    }
     if let Ok(bt) = Command::new("timeout")
-        .args(["60", "gdb", "-p", &pid.to_string(), "-batch", "-nx"])
+        .args([
+            "-k",
+            "5",
+            "30",
+            "gdb",
+            "-p",
+            &pid.to_string(),
+            "-batch",
+            "-nx",
+        ])
         .args(["-ex", "thread apply all bt 16"])
         .output()
     {
@@ -135,7 +158,7 @@ mod tests {
         assert!(found.contains(&child.id()), "{found:?}");
         // Its command line may still be ours (read before its exec): the
         // process and its thread are what must be there.
-        let d = describe(child.id());
+        let d = describe(child.id(), false);
         let head = format!("--- process {}: ", child.id());
         assert!(d.starts_with(&head) && d.contains("\n  thread "), "{d}");
         child.kill().unwrap();

@@ -210,6 +210,18 @@ impl Shared {
         self.queued.notify_one();
     }
 
+    /// Tell the fetch workers to end. Set under the queue's lock: a worker
+    /// checks `stop` and then waits with that lock held, so a flag set
+    /// (and notified) between its check and its wait would be a lost
+    /// wake-up, and joining it would hang for ever.
+    fn halt(&self) {
+        {
+            let _q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+            self.stop.store(true, Ordering::Release);
+        }
+        self.queued.notify_all();
+    }
+
     fn fail(&self, msg: String) {
         tracing::debug!("pager failure: {msg}");
         (self.on_failure)(msg);
@@ -392,10 +404,24 @@ impl Shared {
     }
 }
 
-/// The fetch workers, each with its own staging page. One that cannot be
-/// started stops the VM: faults could wait with too few to serve them.
-fn start_workers(sh: &Arc<Shared>, staging: u64) -> Vec<JoinHandle<()>> {
-    let mut workers = Vec::with_capacity(WORKERS);
+/// The fetch workers, each with its own staging page, joined when dropped
+/// (after `stop`; also if the fault thread unwinds, so that none outlives
+/// the staging pages).
+struct Workers(Vec<JoinHandle<()>>);
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for w in self.0.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+/// Start the fetch workers (from the fault thread, whose filter they
+/// inherit); the first that cannot be started is the error, and those
+/// started end with the pager.
+fn start_workers(sh: &Arc<Shared>, staging: u64) -> (Workers, io::Result<()>) {
+    let mut workers = Workers(Vec::with_capacity(WORKERS));
     for i in 0..WORKERS {
         let w = sh.clone();
         let page = staging + i as u64 * PAGE_SIZE;
@@ -404,14 +430,11 @@ fn start_workers(sh: &Arc<Shared>, staging: u64) -> Vec<JoinHandle<()>> {
             format!("pager-{i}"),
             move || worker_loop(w, page),
         ) {
-            Ok(t) => workers.push(t),
-            Err(e) => {
-                sh.fail(format!("cannot start a pager worker: {e}"));
-                break;
-            }
+            Ok(t) => workers.0.push(t),
+            Err(e) => return (workers, Err(e)),
         }
     }
-    workers
+    (workers, Ok(()))
 }
 
 impl Pager {
@@ -542,6 +565,7 @@ impl Pager {
             .map_err(uffd_err("register staging pages"))?;
         let sh = pager.shared.clone();
         let wake = RawEventFd(pager.wake.as_raw_fd());
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
         pager.threads.push(
             crate::seccomp::spawn(
                 crate::seccomp::Kind::Pager,
@@ -549,15 +573,29 @@ impl Pager {
                 move || {
                     // The workers are started here, under this thread's
                     // filter, and end (stop) before it does.
-                    let workers = start_workers(&sh, staging);
-                    fault_loop(sh, wake);
-                    for w in workers {
-                        let _ = w.join();
+                    let (_workers, started) = start_workers(&sh, staging);
+                    let ok = started.is_ok();
+                    let _ = started_tx.send(started);
+                    if ok {
+                        fault_loop(sh, wake);
+                    } else {
+                        sh.halt(); // the workers that did start end
                     }
                 },
             )
             .map_err(PagerError::Thread)?,
         );
+        // Until every worker runs a fault could wait with nobody to serve
+        // it (a restore touches guest memory before its vCPUs run): the
+        // pager starts whole or not at all (dropped, it stops what began).
+        started_rx
+            .recv()
+            .unwrap_or_else(|_| {
+                Err(io::Error::other(
+                    "the pager's fault thread ended at its start",
+                ))
+            })
+            .map_err(PagerError::Thread)?;
         tracing::debug!(pages, budget, store = ?pager.shared.store.as_ref().map(|s| s.path().to_path_buf()), "pager started");
         Ok(pager)
     }

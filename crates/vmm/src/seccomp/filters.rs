@@ -150,13 +150,20 @@ fn allow_list(kind: Kind) -> Vec<Allow> {
             v.push(open_read_only());
             v.push(prctl(&[libc::PR_SET_TIMERSLACK, libc::PR_SET_NAME]));
             v.extend(priorities());
-            v.extend(any(&[
-                // The fault thread starts the fetch workers, which inherit
-                // its filter (one filter prepared for the 17 threads, not
-                // 17; `super::spawn_member`). A thread started here can do
-                // no more than the pager can.
-                libc::SYS_clone3,
+            // The fault thread starts the fetch workers, which inherit its
+            // filter (one filter prepared for the 17 threads, not 17;
+            // `super::spawn_member`): threads only (CLONE_THREAD), so no
+            // process and no namespace; `clone3`, whose flags a filter
+            // cannot read, fails with ENOSYS and glibc falls back to this.
+            v.push((
                 libc::SYS_clone,
+                vec![rule(vec![cond(
+                    0,
+                    Op::MaskedEq(libc::CLONE_THREAD as u64),
+                    libc::CLONE_THREAD as u64,
+                )])],
+            ));
+            v.extend(any(&[
                 libc::SYS_read,
                 libc::SYS_pread64,
                 libc::SYS_pwrite64,
@@ -393,29 +400,32 @@ pub fn compile(kind: Kind, mode: Mode) -> Result<BpfProgram, String> {
     let prog: BpfProgram = filter
         .try_into()
         .map_err(|e: seccompiler::BackendError| e.to_string())?;
-    Ok(if allows_open(kind) {
-        prog
-    } else {
-        failing_open().into_iter().chain(prog).collect()
-    })
+    let mut prefix = Vec::new();
+    if !allows(kind, libc::SYS_openat) {
+        prefix.extend(failing(libc::SYS_openat, libc::ENOENT));
+    }
+    if allows(kind, libc::SYS_clone) && !allows(kind, libc::SYS_clone3) {
+        prefix.extend(failing(libc::SYS_clone3, libc::ENOSYS));
+    }
+    Ok(prefix.into_iter().chain(prog).collect())
 }
 
-/// Whether `kind` may open files (read-only or not).
-fn allows_open(kind: Kind) -> bool {
-    allow_list(kind)
-        .iter()
-        .any(|(call, _)| *call == libc::SYS_openat)
+/// Whether `kind`'s list names `call` (with any arguments or some).
+fn allows(kind: Kind, call: i64) -> bool {
+    allow_list(kind).iter().any(|(c, _)| *c == call)
 }
 
-/// Instructions that make `openat` fail with ENOENT, for the kinds that
-/// never open a file, ahead of their allow-list. The C library opens files
-/// behind the program's back, from whichever thread happens to get there
-/// first: glibc's malloc reads /proc/sys/vm/overcommit_memory the first
-/// time any thread's arena shrinks (seen from a vCPU thread in a
-/// migration, which stopped the VMM), and takes a failed open as "no".
-/// Failing the call keeps the guarantee (no file is opened) without
-/// stopping a VM over a library's lookup.
-fn failing_open() -> [seccompiler::sock_filter; 5] {
+/// Instructions that make `call` fail with `errno`, ahead of a kind's
+/// allow-list. `openat` with ENOENT, for the kinds that never open a file:
+/// the C library opens files behind the program's back, from whichever
+/// thread happens to get there first (glibc's malloc reads
+/// /proc/sys/vm/overcommit_memory the first time any thread's arena
+/// shrinks: seen from a vCPU thread in a migration, which stopped the VMM),
+/// and takes a failed open as "no"; failing the call keeps the guarantee
+/// (no file is opened) without stopping a VM over a library's lookup.
+/// `clone3` with ENOSYS, for the kinds that may start threads only: the C
+/// library then starts them with `clone`, whose flags the filter checks.
+fn failing(call: i64, errno: i32) -> [seccompiler::sock_filter; 5] {
     // Classic BPF opcodes (linux/filter.h): BPF_LD|BPF_W|BPF_ABS,
     // BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K.
     const LD_W_ABS: u16 = 0x20;
@@ -431,7 +441,7 @@ fn failing_open() -> [seccompiler::sock_filter; 5] {
         op(LD_W_ABS, 0, 0, ARCH_OFFSET),
         op(JEQ_K, 0, 3, AUDIT_ARCH_X86_64),
         op(LD_W_ABS, 0, 0, NR_OFFSET),
-        op(JEQ_K, 0, 1, libc::SYS_openat as u32),
-        op(RET_K, 0, 0, libc::SECCOMP_RET_ERRNO | libc::ENOENT as u32),
+        op(JEQ_K, 0, 1, call as u32),
+        op(RET_K, 0, 0, libc::SECCOMP_RET_ERRNO | errno as u32),
     ]
 }

@@ -13,7 +13,7 @@
 //! lookups).
 //!
 //! Kinds that never open a file get ENOENT from `openat` instead of a
-//! trap (see `filters::failing_open`): the C library's own lookups (glibc's
+//! trap (see `filters::failing`): the C library's own lookups (glibc's
 //! malloc reads /proc/sys/vm/overcommit_memory from whichever thread first
 //! shrinks an arena) must not stop a VM, and the file still stays shut.
 //!
@@ -95,7 +95,7 @@ thread_local! {
     static MODE: Cell<Mode> = const { Cell::new(Mode::On) };
     /// The kind whose filter this thread installed ([`apply`]) or
     /// inherited from the thread that started it ([`spawn_member`]).
-    static FILTERED_AS: Cell<Option<Kind>> = const { Cell::new(None) };
+    static FILTERED_AS: Cell<Option<(Kind, Mode)>> = const { Cell::new(None) };
     static CONFINED: Cell<bool> = const { Cell::new(false) };
 }
 
@@ -190,7 +190,7 @@ pub fn apply(kind: Kind, mode: Mode) -> Result<(), Error> {
     trap::install().map_err(|e| Error::Install(kind.name(), format!("SIGSYS handler: {e}")))?;
     trap::name_this_thread(kind);
     seccompiler::apply_filter(&prog).map_err(|e| Error::Install(kind.name(), e.to_string()))?;
-    FILTERED_AS.with(|k| k.set(Some(kind)));
+    FILTERED_AS.with(|k| k.set(Some((kind, mode))));
     Ok(())
 }
 
@@ -228,14 +228,14 @@ where
     T: Send + 'static,
 {
     let mode = mode();
-    if mode != Mode::Off && FILTERED_AS.with(|k| k.get()) != Some(kind) {
+    if mode != Mode::Off && FILTERED_AS.with(|k| k.get()) != Some((kind, mode)) {
         return spawn(kind, name, f);
     }
     std::thread::Builder::new().name(name).spawn(move || {
         set_mode(mode);
         if mode != Mode::Off {
             trap::name_this_thread(kind);
-            FILTERED_AS.with(|k| k.set(Some(kind)));
+            FILTERED_AS.with(|k| k.set(Some((kind, mode))));
         }
         f()
     })
@@ -355,6 +355,48 @@ mod tests {
             "{stdout}\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+
+    /// In the child: a pager thread starts a thread (allowed), then a
+    /// process (never).
+    fn pager_forks(mode: Mode) {
+        set_mode(mode);
+        check(mode).unwrap();
+        let t = spawn(Kind::Pager, "pager-fork".into(), || {
+            let member = spawn_member(Kind::Pager, "pager-m".into(), || 7).unwrap();
+            println!("a thread: {}", member.join().unwrap());
+            // SAFETY: the child, if any, exits at once.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                // SAFETY: ending the forked child without running anything.
+                unsafe { libc::_exit(0) };
+            }
+            pid
+        })
+        .unwrap();
+        println!("forked: {}", t.join().unwrap());
+    }
+
+    #[test]
+    fn a_pager_thread_may_start_threads_but_no_process() {
+        if let Some(mode) = child_mode() {
+            return pager_forks(mode);
+        }
+        let out = child(
+            "seccomp::tests::a_pager_thread_may_start_threads_but_no_process",
+            Mode::On,
+        );
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(stdout.contains("a thread: 7"), "{stdout}\n{stderr}");
+        assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+        assert!(
+            stderr.contains("'pager-fork' (pager filter) made the forbidden system call clone"),
+            "{stderr}"
+        );
+        assert!(!stdout.contains("forked"), "{stdout}");
     }
 
     /// In the child: the control thread, confined, starts a program

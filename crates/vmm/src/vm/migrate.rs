@@ -497,21 +497,14 @@ impl Running {
         report
             .harvest_us
             .push(harvest_at.elapsed().as_micros() as u64);
-        // What the guest was writing when it stopped, and (a VM under the
-        // pager) what it touched first: post-copy pushes those first (pure
-        // post-copy had no rounds: only the last harvest). Pages the
-        // destination holds already are left out when the push is planned.
-        let touched = || {
-            // `merge` takes ascending lists; the push goes in address order.
-            let mut t = self.vm.first_touches();
-            t.sort_unstable();
-            t.dedup();
-            t
-        };
+        // What the guest was writing when it stopped: post-copy pushes it
+        // first (pure post-copy had no rounds: only the last harvest), with
+        // the pages a paged VM touched first (added once the guest runs
+        // there: sorting them is no work for the pause).
         let hot = match (switch, o.mode) {
             (false, _) => Vec::new(),
-            (true, Mode::Postcopy) => merge(final_dirty.clone(), touched()),
-            (true, _) => merge(merge(pending.clone(), final_dirty.clone()), touched()),
+            (true, Mode::Postcopy) => final_dirty.clone(),
+            (true, _) => merge(pending.clone(), final_dirty.clone()),
         };
         let last = merge(merge(pending, final_dirty), self.vm.host_writes.take());
         parts.final_harvest_us = lap_us(&mut lap);

@@ -114,7 +114,12 @@ impl Running {
             false => None,
         };
         let mut pending = Pending::new(&rest, end);
-        let hot_pages = pending.prioritize(&hot);
+        // A VM under the pager: the pages its guest touched first too
+        // (`merge` takes ascending lists; the push goes in address order).
+        let mut touched = self.vm.first_touches();
+        touched.sort_unstable();
+        touched.dedup();
+        let hot_pages = pending.prioritize(&crate::migration::dirty::merge(hot, touched));
         let mut left = Interrupted {
             pending,
             hash,

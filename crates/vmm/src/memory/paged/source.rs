@@ -92,18 +92,10 @@ impl Pager {
 
     /// Stop the pager's threads (faults still pending stay unserved).
     pub fn stop(&mut self) {
-        {
-            // Set under the queue's lock: a worker checks `stop` and then
-            // waits with that lock held, so a flag set (and notified)
-            // between its check and its wait would be a lost wake-up and
-            // the join below would hang for ever.
-            let _q = self.shared.queue.lock().unwrap_or_else(|p| p.into_inner());
-            self.shared.stop.store(true, Ordering::Release);
-        }
+        self.shared.halt();
         // A loader still held ends without loading.
         self.loader_go = None;
         let _ = self.wake.write(1);
-        self.shared.queued.notify_all();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
