@@ -418,9 +418,14 @@ impl Drop for Workers {
 }
 
 /// Start the fetch workers (from the fault thread, whose filter they
-/// inherit); the first that cannot be started is the error, and those
-/// started end with the pager.
-fn start_workers(sh: &Arc<Shared>, staging: u64) -> (Workers, io::Result<()>) {
+/// inherit). `first` hears once the first one runs (or could not start):
+/// from then on every fault is served. A later one that cannot start stops
+/// the VM with a message (the pager serves on with fewer meanwhile).
+fn start_workers(
+    sh: &Arc<Shared>,
+    staging: u64,
+    first: std::sync::mpsc::Sender<io::Result<()>>,
+) -> Workers {
     let mut workers = Workers(Vec::with_capacity(WORKERS));
     for i in 0..WORKERS {
         let w = sh.clone();
@@ -430,11 +435,23 @@ fn start_workers(sh: &Arc<Shared>, staging: u64) -> (Workers, io::Result<()>) {
             format!("pager-{i}"),
             move || worker_loop(w, page),
         ) {
-            Ok(t) => workers.0.push(t),
-            Err(e) => return (workers, Err(e)),
+            Ok(t) => {
+                workers.0.push(t);
+                if i == 0 {
+                    let _ = first.send(Ok(()));
+                }
+            }
+            Err(e) if i == 0 => {
+                let _ = first.send(Err(e));
+                break;
+            }
+            Err(e) => {
+                sh.fail(format!("cannot start pager worker {i} of {WORKERS}: {e}"));
+                break;
+            }
         }
     }
-    (workers, Ok(()))
+    workers
 }
 
 impl Pager {
@@ -573,21 +590,17 @@ impl Pager {
                 move || {
                     // The workers are started here, under this thread's
                     // filter, and end (stop) before it does.
-                    let (_workers, started) = start_workers(&sh, staging);
-                    let ok = started.is_ok();
-                    let _ = started_tx.send(started);
-                    if ok {
+                    let workers = start_workers(&sh, staging, started_tx);
+                    if !workers.0.is_empty() {
                         fault_loop(sh, wake);
-                    } else {
-                        sh.halt(); // the workers that did start end
                     }
                 },
             )
             .map_err(PagerError::Thread)?,
         );
-        // Until every worker runs a fault could wait with nobody to serve
-        // it (a restore touches guest memory before its vCPUs run): the
-        // pager starts whole or not at all (dropped, it stops what began).
+        // Until a worker runs a fault could wait with nobody to serve it
+        // (a restore touches guest memory before its vCPUs run): without
+        // one the pager does not start (dropped, it stops what began).
         started_rx
             .recv()
             .unwrap_or_else(|_| {
