@@ -12,11 +12,16 @@ use hover_vmm::host::kvm_for_test;
 
 /// The seccomp mode of thread `tid` of process `pid` (0 none, 2 filter).
 fn seccomp_of(pid: u32, tid: u32) -> u32 {
+    status_field(pid, tid, "Seccomp:")
+}
+
+/// A line of `/proc/PID/task/TID/status`, as a number.
+fn status_field(pid: u32, tid: u32, field: &str) -> u32 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).unwrap();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("Seccomp:"))
-        .unwrap_or_else(|| panic!("no Seccomp line: {status}"))
+        .find_map(|l| l.strip_prefix(field))
+        .unwrap_or_else(|| panic!("no {field} line: {status}"))
         .trim()
         .parse()
         .unwrap()
@@ -86,18 +91,6 @@ fn a_receiver_is_filtered_before_it_reads_a_stream() {
     assert_eq!(seccomp_of(rx.id(), rx.id()), 2);
     rx.kill().unwrap();
     rx.wait().unwrap();
-}
-
-/// A line of `/proc/PID/task/TID/status`, as a number.
-fn status_field(pid: u32, tid: u32, field: &str) -> u32 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .unwrap_or_else(|| panic!("no {field} line: {status}"))
-        .trim()
-        .parse()
-        .unwrap()
 }
 
 /// The pager's fetch workers are started by its fault thread and inherit
