@@ -36,7 +36,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::store::{PageBuf, PageStore, StoreError};
 use super::uffd::{Uffd, FEATURE_MOVE};
 use super::GuestRam;
-use workers::{fault_loop, worker_loop, RawEventFd};
+use workers::{fault_loop, start_workers, RawEventFd};
 
 mod delay;
 mod place;
@@ -402,56 +402,6 @@ impl Shared {
             self.zero_fills.fetch_add(1, Ordering::Relaxed);
         }
     }
-}
-
-/// The fetch workers, each with its own staging page, joined when dropped
-/// (after `stop`; also if the fault thread unwinds, so that none outlives
-/// the staging pages).
-struct Workers(Vec<JoinHandle<()>>);
-
-impl Drop for Workers {
-    fn drop(&mut self) {
-        for w in self.0.drain(..) {
-            let _ = w.join();
-        }
-    }
-}
-
-/// Start the fetch workers (from the fault thread, whose filter they
-/// inherit). `first` hears once the first one runs (or could not start):
-/// from then on every fault is served. A later one that cannot start stops
-/// the VM with a message (the pager serves on with fewer meanwhile).
-fn start_workers(
-    sh: &Arc<Shared>,
-    staging: u64,
-    first: std::sync::mpsc::Sender<io::Result<()>>,
-) -> Workers {
-    let mut workers = Workers(Vec::with_capacity(WORKERS));
-    for i in 0..WORKERS {
-        let w = sh.clone();
-        let page = staging + i as u64 * PAGE_SIZE;
-        match crate::seccomp::spawn_member(
-            crate::seccomp::Kind::Pager,
-            format!("pager-{i}"),
-            move || worker_loop(w, page),
-        ) {
-            Ok(t) => {
-                workers.0.push(t);
-                if i == 0 {
-                    let _ = first.send(Ok(()));
-                }
-            }
-            Err(e) if i == 0 => {
-                let _ = first.send(Err(e));
-                break;
-            }
-            Err(e) => {
-                sh.fail(format!("cannot start pager worker {i} of {WORKERS}: {e}"));
-                break;
-            }
-        }
-    }
-    workers
 }
 
 impl Pager {

@@ -4,9 +4,12 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Instant;
 
-use super::{PageBuf, Shared};
+use hover_abi::layout::PAGE_SIZE;
+
+use super::{PageBuf, Shared, WORKERS};
 
 pub(super) fn fault_loop(sh: Arc<Shared>, wake: RawEventFd) {
     raise_priority();
@@ -98,3 +101,53 @@ pub(super) fn worker_loop(sh: Arc<Shared>, staging: u64) {
 
 #[derive(Clone, Copy)]
 pub(super) struct RawEventFd(pub(super) i32);
+
+/// The fetch workers, each with its own staging page, joined when dropped
+/// (after `stop`; also if the fault thread unwinds, so that none outlives
+/// the staging pages).
+pub(super) struct Workers(pub(super) Vec<JoinHandle<()>>);
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for w in self.0.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+/// Start the fetch workers (from the fault thread, whose filter they
+/// inherit). `first` hears once the first one runs (or could not start):
+/// from then on every fault is served. A later one that cannot start stops
+/// the VM with a message (the pager serves on with fewer meanwhile).
+pub(super) fn start_workers(
+    sh: &Arc<Shared>,
+    staging: u64,
+    first: std::sync::mpsc::Sender<io::Result<()>>,
+) -> Workers {
+    let mut workers = Workers(Vec::with_capacity(WORKERS));
+    for i in 0..WORKERS {
+        let w = sh.clone();
+        let page = staging + i as u64 * PAGE_SIZE;
+        match crate::seccomp::spawn_member(
+            crate::seccomp::Kind::Pager,
+            format!("pager-{i}"),
+            move || worker_loop(w, page),
+        ) {
+            Ok(t) => {
+                workers.0.push(t);
+                if i == 0 {
+                    let _ = first.send(Ok(()));
+                }
+            }
+            Err(e) if i == 0 => {
+                let _ = first.send(Err(e));
+                break;
+            }
+            Err(e) => {
+                sh.fail(format!("cannot start pager worker {i} of {WORKERS}: {e}"));
+                break;
+            }
+        }
+    }
+    workers
+}
