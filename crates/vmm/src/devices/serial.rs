@@ -69,7 +69,21 @@ impl LineBoost {
     }
 }
 
+impl LineBoost {
+    fn try_clone(&self) -> LineBoost {
+        LineBoost::new(self.booster.clone(), self.vm.clone(), self.pin)
+    }
+}
+
 impl IrqTrigger {
+    /// Another trigger of the same line (and boost).
+    pub fn try_clone(&self) -> io::Result<IrqTrigger> {
+        Ok(IrqTrigger {
+            irq: self.irq.try_clone()?,
+            boost: self.boost.as_ref().map(LineBoost::try_clone),
+        })
+    }
+
     /// A trigger writing `irq`.
     pub fn new(irq: EventFd) -> Self {
         IrqTrigger { irq, boost: None }
@@ -116,6 +130,16 @@ impl Write for BufferWriter {
 }
 
 impl ConsoleSink {
+    /// A sink that drops every byte.
+    pub fn discard() -> Self {
+        ConsoleSink {
+            out: None,
+            first_byte: None,
+            bytes: 0,
+            failed: false,
+        }
+    }
+
     /// Open `target` (creating a file if asked).
     pub fn open(target: &ConsoleTarget) -> io::Result<Self> {
         let out: Option<Box<dyn Write + Send>> = match target {
@@ -195,6 +219,21 @@ pub struct UartState {
 
 type Uart = Serial<IrqTrigger, NoEvents, ConsoleSink>;
 
+fn uart_state(s: &UartState) -> SerialState {
+    SerialState {
+        baud_divisor_low: s.baud_divisor_low,
+        baud_divisor_high: s.baud_divisor_high,
+        interrupt_enable: s.interrupt_enable,
+        interrupt_identification: s.interrupt_identification,
+        line_control: s.line_control,
+        line_status: s.line_status,
+        modem_control: s.modem_control,
+        modem_status: s.modem_status,
+        scratch: s.scratch,
+        in_buffer: s.in_buffer.clone(),
+    }
+}
+
 /// COM1 with its console.
 pub struct SerialConsole(Mutex<Uart>);
 
@@ -204,23 +243,21 @@ impl SerialConsole {
         SerialConsole(Mutex::new(Serial::new(irq, sink)))
     }
 
-    /// A UART in the saved state `s`.
-    pub fn from_state(s: &UartState, irq: IrqTrigger, sink: ConsoleSink) -> Result<Self, String> {
-        let st = SerialState {
-            baud_divisor_low: s.baud_divisor_low,
-            baud_divisor_high: s.baud_divisor_high,
-            interrupt_enable: s.interrupt_enable,
-            interrupt_identification: s.interrupt_identification,
-            line_control: s.line_control,
-            line_status: s.line_status,
-            modem_control: s.modem_control,
-            modem_status: s.modem_status,
-            scratch: s.scratch,
-            in_buffer: s.in_buffer.clone(),
-        };
-        Serial::from_state(&st, irq, NoEvents, sink)
-            .map(|u| SerialConsole(Mutex::new(u)))
-            .map_err(|e| format!("the saved serial port state is invalid: {e:?}"))
+    /// Take up the saved state `s` (a restore, a migration's arrival);
+    /// the interrupt line and console stay. A state vm-superio refuses
+    /// leaves the UART as it was.
+    pub fn restore(&self, s: &UartState) -> Result<(), String> {
+        let mut uart = self.lock();
+        let irq = uart
+            .interrupt_evt()
+            .try_clone()
+            .map_err(|e| format!("cannot restore the serial port: its interrupt line: {e}"))?;
+        let placeholder = ConsoleSink::discard();
+        let restored = Serial::from_state(&uart_state(s), irq, NoEvents, placeholder)
+            .map_err(|e| format!("the saved serial port state is invalid: {e:?}"))?;
+        let old = std::mem::replace(&mut *uart, restored);
+        *uart.writer_mut() = old.into_writer();
+        Ok(())
     }
 
     /// The UART's state.
@@ -294,25 +331,39 @@ mod tests {
     }
 
     #[test]
-    fn state_round_trips() {
-        let sink = || ConsoleSink::open(&ConsoleTarget::Off).unwrap();
-        let s = SerialConsole::new(IrqTrigger::new(EventFd::new(0).unwrap()), sink());
+    fn state_round_trips_and_the_console_stays() {
+        let buf: SharedBuffer = Arc::new(Mutex::new(Vec::new()));
+        let sink = ConsoleSink::open(&ConsoleTarget::Buffer(buf.clone())).unwrap();
+        let s = SerialConsole::new(
+            IrqTrigger::new(EventFd::new(0).unwrap()),
+            ConsoleSink::discard(),
+        );
         s.write(7, 0x5a); // scratch
         s.write(3, 0x80); // DLAB
         s.write(0, 0x0c); // divisor low
+        s.write(3, 0x03); // 8N1, DLAB off
         let st = s.state();
-        let back =
-            SerialConsole::from_state(&st, IrqTrigger::new(EventFd::new(0).unwrap()), sink())
-                .unwrap();
+        let back = SerialConsole::new(IrqTrigger::new(EventFd::new(0).unwrap()), sink);
+        back.write(0, b'a');
+        back.restore(&st).unwrap();
         assert_eq!(back.state(), st);
         assert_eq!(st.scratch, 0x5a);
+        back.write(0, b'b');
+        assert_eq!(
+            &buf.lock().unwrap()[..],
+            b"ab",
+            "the console outlives a restore"
+        );
+        assert_eq!(back.bytes_written(), 2);
         let bad = UartState {
             in_buffer: vec![0; 1 << 16],
-            ..st
+            ..st.clone()
         };
-        assert!(
-            SerialConsole::from_state(&bad, IrqTrigger::new(EventFd::new(0).unwrap()), sink())
-                .is_err()
+        assert!(back.restore(&bad).is_err());
+        assert_eq!(
+            back.state(),
+            st,
+            "a refused state leaves the UART as it was"
         );
     }
 }

@@ -65,6 +65,9 @@ pub enum StateError {
     /// The saved state does not fit this vCPU.
     #[error("{0}")]
     Mismatch(String),
+    /// The vCPU's thread has ended (it panicked).
+    #[error("the vCPU's thread has ended")]
+    ThreadGone,
 }
 
 fn kvm(op: &'static str) -> impl Fn(kvm_ioctls::Error) -> StateError {

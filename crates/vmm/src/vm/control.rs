@@ -229,6 +229,9 @@ pub(crate) struct Status {
     /// Set by `PUT /vm/migrate/postcopy`: a hybrid migration switches to
     /// post-copy after its current round.
     pub(crate) postcopy_now: bool,
+    /// An arriving migration's connection: a signal shuts it, so that the
+    /// wait for the stream's next frame ends at once.
+    pub(crate) hangup: Option<crate::migration::transport::Conn>,
 }
 
 /// What the VM's control loop hears.
@@ -287,6 +290,15 @@ impl Controller {
     pub fn signal(&self, signal: i32) {
         let (tx, _) = mpsc::channel();
         let _ = self.tx.send(VmEvent::Command(Command::Signal(signal), tx));
+        let hangup = self
+            .status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .hangup
+            .take();
+        if let Some(conn) = hangup {
+            conn.shutdown();
+        }
     }
 
     /// Have the hybrid migration under way switch to post-copy after its

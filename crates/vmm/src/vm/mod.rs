@@ -32,7 +32,7 @@ use crate::config::{BootProtocol, ConfigError, VmConfig};
 use crate::devices::control::ControlDevice;
 use crate::devices::msi::MsiInjector;
 use crate::devices::pvio::PvioDevice;
-use crate::devices::serial::{ConsoleSink, IrqTrigger, LineBoost, SerialConsole, UartState};
+use crate::devices::serial::{ConsoleSink, IrqTrigger, LineBoost, SerialConsole};
 use crate::devices::Devices;
 use crate::memory::paged::{PageSource, Pager, MIN_BUDGET_PAGES};
 use crate::memory::GuestRam;
@@ -96,6 +96,9 @@ pub struct Vm {
     rings: Option<Arc<RingSet>>,
     throttle: Arc<Throttle>,
     booster: Arc<Booster>,
+    /// A migration arriving into this VM: the rest of its stream, taken
+    /// once every thread runs ([`run::Running::arrive`]).
+    arriving: Option<Box<receive::Arriving>>,
     /// A post-copy destination's receiving thread.
     postcopy_in: Option<postcopy_in::IncomingHandle>,
     /// ... and its report, once every page has arrived.
@@ -112,13 +115,6 @@ struct Machine {
     ram: GuestRam,
     supported: CpuId,
     layout: Arc<StateLayout>,
-}
-
-/// What a device set is built from: the console sink, and the UART's saved
-/// state on a restore.
-struct DeviceSetup<'a> {
-    sink: ConsoleSink,
-    uart: Option<&'a UartState>,
 }
 
 impl Vm {
@@ -190,16 +186,7 @@ impl Vm {
             image_end: layout.end,
         };
         let sink = open_console(config)?;
-        Vm::assemble(
-            m,
-            config,
-            saved,
-            vcpus,
-            tsc_khz,
-            DeviceSetup { sink, uart: None },
-            None,
-            created_at,
-        )
+        Vm::assemble(m, config, saved, vcpus, tsc_khz, sink, None, created_at)
     }
 
     /// The last steps of building, shared by boot and restore: devices,
@@ -211,7 +198,7 @@ impl Vm {
         saved: SavedMachine,
         vcpus: Vec<Vcpu>,
         tsc_khz: u32,
-        dev: DeviceSetup<'_>,
+        sink: ConsoleSink,
         source: Option<Arc<dyn PageSource>>,
         created_at: Instant,
     ) -> Result<Vm, Error> {
@@ -269,13 +256,7 @@ impl Vm {
             fd.clone(),
             COM1_GSI as usize,
         ));
-        let serial = match dev.uart {
-            None => SerialConsole::new(irq, dev.sink),
-            Some(s) => SerialConsole::from_state(s, irq, dev.sink).map_err(|e| Error::Host {
-                what: "restore the serial port",
-                source: std::io::Error::other(e),
-            })?,
-        };
+        let serial = SerialConsole::new(irq, sink);
         let pvio = PvioDevice::new(
             &fd,
             m.ram.memory().clone(),
@@ -349,6 +330,7 @@ impl Vm {
             restored_from: None,
             migration: None,
             postcopy_now: false,
+            hangup: None,
         }));
         Ok(Vm {
             _kvm: m.kvm,
@@ -379,6 +361,7 @@ impl Vm {
             rings,
             throttle,
             booster,
+            arriving: None,
             postcopy_in: None,
             postcopy_done: None,
             events,

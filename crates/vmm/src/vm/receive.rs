@@ -1,17 +1,29 @@
 //! The destination side of a live migration (`hover receive`): wait for one
 //! source, build the VM from its configuration, place the pages it sends,
-//! load its state, and only then say READY... RUNNING. A stream that is
-//! truncated, corrupted or does not fit this host is refused with the frame
-//! and offset, and no half-built VM ever runs.
+//! load its state, and only then say RUNNING. A stream that is truncated,
+//! corrupted or does not fit this host is refused with the frame and
+//! offset, and no half-built VM ever runs.
+//!
+//! Everything that does not depend on the guest's final state is ready
+//! before the source pauses: [`Vm::receive`] builds the VM (memory, vCPUs,
+//! devices, pager) once the configuration arrives and says READY; [`Vm::run`]
+//! starts every thread (vCPUs held, API, monitors) and only then takes the
+//! rest of the stream ([`Running::arrive`]). So the source's pause holds
+//! the final pages, the state's load, and the vCPUs' release: the RUNNING
+//! stamp is taken as they are let go.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vm_memory::{Bytes, GuestAddress};
 
+use kvm_bindings::CpuId;
+
+use super::control::{Command, VmEvent};
 use super::postcopy_in::PinnedHash;
-use super::restore::{prepare, LoadError, RestoreOptions};
-use super::{open_console, DeviceSetup, Vm};
+use super::restore::{check_saved_vcpus, prepare, LoadError, RestoreOptions};
+use super::run::Running;
+use super::{open_console, Vm};
 use crate::memory::paged::PageSource;
 use crate::migration::auth::LinkAuth;
 use crate::migration::opening::{self, Opened, Waiting};
@@ -24,8 +36,20 @@ use crate::migration::wire::{
 };
 use crate::migration::MigrationError;
 use crate::state::{self, memory, SavedMachine, VmState};
-use crate::Error;
+use crate::vcpu::state::StateError;
+use crate::vcpu::thread::{VcpuMsg, VcpuReply};
+use crate::{Error, KvmOp};
 use hover_abi::layout::PAGE_SIZE;
+
+/// Tell the source why its migration was refused (if it still listens).
+fn refuse(conn: &Conn, w: &mut FrameWriter<Conn>, e: &Error) {
+    let msg = match e {
+        Error::Migration(m) => m.to_string(),
+        other => other.to_string(),
+    };
+    let _ = w.frame(Kind::Error, &[msg.as_bytes()]);
+    conn.shutdown();
+}
 
 /// How long the source may go quiet in the middle of a migration.
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
@@ -105,40 +129,40 @@ impl Vm {
         };
         let Opened {
             conn,
-            reader: r,
+            reader: mut r,
             writer: mut w,
         } = opening::wait(&listener, &waiting)
             .map_err(|e| Error::Migration(MigrationError::Waited(e)))?;
         drop(listener);
         let created_at = Instant::now();
-        match Vm::take_in(&conn, r, &mut w, opts, created_at, recover_at) {
-            Ok(vm) => Ok(vm),
+        match Vm::begin_arrival(&conn, &mut r, &mut w, opts, created_at) {
+            Ok((mut vm, a)) => {
+                vm.arriving = Some(Box::new(Arriving {
+                    conn,
+                    r,
+                    w,
+                    recover_at,
+                    parts: a,
+                }));
+                Ok(vm)
+            }
             Err(e) => {
-                // Tell the source why, if it still listens.
-                let msg = match &e {
-                    Error::Migration(m) => m.to_string(),
-                    other => other.to_string(),
-                };
-                let _ = w.frame(Kind::Error, &[msg.as_bytes()]);
-                conn.shutdown();
+                refuse(&conn, &mut w, &e);
                 Err(e)
             }
         }
     }
 
-    fn take_in(
+    /// Read the stream up to its pages: the configuration and the mode;
+    /// build the VM (vCPUs, devices, pager) and say READY.
+    fn begin_arrival(
         conn: &Conn,
-        mut r: FrameReader<Conn>,
+        r: &mut FrameReader<Conn>,
         w: &mut FrameWriter<Conn>,
         opts: &RestoreOptions,
         created_at: Instant,
-        recover_at: Addr,
-    ) -> Result<Vm, Error> {
+    ) -> Result<(Vm, ArrivingParts), Error> {
         let mig = |e: MigrationError| Error::Migration(e);
-        let host = |what: &str| {
-            let what = what.to_string();
-            move |e: std::io::Error| Error::Migration(MigrationError::Host(format!("{what}: {e}")))
-        };
         conn.set_timeout(Some(IO_TIMEOUT))
             .map_err(host("setting the connection's timeout"))?;
         let f = r.frame().map_err(|e| mig(e.into()))?;
@@ -170,12 +194,8 @@ impl Vm {
                 )))
             }
         };
-        let load = |e: LoadError, section: &'static str, offset: u64| match e {
-            LoadError::Unfit(_, reason) => mig(unfit(section, offset, reason)),
-            LoadError::Host(e) => e,
-        };
-        // The machine and its memory now; devices once their state is here.
         let p = prepare(&saved, opts).map_err(|e| load(e, "CONF", conf_at))?;
+        let cpuid = p.set_cpuid().map_err(|e| load(e, "CONF", conf_at))?;
         let ram = &p.machine.ram;
         // Under a budget, memory above the boot area waits in a file for
         // the pager, so the budget holds from the first page.
@@ -200,16 +220,163 @@ impl Vm {
         } else {
             (None, None)
         };
+        let source = match (&received, &remote) {
+            (Some(r), _) => Some(r.clone() as Arc<dyn PageSource>),
+            (_, Some(r)) => Some(r.clone() as Arc<dyn PageSource>),
+            (None, None) => None,
+        };
+        let sink = open_console(&p.config)?;
+        let config = p.config;
+        // The guest's TSC rate arrives with its state; the host's until then.
+        let tsc_khz = p.vcpus[0]
+            .fd()
+            .get_tsc_khz()
+            .map_err(KvmOp::GetTscKhz.err())?;
+        let vm = Vm::assemble(
+            p.machine,
+            &config,
+            saved.clone(),
+            p.vcpus,
+            tsc_khz,
+            sink,
+            source,
+            created_at,
+        )?;
+        // A signal ends the wait for the stream's next frame.
+        vm.status.lock().unwrap_or_else(|p| p.into_inner()).hangup =
+            Some(conn.try_clone().map_err(host("cloning the connection"))?);
         w.frame(Kind::Ready, &[])
             .map_err(host("answering the source"))?;
+        Ok((
+            vm,
+            ArrivingParts {
+                // With verification, a post-copy checks the boot area's
+                // hash: kept up as its pages arrive, out of the downtime.
+                pinned: (postcopy && verify).then(|| PinnedHash::new(saved.image_end)),
+                saved,
+                postcopy,
+                received,
+                remote,
+                cpuid,
+            },
+        ))
+    }
+}
 
+/// What [`Vm::begin_arrival`] learnt, for the rest of the stream.
+pub(super) struct ArrivingParts {
+    saved: SavedMachine,
+    postcopy: bool,
+    pinned: Option<PinnedHash>,
+    /// Pages above the boot area, under a memory budget (pre-copy).
+    received: Option<Arc<ReceivedPages>>,
+    /// Pages still on their way, in a post-copy.
+    remote: Option<Arc<RemotePages>>,
+    /// What each vCPU here offers, for the saved vCPUs' check.
+    cpuid: Vec<CpuId>,
+}
+
+/// A migration under way into a built VM: the rest of its stream.
+pub(super) struct Arriving {
+    conn: Conn,
+    r: FrameReader<Conn>,
+    w: FrameWriter<Conn>,
+    /// Where a broken post-copy is recovered.
+    recover_at: Addr,
+    parts: ArrivingParts,
+}
+
+fn host(what: &str) -> impl Fn(std::io::Error) -> Error {
+    let what = what.to_string();
+    move |e| Error::Migration(MigrationError::Host(format!("{what}: {e}")))
+}
+
+fn load(e: LoadError, section: &'static str, offset: u64) -> Error {
+    match e {
+        LoadError::Unfit(_, reason) => Error::Migration(unfit(section, offset, reason)),
+        LoadError::Host(e) => e,
+    }
+}
+
+impl Running {
+    /// Take the rest of an arriving migration's stream, with every thread
+    /// of the VM started and its vCPUs held: pages, state, the end; load the
+    /// state, say RUNNING and let the vCPUs go. A VM built any other way:
+    /// nothing to do. Err: the stream was refused (the source is told) or
+    /// a signal came first (Ok(Some(signal)): the run ends as a signal
+    /// ends it); either way the vCPUs never ran.
+    pub(super) fn arrive(&mut self) -> Result<Option<i32>, Error> {
+        let Some(a) = self.vm.arriving.take() else {
+            return Ok(None);
+        };
+        let Arriving {
+            conn,
+            mut r,
+            mut w,
+            recover_at,
+            parts,
+        } = *a;
+        let taken = self.take_rest(&mut r, &mut w, parts);
+        self.vm
+            .status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .hangup = None;
+        let (remote, pinned_hash) = match taken {
+            Ok(t) => t,
+            Err(Cut::Signal(sig)) => {
+                let e = Error::Migration(MigrationError::Host(format!(
+                    "the destination was stopped by signal {sig} while the migration arrived"
+                )));
+                refuse(&conn, &mut w, &e);
+                return Ok(Some(sig));
+            }
+            Err(Cut::Refused(e)) => {
+                refuse(&conn, &mut w, &e);
+                return Err(e);
+            }
+        };
+        if let Some(remote) = remote {
+            let w = w.hand_over(conn.try_clone().map_err(host("cloning the connection"))?);
+            self.vm
+                .start_incoming(remote, r, w, recover_at, pinned_hash)
+                .map_err(host("starting the post-copy receiver"))?;
+        }
+        // Last: a source told RUNNING has let its guest go.
+        self.broadcast(|| VcpuMsg::Resume)
+            .map_err(|e| host("letting the vCPUs go")(std::io::Error::other(e.to_string())))?;
+        Ok(None)
+    }
+
+    /// The frames after READY, up to RUNNING sent. Ok: a post-copy's page
+    /// source and pinned hash, for its receiver.
+    #[allow(clippy::type_complexity)]
+    fn take_rest(
+        &mut self,
+        r: &mut FrameReader<Conn>,
+        w: &mut FrameWriter<Conn>,
+        parts: ArrivingParts,
+    ) -> Result<(Option<Arc<RemotePages>>, Option<u64>), Cut> {
+        let mig = |e: MigrationError| Cut::Refused(Error::Migration(e));
+        let ArrivingParts {
+            saved,
+            postcopy,
+            mut pinned,
+            received,
+            remote,
+            cpuid,
+        } = parts;
+        let ram = &self.vm.ram;
         let (mut state, mut digest, mut pages): (Option<(u64, VmState)>, Option<u32>, u64) =
             (None, None, 0);
-        // With verification, a post-copy checks the boot area's hash: kept
-        // up as its pages arrive, out of the downtime.
-        let mut pinned = (postcopy && verify).then(|| PinnedHash::new(saved.image_end));
         loop {
-            let f = r.frame().map_err(|e| mig(e.into()))?;
+            heed_signals(&self.vm.events_rx, &mut self.stashed)?;
+            let f = r.frame().map_err(|e| {
+                match heed_signals(&self.vm.events_rx, &mut self.stashed) {
+                    Err(stopped) => stopped,
+                    Ok(()) => mig(e.into()),
+                }
+            })?;
             match f.kind {
                 Kind::Pages => {
                     let (gpas, data) = split_pages(&f.payload)
@@ -301,32 +468,12 @@ impl Vm {
                 "the stream ended without the VM's state".into(),
             )));
         };
-        p.check_vcpus(&s.vcpus)
-            .map_err(|e| load(e, "STATE", state_at))?;
-        let sink = open_console(&p.config)?;
-        let config = p.config;
-        let mut vm = Vm::assemble(
-            p.machine,
-            &config,
-            saved,
-            p.vcpus,
-            s.vcpus[0].tsc_khz,
-            DeviceSetup {
-                sink,
-                uart: Some(&s.devices.serial),
-            },
-            match (&received, &remote) {
-                (Some(r), _) => Some(r.clone() as Arc<dyn PageSource>),
-                (_, Some(r)) => Some(r.clone() as Arc<dyn PageSource>),
-                (None, None) => None,
-            },
-            created_at,
-        )?;
+        check_saved_vcpus(&cpuid, &s.vcpus).map_err(|e| load(e, "STATE", state_at))?;
         // What the guest may change once it runs, hashed before it does.
         let pinned_hash = pinned.map(|p| p.sum());
         // Checked with the pager running: pages may wait in its source.
         if let Some(want) = digest {
-            let got = memory::digest(&vm.ram, vm.pager.as_ref())
+            let got = memory::digest(&self.vm.ram, self.vm.pager.as_ref())
                 .map_err(host("digesting guest memory"))?;
             if got != want {
                 return Err(mig(unfit(
@@ -336,24 +483,56 @@ impl Vm {
                 )));
             }
         }
-        vm.load_state(&s).map_err(|e| load(e, "STATE", state_at))?;
+        let vcpus = &self.vcpus;
+        self.vm
+            .load_state_with(&s, |i, st| {
+                match vcpus[i].request(VcpuMsg::Restore(Box::new(st.clone()))) {
+                    Some(VcpuReply::Restored(r)) => r,
+                    _ => Err(StateError::ThreadGone),
+                }
+            })
+            .map_err(|e| load(e, "STATE", state_at))?;
         let how = match (&received, &remote) {
             (_, Some(_)) => "postcopy",
             (Some(_), _) => "lazy",
             (None, None) => "eager",
         };
-        vm.mark_restored("a live migration".into(), how, pages);
+        self.vm.mark_restored("a live migration".into(), how, pages);
         let running = RunningFrame {
             tsc: state::host_tsc(),
             load_us: ended.elapsed().as_micros() as u64,
         };
         w.frame(Kind::Running, &[&running.encode()])
             .map_err(host("answering the source"))?;
-        if let Some(remote) = remote {
-            let w = w.hand_over(conn.try_clone().map_err(host("cloning the connection"))?);
-            vm.start_incoming(remote, r, w, recover_at, pinned_hash)
-                .map_err(host("starting the post-copy receiver"))?;
-        }
-        Ok(vm)
+        Ok((remote, pinned_hash))
     }
+}
+
+/// Why an arriving migration's stream was cut short.
+enum Cut {
+    /// A signal asked the VM to end.
+    Signal(i32),
+    /// The stream was refused, or the host failed.
+    Refused(Error),
+}
+
+impl From<Error> for Cut {
+    fn from(e: Error) -> Self {
+        Cut::Refused(e)
+    }
+}
+
+/// Err if a signal asked the VM to end while its migration arrives; other
+/// events wait in `stashed` for the control loop.
+fn heed_signals(
+    events: &std::sync::mpsc::Receiver<VmEvent>,
+    stashed: &mut std::collections::VecDeque<VmEvent>,
+) -> Result<(), Cut> {
+    while let Ok(ev) = events.try_recv() {
+        if let VmEvent::Command(Command::Signal(sig), _) = ev {
+            return Err(Cut::Signal(sig));
+        }
+        stashed.push_back(ev);
+    }
+    Ok(())
 }

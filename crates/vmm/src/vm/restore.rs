@@ -14,7 +14,7 @@ use kvm_bindings::{
 
 use super::control::VmEvent;
 use super::outcome::{us_since, RestoreReport};
-use super::{open_console, DeviceSetup, Machine, Vm};
+use super::{open_console, Machine, Vm};
 use crate::config::{HostConfig, VmConfig};
 use crate::memory::paged::{self, PageSource};
 use crate::state::file::{Snapshot, SnapshotError};
@@ -188,28 +188,39 @@ impl Prepared {
     /// feature that a vCPU booted here would not see (KVM adds bits of its
     /// own to the table it is given, so ask a vCPU, not the supported list).
     pub(crate) fn check_vcpus(&self, states: &[VcpuState]) -> Result<(), LoadError> {
-        if states.len() != self.vcpus.len() {
-            return Err(LoadError::Unfit(
-                "VCPU",
-                format!(
-                    "{} vCPU states for {} vCPUs",
-                    states.len(),
-                    self.vcpus.len()
-                ),
-            ));
-        }
-        for (v, st) in self.vcpus.iter().zip(states) {
-            let fd = v.fd();
-            fd.set_cpuid2(&self.machine.vcpu_cpuid(&self.config, v.index()))
-                .map_err(|e| LoadError::Host(KvmOp::SetCpuid.err()(e)))?;
-            let here = fd
-                .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
-                .map_err(|e| LoadError::Host(KvmOp::GetCpuid.err()(e)))?;
-            check_cpuid(v.index() as usize, &st.cpuid, &here)
-                .map_err(|r| LoadError::Unfit("VCPU", r))?;
-        }
-        Ok(())
+        check_saved_vcpus(&self.set_cpuid()?, states)
     }
+
+    /// Give each vCPU the CPUID table of this configuration; what each then
+    /// offers (KVM adds bits of its own), for [`check_saved_vcpus`].
+    pub(crate) fn set_cpuid(&self) -> Result<Vec<CpuId>, LoadError> {
+        self.vcpus
+            .iter()
+            .map(|v| {
+                let fd = v.fd();
+                fd.set_cpuid2(&self.machine.vcpu_cpuid(&self.config, v.index()))
+                    .map_err(|e| LoadError::Host(KvmOp::SetCpuid.err()(e)))?;
+                fd.get_cpuid2(KVM_MAX_CPUID_ENTRIES)
+                    .map_err(|e| LoadError::Host(KvmOp::GetCpuid.err()(e)))
+            })
+            .collect()
+    }
+}
+
+/// Whether saved vCPUs can run on vCPUs offering `here` (one table each,
+/// from [`Prepared::set_cpuid`]): as many, and each saw no CPUID feature
+/// its vCPU here lacks.
+pub(crate) fn check_saved_vcpus(here: &[CpuId], states: &[VcpuState]) -> Result<(), LoadError> {
+    if states.len() != here.len() {
+        return Err(LoadError::Unfit(
+            "VCPU",
+            format!("{} vCPU states for {} vCPUs", states.len(), here.len()),
+        ));
+    }
+    for (i, (st, h)) in states.iter().zip(here).enumerate() {
+        check_cpuid(i, &st.cpuid, h).map_err(|r| LoadError::Unfit("VCPU", r))?;
+    }
+    Ok(())
 }
 
 impl Vm {
@@ -232,22 +243,38 @@ impl Vm {
     /// Load a saved state into this built VM, in the order that works:
     /// irqchip, each vCPU, the clock, the devices.
     pub(crate) fn load_state(&mut self, s: &VmState) -> Result<(), LoadError> {
+        let vcpus = std::mem::take(&mut self.vcpus);
+        let loaded = self.load_state_with(s, |i, st| vcpus[i].restore_state(st));
+        self.vcpus = vcpus;
+        loaded
+    }
+
+    /// [`Vm::load_state`], each vCPU's state loaded by `load_vcpu(index,
+    /// state)` (directly, or through its thread once threads run).
+    pub(crate) fn load_state_with(
+        &mut self,
+        s: &VmState,
+        mut load_vcpu: impl FnMut(usize, &VcpuState) -> Result<(), StateError>,
+    ) -> Result<(), LoadError> {
         let host = |e: Error| LoadError::Host(e);
         for chip in &s.machine.irqchip {
             self.fd
                 .set_irqchip(chip)
                 .map_err(|e| host(KvmOp::SetIrqchip.err()(e)))?;
         }
-        for (v, st) in self.vcpus.iter().zip(&s.vcpus) {
-            v.restore_state(st).map_err(|e| match e {
-                StateError::Mismatch(r) => {
-                    LoadError::Unfit("VCPU", format!("vCPU {}: {r}", v.index()))
-                }
+        for (i, st) in s.vcpus.iter().enumerate() {
+            load_vcpu(i, st).map_err(|e| match e {
+                StateError::Mismatch(r) => LoadError::Unfit("VCPU", format!("vCPU {i}: {r}")),
                 other => host(Error::Host {
                     what: "restore a vCPU",
                     source: std::io::Error::other(other.to_string()),
                 }),
             })?;
+        }
+        // The guest's TSC keeps its saved rate (KVM scales it).
+        if let Some(v) = s.vcpus.first() {
+            self.tsc_khz = v.tsc_khz;
+            self.booster.set_tsc_khz(v.tsc_khz as u64);
         }
         // Keep kvmclock in step with wall time across the gap, where KVM can.
         let mut clock = s.machine.clock;
@@ -255,6 +282,10 @@ impl Vm {
         self.fd
             .set_clock(&clock)
             .map_err(|e| host(KvmOp::SetClock.err()(e)))?;
+        self.devices
+            .serial
+            .restore(&s.devices.serial)
+            .map_err(|e| LoadError::Unfit("DEVS", e))?;
         self.devices
             .control
             .restore(&s.devices.control)
@@ -307,10 +338,7 @@ impl Vm {
             s.config.clone(),
             p.vcpus,
             s.vcpus[0].tsc_khz,
-            DeviceSetup {
-                sink,
-                uart: Some(&s.devices.serial),
-            },
+            sink,
             source,
             created_at,
         )?;

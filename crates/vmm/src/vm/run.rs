@@ -97,9 +97,9 @@ impl Vm {
         // The run may be on another thread than the one that built the VM.
         crate::host::block_file_size_signal();
         crate::seccomp::set_mode(self.seccomp);
-        let tsc_ref = match self.restored {
-            None => Some(self.read_guest_tsc()?),
-            Some(_) => None,
+        let tsc_ref = match (&self.restored, &self.arriving) {
+            (None, None) => Some(self.read_guest_tsc()?),
+            _ => None,
         };
         let governor_stats = self
             .vcpu_stats
@@ -141,9 +141,12 @@ impl Vm {
         r.vm.begin_prefetch();
         // Every thread runs: from here this one is confined too.
         let spawned = spawned
-            .and_then(|()| crate::seccomp::confine_control(r.vm.seccomp).map_err(Error::from));
+            .and_then(|()| crate::seccomp::confine_control(r.vm.seccomp).map_err(Error::from))
+            // An arriving migration's state, now that everything else runs.
+            .and_then(|()| r.arrive());
         let end = match spawned {
-            Ok(()) => {
+            Ok(Some(signal)) => Ok(End::Signal(signal)),
+            Ok(None) => {
                 if let Some(rep) = r.vm.restored.as_mut() {
                     rep.to_running_us = us_since(r.vm.created_at, Instant::now());
                     rep.running_tsc = state::host_tsc();
@@ -266,7 +269,8 @@ impl Running {
                     .unwrap_or_else(|p| p.into_inner())
                     .send(VmEvent::Vcpu(e));
             });
-            let paused = self.vm.start_paused;
+            // An arriving VM's vCPUs wait for its state.
+            let paused = self.vm.start_paused || self.vm.arriving.is_some();
             let h = VcpuHandle::spawn(vcpu, self.vm.devices.clone(), paused, sink).map_err(
                 |source| Error::Host {
                     what: "start a vCPU thread",

@@ -95,7 +95,8 @@ pub struct Booster {
     config: Mutex<BoostConfig>,
     memory: GuestMemoryMmap,
     host_writes: Arc<HostWrites>,
-    tsc_khz: u64,
+    /// The guest's TSC rate (set again when a saved state arrives).
+    tsc_khz: AtomicU64,
     slots: Vec<Slot>,
     paused: AtomicBool,
     warned_os: AtomicBool,
@@ -120,7 +121,7 @@ impl Booster {
             config: Mutex::new(config),
             memory,
             host_writes,
-            tsc_khz: tsc_khz.max(1),
+            tsc_khz: AtomicU64::new(tsc_khz.max(1)),
             slots: (0..vcpus)
                 .map(|_| Slot {
                     area: AtomicU64::new(NO_AREA),
@@ -273,6 +274,17 @@ impl Booster {
         {
             self.boost(vcpu, Source::Request);
         }
+    }
+
+    /// The guest's TSC rate, kHz.
+    pub fn tsc_khz(&self) -> u64 {
+        self.tsc_khz.load(Ordering::Relaxed)
+    }
+
+    /// The guest's TSC runs at `khz` from now on (a restored or arriving
+    /// VM's saved rate, which KVM keeps).
+    pub fn set_tsc_khz(&self, khz: u64) {
+        self.tsc_khz.store(khz.max(1), Ordering::Relaxed);
     }
 
     /// Number of vCPUs.

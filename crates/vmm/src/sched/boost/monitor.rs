@@ -103,10 +103,11 @@ fn run(b: &Booster, stop: &(Mutex<bool>, Condvar)) {
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0, 0, 0) };
     let poll = Duration::from_micros(config.poll_us);
     let max_cpu_ns = config.max_ms * 1_000_000;
-    let lead_ticks = TIMER_LEAD.as_micros() as u64 * b.tsc_khz / 1000;
     let mut tracks = vec![Track::default(); b.slots.len()];
     let mut guard = stop.0.lock().unwrap_or_else(|p| p.into_inner());
     while !*guard {
+        // Read each pass: an arriving VM's rate is set once its state is in.
+        let lead_ticks = TIMER_LEAD.as_micros() as u64 * b.tsc_khz() / 1000;
         let now = Instant::now();
         let mut next = now + poll;
         for (v, track) in tracks.iter_mut().enumerate() {
@@ -125,7 +126,7 @@ fn run(b: &Booster, stop: &(Mutex<bool>, Condvar)) {
                 }
             }
             let until =
-                |t: u64| now + Duration::from_micros(t.saturating_sub(tsc) * 1000 / b.tsc_khz);
+                |t: u64| now + Duration::from_micros(t.saturating_sub(tsc) * 1000 / b.tsc_khz());
             if wake_at > tsc + lead_ticks {
                 next = next.min(until(wake_at - lead_ticks));
             }
