@@ -209,8 +209,14 @@ pub(crate) fn work_lost_ms(dest: &Value, t: u64, total_ms: f64) -> Result<f64, B
     ))
 }
 
-/// [`work_lost_ms`] over a counter `ops_in(from, to)` of TSC ranges.
-fn lost_ms(ops_in: impl Fn(u64, u64) -> f64, tsc_khz: u64, t: u64, total_ms: f64) -> f64 {
+/// [`work_lost_ms`] over a counter `ops_in(from, to)` of TSC ranges;
+/// `total_ms`: from the request to the guest running at the destination.
+pub(crate) fn lost_ms(
+    ops_in: impl Fn(u64, u64) -> f64,
+    tsc_khz: u64,
+    t: u64,
+    total_ms: f64,
+) -> f64 {
     let rate_per_ms = ops_in(t.saturating_sub(tsc_khz * 1000), t) / 1000.0;
     if rate_per_ms <= 0.0 {
         return 0.0;

@@ -27,7 +27,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::migrate::spread;
-use crate::migration_run::{listening_at, report, timeline_sum};
+use crate::migration_run::{listening_at, lost_ms, report, timeline_sum};
 use crate::netem::{Link, Relay, PEER_ADDR};
 use crate::runner::{guest, rdtsc, spawn_with_api, tsc_khz, wait_json};
 use crate::stats::summarize;
@@ -82,6 +82,11 @@ pub struct Sample {
     /// Working tasks' progress per second in the post-copy phase over the
     /// second before the migration, percent.
     pub ops_pct: f64,
+    /// Guest work lost, ms of full-speed work: from the request to one
+    /// second after the guest runs at the destination, what its working
+    /// tasks would have done at their rate of the second before, less what
+    /// they did (`migration_run::lost_ms`).
+    pub work_lost_ms: f64,
     /// Remote fault latency, us.
     pub fault_p50_us: f64,
     /// See `fault_p50_us`.
@@ -202,6 +207,7 @@ fn sample(
                 guest_downtime_ms: 0.0,
                 total_ms: 0.0,
                 ops_pct: 0.0,
+                work_lost_ms: 0.0,
                 fault_p50_us: 0.0,
                 fault_p99_us: 0.0,
                 demand_pages: 0.0,
@@ -235,6 +241,12 @@ fn sample(
         } else {
             0.0
         },
+        work_lost_ms: lost_ms(
+            |from, to| work_in(&out, from, to, khz),
+            khz,
+            t,
+            pre_ms.max(0.0) + downtime,
+        ),
         fault_p50_us: num(pc, "fault_p50_us"),
         fault_p99_us: num(pc, "fault_p99_us"),
         demand_pages: num(pc, "demand_pages"),
@@ -307,6 +319,7 @@ pub fn run(exe: &Path, b: &PostcopyBench, out: &Path) -> Result<(), BenchError> 
             cell(&|s| s.guest_downtime_ms, 1),
             cell(&|s| s.total_ms / 1000.0, 1),
             cell(&|s| s.ops_pct, 0),
+            cell(&|s| s.work_lost_ms, 0),
             cell(&|s| s.fault_p50_us / 1000.0, 1),
             cell(&|s| s.fault_p99_us / 1000.0, 1),
             cell(&|s| s.parked, 0),
@@ -320,6 +333,7 @@ pub fn run(exe: &Path, b: &PostcopyBench, out: &Path) -> Result<(), BenchError> 
             "guest saw ms",
             "total s",
             "ops during post-copy, % of before",
+            "guest work lost ms",
             "remote fault p50 ms",
             "p99 ms",
             "tasks parked",

@@ -38,6 +38,9 @@ pub struct SnapshotBench {
     pub working_set: String,
     /// Rounds.
     pub runs: u32,
+    /// Hot-set windows, ms: a prefetch row for each (the snapshot taken
+    /// with that `hot_window_ms`).
+    pub hot_windows_ms: Vec<u64>,
     /// Where snapshot files are written (a real disk by default).
     pub dir: PathBuf,
 }
@@ -48,6 +51,7 @@ impl Default for SnapshotBench {
             memories: vec!["256M".into(), "1G".into(), "4G".into()],
             working_set: "64M".into(),
             runs: 3,
+            hot_windows_ms: vec![100],
             dir: PathBuf::from("/var/tmp"),
         }
     }
@@ -64,8 +68,11 @@ const BUCKET_MS: u64 = 50;
 pub struct Sample {
     /// Guest memory.
     pub memory: String,
-    /// `eager`, `lazy` or `prefetch`.
-    pub mode: &'static str,
+    /// `eager`, `lazy` or `prefetch` (with its hot-set window when several
+    /// are compared: `prefetch, hot 0 ms`).
+    pub mode: String,
+    /// The snapshot's hot-set window, ms (`None`: the API's default).
+    pub hot_window_ms: Option<u64>,
     /// Round.
     pub round: u32,
     /// Pause: request to every vCPU stopped, microseconds.
@@ -94,8 +101,38 @@ pub struct Sample {
     pub speed_pct: Vec<f64>,
 }
 
-/// The modes compared.
-const MODES: [&str; 3] = ["eager", "lazy", "prefetch"];
+/// A way to restore: a row of the table.
+#[derive(Clone, Debug)]
+struct Way {
+    /// The row's name.
+    label: String,
+    /// `hover restore --memory-restore`.
+    restore: &'static str,
+    /// The snapshot's `hot_window_ms` (`None`: the API's default).
+    hot_window_ms: Option<u64>,
+}
+
+/// The ways compared: eager, lazy, and prefetch for each hot-set window.
+fn ways(b: &SnapshotBench) -> Vec<Way> {
+    let plain = |m: &'static str| Way {
+        label: m.into(),
+        restore: m,
+        hot_window_ms: None,
+    };
+    let mut w = vec![plain("eager"), plain("lazy")];
+    for &ms in &b.hot_windows_ms {
+        w.push(Way {
+            label: if b.hot_windows_ms.len() == 1 {
+                "prefetch".into()
+            } else {
+                format!("prefetch, hot {ms} ms")
+            },
+            restore: "prefetch",
+            hot_window_ms: Some(ms),
+        });
+    }
+    w
+}
 /// Windows of the speed series after a restore, ms.
 const WINDOW_MS: u64 = 100;
 
@@ -144,10 +181,15 @@ fn one(
     exe: &Path,
     b: &SnapshotBench,
     memory: &str,
-    mode: &'static str,
+    way: &Way,
     round: u32,
 ) -> Result<Sample, BenchError> {
-    let id = format!("{}-{memory}-{mode}-{round}", std::process::id());
+    let mode = way.restore;
+    let id = format!(
+        "{}-{memory}-{mode}-{}-{round}",
+        std::process::id(),
+        way.hot_window_ms.map_or(-1, |w| w as i64)
+    );
     let sock = std::env::temp_dir().join(format!("hover-bench-{id}.sock"));
     let snap = b.dir.join(format!("hover-bench-{id}.snap"));
     let _ = std::fs::remove_file(&sock);
@@ -166,7 +208,11 @@ fn one(
     let paused = api.json("PUT", "/vm/pause", None).map_err(api_err)?;
     api.json("PUT", "/vm/resume", None).map_err(api_err)?;
     let snapshot_tsc = rdtsc();
-    let body = serde_json::json!({ "path": snap, "stop": true }).to_string();
+    let mut body = serde_json::json!({ "path": snap, "stop": true });
+    if let Some(w) = way.hot_window_ms {
+        body["hot_window_ms"] = w.into();
+    }
+    let body = body.to_string();
     let info = api
         .json("PUT", "/vm/snapshot", Some(&body))
         .map_err(api_err)?;
@@ -210,7 +256,8 @@ fn one(
     let r = &outcome["restore"];
     Ok(Sample {
         memory: memory.into(),
-        mode,
+        mode: way.label.clone(),
+        hot_window_ms: way.hot_window_ms,
         round,
         pause_us: num(&paused["pause_us"]),
         snapshot_ms: num(&info["paused_us"]) / 1000.0,
@@ -247,7 +294,7 @@ fn ms_to_speed(t: &Timeline, t0: u64, rate: f64, share: f64, window: u64) -> Opt
 #[derive(Serialize)]
 struct Row {
     memory: String,
-    mode: &'static str,
+    mode: String,
     pause_us: Summary,
     snapshot_ms: Summary,
     snapshot_mib: Summary,
@@ -266,14 +313,16 @@ struct Row {
 /// Run the scenario: table on stdout, `OUT/snapshot.json`, `OUT/snapshot.svg`.
 pub fn run(exe: &Path, b: &SnapshotBench, out: &Path) -> Result<(), BenchError> {
     let _ = exe.metadata().map_err(|e| guest(&e.to_string()))?;
+    let ways = ways(b);
     let mut samples = Vec::new();
     for round in 0..b.runs {
         for k in 0..b.memories.len() {
             // Rotate the order of sizes and modes from round to round.
             let memory = &b.memories[(k + round as usize) % b.memories.len()];
-            for j in 0..MODES.len() {
-                let mode = MODES[(j + round as usize) % MODES.len()];
-                let s = one(exe, b, memory, mode, round)?;
+            for j in 0..ways.len() {
+                let way = &ways[(j + round as usize) % ways.len()];
+                let mode = &way.label;
+                let s = one(exe, b, memory, way, round)?;
                 eprintln!(
                     "round {round} {memory} {mode}: pause {:.0} us, snapshot {:.1} ms {:.1} MiB, running {:.2} ms after start, first second {:.0}%",
                     s.pause_us, s.snapshot_ms, s.snapshot_mib, s.restore_to_running_ms, s.first_second_work_pct
@@ -285,7 +334,8 @@ pub fn run(exe: &Path, b: &SnapshotBench, out: &Path) -> Result<(), BenchError> 
     let mut rows = Vec::new();
     let mut table_rows = Vec::new();
     for memory in &b.memories {
-        for mode in MODES {
+        for way in &ways {
+            let mode = way.label.as_str();
             let of: Vec<&Sample> = samples
                 .iter()
                 .filter(|s| &s.memory == memory && s.mode == mode)
@@ -304,6 +354,23 @@ pub fn run(exe: &Path, b: &SnapshotBench, out: &Path) -> Result<(), BenchError> 
                     Some(at("eager")? / at(mode)?.max(1e-3))
                 })
                 .collect();
+            // Rounds in which this mode's guest was at 90% of its speed no
+            // later than the eager round beside it had its vCPUs running.
+            let sooner = (0..b.runs)
+                .filter(|&r| {
+                    let at = |m: &str| {
+                        samples
+                            .iter()
+                            .find(|s| &s.memory == memory && s.mode == m && s.round == r)
+                    };
+                    match (at(mode), at("eager")) {
+                        (Some(this), Some(eager)) => this
+                            .ms_to_90_pct
+                            .is_some_and(|ms| ms <= eager.restore_to_running_ms),
+                        _ => false,
+                    }
+                })
+                .count();
             let reached: Vec<f64> = of.iter().filter_map(|s| s.ms_to_90_pct).collect();
             let speed_pct = (0..(1000 / WINDOW_MS) as usize)
                 .map(|k| {
@@ -316,7 +383,7 @@ pub fn run(exe: &Path, b: &SnapshotBench, out: &Path) -> Result<(), BenchError> 
                 .collect();
             let row = Row {
                 memory: memory.clone(),
-                mode,
+                mode: mode.to_string(),
                 pause_us: sum(|s| s.pause_us),
                 snapshot_ms: sum(|s| s.snapshot_ms),
                 snapshot_mib: sum(|s| s.snapshot_mib),
@@ -351,6 +418,10 @@ pub fn run(exe: &Path, b: &SnapshotBench, out: &Path) -> Result<(), BenchError> 
                     ("eager", _) | (_, None) => String::new(),
                     (_, Some(r)) => spread(r, 2),
                 },
+                match mode {
+                    "eager" => String::new(),
+                    _ => format!("{sooner} of {}", of.len()),
+                },
             ]);
             rows.push(row);
         }
@@ -372,6 +443,7 @@ pub fn run(exe: &Path, b: &SnapshotBench, out: &Path) -> Result<(), BenchError> 
             "work in 1st s, % of before",
             "ms to 90% of the speed before",
             "eager/this restore time, per round",
+            "rounds at 90% by eager's vCPUs running",
         ],
         &table_rows,
     );
@@ -382,9 +454,10 @@ pub fn run(exe: &Path, b: &SnapshotBench, out: &Path) -> Result<(), BenchError> 
     )?;
     // The guest's speed after the restore, for the largest memory size.
     let memory = b.memories.last().cloned().unwrap_or_default();
-    let series = MODES
+    let series = ways
         .iter()
-        .map(|&mode| plot::Series {
+        .map(|w| w.label.as_str())
+        .map(|mode| plot::Series {
             label: format!("{mode} restore"),
             points: rows
                 .iter()

@@ -224,6 +224,12 @@ enum Scenario {
         /// Rounds (sizes and modes interleaved within each).
         #[arg(long, default_value_t = 3)]
         runs: u32,
+        /// Hot-set windows to compare (comma-separated, ms, each at most
+        /// 10000): one prefetch row per window, the snapshot taken with
+        /// `hot_window_ms` set to it (eager and lazy use the API's default).
+        #[arg(long, default_value = "100", value_delimiter = ',',
+              value_parser = clap::value_parser!(u64).range(0..=10_000))]
+        hot_windows_ms: Vec<u64>,
         /// Directory for the snapshot files (removed after each sample).
         #[arg(long, default_value = "/var/tmp")]
         dir: PathBuf,
@@ -399,6 +405,7 @@ pub fn bench(args: BenchArgs) -> ExitCode {
             memories,
             working_set,
             runs,
+            hot_windows_ms,
             dir,
             out,
         } => {
@@ -409,6 +416,7 @@ pub fn bench(args: BenchArgs) -> ExitCode {
                 memories,
                 working_set,
                 runs,
+                hot_windows_ms,
                 dir,
             };
             hover_bench::snapshot::run(&exe, &b, &out)

@@ -136,6 +136,10 @@ struct ReceiveArgs {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum MemoryRestoreArg {
+    /// prefetch where this host lets Hover use userfaultfd (Linux 6.8+,
+    /// vm.unprivileged_userfaultfd or /dev/userfaultfd), else eager with a
+    /// warning; the outcome's restore.memory_restore says which ran.
+    Auto,
     /// Read every saved page before the guest runs.
     Eager,
     /// Bring each page in from the file when the guest first touches it.
@@ -153,7 +157,7 @@ struct RestoreArgs {
     /// How guest memory comes back (a VM with a memory budget comes back
     /// through its pager: lazily, or with prefetch its hot set up to the
     /// budget).
-    #[arg(long, value_enum, default_value = "eager")]
+    #[arg(long, value_enum, default_value = "auto")]
     memory_restore: MemoryRestoreArg,
     /// With prefetch: load at most this many pages a second in the
     /// background (a device shared with others), at the default priority
@@ -490,6 +494,7 @@ fn receive(args: ReceiveArgs) -> ExitCode {
 fn restore(args: RestoreArgs) -> ExitCode {
     let opts = RestoreOptions {
         memory: match args.memory_restore {
+            MemoryRestoreArg::Auto => MemoryRestore::Auto,
             MemoryRestoreArg::Eager => MemoryRestore::Eager,
             MemoryRestoreArg::Lazy => MemoryRestore::Lazy,
             MemoryRestoreArg::Prefetch => MemoryRestore::Prefetch,

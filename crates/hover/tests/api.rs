@@ -73,6 +73,22 @@ fn bad_requests_are_refused_and_the_vm_runs_on() {
         400,
         Some("stop"),
     );
+    // A hot-set window past 10 s is refused, naming the field and the bound
+    // (and no file is written).
+    let long = dir.path("long.snap");
+    refused(
+        &api,
+        "PUT",
+        "/vm/snapshot",
+        &snap(serde_json::json!({"path": long, "hot_window_ms": 10_001})),
+        400,
+        Some("hot_window_ms"),
+    );
+    assert!(
+        !long.exists(),
+        "a refused snapshot wrote {}",
+        long.display()
+    );
     refused(
         &api,
         "PUT",

@@ -129,6 +129,81 @@ fn restored_workloads_finish_as_if_uninterrupted() {
     }
 }
 
+/// A filter that makes `userfaultfd(2)` fail with EPERM and allows the
+/// rest, as a container's default seccomp profile does.
+fn no_userfaultfd() -> seccompiler::BpfProgram {
+    let filter = seccompiler::SeccompFilter::new(
+        [(libc::SYS_userfaultfd, vec![])].into_iter().collect(),
+        seccompiler::SeccompAction::Allow,
+        seccompiler::SeccompAction::Errno(libc::EPERM as u32),
+        seccompiler::TargetArch::x86_64,
+    )
+    .unwrap();
+    filter.try_into().unwrap()
+}
+
+/// `hover restore` without `--memory-restore` prefetches where userfaultfd
+/// is usable, and restores eagerly, saying why, where it is not (here the
+/// restoring process runs under a filter that refuses `userfaultfd(2)`).
+/// The guest's own verification passes both ways; an explicit `prefetch`
+/// there is refused with the reason, exit 1, nothing run.
+#[test]
+fn restore_prefetches_by_default_and_is_eager_without_userfaultfd() {
+    use std::os::unix::process::CommandExt;
+    if !kvm_for_test("restore_prefetches_by_default_and_is_eager_without_userfaultfd") {
+        return;
+    }
+    let dir = Scratch::new("restore-default");
+    let args = ["--cmdline", "workload=memtouch size=32M tasks=2 rounds=150"];
+    let want = reference(&args);
+    let snap = snapshot_midway(&dir, "memtouch", &args, Duration::from_millis(400));
+    let restore_with = |extra: &[&str], refuse_uffd: bool| {
+        let mut cmd = common::hover_cmd();
+        cmd.args([
+            "restore",
+            snap.to_str().unwrap(),
+            "--json",
+            "--console",
+            "off",
+        ])
+        .args(extra);
+        if refuse_uffd {
+            let prog = no_userfaultfd();
+            // SAFETY: between fork and exec only prctl(2) and seccomp(2)
+            // run, on a program built before the fork.
+            unsafe {
+                cmd.pre_exec(move || {
+                    seccompiler::apply_filter(&prog).map_err(std::io::Error::other)
+                });
+            }
+        }
+        cmd.output().unwrap()
+    };
+    let check = |out: &std::process::Output, mode: &str| {
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{mode}: {stderr}");
+        let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(got["restore"]["memory_restore"], mode, "{}", got["restore"]);
+        assert_eq!(report(&got, "memtouch.errors"), 0);
+        assert_eq!(
+            report(&got, "memtouch.checksum"),
+            report(&want, "memtouch.checksum")
+        );
+        stderr
+    };
+    check(&restore_with(&[], false), "prefetch");
+    let stderr = check(&restore_with(&[], true), "eager");
+    assert!(
+        stderr.contains("restoring eagerly") && stderr.contains("userfaultfd"),
+        "the fallback says why: {stderr}"
+    );
+    let out = restore_with(&["--memory-restore", "prefetch"], true);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("userfaultfd"), "{stderr}");
+    assert!(out.stdout.is_empty(), "nothing ran: {}", text(&out.stdout));
+}
+
 #[test]
 fn an_overcommitted_vm_restores_through_its_pager() {
     if !kvm_for_test("an_overcommitted_vm_restores_through_its_pager") {
@@ -160,6 +235,28 @@ fn an_overcommitted_vm_restores_through_its_pager() {
         pager["evictions"].as_u64().unwrap() > 0,
         "the budget still holds: {pager}"
     );
+    // Prefetching (the default for a paged VM) loads the hot set only up
+    // to the budget; the rest comes on demand, and the guest's check passes.
+    for mode in ["prefetch", "auto"] {
+        let got = restore(&snap, mode);
+        assert_eq!(report(&got, "memtouch.errors"), 0, "{mode}");
+        assert_eq!(
+            report(&got, "memtouch.checksum"),
+            report(&want, "memtouch.checksum"),
+            "{mode}"
+        );
+        assert_eq!(got["restore"]["memory_restore"], "prefetch", "{mode}");
+        let pager = &got["pager"];
+        let budget_pages = 32 << 20 >> 12;
+        assert!(
+            pager["pushed_pages"].as_u64().unwrap() <= budget_pages,
+            "{mode}: the loader stays within the budget: {pager}"
+        );
+        assert!(
+            pager["evictions"].as_u64().unwrap() > 0,
+            "{mode}: the budget still holds: {pager}"
+        );
+    }
 }
 
 #[test]

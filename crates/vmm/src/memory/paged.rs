@@ -87,6 +87,18 @@ pub struct PagingConfig {
     pub store_jitter: Duration,
 }
 
+/// Whether this process may run a pager: a userfaultfd with UFFDIO_MOVE
+/// opens (Linux 6.8+, and the permission `vm.unprivileged_userfaultfd` or
+/// `/dev/userfaultfd` gives).
+pub fn userfaultfd_usable() -> Result<(), PagerError> {
+    Uffd::new(FEATURE_MOVE)
+        .map(drop)
+        .map_err(|source| PagerError::Uffd {
+            what: "open with UFFDIO_MOVE",
+            source,
+        })
+}
+
 /// Why the pager could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum PagerError {

@@ -27,8 +27,14 @@ use crate::{Error, KvmOp};
 /// How guest memory comes back.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum MemoryRestore {
-    /// Read every saved page before the guest runs.
+    /// `Prefetch` where this host lets the pager use userfaultfd, else
+    /// `Eager` (with a warning): the default, since prefetch reaches the
+    /// guest's full speed sooner (docs/BENCHMARKS.md) but needs what eager
+    /// does not. A VM with a memory budget always comes back through its
+    /// pager.
     #[default]
+    Auto,
+    /// Read every saved page before the guest runs.
     Eager,
     /// Load only the pinned part up front (the boot area and the guest
     /// image, about a hundred pages for the built-in guest): every other
@@ -43,8 +49,27 @@ pub enum MemoryRestore {
 }
 
 impl MemoryRestore {
+    /// The way this restore takes: `Auto` decided here (`budgeted`: the VM
+    /// pages anyway, so prefetch up to its budget).
+    fn resolve(self, budgeted: bool) -> MemoryRestore {
+        if self != MemoryRestore::Auto {
+            return self;
+        }
+        if budgeted {
+            return MemoryRestore::Prefetch;
+        }
+        match paged::userfaultfd_usable() {
+            Ok(()) => MemoryRestore::Prefetch,
+            Err(e) => {
+                tracing::warn!("restoring eagerly: {e}");
+                MemoryRestore::Eager
+            }
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
+            MemoryRestore::Auto => "auto",
             MemoryRestore::Eager => "eager",
             MemoryRestore::Lazy => "lazy",
             MemoryRestore::Prefetch => "prefetch",
@@ -324,7 +349,10 @@ impl Vm {
         phase("machine created");
         p.check_vcpus(&s.vcpus).map_err(unfit)?;
         phase("vCPUs created, CPUID checked");
-        let lazy = opts.memory != MemoryRestore::Eager || p.config.machine.memory_budget.is_some();
+        let memory = opts
+            .memory
+            .resolve(p.config.machine.memory_budget.is_some());
+        let lazy = memory != MemoryRestore::Eager || p.config.machine.memory_budget.is_some();
         // Under the pager only the pinned part is loaded now; eagerly, all.
         let end = if lazy { s.config.image_end } else { u64::MAX };
         let pages_loaded = memory::load(&snap, &p.machine.ram, end)?;
@@ -346,7 +374,7 @@ impl Vm {
         // The pager runs from here on, so KVM may touch any guest page.
         vm.load_state(s).map_err(unfit)?;
         phase("state loaded");
-        if opts.memory == MemoryRestore::Prefetch {
+        if memory == MemoryRestore::Prefetch {
             // The hot set first, then every page the file holds (the
             // loader skips what is in place by then). Under a budget only
             // the hot set: cold pages loaded to fill it would be the first
@@ -377,9 +405,9 @@ impl Vm {
         }
         vm.mark_restored(
             path.display().to_string(),
-            match (config.machine.memory_budget, opts.memory) {
+            match (config.machine.memory_budget, memory) {
                 (Some(_), MemoryRestore::Eager) => "lazy",
-                _ => opts.memory.name(),
+                _ => memory.name(),
             },
             pages_loaded,
         );
