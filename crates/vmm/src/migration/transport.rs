@@ -104,6 +104,15 @@ impl Conn {
         })
     }
 
+    /// Stop reading: a thread waiting for the next frame wakes with the
+    /// end of the stream, and what is still to be written can be.
+    pub fn shutdown_read(&self) {
+        let _ = match self {
+            Conn::Tcp(s) => s.shutdown(std::net::Shutdown::Read),
+            Conn::Unix(s) => s.shutdown(std::net::Shutdown::Read),
+        };
+    }
+
     /// Close both directions (the peer sees the end at once).
     pub fn shutdown(&self) {
         let _ = match self {

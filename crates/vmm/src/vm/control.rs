@@ -229,8 +229,11 @@ pub(crate) struct Status {
     /// Set by `PUT /vm/migrate/postcopy`: a hybrid migration switches to
     /// post-copy after its current round.
     pub(crate) postcopy_now: bool,
-    /// An arriving migration's connection: a signal shuts it, so that the
-    /// wait for the stream's next frame ends at once.
+    /// An arriving migration's connection until it commits (RUNNING): a
+    /// signal shuts its reading side, so that the wait for the stream's
+    /// next frame ends at once (the refusal can still be written). Taken
+    /// away under this lock just before RUNNING, so a signal either cuts
+    /// the stream before it or comes too late to touch the link.
     pub(crate) hangup: Option<crate::migration::transport::Conn>,
 }
 
@@ -297,7 +300,7 @@ impl Controller {
             .hangup
             .take();
         if let Some(conn) = hangup {
-            conn.shutdown();
+            conn.shutdown_read();
         }
     }
 

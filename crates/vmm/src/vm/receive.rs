@@ -8,9 +8,17 @@
 //! before the source pauses: [`Vm::receive`] builds the VM (memory, vCPUs,
 //! devices, pager) once the configuration arrives and says READY; [`Vm::run`]
 //! starts every thread (vCPUs held, API, monitors) and only then takes the
-//! rest of the stream ([`Running::arrive`]). So the source's pause holds
-//! the final pages, the state's load, and the vCPUs' release: the RUNNING
-//! stamp is taken as they are let go.
+//! rest of the stream ([`Running::arrive`]), whose SYNC the source waits
+//! for before it pauses. So the source's pause holds the final pages and
+//! the state's load; the RUNNING stamp is taken just before RUNNING is
+//! sent, and the held vCPUs are let go right after (a message to each
+//! thread: RUNNING first, so that a destination whose RUNNING was never
+//! sent never runs the guest).
+//!
+//! No thread writes guest memory above the pinned boot area before the
+//! state is in (the vCPUs are held; the monitors have no guest areas yet),
+//! so the pager, registered from the start, never holds a page the stream
+//! has yet to replace.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -370,9 +378,9 @@ impl Running {
         let (mut state, mut digest, mut pages): (Option<(u64, VmState)>, Option<u32>, u64) =
             (None, None, 0);
         loop {
-            heed_signals(&self.vm.events_rx, &mut self.stashed)?;
+            heed_events(&self.vm.events_rx, &mut self.stashed)?;
             let f = r.frame().map_err(|e| {
-                match heed_signals(&self.vm.events_rx, &mut self.stashed) {
+                match heed_events(&self.vm.events_rx, &mut self.stashed) {
                     Err(stopped) => stopped,
                     Ok(()) => mig(e.into()),
                 }
@@ -483,6 +491,7 @@ impl Running {
                 )));
             }
         }
+        heed_events(&self.vm.events_rx, &mut self.stashed)?;
         let vcpus = &self.vcpus;
         self.vm
             .load_state_with(&s, |i, st| {
@@ -498,6 +507,22 @@ impl Running {
             (None, None) => "eager",
         };
         self.vm.mark_restored("a live migration".into(), how, pages);
+        // The commit point: from here a signal no longer touches the link
+        // (a post-copy's goes on serving the guest); one that came first
+        // has shut the stream, and the guest never runs here.
+        let hangup = self
+            .vm
+            .status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .hangup
+            .take();
+        heed_events(&self.vm.events_rx, &mut self.stashed)?;
+        if hangup.is_none() {
+            return Err(mig(MigrationError::Host(
+                "the stream was shut before RUNNING".into(),
+            )));
+        }
         let running = RunningFrame {
             tsc: state::host_tsc(),
             load_us: ended.elapsed().as_micros() as u64,
@@ -522,17 +547,24 @@ impl From<Error> for Cut {
     }
 }
 
-/// Err if a signal asked the VM to end while its migration arrives; other
-/// events wait in `stashed` for the control loop.
-fn heed_signals(
+/// Err if the VM must not start: a signal asked it to end, or its pager
+/// or a (held) vCPU thread failed while the migration arrived. Other events
+/// wait in `stashed` for the control loop.
+fn heed_events(
     events: &std::sync::mpsc::Receiver<VmEvent>,
     stashed: &mut std::collections::VecDeque<VmEvent>,
 ) -> Result<(), Cut> {
     while let Ok(ev) = events.try_recv() {
-        if let VmEvent::Command(Command::Signal(sig), _) = ev {
-            return Err(Cut::Signal(sig));
-        }
+        let failed = match &ev {
+            VmEvent::Command(Command::Signal(sig), _) => return Err(Cut::Signal(*sig)),
+            VmEvent::PagerFailed(msg) => Some(format!("the pager failed: {msg}")),
+            VmEvent::Vcpu(e) => Some(format!("a vCPU thread failed: {e:?}")),
+            _ => None,
+        };
         stashed.push_back(ev);
+        if let Some(why) = failed {
+            return Err(Cut::Refused(Error::Migration(MigrationError::Host(why))));
+        }
     }
     Ok(())
 }

@@ -31,7 +31,7 @@ pub enum MemoryRestore {
     /// `Eager` (with a warning): the default, since prefetch reaches the
     /// guest's full speed sooner (docs/BENCHMARKS.md) but needs what eager
     /// does not. A VM with a memory budget always comes back through its
-    /// pager.
+    /// pager; one on memfd memory (which the pager cannot serve) eagerly.
     #[default]
     Auto,
     /// Read every saved page before the guest runs.
@@ -49,14 +49,17 @@ pub enum MemoryRestore {
 }
 
 impl MemoryRestore {
-    /// The way this restore takes: `Auto` decided here (`budgeted`: the VM
-    /// pages anyway, so prefetch up to its budget).
-    fn resolve(self, budgeted: bool) -> MemoryRestore {
+    /// The way this restore of `machine` takes: `Auto` decided here (a VM
+    /// with a budget pages anyway, so it prefetches up to its budget).
+    fn resolve(self, machine: &crate::config::MachineConfig) -> MemoryRestore {
         if self != MemoryRestore::Auto {
             return self;
         }
-        if budgeted {
+        if machine.memory_budget.is_some() {
             return MemoryRestore::Prefetch;
+        }
+        if machine.memory_backend == crate::config::MemoryBackend::Memfd {
+            return MemoryRestore::Eager;
         }
         match paged::userfaultfd_usable() {
             Ok(()) => MemoryRestore::Prefetch,
@@ -349,9 +352,7 @@ impl Vm {
         phase("machine created");
         p.check_vcpus(&s.vcpus).map_err(unfit)?;
         phase("vCPUs created, CPUID checked");
-        let memory = opts
-            .memory
-            .resolve(p.config.machine.memory_budget.is_some());
+        let memory = opts.memory.resolve(&p.config.machine);
         let lazy = memory != MemoryRestore::Eager || p.config.machine.memory_budget.is_some();
         // Under the pager only the pinned part is loaded now; eagerly, all.
         let end = if lazy { s.config.image_end } else { u64::MAX };
@@ -452,6 +453,38 @@ mod tests {
             function,
             ecx,
             ..Default::default()
+        }
+    }
+
+    #[test]
+    fn auto_prefetches_where_the_pager_can_serve_the_vm() {
+        use crate::config::{MachineConfig, MemoryBackend};
+        let anon = MachineConfig::default();
+        let budgeted = MachineConfig {
+            memory_budget: Some(32 << 20),
+            ..MachineConfig::default()
+        };
+        let memfd = MachineConfig {
+            memory_backend: MemoryBackend::Memfd,
+            ..MachineConfig::default()
+        };
+        assert_eq!(MemoryRestore::default(), MemoryRestore::Auto);
+        assert_eq!(
+            MemoryRestore::Auto.resolve(&budgeted),
+            MemoryRestore::Prefetch
+        );
+        assert_eq!(MemoryRestore::Auto.resolve(&memfd), MemoryRestore::Eager);
+        let here = match paged::userfaultfd_usable() {
+            Ok(()) => MemoryRestore::Prefetch,
+            Err(_) => MemoryRestore::Eager,
+        };
+        assert_eq!(MemoryRestore::Auto.resolve(&anon), here);
+        for m in [
+            MemoryRestore::Eager,
+            MemoryRestore::Lazy,
+            MemoryRestore::Prefetch,
+        ] {
+            assert_eq!(m.resolve(&memfd), m, "an explicit choice stands");
         }
     }
 
