@@ -153,7 +153,7 @@ fn restore_prefetches_by_default_and_is_eager_without_userfaultfd() {
     if !kvm_for_test("restore_prefetches_by_default_and_is_eager_without_userfaultfd") {
         return;
     }
-    if let Err(e) = hover_vmm::memory::paged::userfaultfd_usable() {
+    if let Err(e) = hover_vmm::memory::uffd::pager_usable() {
         assert!(
             std::env::var_os("CI").is_none(),
             "CI is set but userfaultfd is unusable: {e}"

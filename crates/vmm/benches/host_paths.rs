@@ -18,6 +18,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use hover_abi::control::{op, ControlRequest, Report};
 use hover_vmm::boot::{inspect, ImageBytes, BUILTIN_GUEST};
 use hover_vmm::devices::control::ControlDevice;
+use hover_vmm::memory::host_writes::GuestWriter;
 use hover_vmm::migration::mac::FrameMac;
 use hover_vmm::migration::page_lists::pages_header;
 use hover_vmm::migration::wire::{FrameReader, FrameWriter, Kind};
@@ -51,7 +52,7 @@ fn control_report_batch(c: &mut Criterion) {
     c.bench_function("control: REPORT with 64 records", |b| {
         // A fresh device per batch keeps the stored reports from growing.
         b.iter_batched(
-            || ControlDevice::new(mem.clone(), None, 1),
+            || ControlDevice::new(GuestWriter::unrecorded(mem.clone()), None, 1),
             |d| black_box(d.handle(0, 0x1000)),
             criterion::BatchSize::SmallInput,
         )

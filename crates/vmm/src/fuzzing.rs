@@ -13,7 +13,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::boot::{self, ImageBytes};
 use crate::devices::control::ControlDevice;
-use crate::migration::dirty::HostWrites;
+use crate::memory::host_writes::{GuestWriter, HostWrites};
 use crate::migration::page_lists;
 use crate::migration::wire::{self, FrameReader, Kind};
 use crate::sched::boost::{BoostConfig, BoostMode, Booster};
@@ -131,20 +131,19 @@ pub fn guest_records(data: &[u8]) {
     if mem.write_slice(&data[..n], GuestAddress(0)).is_err() {
         return;
     }
+    let guest = GuestWriter::new(mem.clone(), Arc::new(HostWrites::new(RAM as u64)));
     let booster = Booster::new(
         BoostConfig {
             mode: BoostMode::Off,
             ..Default::default()
         },
-        mem.clone(),
-        Arc::new(HostWrites::new(RAM as u64)),
+        guest.clone(),
         2,
         1_000_000,
     );
-    let writes = HostWrites::new(RAM as u64);
     let _ = crate::sched::guest_poll::read(&mem, 2, &std::sync::atomic::AtomicBool::new(false));
-    let _ = crate::sched::guest_poll::completion_seen_by_poll(&mem, 1, &writes);
-    let dev = ControlDevice::new(mem, None, 2).with_booster(booster.clone());
+    let _ = crate::sched::guest_poll::completion_seen_by_poll(&guest, 1);
+    let dev = ControlDevice::new(guest, None, 2).with_booster(booster.clone());
     for (i, c) in data.chunks_exact(8).take(16).enumerate() {
         let at = u64::from_le_bytes(c.try_into().expect("8 bytes")) % RAM as u64;
         let _ = dev.handle(i % 2, at & !7);

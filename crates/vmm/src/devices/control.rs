@@ -17,8 +17,9 @@ use hover_abi::control::{
 use super::limits::{GuestLimits, LimitHit};
 use super::msi::{InjectError, MsiInjector, PendingMsi};
 use serde::{Deserialize, Serialize};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
+use crate::memory::host_writes::GuestWriter;
 use crate::report::{ReportEntry, ReportValue};
 
 const REQUEST_SIZE: usize = std::mem::size_of::<ControlRequest>();
@@ -62,12 +63,12 @@ pub struct ControlState {
 
 /// The control device.
 pub struct ControlDevice {
-    memory: GuestMemoryMmap,
+    /// Requests are read here; their statuses written back, recorded.
+    guest: GuestWriter,
     reports: Mutex<Vec<ReportEntry>>,
     msi: Option<MsiInjector>,
     vcpus: u32,
     pvio: Option<std::sync::Arc<super::pvio::PvioDevice>>,
-    host_writes: std::sync::Arc<crate::migration::dirty::HostWrites>,
     booster: Option<std::sync::Arc<crate::sched::boost::Booster>>,
     limits: GuestLimits,
     /// Bytes of guest log messages passed on so far.
@@ -107,16 +108,15 @@ fn decode_report(b: &[u8]) -> Report {
 }
 
 impl ControlDevice {
-    /// A device reading requests from `memory`, injecting MSIs with `msi`
-    /// (requests for MSIs fail without one) into `vcpus` vCPUs.
-    pub fn new(memory: GuestMemoryMmap, msi: Option<MsiInjector>, vcpus: u32) -> Self {
+    /// A device reading requests from `guest`'s memory, injecting MSIs
+    /// with `msi` (requests for MSIs fail without one) into `vcpus` vCPUs.
+    pub fn new(guest: GuestWriter, msi: Option<MsiInjector>, vcpus: u32) -> Self {
         ControlDevice {
-            memory,
+            guest,
             reports: Mutex::new(Vec::new()),
             msi,
             vcpus,
             pvio: None,
-            host_writes: Default::default(),
             booster: None,
             limits: GuestLimits::default(),
             logged: Default::default(),
@@ -130,15 +130,6 @@ impl ControlDevice {
     /// pending limit is set where it is built).
     pub fn with_limits(mut self, l: GuestLimits) -> Self {
         self.limits = l;
-        self
-    }
-
-    /// Record the device's writes to guest memory in `w` (for migration).
-    pub fn with_host_writes(
-        mut self,
-        w: std::sync::Arc<crate::migration::dirty::HostWrites>,
-    ) -> Self {
-        self.host_writes = w;
         self
     }
 
@@ -236,7 +227,12 @@ impl ControlDevice {
     /// Carry out the request at `gpa` for vCPU `vcpu`.
     pub fn handle(&self, vcpu: usize, gpa: u64) -> ControlAction {
         let mut raw = [0u8; REQUEST_SIZE];
-        if self.memory.read_slice(&mut raw, GuestAddress(gpa)).is_err() {
+        if self
+            .guest
+            .memory()
+            .read_slice(&mut raw, GuestAddress(gpa))
+            .is_err()
+        {
             tracing::warn!(
                 vcpu,
                 "control request at {gpa:#x} lies outside guest RAM; ignored"
@@ -279,8 +275,7 @@ impl ControlDevice {
             tracing::debug!(vcpu, op = req.op, status = st, "control request refused");
         }
         // The request was readable, so its status field is writable.
-        let _ = self.memory.write_obj(st, GuestAddress(gpa + STATUS_OFFSET));
-        self.host_writes.mark(gpa + STATUS_OFFSET, 4);
+        let _ = self.guest.write_obj(st, gpa + STATUS_OFFSET);
         action
     }
 
@@ -289,7 +284,12 @@ impl ControlDevice {
             return status::BAD_RANGE;
         }
         let mut raw = vec![0u8; count as usize * REPORT_SIZE];
-        if self.memory.read_slice(&mut raw, GuestAddress(gpa)).is_err() {
+        if self
+            .guest
+            .memory()
+            .read_slice(&mut raw, GuestAddress(gpa))
+            .is_err()
+        {
             return status::BAD_RANGE;
         }
         let mut batch = Vec::with_capacity(count as usize);
@@ -361,7 +361,12 @@ impl ControlDevice {
             return status::BAD_RANGE;
         }
         let mut raw = vec![0u8; len as usize];
-        if self.memory.read_slice(&mut raw, GuestAddress(gpa)).is_err() {
+        if self
+            .guest
+            .memory()
+            .read_slice(&mut raw, GuestAddress(gpa))
+            .is_err()
+        {
             return status::BAD_RANGE;
         }
         match std::str::from_utf8(&raw) {
@@ -380,7 +385,9 @@ mod tests {
 
     fn setup() -> ControlDevice {
         ControlDevice::new(
-            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap(),
+            GuestWriter::unrecorded(
+                vm_memory::GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap(),
+            ),
             None,
             2,
         )
@@ -392,7 +399,7 @@ mod tests {
         b.extend(r.status.to_le_bytes());
         b.extend(r.arg0.to_le_bytes());
         b.extend(r.arg1.to_le_bytes());
-        d.memory.write_slice(&b, GuestAddress(gpa)).unwrap();
+        d.guest.memory().write_slice(&b, GuestAddress(gpa)).unwrap();
     }
 
     fn put_report(d: &ControlDevice, gpa: u64, r: Report) {
@@ -400,11 +407,12 @@ mod tests {
         b.extend(r.kind.to_le_bytes());
         b.extend(r.reserved.to_le_bytes());
         b.extend(r.value.to_le_bytes());
-        d.memory.write_slice(&b, GuestAddress(gpa)).unwrap();
+        d.guest.memory().write_slice(&b, GuestAddress(gpa)).unwrap();
     }
 
     fn status_at(d: &ControlDevice, gpa: u64) -> u32 {
-        d.memory
+        d.guest
+            .memory()
             .read_obj(GuestAddress(gpa + STATUS_OFFSET))
             .unwrap()
     }
@@ -513,7 +521,8 @@ mod tests {
             refused(op::LOG, 0x3000, MAX_LOG_LEN + 1).1,
             status::BAD_RANGE
         );
-        d.memory
+        d.guest
+            .memory()
             .write_slice(&[0xff, 0xfe], GuestAddress(0x3000))
             .unwrap();
         assert_eq!(refused(op::LOG, 0x3000, 2).1, status::BAD_RECORD);
@@ -548,7 +557,8 @@ mod tests {
         assert_eq!(d.reports().len(), 3);
         assert_eq!(request(&d, op::REPORT, 0x2000, 1).1, status::BAD_RANGE);
 
-        d.memory
+        d.guest
+            .memory()
             .write_slice(b"12345678", GuestAddress(0x3000))
             .unwrap();
         assert_eq!(request(&d, op::LOG, 0x3000, 8).1, status::OK);

@@ -26,7 +26,9 @@ use kvm_bindings::{
 };
 use kvm_ioctls::{IoEventAddress, NoDatamatch, VmFd};
 use serde::{Deserialize, Serialize};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
+
+use crate::memory::host_writes::GuestWriter;
 use vmm_sys_util::eventfd::EventFd;
 
 /// Where the I/O thread is to serve from, and where it answers whether it
@@ -102,7 +104,8 @@ pub struct PvioState {
 
 /// The device.
 pub struct PvioDevice {
-    memory: GuestMemoryMmap,
+    /// The ring is read here; statuses and counts written back, recorded.
+    guest: GuestWriter,
     doorbell: EventFd,
     irqfds: Vec<EventFd>,
     /// The ring, once the guest has set it up (once per run).
@@ -118,7 +121,6 @@ pub struct PvioDevice {
     thread: Mutex<Option<JoinHandle<()>>>,
     start_tx: Mutex<Option<Sender<Start>>>,
     stop: AtomicBool,
-    host_writes: Arc<crate::migration::dirty::HostWrites>,
     /// Boosts the submitting vCPU before its completion interrupt.
     booster: Option<Arc<crate::sched::boost::Booster>>,
     requests: AtomicU64,
@@ -162,11 +164,10 @@ impl PvioDevice {
     /// requests may reach `max_bytes` into it (`--guest-io-max`).
     pub fn new(
         vm: &VmFd,
-        memory: GuestMemoryMmap,
+        guest: GuestWriter,
         vcpus: u32,
         file: Option<&std::path::Path>,
         max_bytes: u64,
-        host_writes: Arc<crate::migration::dirty::HostWrites>,
         booster: Option<Arc<crate::sched::boost::Booster>>,
     ) -> Result<Arc<Self>, crate::Error> {
         let host = |what, source| crate::Error::Host { what, source };
@@ -209,7 +210,7 @@ impl PvioDevice {
             }
         };
         let dev = Arc::new(PvioDevice {
-            memory,
+            guest,
             doorbell,
             irqfds,
             ring: Mutex::new(None),
@@ -218,7 +219,6 @@ impl PvioDevice {
             own_file,
             thread: Mutex::new(None),
             stop: AtomicBool::new(false),
-            host_writes,
             booster,
             requests: AtomicU64::new(0),
             irqs_skipped: AtomicU64::new(0),
@@ -249,7 +249,8 @@ impl PvioDevice {
         }
         let mut probe = vec![0u8; (HEADER + entries * REQUEST) as usize];
         if self
-            .memory
+            .guest
+            .memory()
             .read_slice(&mut probe, GuestAddress(gpa))
             .is_err()
         {
@@ -343,7 +344,8 @@ impl PvioDevice {
             return Err(format!("the saved I/O ring has {entries} entries"));
         }
         let done = self
-            .memory
+            .guest
+            .memory()
             .read_obj::<u64>(GuestAddress(gpa + COMPLETED))
             .map_err(|e| format!("the saved I/O ring at {gpa:#x} is outside guest memory: {e}"))?;
         self.start(gpa, entries, done)?;
@@ -374,7 +376,7 @@ impl PvioDevice {
                 return;
             }
             loop {
-                let Ok(submitted) = self.memory.read_obj::<u64>(GuestAddress(gpa)) else {
+                let Ok(submitted) = self.guest.memory().read_obj::<u64>(GuestAddress(gpa)) else {
                     return;
                 };
                 if submitted <= done {
@@ -383,18 +385,15 @@ impl PvioDevice {
                 if submitted - done > entries {
                     tracing::warn!("I/O device: the guest overran its ring ({submitted} submitted, {done} done); skipping");
                     done = submitted;
-                    let _ = self.memory.write_obj(done, GuestAddress(gpa + COMPLETED));
-                    self.host_writes.mark(gpa + COMPLETED, 8);
+                    let _ = self.guest.write_obj(done, gpa + COMPLETED);
                     break;
                 }
                 let at = gpa + HEADER + (done % entries) * REQUEST;
                 let (st, err, vcpu) = self.perform(&file, at, &mut buf);
-                let _ = self.memory.write_obj(st, GuestAddress(at + STATUS));
-                let _ = self.memory.write_obj(err, GuestAddress(at + ERROR));
-                self.host_writes.mark(at + STATUS, ERROR + 4 - STATUS);
+                let _ = self.guest.write_obj(st, at + STATUS);
+                let _ = self.guest.write_obj(err, at + ERROR);
                 done += 1;
-                let _ = self.memory.write_obj(done, GuestAddress(gpa + COMPLETED));
-                self.host_writes.mark(gpa + COMPLETED, 8);
+                let _ = self.guest.write_obj(done, gpa + COMPLETED);
                 self.requests.fetch_add(1, Ordering::Relaxed);
                 let index = if (vcpu as usize) < self.irqfds.len() {
                     vcpu as usize
@@ -402,11 +401,7 @@ impl PvioDevice {
                     0
                 };
                 // A guest polling for this completion needs no interrupt.
-                if crate::sched::guest_poll::completion_seen_by_poll(
-                    &self.memory,
-                    index,
-                    &self.host_writes,
-                ) {
+                if crate::sched::guest_poll::completion_seen_by_poll(&self.guest, index) {
                     self.irqs_skipped.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
@@ -421,7 +416,12 @@ impl PvioDevice {
     /// Carry out the request at `at`: (status, errno, vCPU to interrupt).
     fn perform(&self, file: &File, at: u64, buf: &mut Vec<u8>) -> (u32, i32, u32) {
         let mut raw = [0u8; REQUEST as usize];
-        if self.memory.read_slice(&mut raw, GuestAddress(at)).is_err() {
+        if self
+            .guest
+            .memory()
+            .read_slice(&mut raw, GuestAddress(at))
+            .is_err()
+        {
             self.bad.fetch_add(1, Ordering::Relaxed);
             return (io_status::BAD_REQUEST, 0, 0);
         }
@@ -447,7 +447,11 @@ impl PvioDevice {
             || len > MAX_LEN
             || !vcpu_ok
             || !in_file
-            || self.memory.read_slice(buf, GuestAddress(gbuf)).is_err()
+            || self
+                .guest
+                .memory()
+                .read_slice(buf, GuestAddress(gbuf))
+                .is_err()
         {
             self.bad.fetch_add(1, Ordering::Relaxed);
             return (io_status::BAD_REQUEST, 0, if vcpu_ok { vcpu } else { 0 });

@@ -87,18 +87,6 @@ pub struct PagingConfig {
     pub store_jitter: Duration,
 }
 
-/// Whether this process may run a pager: a userfaultfd with UFFDIO_MOVE
-/// opens (Linux 6.8+, and `vm.unprivileged_userfaultfd=1` or
-/// CAP_SYS_PTRACE; a seccomp profile may refuse the call).
-pub fn userfaultfd_usable() -> Result<(), PagerError> {
-    Uffd::new(FEATURE_MOVE)
-        .map(drop)
-        .map_err(|source| PagerError::Uffd {
-            what: "open with UFFDIO_MOVE",
-            source,
-        })
-}
-
 /// Why the pager could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum PagerError {

@@ -73,6 +73,13 @@ use ioctls::*;
 /// A userfaultfd.
 pub struct Uffd(OwnedFd);
 
+/// Whether this process may run a pager: a userfaultfd with UFFDIO_MOVE
+/// opens (Linux 6.8+, and `vm.unprivileged_userfaultfd=1` or
+/// CAP_SYS_PTRACE; a seccomp profile may refuse the call).
+pub fn pager_usable() -> io::Result<()> {
+    Uffd::new(FEATURE_MOVE).map(drop)
+}
+
 fn check(rc: i32) -> io::Result<()> {
     if rc < 0 {
         Err(io::Error::last_os_error())

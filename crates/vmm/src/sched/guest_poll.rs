@@ -11,23 +11,21 @@ use std::sync::atomic::{fence, AtomicBool, Ordering};
 use hover_abi::haltpoll::{area_gpa, flags, offset, MAX_POLL_NS};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use crate::migration::dirty::HostWrites;
+use crate::memory::host_writes::GuestWriter;
 
 /// Offer `max_ns` of guest polling (0: none) to `vcpus` vCPUs, with
 /// interrupt suppression whenever polling is offered. Written at boot,
 /// and again when a restored or received VM runs under new flags.
 pub fn offer(
-    mem: &GuestMemoryMmap,
+    guest: &GuestWriter,
     vcpus: u32,
     max_ns: u64,
-    writes: &HostWrites,
 ) -> Result<(), vm_memory::GuestMemoryError> {
     let f = if max_ns > 0 { flags::SUPPRESS_IRQ } else { 0 };
     for v in 0..vcpus as usize {
         let a = area_gpa(v);
-        mem.write_obj(max_ns, GuestAddress(a + offset::MAX_NS))?;
-        mem.write_obj(f, GuestAddress(a + offset::FLAGS))?;
-        writes.mark(a, 16);
+        guest.write_obj(max_ns, a + offset::MAX_NS)?;
+        guest.write_obj(f, a + offset::FLAGS)?;
     }
     Ok(())
 }
@@ -35,20 +33,20 @@ pub fn offer(
 /// Called by the I/O thread after it has written a completion count that
 /// vCPU `vcpu` may be polling for: whether the guest watches it itself (its
 /// `polling` flag is up), so no interrupt is needed. Counted in the area.
-pub fn completion_seen_by_poll(mem: &GuestMemoryMmap, vcpu: usize, writes: &HostWrites) -> bool {
+pub fn completion_seen_by_poll(guest: &GuestWriter, vcpu: usize) -> bool {
     // Pairs with the guest's fence between clearing `polling` and its last
     // look at the counter: one side sees the other's store.
     fence(Ordering::SeqCst);
     let a = area_gpa(vcpu);
+    let mem = guest.memory();
     let polling = mem
         .load::<u32>(GuestAddress(a + offset::POLLING), Ordering::SeqCst)
         .is_ok_and(|p| p == 1);
     if polling {
         // The I/O thread is this counter's only writer.
-        let at = GuestAddress(a + offset::IRQS_SKIPPED);
-        if let Ok(n) = mem.load::<u64>(at, Ordering::Relaxed) {
-            let _ = mem.store(n.wrapping_add(1), at, Ordering::Relaxed);
-            writes.mark(at.0, 8);
+        let at = a + offset::IRQS_SKIPPED;
+        if let Ok(n) = mem.load::<u64>(GuestAddress(at), Ordering::Relaxed) {
+            let _ = guest.store(n.wrapping_add(1), at, Ordering::Relaxed);
         }
     }
     polling
@@ -83,6 +81,7 @@ impl GuestPoll {
     }
 }
 
+/// Read the areas of `vcpus` vCPUs. A window above the offered limit is
 /// Read the areas of `vcpus` vCPUs. A window above the offered limit is
 /// nonsense from the guest: clamped, and logged once per `warned`.
 pub fn read(mem: &GuestMemoryMmap, vcpus: u32, warned: &AtomicBool) -> GuestPoll {
@@ -124,8 +123,8 @@ mod tests {
     #[test]
     fn the_offer_reaches_every_vcpu_and_suppression_follows_it() {
         let m = mem();
-        let w = HostWrites::default();
-        offer(&m, 3, 150_000, &w).unwrap();
+        let w = GuestWriter::unrecorded(m.clone());
+        offer(&w, 3, 150_000).unwrap();
         for v in 0..3 {
             let a = area_gpa(v);
             assert_eq!(m.read_obj::<u64>(GuestAddress(a)).unwrap(), 150_000);
@@ -134,7 +133,7 @@ mod tests {
                 flags::SUPPRESS_IRQ
             );
         }
-        offer(&m, 3, 0, &w).unwrap();
+        offer(&w, 3, 0).unwrap();
         assert_eq!(
             m.read_obj::<u32>(GuestAddress(area_gpa(2) + offset::FLAGS))
                 .unwrap(),
@@ -145,12 +144,12 @@ mod tests {
     #[test]
     fn an_interrupt_is_skipped_only_while_the_guest_polls() {
         let m = mem();
-        let w = HostWrites::default();
-        assert!(!completion_seen_by_poll(&m, 1, &w));
+        let w = GuestWriter::unrecorded(m.clone());
+        assert!(!completion_seen_by_poll(&w, 1));
         m.write_obj(1u32, GuestAddress(area_gpa(1) + offset::POLLING))
             .unwrap();
-        assert!(completion_seen_by_poll(&m, 1, &w));
-        assert!(!completion_seen_by_poll(&m, 0, &w));
+        assert!(completion_seen_by_poll(&w, 1));
+        assert!(!completion_seen_by_poll(&w, 0));
         let seen = read(&m, 2, &AtomicBool::new(false));
         assert_eq!(seen.irqs_skipped(), 1);
     }
@@ -158,7 +157,7 @@ mod tests {
     #[test]
     fn a_window_above_the_limit_is_clamped() {
         let m = mem();
-        offer(&m, 2, 100_000, &HostWrites::default()).unwrap();
+        offer(&GuestWriter::unrecorded(m.clone()), 2, 100_000).unwrap();
         m.write_obj(u64::MAX, GuestAddress(area_gpa(1) + offset::WINDOW_NS))
             .unwrap();
         m.write_obj(40_000u64, GuestAddress(area_gpa(0) + offset::WINDOW_NS))

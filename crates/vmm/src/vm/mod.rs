@@ -34,9 +34,10 @@ use crate::devices::msi::MsiInjector;
 use crate::devices::pvio::PvioDevice;
 use crate::devices::serial::{ConsoleSink, IrqTrigger, LineBoost, SerialConsole};
 use crate::devices::Devices;
+use crate::memory::host_writes::{GuestWriter, HostWrites};
 use crate::memory::paged::{PageSource, Pager, MIN_BUDGET_PAGES};
 use crate::memory::GuestRam;
-use crate::migration::dirty::{HostWrites, RingSet};
+use crate::migration::dirty::RingSet;
 use crate::migration::throttle::Throttle;
 use crate::sched::boost::Booster;
 use crate::sched::guest_poll;
@@ -175,11 +176,11 @@ impl Vm {
             &config.machine.cmdline,
             &layout,
         )?;
+        // Before the VM exists: nothing records the monitor's writes yet.
         guest_poll::offer(
-            m.ram.memory(),
+            &GuestWriter::unrecorded(m.ram.memory().clone()),
             config.machine.vcpus,
             config.machine.guest_poll_max_ns,
-            &Default::default(),
         )?;
         let saved = SavedMachine {
             config: config.machine.clone(),
@@ -241,10 +242,11 @@ impl Vm {
         fd.register_irqfd(&irq, COM1_GSI)
             .map_err(KvmOp::RegisterIrqfd.err())?;
         let host_writes = Arc::new(HostWrites::new(m.ram.end()));
+        // How every device and monitor writes guest memory: recorded.
+        let guest = GuestWriter::new(m.ram.memory().clone(), host_writes.clone());
         let booster = Booster::new(
             config.machine.boost,
-            m.ram.memory().clone(),
-            host_writes.clone(),
+            guest.clone(),
             vcpus.len(),
             tsc_khz as u64,
         );
@@ -259,11 +261,10 @@ impl Vm {
         let serial = SerialConsole::new(irq, sink);
         let pvio = PvioDevice::new(
             &fd,
-            m.ram.memory().clone(),
+            guest.clone(),
             config.machine.vcpus,
             config.host.io_file.as_deref(),
             config.host.limits.io_file_bytes,
-            host_writes.clone(),
             Some(booster.clone()),
         )?;
         let msi = MsiInjector::new(fd.clone())
@@ -275,10 +276,9 @@ impl Vm {
         })?;
         let devices = Arc::new(Devices {
             serial,
-            control: ControlDevice::new(m.ram.memory().clone(), Some(msi), config.machine.vcpus)
+            control: ControlDevice::new(guest, Some(msi), config.machine.vcpus)
                 .with_limits(config.host.limits)
                 .with_pvio(pvio.clone())
-                .with_host_writes(host_writes.clone())
                 .with_booster(booster.clone()),
         });
         let (events, events_rx) = mpsc::channel();

@@ -61,10 +61,10 @@ impl MemoryRestore {
         if machine.memory_backend == crate::config::MemoryBackend::Memfd {
             return MemoryRestore::Eager;
         }
-        match paged::userfaultfd_usable() {
+        match crate::memory::uffd::pager_usable() {
             Ok(()) => MemoryRestore::Prefetch,
             Err(e) => {
-                tracing::warn!("restoring eagerly: {e}");
+                tracing::warn!("restoring eagerly: userfaultfd with UFFDIO_MOVE is unavailable ({e}); the pager needs Linux 6.8+ and vm.unprivileged_userfaultfd=1 or CAP_SYS_PTRACE");
                 MemoryRestore::Eager
             }
         }
@@ -474,7 +474,7 @@ mod tests {
             MemoryRestore::Prefetch
         );
         assert_eq!(MemoryRestore::Auto.resolve(&memfd), MemoryRestore::Eager);
-        let here = match paged::userfaultfd_usable() {
+        let here = match crate::memory::uffd::pager_usable() {
             Ok(()) => MemoryRestore::Prefetch,
             Err(_) => MemoryRestore::Eager,
         };

@@ -1,8 +1,9 @@
 //! Which guest pages changed since the last look: the dirty trackers the
 //! pre-copy engine drives, behind one trait (`bitmap`: KVM_GET_DIRTY_LOG;
 //! `manual`: manual re-protection with KVM_CLEAR_DIRTY_LOG; `hybrid`:
-//! sections that stay hot are left unprotected, seed 4), and the record of
-//! the monitor's own writes to guest memory (KVM logs only the guest's).
+//! sections that stay hot are left unprotected, seed 4). The record of the
+//! monitor's own writes to guest memory (KVM logs only the guest's) is
+//! `memory::host_writes`, where the monitor's writer keeps it.
 
 mod bitmap;
 mod hybrid;
@@ -14,9 +15,8 @@ pub use hybrid::{HotSections, HybridTracker, SECTION_PAGES};
 pub use manual::ManualTracker;
 pub use ring::{RingSet, RingTracker};
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::memory::host_writes::bits_to_gpas;
 
-use hover_abi::layout::PAGE_SIZE;
 use kvm_bindings::{kvm_userspace_memory_region, KVM_MEM_LOG_DIRTY_PAGES};
 use kvm_ioctls::VmFd;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
@@ -129,74 +129,6 @@ pub(crate) fn logging_off(vm: &VmFd, slots: &[Slot]) {
     }
 }
 
-/// Append the addresses of the set bits of `bitmap` (one bit per page from `base`).
-pub fn bits_to_gpas(bitmap: &[u64], base: u64, out: &mut Vec<u64>) {
-    for (w, &word) in bitmap.iter().enumerate() {
-        let mut bits = word;
-        while bits != 0 {
-            let b = bits.trailing_zeros() as u64;
-            out.push(base + (w as u64 * 64 + b) * PAGE_SIZE);
-            bits &= bits - 1;
-        }
-    }
-}
-
-/// Pages the monitor itself wrote into guest memory (control request
-/// status, I/O completions) while recording is on: KVM's dirty log sees
-/// only the guest's writes, and a status the destination never got would
-/// leave the guest waiting forever.
-#[derive(Default)]
-pub struct HostWrites {
-    on: AtomicBool,
-    bits: Vec<AtomicU64>,
-}
-
-impl HostWrites {
-    /// A record for guest RAM ending at guest-physical `end`.
-    pub fn new(end: u64) -> Self {
-        HostWrites {
-            on: AtomicBool::new(false),
-            bits: (0..(end / PAGE_SIZE).div_ceil(64))
-                .map(|_| AtomicU64::new(0))
-                .collect(),
-        }
-    }
-
-    /// Note a write of `len` bytes at `gpa` (cheap when recording is off).
-    pub fn mark(&self, gpa: u64, len: u64) {
-        if !self.on.load(Ordering::Acquire) || len == 0 {
-            return;
-        }
-        for page in gpa / PAGE_SIZE..=gpa.saturating_add(len - 1) / PAGE_SIZE {
-            if let Some(w) = self.bits.get((page / 64) as usize) {
-                w.fetch_or(1 << (page % 64), Ordering::AcqRel);
-            }
-        }
-    }
-
-    /// Start or stop recording (stopping forgets what was recorded).
-    pub fn record(&self, on: bool) {
-        self.on.store(on, Ordering::Release);
-        if !on {
-            for w in &self.bits {
-                w.store(0, Ordering::Relaxed);
-            }
-        }
-    }
-
-    /// Take the pages written since the last call, as addresses, ascending.
-    pub fn take(&self) -> Vec<u64> {
-        let words: Vec<u64> = self
-            .bits
-            .iter()
-            .map(|w| w.swap(0, Ordering::AcqRel))
-            .collect();
-        let mut out = Vec::new();
-        bits_to_gpas(&words, 0, &mut out);
-        out
-    }
-}
-
 /// Merge two ascending address lists into one, without duplicates.
 pub fn merge(a: Vec<u64>, b: Vec<u64>) -> Vec<u64> {
     if b.is_empty() {
@@ -233,32 +165,6 @@ pub fn merge(a: Vec<u64>, b: Vec<u64>) -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bitmaps_become_addresses() {
-        let mut out = Vec::new();
-        bits_to_gpas(&[0b1011, 1 << 63], 0x10_0000, &mut out);
-        assert_eq!(
-            out,
-            vec![0x10_0000, 0x10_1000, 0x10_3000, 0x10_0000 + 127 * 4096]
-        );
-    }
-
-    #[test]
-    fn host_writes_are_recorded_only_while_on() {
-        let h = HostWrites::new(1 << 20);
-        h.mark(0x2000, 8);
-        assert!(h.take().is_empty());
-        h.record(true);
-        h.mark(0x2ffc, 8); // straddles two pages
-        h.mark(0x8_0000, 1);
-        h.mark(u64::MAX - 8, 8); // outside RAM: ignored, no panic
-        assert_eq!(h.take(), vec![0x2000, 0x3000, 0x8_0000]);
-        assert!(h.take().is_empty(), "taking clears");
-        h.mark(0x5000, 1);
-        h.record(false);
-        assert!(h.take().is_empty());
-    }
 
     #[test]
     fn merging_keeps_order_and_drops_duplicates() {

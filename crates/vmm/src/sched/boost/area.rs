@@ -54,8 +54,8 @@ impl Booster {
             ));
         }
         let end = gpa.checked_add(BOOST_AREA_SIZE - 1);
-        if end.is_none_or(|e| !self.memory.address_in_range(GuestAddress(e)))
-            || !self.memory.address_in_range(GuestAddress(gpa))
+        if end.is_none_or(|e| !self.guest.memory().address_in_range(GuestAddress(e)))
+            || !self.guest.memory().address_in_range(GuestAddress(gpa))
         {
             return Err((range, format!("{gpa:#x} lies outside guest RAM")));
         }
@@ -67,7 +67,8 @@ impl Booster {
         let range = control_status::BAD_RANGE;
         let record = control_status::BAD_RECORD;
         let in_area: u32 = self
-            .memory
+            .guest
+            .memory()
             .read_obj(GuestAddress(gpa + offset::VERSION))
             .map_err(|e| (range, e.to_string()))?;
         if version != BOOST_AREA_VERSION as u64 || in_area != BOOST_AREA_VERSION {
@@ -114,32 +115,33 @@ impl Booster {
     }
 
     pub(super) fn read_request(&self, gpa: u64) -> u32 {
-        self.memory
+        self.guest
+            .memory()
             .load::<u32>(GuestAddress(gpa + offset::REQUEST), Ordering::Acquire)
             .unwrap_or(0)
     }
 
     pub(super) fn read_wake_at(&self, gpa: u64) -> u64 {
-        self.memory
+        self.guest
+            .memory()
             .load::<u64>(GuestAddress(gpa + offset::WAKE_AT), Ordering::Acquire)
             .unwrap_or(0)
     }
 
     pub(super) fn write_u32(&self, gpa: u64, v: u32) {
-        let _ = self.memory.store(v, GuestAddress(gpa), Ordering::Release);
-        self.host_writes.mark(gpa, 4);
+        let _ = self.guest.store(v, gpa, Ordering::Release);
     }
 
     pub(super) fn write_u64(&self, gpa: u64, v: u64) {
-        let _ = self.memory.store(v, GuestAddress(gpa), Ordering::Release);
-        self.host_writes.mark(gpa, 8);
+        let _ = self.guest.store(v, gpa, Ordering::Release);
     }
 
     pub(super) fn set_status(&self, vcpu: usize, set: u32, clear: u32) {
         if let Some(gpa) = self.area(vcpu) {
             let addr = GuestAddress(gpa + offset::STATUS);
             let old = self
-                .memory
+                .guest
+                .memory()
                 .load::<u32>(addr, Ordering::Acquire)
                 .unwrap_or(0);
             self.write_u32(gpa + offset::STATUS, (old | set) & !clear);

@@ -45,9 +45,8 @@ use std::time::{Duration, Instant};
 
 use hover_abi::boost::{offset, status};
 use hover_abi::control::status as control_status;
-use vm_memory::GuestMemoryMmap;
 
-use crate::migration::dirty::HostWrites;
+use crate::memory::host_writes::GuestWriter;
 pub use policy::BoostPolicy;
 use policy::SchedParams;
 
@@ -93,8 +92,8 @@ struct Slot {
 pub struct Booster {
     /// The settings; changed live by [`Booster::set`].
     config: Mutex<BoostConfig>,
-    memory: GuestMemoryMmap,
-    host_writes: Arc<HostWrites>,
+    /// The vCPUs' areas, written with every write recorded for migration.
+    guest: GuestWriter,
     /// The guest's TSC rate (set again when a saved state arrives).
     tsc_khz: AtomicU64,
     slots: Vec<Slot>,
@@ -108,19 +107,17 @@ pub struct Booster {
 }
 
 impl Booster {
-    /// A booster for `vcpus` vCPUs whose areas live in `memory` (TSC at
-    /// `tsc_khz`); writes into guest memory are recorded in `host_writes`.
+    /// A booster for `vcpus` vCPUs whose areas live in `guest`'s memory
+    /// (TSC at `tsc_khz`).
     pub fn new(
         config: BoostConfig,
-        memory: GuestMemoryMmap,
-        host_writes: Arc<HostWrites>,
+        guest: GuestWriter,
         vcpus: usize,
         tsc_khz: u64,
     ) -> Arc<Booster> {
         Arc::new(Booster {
             config: Mutex::new(config),
-            memory,
-            host_writes,
+            guest,
             tsc_khz: AtomicU64::new(tsc_khz.max(1)),
             slots: (0..vcpus)
                 .map(|_| Slot {

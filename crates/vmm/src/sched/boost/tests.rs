@@ -5,6 +5,7 @@ use hover_abi::control::status as control_status;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::*;
+use crate::memory::host_writes::HostWrites;
 
 const AREA: u64 = 0x2000;
 
@@ -24,8 +25,7 @@ fn booster(
     tweak(&mut c);
     let b = Booster::new(
         c,
-        mem.clone(),
-        Arc::new(HostWrites::new(0x10000)),
+        GuestWriter::new(mem.clone(), Arc::new(HostWrites::new(0x10000))),
         1,
         1_000_000,
     );
