@@ -494,11 +494,21 @@ impl Running {
         heed_events(&self.vm.events_rx, &mut self.stashed)?;
         let vcpus = &self.vcpus;
         self.vm
-            .load_state_with(&s, |i, st| {
-                match vcpus[i].request(VcpuMsg::Restore(Box::new(st.clone()))) {
-                    Some(VcpuReply::Restored(r)) => r,
-                    _ => Err(StateError::ThreadGone),
+            .load_state_with(&s, |states| {
+                // Every held thread loads its own state at once; every
+                // reply is read (the channels stay in step), the first
+                // refusal reported.
+                for (h, st) in vcpus.iter().zip(states) {
+                    h.send(VcpuMsg::Restore(Box::new(st.clone())));
                 }
+                let replies: Vec<_> = vcpus.iter().map(|h| h.reply()).collect();
+                replies
+                    .into_iter()
+                    .enumerate()
+                    .try_for_each(|(i, r)| match r {
+                        Some(VcpuReply::Restored(r)) => r.map_err(|e| (i, e)),
+                        _ => Err((i, StateError::ThreadGone)),
+                    })
             })
             .map_err(|e| load(e, "STATE", state_at))?;
         let how = match (&received, &remote) {

@@ -272,17 +272,24 @@ impl Vm {
     /// irqchip, each vCPU, the clock, the devices.
     pub(crate) fn load_state(&mut self, s: &VmState) -> Result<(), LoadError> {
         let vcpus = std::mem::take(&mut self.vcpus);
-        let loaded = self.load_state_with(s, |i, st| vcpus[i].restore_state(st));
+        let loaded = self.load_state_with(s, |states| {
+            vcpus
+                .iter()
+                .zip(states)
+                .enumerate()
+                .try_for_each(|(i, (v, st))| v.restore_state(st).map_err(|e| (i, e)))
+        });
         self.vcpus = vcpus;
         loaded
     }
 
-    /// [`Vm::load_state`], each vCPU's state loaded by `load_vcpu(index,
-    /// state)` (directly, or through its thread once threads run).
+    /// [`Vm::load_state`], the vCPUs' states loaded by `load_vcpus`
+    /// (directly, or through their threads once threads run, all at once);
+    /// Err: the first vCPU that refused its state, and why.
     pub(crate) fn load_state_with(
         &mut self,
         s: &VmState,
-        mut load_vcpu: impl FnMut(usize, &VcpuState) -> Result<(), StateError>,
+        load_vcpus: impl FnOnce(&[VcpuState]) -> Result<(), (usize, StateError)>,
     ) -> Result<(), LoadError> {
         let host = |e: Error| LoadError::Host(e);
         for chip in &s.machine.irqchip {
@@ -290,15 +297,13 @@ impl Vm {
                 .set_irqchip(chip)
                 .map_err(|e| host(KvmOp::SetIrqchip.err()(e)))?;
         }
-        for (i, st) in s.vcpus.iter().enumerate() {
-            load_vcpu(i, st).map_err(|e| match e {
-                StateError::Mismatch(r) => LoadError::Unfit("VCPU", format!("vCPU {i}: {r}")),
-                other => host(Error::Host {
-                    what: "restore a vCPU",
-                    source: std::io::Error::other(other.to_string()),
-                }),
-            })?;
-        }
+        load_vcpus(&s.vcpus).map_err(|(i, e)| match e {
+            StateError::Mismatch(r) => LoadError::Unfit("VCPU", format!("vCPU {i}: {r}")),
+            other => host(Error::Host {
+                what: "restore a vCPU",
+                source: std::io::Error::other(format!("vCPU {i}: {other}")),
+            }),
+        })?;
         // The guest's TSC keeps its saved rate (KVM scales it).
         if let Some(v) = s.vcpus.first() {
             self.tsc_khz = v.tsc_khz;
