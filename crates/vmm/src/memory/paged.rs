@@ -228,7 +228,9 @@ impl Shared {
     }
 
     /// A fault on `page`: fetch it unless that is under way already.
-    fn on_fault(&self, page: usize, at: Instant) {
+    /// `true`: the page was resident by the pager's account (the faulting
+    /// thread is woken to find it).
+    fn on_fault(&self, page: usize, at: Instant) -> bool {
         let st = &self.states[page];
         loop {
             let s = st.load(Ordering::Acquire);
@@ -239,9 +241,9 @@ impl Shared {
                     // Fetched between the fault and now: make sure the
                     // faulting thread is not left waiting.
                     let _ = self.uffd.wake(self.host_of(page), PAGE_SIZE);
-                    return;
+                    return true;
                 }
-                _ => return,
+                _ => return false,
             };
             if st
                 .compare_exchange(s, next, Ordering::AcqRel, Ordering::Acquire)
@@ -256,7 +258,7 @@ impl Shared {
                     }
                     self.enqueue(page, at);
                 }
-                return;
+                return false;
             }
         }
     }

@@ -170,6 +170,9 @@ fn allow_list(kind: Kind) -> Vec<Allow> {
                 libc::SYS_poll,
                 libc::SYS_ppoll,
                 libc::SYS_fdatasync,
+                // A page that keeps faulting though placed: what the
+                // kernel holds there goes into the failure message.
+                libc::SYS_mincore,
             ]));
         }
         Kind::Io => {

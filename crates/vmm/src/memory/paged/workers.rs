@@ -11,9 +11,17 @@ use hover_abi::layout::PAGE_SIZE;
 
 use super::{PageBuf, Shared, WORKERS};
 
+/// A page that faults this many times in a row while the pager holds it
+/// resident is a fault the pager cannot serve (its account and the page
+/// tables disagree): the VM is stopped, naming the page, rather than the
+/// fault thread spinning on it for ever (seen once in CI, 2026-11-25).
+const STUCK_FAULTS: u32 = 100_000;
+
 pub(super) fn fault_loop(sh: Arc<Shared>, wake: RawEventFd) {
     raise_priority();
     let mut addrs = Vec::new();
+    // The page that last faulted while resident, and how many times in a row.
+    let mut stuck = (usize::MAX, 0u32);
     loop {
         let mut fds = [
             libc::pollfd {
@@ -46,13 +54,57 @@ pub(super) fn fault_loop(sh: Arc<Shared>, wake: RawEventFd) {
         sh.faults.fetch_add(addrs.len() as u64, Ordering::Relaxed);
         for &a in &addrs {
             match sh.page_of(a) {
-                Some(p) => sh.on_fault(p, now),
+                Some(p) => {
+                    if !sh.on_fault(p, now) {
+                        continue;
+                    }
+                    stuck = if stuck.0 == p {
+                        (p, stuck.1 + 1)
+                    } else {
+                        (p, 1)
+                    };
+                    if stuck.1 >= STUCK_FAULTS {
+                        sh.fail(format!(
+                            "the guest keeps faulting on a page the pager has placed \
+                             ({} times in a row; {}): stopping the VM",
+                            stuck.1,
+                            describe(&sh, p)
+                        ));
+                        return;
+                    }
+                }
                 None => {
                     tracing::warn!("userfaultfd fault at {a:#x}, outside pageable guest memory")
                 }
             }
         }
     }
+}
+
+/// What the kernel and the pager each say of `page`, for a failure
+/// message about it.
+fn describe(sh: &Shared, page: usize) -> String {
+    let mut v = [0u8; 1];
+    // SAFETY: mincore reads the page tables of one page of our own
+    // mapping and writes one byte into `v`.
+    let rc = unsafe {
+        libc::mincore(
+            sh.host_of(page) as *mut libc::c_void,
+            PAGE_SIZE as usize,
+            v.as_mut_ptr(),
+        )
+    };
+    let kernel = match rc {
+        0 if v[0] & 1 != 0 => "in memory",
+        0 => "not in memory",
+        _ => "unknown (mincore failed)",
+    };
+    format!(
+        "guest page {:#x}: pager state {}, stored copy {}, kernel: {kernel}",
+        sh.gpa_of(page),
+        sh.states[page].load(Ordering::Acquire),
+        sh.stored[page].load(Ordering::Acquire),
+    )
 }
 
 /// Pager threads run ahead of vCPU threads: a page-in is short work that a
@@ -150,4 +202,59 @@ pub(super) fn start_workers(
         }
     }
     workers
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use super::super::{Pager, PagingConfig, RESIDENT};
+    use crate::memory::{GuestRam, MemoryBackend};
+
+    /// A page the pager believes placed but the kernel does not have
+    /// (the disagreement behind a fault thread seen spinning once) stops
+    /// the VM with a message naming it, instead of faulting for ever.
+    #[test]
+    fn a_resident_page_that_keeps_faulting_stops_the_vm() {
+        if let Err(e) = crate::memory::uffd::pager_usable() {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI is set but userfaultfd is refused: {e}"
+            );
+            eprintln!("skipping: userfaultfd refused: {e}");
+            return;
+        }
+        let ram = GuestRam::new(1 << 20, MemoryBackend::Anonymous).unwrap();
+        let (tx, rx) = mpsc::channel();
+        let tx = Mutex::new(tx);
+        let config = PagingConfig {
+            budget: 1 << 20,
+            store: None,
+            store_latency: Duration::ZERO,
+            store_jitter: Duration::ZERO,
+        };
+        let on_failure = Box::new(move |m: String| {
+            let _ = tx.lock().unwrap().send(m);
+        });
+        let pager = Pager::start(&ram, 0, &config, None, on_failure).unwrap();
+        // The pager's account says resident; the page tables say missing.
+        pager.shared.states[0].store(RESIDENT, std::sync::atomic::Ordering::Release);
+        let host = pager.shared.host_of(0) as usize;
+        let toucher = std::thread::spawn(move || {
+            // SAFETY: a read of guest RAM mapped by `ram`, which outlives
+            // this thread (joined below, before `ram` drops).
+            unsafe { std::ptr::read_volatile(host as *const u8) }
+        });
+        let msg = rx
+            .recv_timeout(Duration::from_secs(120))
+            .expect("the pager reports the stuck page");
+        assert!(msg.contains("keeps faulting"), "{msg}");
+        assert!(msg.contains("guest page 0x0"), "{msg}");
+        assert!(msg.contains("kernel: not in memory"), "{msg}");
+        // Closing the userfaultfd lets the blocked read take a zero page.
+        drop(pager);
+        assert_eq!(toucher.join().unwrap(), 0);
+    }
 }
