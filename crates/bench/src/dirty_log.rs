@@ -16,6 +16,7 @@
 //! write to a write-protected page shows), the harvest's time and the pages
 //! it found; per round, each tracker's ops/s over bitmap's.
 
+use hover_vmm::api::Endpoint;
 use std::path::Path;
 use std::time::Duration;
 
@@ -101,7 +102,7 @@ fn one_guest(
     let api = ApiClient::new(&sock, Duration::from_secs(120));
     let api_err = |e: hover_vmm::api::ApiError| guest(&e.to_string());
     let faults = |api: &ApiClient| -> Result<u64, BenchError> {
-        let s = api.json("GET", "/vm/stats", None).map_err(api_err)?;
+        let s = api.send(Endpoint::Stats, None).map_err(api_err)?;
         Ok(sum_stat(&s["vcpu_stats"], "pf_taken"))
     };
     let mut windows = Vec::new();
@@ -117,7 +118,7 @@ fn one_guest(
                 let body = json!({
                     "dirty_tracking": tracker, "period_ms": b.period_ms, "seconds": b.seconds,
                 });
-                api.json("PUT", "/vm/dirty-log", Some(&body.to_string()))
+                api.send(Endpoint::DirtyLog, Some(&body.to_string()))
                     .map_err(api_err)?
             };
             let to = rdtsc();

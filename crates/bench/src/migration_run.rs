@@ -2,6 +2,7 @@
 //! the migration benches run it (`hover run` with an API socket to
 //! `hover receive`), and what the guest's own timeline says about it.
 
+use hover_vmm::api::Endpoint;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -146,13 +147,13 @@ pub(crate) fn migrate_once(
     std::thread::sleep(WARM_UP);
     let api = ApiClient::new(&sock, Duration::from_secs(600));
     let api_err = |e: hover_vmm::api::ApiError| guest(&e.to_string());
-    let before = api.json("GET", "/vm/stats", None).map_err(api_err)?;
+    let before = api.send(Endpoint::Stats, None).map_err(api_err)?;
     let faults0 = sum_stat(&before["vcpu_stats"], "pf_taken");
     let mut body = body;
     body["to"] = at.into();
     body["insecure"] = true.into();
     let t = rdtsc();
-    let rep = api.json("PUT", "/vm/migrate", Some(&body.to_string()));
+    let rep = api.send(Endpoint::Migrate, Some(&body.to_string()));
     let returned = rdtsc();
     let src_out = wait_json(src, "hover run (source)")?;
     let rep = rep.map_err(api_err)?;

@@ -18,6 +18,7 @@
 //! (min-max) over the rounds, and the ops share async PF on over off is
 //! given per round.
 
+use hover_vmm::api::Endpoint;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -189,12 +190,12 @@ fn sample(
     }
     let api = ApiClient::new(&sock, Duration::from_secs(600));
     let t = rdtsc();
-    let answer = api.json("PUT", "/vm/migrate", Some(&body.to_string()));
+    let answer = api.send(Endpoint::Migrate, Some(&body.to_string()));
     let rep = match answer {
         Ok(r) => r,
         Err(e) => {
             // Pre-copy that does not converge: the guest runs on here.
-            let _ = api.call("PUT", "/vm/shutdown", None);
+            let _ = api.call(Endpoint::Shutdown.method(), Endpoint::Shutdown.path(), None);
             let _ = wait_json(src, "hover run (source)");
             let mut dest = dest;
             let _ = dest.kill();

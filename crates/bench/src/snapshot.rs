@@ -16,6 +16,7 @@
 //! restore` until the guest first works at 90% of its speed before the
 //! snapshot over 100 ms. Sizes and modes are interleaved within each round.
 
+use hover_vmm::api::Endpoint;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -205,17 +206,15 @@ fn one(
     std::thread::sleep(BEFORE_SNAPSHOT);
     let api = ApiClient::new(&sock, Duration::from_secs(600));
     let api_err = |e: hover_vmm::api::ApiError| guest(&e.to_string());
-    let paused = api.json("PUT", "/vm/pause", None).map_err(api_err)?;
-    api.json("PUT", "/vm/resume", None).map_err(api_err)?;
+    let paused = api.send(Endpoint::Pause, None).map_err(api_err)?;
+    api.send(Endpoint::Resume, None).map_err(api_err)?;
     let snapshot_tsc = rdtsc();
     let mut body = serde_json::json!({ "path": snap, "stop": true });
     if let Some(w) = way.hot_window_ms {
         body["hot_window_ms"] = w.into();
     }
     let body = body.to_string();
-    let info = api
-        .json("PUT", "/vm/snapshot", Some(&body))
-        .map_err(api_err)?;
+    let info = api.send(Endpoint::Snapshot, Some(&body)).map_err(api_err)?;
     wait_json(child, "hover run")?;
     let tsc_khz = Snapshot::open(&snap)
         .map_err(|e| guest(&e.to_string()))?

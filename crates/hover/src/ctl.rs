@@ -6,7 +6,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use hover_vmm::api::{ApiClient, ApiError, HaltPollRequest, MigrateRequest, SnapshotRequest};
+use hover_vmm::api::{
+    ApiClient, ApiError, Endpoint, HaltPollRequest, MigrateRequest, SnapshotRequest,
+};
 use hover_vmm::config::boost::{BoostMode, BoostUpdate};
 
 use crate::{die_on_broken_pipe, output, EXIT_BAD_INPUT, EXIT_HOST_FAILURE};
@@ -175,12 +177,12 @@ fn boost_modes() -> impl clap::builder::TypedValueParser<Value = BoostMode> {
 pub fn ctl(args: CtlArgs) -> ExitCode {
     die_on_broken_pipe();
     let client = ApiClient::new(&args.api_socket, Duration::from_secs(600));
-    let (method, path, body) = match &args.action {
-        CtlAction::Get => ("GET", "/vm", None),
-        CtlAction::Pause => ("PUT", "/vm/pause", None),
-        CtlAction::Resume => ("PUT", "/vm/resume", None),
-        CtlAction::Shutdown => ("PUT", "/vm/shutdown", None),
-        CtlAction::Stats => ("GET", "/vm/stats", None),
+    let (endpoint, body) = match &args.action {
+        CtlAction::Get => (Endpoint::Info, None),
+        CtlAction::Pause => (Endpoint::Pause, None),
+        CtlAction::Resume => (Endpoint::Resume, None),
+        CtlAction::Shutdown => (Endpoint::Shutdown, None),
+        CtlAction::Stats => (Endpoint::Stats, None),
         CtlAction::Migrate {
             to,
             dirty_tracking,
@@ -215,10 +217,10 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
                 recover: *recover,
                 insecure: *insecure,
             };
-            ("PUT", "/vm/migrate", Some(to_json(&body)))
+            (Endpoint::Migrate, Some(to_json(&body)))
         }
-        CtlAction::Metrics => ("GET", "/metrics", None),
-        CtlAction::Postcopy => ("PUT", "/vm/migrate/postcopy", None),
+        CtlAction::Metrics => (Endpoint::Metrics, None),
+        CtlAction::Postcopy => (Endpoint::Postcopy, None),
         CtlAction::Snapshot {
             path,
             stop,
@@ -233,7 +235,7 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
                 stop: *stop,
                 hot_window_ms: Some(*hot_window_ms),
             };
-            ("PUT", "/vm/snapshot", Some(to_json(&body)))
+            (Endpoint::Snapshot, Some(to_json(&body)))
         }
         CtlAction::HaltPoll {
             window_ns,
@@ -257,7 +259,7 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
                     return ExitCode::from(EXIT_BAD_INPUT);
                 }
             };
-            ("PUT", "/vm/halt-poll", Some(to_json(&body)))
+            (Endpoint::HaltPoll, Some(to_json(&body)))
         }
         CtlAction::Boost {
             mode,
@@ -275,7 +277,7 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
                 max_rate: *max_rate,
                 poll_us: *poll_us,
             };
-            ("PUT", "/vm/boost", Some(to_json(&body)))
+            (Endpoint::Boost, Some(to_json(&body)))
         }
     };
     if let CtlAction::Migrate { .. } = args.action {
@@ -298,7 +300,7 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
             );
             return ExitCode::from(EXIT_BAD_INPUT);
         }
-        return match client.call(method, path, None) {
+        return match client.call(endpoint.method(), endpoint.path(), None) {
             Ok(r) if r.status == 200 => {
                 print!("{}", r.body);
                 ExitCode::SUCCESS
@@ -313,7 +315,7 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
             Err(e) => ctl_error(&e),
         };
     }
-    match client.json(method, path, body.as_deref()) {
+    match client.send(endpoint, body.as_deref()) {
         Ok(v) if args.json => {
             println!("{v}");
             ExitCode::SUCCESS
@@ -363,7 +365,7 @@ fn migrate_with_progress(
     let body = body.map(str::to_string);
     let sock = socket.to_path_buf();
     let request = std::thread::spawn(move || {
-        ApiClient::new(&sock, Duration::from_secs(3600)).json("PUT", "/vm/migrate", body.as_deref())
+        ApiClient::new(&sock, Duration::from_secs(3600)).send(Endpoint::Migrate, body.as_deref())
     });
     let bar = indicatif::ProgressBar::new_spinner();
     bar.set_message("connecting");
@@ -373,7 +375,7 @@ fn migrate_with_progress(
     let (mut said, mut said_at) = (String::new(), None::<std::time::Instant>);
     let poll = ApiClient::new(socket, Duration::from_secs(2));
     while !request.is_finished() {
-        if let Ok(v) = poll.json("GET", "/vm", None) {
+        if let Ok(v) = poll.send(Endpoint::Info, None) {
             let m = &v["migration"];
             if !m.is_null() {
                 let throttle: Vec<u64> = m["vcpu_throttle_pct"]

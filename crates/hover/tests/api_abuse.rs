@@ -9,7 +9,7 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use common::{report, Scratch, Vm};
-use hover_vmm::api::ENDPOINTS;
+use hover_vmm::api::Endpoint;
 use hover_vmm::host::kvm_for_test;
 
 /// The resident set of process `pid`, KiB.
@@ -120,7 +120,11 @@ fn abusive_clients_never_end_the_vm() {
         &dir.path("vm.sock"),
     );
     // Lengths no server may allocate: refused before a byte of body is read.
-    for (_, path) in ENDPOINTS.iter().filter(|(m, _)| *m == "PUT") {
+    for path in Endpoint::ALL
+        .iter()
+        .filter(|e| e.method() == "PUT")
+        .map(|e| e.path())
+    {
         for len in [i64::MAX as u64, 1 << 40] {
             let head =
                 format!("PUT {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len}\r\n\r\n{{}}");

@@ -133,9 +133,18 @@ impl ApiClient {
         }
         Ok(v)
     }
+
+    /// Send `endpoint` with `body` (JSON); its answer as [`ApiClient::json`].
+    pub fn send(
+        &self,
+        endpoint: super::Endpoint,
+        body: Option<&str>,
+    ) -> Result<serde_json::Value, ApiError> {
+        self.json(endpoint.method(), endpoint.path(), body)
+    }
 }
 
 /// Ask the VM at `path` for its live figures (the JSON of `GET /vm/stats`).
 pub fn query(path: &Path) -> Result<serde_json::Value, ApiError> {
-    ApiClient::new(path, Duration::from_secs(5)).json("GET", "/vm/stats", None)
+    ApiClient::new(path, Duration::from_secs(5)).send(super::Endpoint::Stats, None)
 }

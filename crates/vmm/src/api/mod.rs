@@ -1,18 +1,9 @@
 //! The control API: HTTP/1.1 and JSON on the Unix socket of `--api-socket`
 //! (docs/api.yaml is the contract; a test walks it against this server).
 //!
-//! | request | does |
-//! |---|---|
-//! | `GET /vm` | state, configuration, uptime |
-//! | `PUT /vm/pause`, `PUT /vm/resume`, `PUT /vm/shutdown` | lifecycle |
-//! | `PUT /vm/snapshot` `{"path": ..., "stop": bool}` | snapshot to a new file |
-//! | `GET /vm/stats` | live figures (what `hover stats` shows) |
-//! | `PUT /vm/halt-poll` `{"mode": ..., ...}` | change halt polling live |
-//! | `PUT /vm/boost` `{"mode": ..., "policy": ..., ...}` | change vCPU boosting live |
-//! | `PUT /vm/migrate` `{"to": ..., ...}` | live migration to `hover receive` |
-//! | `PUT /vm/migrate/postcopy` | a hybrid migration switches to post-copy now |
-//! | `PUT /vm/dirty-log` `{"dirty_tracking": ..., "seconds": ...}` | track dirty pages for a while, nothing sent |
-//! | `GET /metrics` | Prometheus text exposition |
+//! The endpoints are [`Endpoint`] (`routes.rs`): one table that the
+//! server dispatches on, answers 404 and 405 from, the docs/api.yaml test
+//! walks and `hover ctl` sends.
 //!
 //! HTTP is served by [`http`], a server whose every resource a client can
 //! claim is bounded (connections, head and body sizes, time): a client that
@@ -27,9 +18,11 @@ pub mod client;
 pub mod http;
 mod metrics;
 mod requests;
+mod routes;
 mod server;
 pub mod slot;
 
+pub use routes::Endpoint;
 pub use server::ApiServer;
 
 pub use slot::ApiSlot;
@@ -54,23 +47,6 @@ use crate::stats::KvmStats;
 use crate::vm::{Command, Controller};
 
 pub use client::{query, ApiClient};
-
-/// Every endpoint the server answers: (method, path). docs/api.yaml
-/// documents exactly these (a test checks both ways).
-pub const ENDPOINTS: [(&str, &str); 12] = [
-    ("GET", "/vm"),
-    ("PUT", "/vm/pause"),
-    ("PUT", "/vm/resume"),
-    ("PUT", "/vm/shutdown"),
-    ("PUT", "/vm/snapshot"),
-    ("GET", "/vm/stats"),
-    ("PUT", "/vm/halt-poll"),
-    ("PUT", "/vm/boost"),
-    ("PUT", "/vm/migrate"),
-    ("PUT", "/vm/migrate/postcopy"),
-    ("PUT", "/vm/dirty-log"),
-    ("GET", "/metrics"),
-];
 
 /// How long a command may take (a snapshot of a large VM takes a while).
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(600);
@@ -218,11 +194,6 @@ impl Routes {
     }
 }
 
-/// Whether `path` (without a query) is one of Hover's own endpoints.
-pub fn is_hover_path(path: &str) -> bool {
-    ENDPOINTS.iter().any(|(_, p)| *p == path)
-}
-
 const JSON: &str = "application/json";
 
 fn json<T: Serialize>(status: u16, v: &T) -> Answer {
@@ -275,21 +246,21 @@ fn route(ctx: &Routes, method: &str, url: &str, body: &[u8]) -> Result<Answer, A
             Err(ApiFailure::bad("body", "this request takes no body".into()))
         }
     };
-    match (method, path) {
-        ("GET", "/vm") => Ok(json(200, &ctx.controller.info())),
-        ("PUT", "/vm/pause") => {
+    match Endpoint::find(method, path)? {
+        Endpoint::Info => Ok(json(200, &ctx.controller.info())),
+        Endpoint::Pause => {
             no_body()?;
             command(Command::Pause)
         }
-        ("PUT", "/vm/resume") => {
+        Endpoint::Resume => {
             no_body()?;
             command(Command::Resume)
         }
-        ("PUT", "/vm/shutdown") => {
+        Endpoint::Shutdown => {
             no_body()?;
             command(Command::Shutdown)
         }
-        ("PUT", "/vm/snapshot") => {
+        Endpoint::Snapshot => {
             let r: SnapshotRequest = parse_body(body)?;
             if r.path.as_os_str().is_empty() {
                 return Err(ApiFailure::bad("path", "path is empty".into()));
@@ -309,52 +280,33 @@ fn route(ctx: &Routes, method: &str, url: &str, body: &[u8]) -> Result<Answer, A
                 also_at: None,
             })
         }
-        ("PUT", "/vm/boost") => {
+        Endpoint::Boost => {
             let r: crate::sched::boost::BoostUpdate = parse_body(body)?;
             command(Command::Boost(r))
         }
-        ("PUT", "/vm/halt-poll") => {
+        Endpoint::HaltPoll => {
             let r: HaltPollRequest = parse_body(body)?;
             command(Command::HaltPoll(r.setting()?))
         }
-        ("PUT", "/vm/migrate") => {
+        Endpoint::Migrate => {
             let r: MigrateRequest = parse_body(body)?;
             command(Command::Migrate(r.options()?))
         }
-        ("PUT", "/vm/dirty-log") => {
+        Endpoint::DirtyLog => {
             let r: requests::DirtyLogBody = parse_body(body)?;
             command(Command::DirtyLog(r.request()?))
         }
-        ("PUT", "/vm/migrate/postcopy") => {
+        Endpoint::Postcopy => {
             no_body()?;
             ctx.controller.switch_to_postcopy()?;
             Ok(json(200, &ctx.controller.info()))
         }
-        ("GET", "/vm/stats") => Ok(json(200, &ctx.sources.snapshot())),
-        ("GET", "/metrics") => Ok((
+        Endpoint::Stats => Ok(json(200, &ctx.sources.snapshot())),
+        Endpoint::Metrics => Ok((
             200,
             metrics::CONTENT_TYPE,
             metrics::render(&ctx.sources, &ctx.controller),
         )),
-        _ => Err(unrouted(method, path)),
-    }
-}
-
-/// The answer for a request no route takes: 405 naming the method a known
-/// path takes (from [`ENDPOINTS`]), else 404.
-fn unrouted(method: &str, path: &str) -> ApiFailure {
-    match ENDPOINTS.iter().find(|(_, p)| *p == path) {
-        Some((takes, _)) => {
-            ApiFailure::new(405, format!("{path} takes {takes}, not {}", quote(method)))
-        }
-        None => ApiFailure::new(
-            404,
-            format!(
-                "no such endpoint: {} {} (see docs/api.yaml)",
-                quote(method),
-                quote(path)
-            ),
-        ),
     }
 }
 

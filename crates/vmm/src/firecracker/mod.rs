@@ -350,7 +350,7 @@ fn handle(shared: &Shared, req: &http::Request) -> Answer {
         return refused;
     }
     if !ENDPOINTS.contains(&(method, path)) {
-        if crate::api::is_hover_path(path) {
+        if crate::api::Endpoint::is_hover_path(path) {
             return match shared.slot.routes() {
                 Some(routes) => routes.handle(req),
                 None => fault(
