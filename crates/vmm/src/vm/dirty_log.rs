@@ -84,7 +84,7 @@ impl Running {
         let dirty = |e| CommandError::Migration(MigrationError::Dirty(e));
         let t0 = Instant::now();
         tracker.start().map_err(dirty)?;
-        self.vm.host_writes.record(true);
+        self.vm.devices.host_writes.record(true);
         let mut report = DirtyLogReport {
             tracker: tracker.name().into(),
             ..Default::default()
@@ -104,7 +104,7 @@ impl Running {
                 let found = tracker.harvest().map_err(dirty)?;
                 let us = at.elapsed().as_micros() as u64;
                 // What a migration would send: the monitor's writes too.
-                let host = self.vm.host_writes.take().len() as u64;
+                let host = self.vm.devices.host_writes.take().len() as u64;
                 total_us += us;
                 report.harvest_us_max = report.harvest_us_max.max(us);
                 pages += found.len() as u64 + host;
@@ -115,7 +115,7 @@ impl Running {
         })();
         report.held_pages = tracker.deferred_pages();
         tracker.stop();
-        self.vm.host_writes.record(false);
+        self.vm.devices.host_writes.record(false);
         result?;
         report.elapsed_ms = t0.elapsed().as_secs_f64() * 1e3;
         if report.harvests > 0 {

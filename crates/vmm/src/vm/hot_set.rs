@@ -31,12 +31,12 @@ impl Running {
         })?;
         let dirty = |e| CommandError::Migration(MigrationError::Dirty(e));
         tracker.start().map_err(dirty)?;
-        self.vm.host_writes.record(true);
+        self.vm.devices.host_writes.record(true);
         std::thread::sleep(window.min(MAX_HOT_WINDOW));
         let written = tracker.harvest();
         tracker.stop();
-        let monitor = self.vm.host_writes.take();
-        self.vm.host_writes.record(false);
+        let monitor = self.vm.devices.host_writes.take();
+        self.vm.devices.host_writes.record(false);
         // A guest that ended meanwhile is not snapshotted as if it ran.
         if let Some(e) = self.guest_ended() {
             self.stashed.push_back(e);

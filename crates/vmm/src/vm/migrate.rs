@@ -215,7 +215,7 @@ impl Running {
         self.vm.throttle.clear();
         self.progress(None);
         tracker.stop();
-        self.vm.host_writes.record(false);
+        self.vm.devices.host_writes.record(false);
         if result.is_err() && self.state != Lifecycle::PostcopyPaused {
             conn.shutdown();
             if was_running && self.state == Lifecycle::Paused {
@@ -273,7 +273,7 @@ impl Running {
         expect(&mut r, Kind::Ready)?;
 
         tracker.start()?;
-        self.vm.host_writes.record(true);
+        self.vm.devices.host_writes.record(true);
         let mut report = MigrationReport {
             to: o.to.to_string(),
             mode: "precopy".into(),
@@ -389,7 +389,7 @@ impl Running {
             let held =
                 (rate.unwrap_or(0.0) * o.downtime.as_secs_f64() / 2.0 / PAGE_SIZE as f64) as u64;
             tracker.set_deferral_budget(held);
-            pending = harvest(tracker, &self.vm.host_writes, &mut report)?;
+            pending = harvest(tracker, &self.vm.devices.host_writes, &mut report)?;
             let dirty = pending.len() as u64 + tracker.deferred_pages();
             let left = transfer_time(dirty, rate.unwrap_or(0.0));
             tracing::debug!(round = report.rounds, sent, dirty, ?left, "pre-copy round");
@@ -468,7 +468,7 @@ impl Running {
             )?;
             report.round_pages.push(sent);
             report.rounds += 1;
-            pending = harvest(tracker, &self.vm.host_writes, &mut report)?;
+            pending = harvest(tracker, &self.vm.devices.host_writes, &mut report)?;
             drained += catch_up(&mut w, &mut r)?;
         }
         report.drain_us = drained.as_micros() as u64;
@@ -507,7 +507,10 @@ impl Running {
             (true, Mode::Postcopy) => final_dirty.clone(),
             (true, _) => merge(pending.clone(), final_dirty.clone()),
         };
-        let last = merge(merge(pending, final_dirty), self.vm.host_writes.take());
+        let last = merge(
+            merge(pending, final_dirty),
+            self.vm.devices.host_writes.take(),
+        );
         parts.final_harvest_us = lap_us(&mut lap);
         if switch {
             let switch = super::postcopy::Switch {

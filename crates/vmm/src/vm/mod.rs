@@ -4,12 +4,15 @@
 //! says how it ended, `control.rs` how it is steered meanwhile.
 
 mod control;
+mod device_manager;
 mod dirty_log;
 mod handshake;
 mod hot_set;
 mod link;
+mod machine;
 mod migrate;
 mod outcome;
+mod persist;
 mod postcopy;
 mod postcopy_in;
 mod receive;
@@ -21,47 +24,36 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use kvm_bindings::{kvm_userspace_memory_region, CpuId, KVM_MAX_CPUID_ENTRIES};
 use kvm_ioctls::{Kvm, VmFd};
-use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
-use vmm_sys_util::eventfd::EventFd;
 
 use crate::arch::x86_64::{acpi, cpuid, pvh, tables};
 use crate::boot::{self};
 use crate::config::{BootProtocol, ConfigError, VmConfig};
-use crate::devices::control::ControlDevice;
-use crate::devices::msi::MsiInjector;
-use crate::devices::pvio::PvioDevice;
-use crate::devices::serial::{ConsoleSink, IrqTrigger, LineBoost, SerialConsole};
-use crate::devices::Devices;
-use crate::memory::host_writes::{GuestWriter, HostWrites};
+use crate::devices::serial::ConsoleSink;
+use crate::memory::host_writes::GuestWriter;
 use crate::memory::paged::{PageSource, Pager, MIN_BUDGET_PAGES};
 use crate::memory::GuestRam;
 use crate::migration::dirty::RingSet;
 use crate::migration::throttle::Throttle;
 use crate::sched::boost::Booster;
 use crate::sched::guest_poll;
-use crate::sched::halt_poll::{self, HaltPoll};
+use crate::sched::halt_poll::HaltPoll;
 use crate::state::SavedMachine;
 use crate::stats::KvmStats;
-use crate::vcpu::state::StateLayout;
 use crate::vcpu::{Entry, Vcpu};
 use crate::{Error, KvmOp};
 use hover_abi::layout::PAGE_SIZE;
-use hover_abi::pv::{FEATURE_ASYNC_PF, FEATURE_ASYNC_PF_INT, FEATURE_ASYNC_PF_VMEXIT};
+use hover_abi::pv::{FEATURE_ASYNC_PF, FEATURE_ASYNC_PF_INT};
 
 pub use control::{Command, CommandError, Controller, Lifecycle, Reply, SnapshotInfo, VmInfo};
 pub(crate) use control::{Status, VmEvent};
+use device_manager::DeviceManager;
 pub use dirty_log::{DirtyLogReport, DirtyLogRequest, MAX_DIRTY_LOG};
 pub use hot_set::MAX_HOT_WINDOW;
+use machine::{pv_withheld, Machine};
 pub use outcome::{BootTimings, EndReason, MemoryUsage, RestoreReport, RunOutcome};
 pub use receive::ReceiveOptions;
 pub use restore::{MemoryRestore, RestoreOptions};
-
-/// The COM1 interrupt line on the IOAPIC.
-const COM1_GSI: u32 = 4;
-/// Where KVM may put its real-mode TSS (in the MMIO hole, as Firecracker does).
-const KVM_TSS_ADDRESS: usize = 0xfffb_d000;
 
 /// A built VM, ready to run.
 pub struct Vm {
@@ -69,7 +61,7 @@ pub struct Vm {
     fd: Arc<VmFd>,
     ram: GuestRam,
     vcpus: Vec<Vcpu>,
-    devices: Arc<Devices>,
+    devices: DeviceManager,
     tsc_khz: u32,
     image_end: u64,
     created_at: Instant,
@@ -90,10 +82,8 @@ pub struct Vm {
     seccomp: crate::seccomp::Mode,
     /// The key this VM's outgoing migrations prove (`--migration-key`).
     migration_key: Option<Arc<crate::config::MigrationKey>>,
-    pvio: Arc<PvioDevice>,
     saved: SavedMachine,
     restored: Option<RestoreReport>,
-    host_writes: Arc<HostWrites>,
     rings: Option<Arc<RingSet>>,
     throttle: Arc<Throttle>,
     booster: Arc<Booster>,
@@ -107,15 +97,6 @@ pub struct Vm {
     events: Sender<VmEvent>,
     events_rx: Receiver<VmEvent>,
     status: Arc<Mutex<Status>>,
-}
-
-/// What boot and restore need from the VM's environment.
-struct Machine {
-    kvm: Kvm,
-    fd: Arc<VmFd>,
-    ram: GuestRam,
-    supported: CpuId,
-    layout: Arc<StateLayout>,
 }
 
 impl Vm {
@@ -138,14 +119,13 @@ impl Vm {
         if config.machine.async_pf && !apf_offered {
             return Err(ConfigError::AsyncPfUnsupported.into());
         }
-        let vcpus = m.create_vcpus(config.machine.vcpus)?;
-        let tsc_khz = vcpus[0]
+        let tsc_khz = m.vcpus[0]
             .fd()
             .get_tsc_khz()
             .map_err(KvmOp::GetTscKhz.err())?;
         match config.machine.boot {
             BootProtocol::Hover => {
-                for v in &vcpus {
+                for v in &m.vcpus {
                     v.configure(&m.vcpu_cpuid(config, v.index()), layout.entry)?;
                 }
             }
@@ -159,7 +139,7 @@ impl Vm {
                     &config.machine.cmdline,
                     rsdp,
                 )?;
-                for v in &vcpus {
+                for v in &m.vcpus {
                     let cpuid = pvh::with_tsc_leaf(&m.vcpu_cpuid(config, v.index()), tsc_khz);
                     match v.index() {
                         0 => v.configure_with(&cpuid, Entry::Pvh { entry, start_info })?,
@@ -187,24 +167,26 @@ impl Vm {
             image_end: layout.end,
         };
         let sink = open_console(config)?;
-        Vm::assemble(m, config, saved, vcpus, tsc_khz, sink, None, created_at)
+        Vm::assemble(m, config, saved, sink, None, created_at)
     }
 
-    /// The last steps of building, shared by boot and restore: devices,
-    /// the pager, statistics.
-    #[allow(clippy::too_many_arguments)]
+    /// The last steps of building, shared by boot, restore and an arriving
+    /// migration: devices, the pager, statistics. The vCPUs run at this
+    /// host's TSC rate until a loaded state says otherwise.
     fn assemble(
         m: Machine,
         config: &VmConfig,
         saved: SavedMachine,
-        vcpus: Vec<Vcpu>,
-        tsc_khz: u32,
         sink: ConsoleSink,
         source: Option<Arc<dyn PageSource>>,
         created_at: Instant,
     ) -> Result<Vm, Error> {
         let fd = m.fd.clone();
-        let mut vcpus = vcpus;
+        let mut vcpus = m.vcpus;
+        let tsc_khz = vcpus[0]
+            .fd()
+            .get_tsc_khz()
+            .map_err(KvmOp::GetTscKhz.err())?;
         let rings = match config.machine.dirty_ring {
             Some(entries) => {
                 let fds: Vec<_> = vcpus.iter().map(|v| v.fd()).collect();
@@ -235,52 +217,10 @@ impl Vm {
             Vec::new()
         });
         let vm_stats = KvmStats::open(fd.as_ref()).ok();
-        let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|source| Error::Host {
-            what: "create an eventfd",
-            source,
-        })?;
-        fd.register_irqfd(&irq, COM1_GSI)
-            .map_err(KvmOp::RegisterIrqfd.err())?;
-        let host_writes = Arc::new(HostWrites::new(m.ram.end()));
-        // How every device and monitor writes guest memory: recorded.
-        let guest = GuestWriter::new(m.ram.memory().clone(), host_writes.clone());
-        let booster = Booster::new(
-            config.machine.boost,
-            guest.clone(),
-            vcpus.len(),
-            tsc_khz as u64,
-        );
+        let (devices, booster) = DeviceManager::new(&fd, &m.ram, config, tsc_khz, sink)?;
         for v in &mut vcpus {
             v.attach_booster(booster.clone());
         }
-        let irq = IrqTrigger::new(irq).with_boost(LineBoost::new(
-            booster.clone(),
-            fd.clone(),
-            COM1_GSI as usize,
-        ));
-        let serial = SerialConsole::new(irq, sink);
-        let pvio = PvioDevice::new(
-            &fd,
-            guest.clone(),
-            config.machine.vcpus,
-            config.host.io_file.as_deref(),
-            config.host.limits.io_file_bytes,
-            Some(booster.clone()),
-        )?;
-        let msi = MsiInjector::new(fd.clone())
-            .with_booster(booster.clone())
-            .with_max_pending(config.host.limits.msi_pending);
-        msi.start().map_err(|e| Error::Host {
-            what: "start the MSI timer thread",
-            source: std::io::Error::other(e.to_string()),
-        })?;
-        let devices = Arc::new(Devices {
-            serial,
-            control: ControlDevice::new(guest, Some(msi), config.machine.vcpus)
-                .with_limits(config.host.limits)
-                .with_pvio(pvio.clone())
-                .with_booster(booster.clone()),
-        });
         let (events, events_rx) = mpsc::channel();
         let store = &config.host.page_store;
         let paging = match (config.machine.memory_budget, &source) {
@@ -354,10 +294,8 @@ impl Vm {
             start_paused: false,
             migration_key: config.host.migration_key.clone(),
             seccomp: config.host.seccomp,
-            pvio,
             saved,
             restored: None,
-            host_writes,
             rings,
             throttle,
             booster,
@@ -430,96 +368,6 @@ impl Vm {
     }
 }
 
-impl Machine {
-    /// Open KVM and create the VM with its RAM, irqchip and halt-poll settings.
-    fn create(config: &VmConfig) -> Result<Machine, Error> {
-        // Host files are this host's business, checked before anything is
-        // built: a boot, a restore and a migration's destination alike.
-        if let Some(path) = &config.host.io_file {
-            crate::devices::pvio::check_io_path(path).map_err(|why| ConfigError::IoFile {
-                path: path.display().to_string(),
-                why,
-            })?;
-        }
-        crate::host::block_file_size_signal();
-        // Every thread the VM starts from here takes this mode.
-        crate::seccomp::set_mode(config.host.seccomp);
-        crate::seccomp::check(config.host.seccomp)?;
-        let kvm = Kvm::new().map_err(Error::KvmUnavailable)?;
-        let kvm_max = kvm.get_max_vcpus() as u32;
-        if config.machine.vcpus > kvm_max {
-            return Err(ConfigError::VcpusOverKvm {
-                given: config.machine.vcpus,
-                max: kvm_max,
-            }
-            .into());
-        }
-        let fd = Arc::new(kvm.create_vm().map_err(KvmOp::CreateVm.err())?);
-        let t = Instant::now();
-        let ram = GuestRam::new(config.machine.memory, config.machine.memory_backend)?;
-        register_memory(&fd, &ram)?;
-        // KVM's per-slot metadata grows with guest memory: the one part of
-        // building a VM that does (docs/BENCHMARKS.md, snapshot).
-        tracing::debug!(
-            us = t.elapsed().as_micros() as u64,
-            "guest RAM mapped and registered"
-        );
-        fd.set_tss_address(KVM_TSS_ADDRESS)
-            .map_err(KvmOp::SetTssAddress.err())?;
-        fd.create_irq_chip().map_err(KvmOp::CreateIrqchip.err())?;
-        if config.machine.halt_poll != HaltPoll::KvmDefault && !halt_poll::supported(&fd) {
-            return Err(ConfigError::HaltPollUnsupported.into());
-        }
-        if let HaltPoll::Fixed { window_ns } = config.machine.halt_poll {
-            halt_poll::set_window(&fd, window_ns).map_err(KvmOp::EnableCap.err())?;
-        }
-        // KVM accepts these only before vCPUs exist.
-        if let Some(entries) = config.machine.dirty_ring {
-            crate::migration::dirty::ring::enable(&fd, entries).map_err(|e| Error::Host {
-                what: "enable dirty rings",
-                source: std::io::Error::other(e),
-            })?;
-        }
-        if !config.machine.hlt_exits {
-            halt_poll::disable_hlt_exits(&fd).map_err(KvmOp::EnableCap.err())?;
-        }
-        let supported = kvm
-            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-            .map_err(KvmOp::GetSupportedCpuid.err())?;
-        let layout = StateLayout::probe(&kvm, &fd).map_err(|e| Error::Host {
-            what: "learn this KVM's vCPU state layout",
-            source: std::io::Error::other(e.to_string()),
-        })?;
-        Ok(Machine {
-            kvm,
-            fd,
-            ram,
-            supported,
-            layout: Arc::new(layout),
-        })
-    }
-
-    fn create_vcpus(&self, n: u32) -> Result<Vec<Vcpu>, Error> {
-        (0..n)
-            .map(|i| Vcpu::new(&self.fd, i, self.layout.clone()))
-            .collect()
-    }
-
-    /// The CPUID table vCPU `index` gets on this host under `config`.
-    fn vcpu_cpuid(&self, config: &VmConfig, index: u32) -> CpuId {
-        cpuid::for_vcpu(&self.supported, index, pv_withheld(config.machine.async_pf))
-    }
-}
-
-/// PV features kept from the guest: async PF when it is off.
-fn pv_withheld(async_pf: bool) -> u32 {
-    if async_pf {
-        0
-    } else {
-        FEATURE_ASYNC_PF | FEATURE_ASYNC_PF_INT | FEATURE_ASYNC_PF_VMEXIT
-    }
-}
-
 fn check_budget(config: &VmConfig, image_end: u64) -> Result<(), ConfigError> {
     if let Some(budget) = config.machine.memory_budget {
         let minimum = image_end + MIN_BUDGET_PAGES * PAGE_SIZE;
@@ -535,21 +383,4 @@ fn open_console(config: &VmConfig) -> Result<ConsoleSink, Error> {
         target: format!("{:?}", config.host.console),
         source,
     })
-}
-
-fn register_memory(fd: &VmFd, ram: &GuestRam) -> Result<(), Error> {
-    for (slot, region) in ram.memory().iter().enumerate() {
-        let host = region.get_host_address(vm_memory::MemoryRegionAddress(0))?;
-        let r = kvm_userspace_memory_region {
-            slot: slot as u32,
-            guest_phys_addr: region.start_addr().0,
-            memory_size: region.len(),
-            userspace_addr: host as u64,
-            flags: 0,
-        };
-        // SAFETY: the region's mapping lives as long as `ram`, which the Vm
-        // owns and drops after the VM fd.
-        unsafe { fd.set_user_memory_region(r) }.map_err(KvmOp::SetMemoryRegion.err())?;
-    }
-    Ok(())
 }

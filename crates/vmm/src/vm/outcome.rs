@@ -162,7 +162,7 @@ pub(super) fn collect(
     vcpu_cpu_us: Vec<u64>,
 ) -> RunOutcome {
     let us = |t: Instant| us_since(vm.created_at, t);
-    let reports = vm.devices.control.reports();
+    let reports = vm.devices.bus.control.reports();
     let first_instruction_us = tsc_ref.and_then(|(at, tsc0)| {
         report::find(&reports, "boot_tsc")
             .and_then(|r| r.value.as_u64())
@@ -178,12 +178,12 @@ pub(super) fn collect(
         timings: BootTimings {
             setup_us: us(started),
             first_instruction_us,
-            first_console_byte_us: vm.devices.serial.first_byte_at().map(us),
+            first_console_byte_us: vm.devices.bus.serial.first_byte_at().map(us),
             exit_us: us(exited),
         },
         restore: vm.restored.clone(),
         memory: memory_usage(&vm.ram),
-        console_bytes: vm.devices.serial.bytes_written(),
+        console_bytes: vm.devices.bus.serial.bytes_written(),
         vcpu_stats,
         vcpu_histograms,
         pager: vm.pager_stats(),
@@ -201,7 +201,7 @@ pub(super) fn collect(
             (r.mode != BoostMode::Off || r.vcpus.iter().any(|v| v.boosts > 0)).then_some(r)
         },
         vcpu_cpu_us,
-        io: vm.pvio.stats(),
+        io: vm.devices.pvio.stats(),
         postcopy: None,
         vm_stats: crate::stats::read_vm(vm.vm_stats.as_ref()),
     }

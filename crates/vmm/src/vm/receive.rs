@@ -46,7 +46,7 @@ use crate::migration::MigrationError;
 use crate::state::{self, memory, SavedMachine, VmState};
 use crate::vcpu::state::StateError;
 use crate::vcpu::thread::{VcpuMsg, VcpuReply};
-use crate::{Error, KvmOp};
+use crate::Error;
 use hover_abi::layout::PAGE_SIZE;
 
 /// Tell the source why its migration was refused (if it still listens).
@@ -236,20 +236,7 @@ impl Vm {
         let sink = open_console(&p.config)?;
         let config = p.config;
         // The guest's TSC rate arrives with its state; the host's until then.
-        let tsc_khz = p.vcpus[0]
-            .fd()
-            .get_tsc_khz()
-            .map_err(KvmOp::GetTscKhz.err())?;
-        let vm = Vm::assemble(
-            p.machine,
-            &config,
-            saved.clone(),
-            p.vcpus,
-            tsc_khz,
-            sink,
-            source,
-            created_at,
-        )?;
+        let vm = Vm::assemble(p.machine, &config, saved.clone(), sink, source, created_at)?;
         // A signal ends the wait for the stream's next frame.
         vm.status.lock().unwrap_or_else(|p| p.into_inner()).hangup =
             Some(conn.try_clone().map_err(host("cloning the connection"))?);

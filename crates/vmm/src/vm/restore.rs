@@ -8,13 +8,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvm_bindings::{
-    kvm_cpuid_entry2, CpuId, KVM_CLOCK_REALTIME, KVM_CPUID_FLAG_SIGNIFCANT_INDEX,
-    KVM_MAX_CPUID_ENTRIES,
+    kvm_cpuid_entry2, CpuId, KVM_CPUID_FLAG_SIGNIFCANT_INDEX, KVM_MAX_CPUID_ENTRIES,
 };
 
 use super::control::VmEvent;
+use super::machine::Machine;
 use super::outcome::{us_since, RestoreReport};
-use super::{open_console, Machine, Vm};
+use super::persist::{Clock, Irqchips, Persist};
+use super::{open_console, Vm};
 use crate::config::{HostConfig, VmConfig};
 use crate::memory::paged::{self, PageSource};
 use crate::state::file::{Snapshot, SnapshotError};
@@ -174,7 +175,6 @@ impl From<Error> for LoadError {
 pub(crate) struct Prepared {
     pub(crate) machine: Machine,
     pub(crate) config: VmConfig,
-    pub(crate) vcpus: Vec<crate::vcpu::Vcpu>,
 }
 
 /// Check `saved` and build its machine and vCPUs.
@@ -203,12 +203,7 @@ pub(crate) fn prepare(saved: &SavedMachine, opts: &RestoreOptions) -> Result<Pre
         ));
     }
     let machine = Machine::create(&config)?;
-    let vcpus = machine.create_vcpus(config.machine.vcpus)?;
-    Ok(Prepared {
-        machine,
-        config,
-        vcpus,
-    })
+    Ok(Prepared { machine, config })
 }
 
 impl Prepared {
@@ -222,7 +217,8 @@ impl Prepared {
     /// Give each vCPU the CPUID table of this configuration; what each then
     /// offers (KVM adds bits of its own), for [`check_saved_vcpus`].
     pub(crate) fn set_cpuid(&self) -> Result<Vec<CpuId>, LoadError> {
-        self.vcpus
+        self.machine
+            .vcpus
             .iter()
             .map(|v| {
                 let fd = v.fd();
@@ -291,15 +287,10 @@ impl Vm {
         s: &VmState,
         load_vcpus: impl FnOnce(&[VcpuState]) -> Result<(), (usize, StateError)>,
     ) -> Result<(), LoadError> {
-        let host = |e: Error| LoadError::Host(e);
-        for chip in &s.machine.irqchip {
-            self.fd
-                .set_irqchip(chip)
-                .map_err(|e| host(KvmOp::SetIrqchip.err()(e)))?;
-        }
+        Irqchips(&self.fd).load(&s.machine.irqchip)?;
         load_vcpus(&s.vcpus).map_err(|(i, e)| match e {
             StateError::Mismatch(r) => LoadError::Unfit("VCPU", format!("vCPU {i}: {r}")),
-            other => host(Error::Host {
+            other => LoadError::Host(Error::Host {
                 what: "restore a vCPU",
                 source: std::io::Error::other(format!("vCPU {i}: {other}")),
             }),
@@ -309,26 +300,8 @@ impl Vm {
             self.tsc_khz = v.tsc_khz;
             self.booster.set_tsc_khz(v.tsc_khz as u64);
         }
-        // Keep kvmclock in step with wall time across the gap, where KVM can.
-        let mut clock = s.machine.clock;
-        clock.flags &= KVM_CLOCK_REALTIME;
-        self.fd
-            .set_clock(&clock)
-            .map_err(|e| host(KvmOp::SetClock.err()(e)))?;
-        self.devices
-            .serial
-            .restore(&s.devices.serial)
-            .map_err(|e| LoadError::Unfit("DEVS", e))?;
-        self.devices
-            .control
-            .restore(&s.devices.control)
-            .map_err(|e| LoadError::Unfit("DEVS", e))?;
-        self.pvio.restore(&s.devices.pvio).map_err(|e| {
-            host(Error::Host {
-                what: "restore the I/O device",
-                source: std::io::Error::other(e),
-            })
-        })?;
+        Clock(&self.fd).load(&s.machine.clock)?;
+        self.devices.load(&s.devices)?;
         Ok(())
     }
 
@@ -370,8 +343,6 @@ impl Vm {
             p.machine,
             &config,
             s.config.clone(),
-            p.vcpus,
-            s.vcpus[0].tsc_khz,
             sink,
             source,
             created_at,

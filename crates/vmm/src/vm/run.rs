@@ -154,7 +154,7 @@ impl Vm {
                 r.set_state(Lifecycle::Running, Some(started_at));
                 if r.vm.start_paused {
                     // The vCPUs started paused: freeze the rest as a pause does.
-                    r.vm.devices.control.pause();
+                    r.vm.devices.bus.control.pause();
                     r.vm.booster.pause();
                     r.set_state(Lifecycle::Paused, None);
                 }
@@ -185,7 +185,7 @@ impl Vm {
         if let Some(api) = api {
             api.stop();
         }
-        r.vm.devices.serial.flush();
+        r.vm.devices.bus.serial.flush();
         if let Some(p) = r.vm.pager.as_mut() {
             p.stop();
         }
@@ -193,7 +193,7 @@ impl Vm {
             g.stop();
             r.governor_reports.push(g.report());
         }
-        r.vm.pvio.stop();
+        r.vm.devices.pvio.stop();
         let end = end?;
         let (ended, exit_code, exit_vcpu) = match end {
             End::PowerOff { vcpu, code } => (EndReason::PowerOff, code, Some(vcpu)),
@@ -271,7 +271,7 @@ impl Running {
             });
             // An arriving VM's vCPUs wait for its state.
             let paused = self.vm.start_paused || self.vm.arriving.is_some();
-            let h = VcpuHandle::spawn(vcpu, self.vm.devices.clone(), paused, sink).map_err(
+            let h = VcpuHandle::spawn(vcpu, self.vm.devices.bus.clone(), paused, sink).map_err(
                 |source| Error::Host {
                     what: "start a vCPU thread",
                     source,
@@ -410,7 +410,7 @@ impl Running {
         let t0 = Instant::now();
         self.broadcast(|| VcpuMsg::Pause)?;
         let took = t0.elapsed();
-        self.vm.devices.control.pause();
+        self.vm.devices.bus.control.pause();
         self.vm.booster.pause();
         self.set_state(Lifecycle::Paused, None);
         Ok(took)
@@ -420,7 +420,7 @@ impl Running {
         if self.state != Lifecycle::Paused {
             return Err(self.wrong_state("resume", "paused"));
         }
-        self.vm.devices.control.resume();
+        self.vm.devices.bus.control.resume();
         self.vm.booster.resume();
         self.broadcast(|| VcpuMsg::Resume)?;
         self.set_state(Lifecycle::Running, None);
@@ -529,7 +529,7 @@ impl Running {
                 .map(|p| Box::new(p.stats_source()) as Box<dyn Fn() -> PagerStats + Send + Sync>),
             governor: self.governor_live.clone(),
             boost: Some(self.vm.booster.clone()),
-            io: self.vm.pvio.clone(),
+            io: self.vm.devices.pvio.clone(),
             guest_poll: {
                 let (mem, n) = (self.vm.ram.memory().clone(), self.vm.saved.config.vcpus);
                 let warned = std::sync::atomic::AtomicBool::new(false);

@@ -3,16 +3,12 @@
 
 use std::time::{Duration, Instant};
 
-use kvm_bindings::kvm_irqchip;
-
 use super::control::{CommandError, Lifecycle, SnapshotInfo};
+use super::persist::{Clock, Irqchips, Persist};
 use super::run::Running;
 use crate::state::file::SnapshotWriter;
-use crate::state::{self, DevicesState, MachineState, VmState};
+use crate::state::{self, MachineState, VmState};
 use crate::vcpu::thread::{VcpuMsg, VcpuReply};
-
-/// Chips of `KVM_GET_IRQCHIP`: PIC master, PIC slave, IOAPIC.
-const IRQCHIPS: u32 = 3;
 
 impl Running {
     pub(super) fn snapshot(
@@ -111,39 +107,17 @@ impl Running {
                 _ => return Err(CommandError::Host(format!("vCPU {i} answered out of turn"))),
             }
         }
-        let kvm_err = |what: &str, e: kvm_ioctls::Error| CommandError::Host(format!("{what}: {e}"));
-        let mut irqchip = Vec::new();
-        for chip_id in 0..IRQCHIPS {
-            let mut c = kvm_irqchip {
-                chip_id,
-                ..Default::default()
-            };
-            self.vm
-                .fd
-                .get_irqchip(&mut c)
-                .map_err(|e| kvm_err("KVM_GET_IRQCHIP", e))?;
-            irqchip.push(c);
-        }
-        let clock = self
-            .vm
-            .fd
-            .get_clock()
-            .map_err(|e| kvm_err("KVM_GET_CLOCK", e))?;
         let mut config = self.vm.saved.clone();
         config.config.halt_poll = self.vm.halt_poll;
         Ok(VmState {
             config,
             vcpus,
             machine: MachineState {
-                irqchip,
-                clock,
+                irqchip: Irqchips(&self.vm.fd).save().map_err(CommandError::Host)?,
+                clock: Clock(&self.vm.fd).save().map_err(CommandError::Host)?,
                 host_tsc: state::host_tsc(),
             },
-            devices: DevicesState {
-                serial: self.vm.devices.serial.state(),
-                control: self.vm.devices.control.state(),
-                pvio: self.vm.pvio.state(),
-            },
+            devices: self.vm.devices.save().map_err(CommandError::Host)?,
         })
     }
 }
