@@ -306,15 +306,34 @@ pub enum WorkloadError<'a> {
     },
 }
 
-/// Parse a size: a number with an optional K, M or G suffix (binary units).
+/// Parse a size: a count (decimal, or hexadecimal after `0x`) with an
+/// optional binary unit K, M, G or T, any case, which may be followed by
+/// `iB` or `B` (`512M` = `512MiB` = `512MB`); a decimal count may end in
+/// `B`. The one reading of a size, for workload parameters and the
+/// monitor's command line alike.
 pub fn parse_size(v: &str) -> Option<u64> {
-    let (digits, shift) = match v.as_bytes().last() {
-        Some(b'K' | b'k') => (&v[..v.len() - 1], 10),
-        Some(b'M' | b'm') => (&v[..v.len() - 1], 20),
-        Some(b'G' | b'g') => (&v[..v.len() - 1], 30),
-        _ => (v, 0),
+    let unit = |c: u8| match c.to_ascii_lowercase() {
+        b'k' => Some(10),
+        b'm' => Some(20),
+        b'g' => Some(30),
+        b't' => Some(40),
+        _ => None,
     };
-    cmdline::parse_u64(digits)?.checked_mul(1 << shift)
+    let b = v.as_bytes();
+    let mut end = b.len();
+    if end > 0 && b[end - 1].eq_ignore_ascii_case(&b'b') {
+        if end >= 3 && b[end - 2].eq_ignore_ascii_case(&b'i') && unit(b[end - 3]).is_some() {
+            end -= 2;
+        } else if (end >= 2 && unit(b[end - 2]).is_some()) || !v.starts_with("0x") {
+            // ("0xab" is a hexadecimal count, not 0xa bytes.)
+            end -= 1;
+        }
+    }
+    let (digits, shift) = match end.checked_sub(1).and_then(|i| unit(b[i])) {
+        Some(shift) => (&v[..end - 1], shift),
+        None => (&v[..end], 0),
+    };
+    cmdline::parse_u64(digits)?.checked_mul(1u64 << shift)
 }
 
 impl ParamSpec {
@@ -445,5 +464,31 @@ mod tests {
         assert_eq!(global("idle").choice(c), "halt");
         assert_eq!(global("idle").choice("idle=poll"), "poll");
         assert_eq!(parse_size("4k"), Some(4096));
+        for (text, n) in [
+            ("4096", 4096),
+            ("4096B", 4096),
+            ("512MiB", 512 << 20),
+            ("512mb", 512 << 20),
+            ("1G", 1 << 30),
+            ("2T", 2 << 40),
+            ("0x1000", 4096),
+            ("0xab", 0xab),
+            ("0x10M", 16 << 20),
+        ] {
+            assert_eq!(parse_size(text), Some(n), "{text}");
+        }
+        for bad in [
+            "",
+            "M",
+            "MiB",
+            "1.5G",
+            "-1",
+            "1X",
+            "1iB",
+            "0xM",
+            "99999999999T",
+        ] {
+            assert_eq!(parse_size(bad), None, "{bad}");
+        }
     }
 }

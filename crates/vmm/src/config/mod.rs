@@ -96,24 +96,11 @@ fn describe(e: WorkloadError<'_>) -> String {
     }
 }
 
-/// Parse a size such as `256M`, `1G`, `4096` or `512MiB` (binary units).
+/// Parse a size such as `256M`, `1G`, `4096` or `512MiB` (binary units;
+/// [`hover_abi::workload::parse_size`] reads it, as it reads the guest's
+/// workload sizes).
 pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
-    let bad = || ConfigError::BadSize(s.to_string());
-    let t = s.trim();
-    let lower = t.to_ascii_lowercase();
-    let stripped = lower
-        .strip_suffix("ib")
-        .or_else(|| lower.strip_suffix('b'))
-        .unwrap_or(&lower);
-    let (digits, shift) = match stripped.chars().last() {
-        Some('k') => (&stripped[..stripped.len() - 1], 10),
-        Some('m') => (&stripped[..stripped.len() - 1], 20),
-        Some('g') => (&stripped[..stripped.len() - 1], 30),
-        Some('t') => (&stripped[..stripped.len() - 1], 40),
-        _ => (stripped, 0),
-    };
-    let n: u64 = digits.trim().parse().map_err(|_| bad())?;
-    n.checked_mul(1u64 << shift).ok_or_else(bad)
+    hover_abi::workload::parse_size(s.trim()).ok_or_else(|| ConfigError::BadSize(s.to_string()))
 }
 
 /// A byte count as `parse_size` reads it back: in the largest binary unit

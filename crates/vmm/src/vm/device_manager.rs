@@ -9,8 +9,7 @@ use std::sync::Arc;
 use kvm_ioctls::VmFd;
 use vmm_sys_util::eventfd::EventFd;
 
-use super::persist::Persist;
-use super::restore::LoadError;
+use super::persist::{LoadError, Persist};
 use crate::config::VmConfig;
 use crate::devices::control::ControlDevice;
 use crate::devices::msi::MsiInjector;

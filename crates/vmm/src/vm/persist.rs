@@ -10,8 +10,24 @@
 use kvm_bindings::{kvm_clock_data, kvm_irqchip, KVM_CLOCK_REALTIME};
 use kvm_ioctls::VmFd;
 
-use super::restore::LoadError;
-use crate::KvmOp;
+use crate::{Error, KvmOp};
+
+/// Why a saved configuration or state could not be taken up.
+pub(crate) enum LoadError {
+    /// Its section does not fit this host or build.
+    Unfit(&'static str, String),
+    /// The host failed.
+    Host(Error),
+}
+
+impl From<Error> for LoadError {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Config(c) => LoadError::Unfit("CONF", c.to_string()),
+            other => LoadError::Host(other),
+        }
+    }
+}
 
 /// A piece of a VM that is saved and loaded as a whole.
 pub(crate) trait Persist {

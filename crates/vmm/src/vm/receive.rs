@@ -28,8 +28,9 @@ use vm_memory::{Bytes, GuestAddress};
 use kvm_bindings::CpuId;
 
 use super::control::{Command, VmEvent};
+use super::persist::LoadError;
 use super::postcopy_in::PinnedHash;
-use super::restore::{check_saved_vcpus, prepare, LoadError, RestoreOptions};
+use super::restore::{check_saved_vcpus, prepare, RestoreOptions};
 use super::run::Running;
 use super::{open_console, Vm};
 use crate::memory::paged::PageSource;

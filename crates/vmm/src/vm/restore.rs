@@ -14,7 +14,7 @@ use kvm_bindings::{
 use super::control::VmEvent;
 use super::machine::Machine;
 use super::outcome::{us_since, RestoreReport};
-use super::persist::{Clock, Irqchips, Persist};
+use super::persist::{Clock, Irqchips, LoadError, Persist};
 use super::{open_console, Vm};
 use crate::config::{HostConfig, VmConfig};
 use crate::memory::paged::{self, PageSource};
@@ -151,23 +151,6 @@ fn check_cpuid(vcpu: usize, saved: &[kvm_cpuid_entry2], host: &CpuId) -> Result<
         }
     }
     Ok(())
-}
-
-/// Why a saved configuration or state could not be taken up.
-pub(crate) enum LoadError {
-    /// Its section does not fit this host or build.
-    Unfit(&'static str, String),
-    /// The host failed.
-    Host(Error),
-}
-
-impl From<Error> for LoadError {
-    fn from(e: Error) -> Self {
-        match e {
-            Error::Config(c) => LoadError::Unfit("CONF", c.to_string()),
-            other => LoadError::Host(other),
-        }
-    }
 }
 
 /// The machine for a saved configuration, its vCPUs created: what restore
