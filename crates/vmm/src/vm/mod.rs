@@ -68,12 +68,9 @@ pub struct Vm {
     vcpu_stats: Vec<KvmStats>,
     vm_stats: Option<KvmStats>,
     pager: Option<Pager>,
-    /// What the pager did before it was released (a prefetching restore
-    /// that finished loading), for the outcome.
-    pager_released: Option<crate::memory::paged::PagerStats>,
-    /// ... and the order its pages were first touched, for a later
-    /// snapshot's hot set.
-    first_touches_released: Vec<u64>,
+    /// What a pager let go of (a prefetching restore that finished
+    /// loading) left behind.
+    released_pager: Option<ReleasedPager>,
     halt_poll: HaltPoll,
     /// Where its API is served while it runs.
     api: run::ApiAt,
@@ -97,6 +94,14 @@ pub struct Vm {
     events: Sender<VmEvent>,
     events_rx: Receiver<VmEvent>,
     status: Arc<Mutex<Status>>,
+}
+
+/// What a released pager leaves behind.
+struct ReleasedPager {
+    /// What it did, for the outcome.
+    stats: crate::memory::paged::PagerStats,
+    /// The order its pages were first touched, for a later snapshot's hot set.
+    first_touches: Vec<u64>,
 }
 
 impl Vm {
@@ -284,8 +289,7 @@ impl Vm {
             vcpu_stats,
             vm_stats,
             pager,
-            pager_released: None,
-            first_touches_released: Vec::new(),
+            released_pager: None,
             halt_poll: config.machine.halt_poll,
             api: match &config.host.api_socket {
                 Some(path) => run::ApiAt::Socket(path.clone()),
@@ -323,7 +327,7 @@ impl Vm {
         self.pager
             .as_ref()
             .map(|p| p.stats())
-            .or_else(|| self.pager_released.clone())
+            .or_else(|| self.released_pager.as_ref().map(|r| r.stats.clone()))
     }
 
     /// The pageable pages in the order the guest first touched them, for a
@@ -334,7 +338,12 @@ impl Vm {
         self.pager
             .as_ref()
             .map(|p| p.first_touches())
-            .unwrap_or_else(|| self.first_touches_released.clone())
+            .unwrap_or_else(|| {
+                self.released_pager
+                    .as_ref()
+                    .map(|r| r.first_touches.clone())
+                    .unwrap_or_default()
+            })
     }
 
     /// Let a prefetching restore's loader begin now, before the guest runs

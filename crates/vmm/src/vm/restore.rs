@@ -390,7 +390,7 @@ impl Vm {
         let Some(pager) = self.pager.take() else {
             return Ok(());
         };
-        self.first_touches_released = pager.first_touches();
+        let first_touches = pager.first_touches();
         let stats = pager
             .release()
             .map_err(|e| format!("releasing guest memory after the prefetch: {e}"))?;
@@ -398,7 +398,10 @@ impl Vm {
             pages = stats.pushed_pages,
             "prefetch loaded; guest memory handed back to the kernel"
         );
-        self.pager_released = Some(stats);
+        self.released_pager = Some(super::ReleasedPager {
+            stats,
+            first_touches,
+        });
         Ok(())
     }
 }
