@@ -31,6 +31,8 @@ struct Sample {
     vm_create_to_first_instruction_ms: f64,
     guest_resident_mib: f64,
     vmm_overhead_mib: f64,
+    vmm_pss_mib: f64,
+    vmm_private_mib: f64,
 }
 
 /// One row of the table.
@@ -55,6 +57,8 @@ fn boot_once(exe: &Path, vcpus: u32) -> Result<Sample, BenchError> {
             / 1000.0,
         guest_resident_mib: run.number(&["memory", "guest_resident"])? / (1 << 20) as f64,
         vmm_overhead_mib: run.number(&["memory", "vmm_overhead"])? / (1 << 20) as f64,
+        vmm_pss_mib: run.number(&["memory", "vmm_pss"])? / (1 << 20) as f64,
+        vmm_private_mib: run.number(&["memory", "vmm_private"])? / (1 << 20) as f64,
     })
 }
 
@@ -65,7 +69,7 @@ pub fn run(exe: &Path, runs: u32, vcpus: u32, out: &Path) -> Result<(), BenchErr
         .map(|_| boot_once(exe, vcpus))
         .collect::<Result<Vec<_>, _>>()?;
     let col = |f: fn(&Sample) -> f64| samples.iter().map(f).collect::<Vec<f64>>();
-    let metrics: [(&str, &str, Vec<f64>); 6] = [
+    let metrics: [(&str, &str, Vec<f64>); 8] = [
         (
             "hover run start -> first console byte",
             "ms",
@@ -95,6 +99,16 @@ pub fn run(exe: &Path, runs: u32, vcpus: u32, out: &Path) -> Result<(), BenchErr
             "VMM overhead (process RSS - resident guest RAM)",
             "MiB",
             col(|s| s.vmm_overhead_mib),
+        ),
+        (
+            "VMM proportional set size (PSS - resident guest RAM)",
+            "MiB",
+            col(|s| s.vmm_pss_mib),
+        ),
+        (
+            "VMM private memory (private - resident guest RAM)",
+            "MiB",
+            col(|s| s.vmm_private_mib),
         ),
     ];
     println!(

@@ -179,11 +179,13 @@ pub fn print_summary(o: &RunOutcome) {
     let m = &o.memory;
     out!(
         w,
-        "memory: guest {} configured, {} resident; process {} resident; VMM overhead {}",
+        "memory: guest {} configured, {} resident; process {} resident; VMM overhead {} (PSS {}, private {})",
         mib(m.guest_memory),
         mib(m.guest_resident),
         mib(m.process_resident),
-        mib(m.vmm_overhead)
+        mib(m.vmm_overhead),
+        mib(m.vmm_pss),
+        mib(m.vmm_private)
     );
 }
 

@@ -40,6 +40,13 @@ pub struct MemoryUsage {
     pub process_resident: u64,
     /// Process resident memory beyond resident guest RAM: the monitor's own cost.
     pub vmm_overhead: u64,
+    /// The same in proportional set size: pages shared with other
+    /// processes (the binary and libc, when several VMs run) count in
+    /// part, bytes (0 where /proc/self/smaps_rollup is missing).
+    pub vmm_pss: u64,
+    /// The monitor's memory no other process shares (heap, stacks,
+    /// written data), bytes (0 where smaps_rollup is missing).
+    pub vmm_private: u64,
 }
 
 /// Why the run ended.
@@ -122,12 +129,26 @@ pub struct RunOutcome {
 pub fn memory_usage(ram: &GuestRam) -> MemoryUsage {
     let guest_resident = ram.resident_bytes().unwrap_or(0);
     let process_resident = process_resident_bytes().unwrap_or(0);
+    let rollup = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap_or_default();
+    let field = |name: &str| smaps_field(&rollup, name);
+    let private = field("Private_Clean:") + field("Private_Dirty:");
     MemoryUsage {
         guest_memory: ram.size(),
         guest_resident,
         process_resident,
         vmm_overhead: process_resident.saturating_sub(guest_resident),
+        vmm_pss: field("Pss:").saturating_sub(guest_resident),
+        vmm_private: private.saturating_sub(guest_resident),
     }
+}
+
+/// The bytes of field `name` (e.g. `Pss:`) in smaps text (0 if absent).
+fn smaps_field(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map_or(0, |kb| kb << 10)
 }
 
 /// Microseconds from `since` to `t`.
@@ -204,5 +225,19 @@ pub(super) fn collect(
         io: vm.devices.pvio.stats(),
         postcopy: None,
         vm_stats: crate::stats::read_vm(vm.vm_stats.as_ref()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::smaps_field;
+
+    #[test]
+    fn smaps_fields_are_read_in_bytes() {
+        let text = "Rss:  7252 kB\nPss:  6279 kB\nPss_Dirty:  5448 kB\nPrivate_Dirty: 10 kB\n";
+        assert_eq!(smaps_field(text, "Pss:"), 6279 << 10);
+        assert_eq!(smaps_field(text, "Private_Dirty:"), 10 << 10);
+        assert_eq!(smaps_field(text, "Private_Clean:"), 0);
+        assert_eq!(smaps_field("", "Pss:"), 0);
     }
 }
