@@ -224,6 +224,17 @@ impl ControlDevice {
         Ok(())
     }
 
+    /// The `len` guest bytes at `gpa` (`None`: not all in guest RAM). The
+    /// caller bounds `len` first: it comes from the guest.
+    fn read_guest(&self, gpa: u64, len: usize) -> Option<Vec<u8>> {
+        let mut raw = vec![0u8; len];
+        self.guest
+            .memory()
+            .read_slice(&mut raw, GuestAddress(gpa))
+            .ok()
+            .map(|()| raw)
+    }
+
     /// Carry out the request at `gpa` for vCPU `vcpu`.
     pub fn handle(&self, vcpu: usize, gpa: u64) -> ControlAction {
         let mut raw = [0u8; REQUEST_SIZE];
@@ -283,15 +294,9 @@ impl ControlDevice {
         if count > MAX_REPORTS_PER_REQUEST {
             return status::BAD_RANGE;
         }
-        let mut raw = vec![0u8; count as usize * REPORT_SIZE];
-        if self
-            .guest
-            .memory()
-            .read_slice(&mut raw, GuestAddress(gpa))
-            .is_err()
-        {
+        let Some(raw) = self.read_guest(gpa, count as usize * REPORT_SIZE) else {
             return status::BAD_RANGE;
-        }
+        };
         let mut batch = Vec::with_capacity(count as usize);
         let kept = self.reports.lock().unwrap_or_else(|p| p.into_inner()).len();
         if kept as u64 + count > self.limits.reports as u64 {
@@ -360,15 +365,9 @@ impl ControlDevice {
                 .hit("log bytes", "guest-log-max", self.limits.log_bytes);
             return status::BAD_RANGE;
         }
-        let mut raw = vec![0u8; len as usize];
-        if self
-            .guest
-            .memory()
-            .read_slice(&mut raw, GuestAddress(gpa))
-            .is_err()
-        {
+        let Some(raw) = self.read_guest(gpa, len as usize) else {
             return status::BAD_RANGE;
-        }
+        };
         match std::str::from_utf8(&raw) {
             Ok(msg) => {
                 tracing::info!(target: "guest", vcpu, "{msg}");

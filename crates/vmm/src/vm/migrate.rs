@@ -102,28 +102,54 @@ impl PageSender {
     }
 }
 
-/// Wait for the destination's `RUNNING` (the last step ended at `since`)
-/// and take it in: the downtime, the gap the guest saw, and the rest of the
-/// breakdown.
-pub(super) fn await_running(
-    r: &mut Reader,
-    report: &mut MigrationReport,
-    mut parts: DowntimeBreakdown,
-    since: Instant,
+/// The pause's stopwatch: when the guest stopped (host clock and TSC)
+/// and each part of the downtime so far.
+pub(super) struct Downtime {
     paused_at: Instant,
-    (pause_tsc, tsc_khz): (u64, u32),
-) -> Result<(), MigrationError> {
-    let running = expect(r, Kind::Running)?;
-    let waited = since.elapsed().as_micros() as u64;
-    let at = RunningFrame::decode(&running).unwrap_or_default();
-    if at.tsc != 0 {
-        report.guest_downtime_ms = at.tsc.saturating_sub(pause_tsc) as f64 / tsc_khz.max(1) as f64;
+    pause_tsc: u64,
+    /// The parts measured so far.
+    pub(super) parts: DowntimeBreakdown,
+    lap: Instant,
+}
+
+impl Downtime {
+    /// The guest stops now.
+    pub(super) fn start() -> Downtime {
+        let paused_at = Instant::now();
+        Downtime {
+            paused_at,
+            pause_tsc: state::host_tsc(),
+            parts: DowntimeBreakdown::default(),
+            lap: paused_at,
+        }
     }
-    parts.destination_load_us = at.load_us.min(waited);
-    parts.ack_us = waited - parts.destination_load_us;
-    report.downtime_breakdown = parts;
-    report.downtime_ms = paused_at.elapsed().as_secs_f64() * 1e3;
-    Ok(())
+
+    /// Microseconds since the last lap ended; the next begins.
+    pub(super) fn lap(&mut self) -> u64 {
+        lap_us(&mut self.lap)
+    }
+
+    /// Wait for the destination's RUNNING and put the downtime figures in
+    /// `report` (the guest's own TSC rate is `tsc_khz`).
+    pub(super) fn await_running(
+        mut self,
+        r: &mut Reader,
+        report: &mut MigrationReport,
+        tsc_khz: u32,
+    ) -> Result<(), MigrationError> {
+        let running = expect(r, Kind::Running)?;
+        let waited = self.lap.elapsed().as_micros() as u64;
+        let at = RunningFrame::decode(&running).unwrap_or_default();
+        if at.tsc != 0 {
+            report.guest_downtime_ms =
+                at.tsc.saturating_sub(self.pause_tsc) as f64 / tsc_khz.max(1) as f64;
+        }
+        self.parts.destination_load_us = at.load_us.min(waited);
+        self.parts.ack_us = waited - self.parts.destination_load_us;
+        report.downtime_breakdown = self.parts;
+        report.downtime_ms = self.paused_at.elapsed().as_secs_f64() * 1e3;
+        Ok(())
+    }
 }
 
 /// What the guest dirtied since the last harvest, with the monitor's own
@@ -478,15 +504,12 @@ impl Running {
         drop(ticker);
 
         // The final round: the guest stops here.
-        let paused_at = Instant::now();
-        let pause_tsc = state::host_tsc();
-        let mut lap = paused_at;
-        let mut parts = DowntimeBreakdown::default();
+        let mut down = Downtime::start();
         if self.state == Lifecycle::Running {
             self.pause()
                 .map_err(|e| MigrationError::Host(e.to_string()))?;
         }
-        parts.pause_us = lap_us(&mut lap);
+        down.parts.pause_us = down.lap();
         // A guest that powered off (or crashed) during the last round must
         // end here, not be moved: its exit waits in the event queue.
         if let Some(e) = self.guest_ended() {
@@ -511,7 +534,7 @@ impl Running {
             merge(pending, final_dirty),
             self.vm.devices.host_writes.take(),
         );
-        parts.final_harvest_us = lap_us(&mut lap);
+        down.parts.final_harvest_us = down.lap();
         if switch {
             let switch = super::postcopy::Switch {
                 w,
@@ -519,42 +542,25 @@ impl Running {
                 last,
                 report,
                 sender,
-                paused_at,
-                pause_tsc,
+                down,
                 t0,
-                parts,
-                lap,
                 hot,
             };
             return self.switch_to_postcopy(o, switch);
         }
-        let sent = sender.send(&self.vm.ram, self.vm.pager.as_ref(), &mut w, &last, false)?;
-        report.round_pages.push(sent);
-        report.rounds += 1;
-        parts.final_pages_us = lap_us(&mut lap);
-        let st = self
-            .collect_state()
-            .map_err(|e| MigrationError::Host(e.to_string()))?;
-        let st = postcard::to_allocvec(&st).expect("state types always encode");
+        let st = self.final_round(&mut sender, &mut w, &last, &mut report, &mut down)?;
         w.frame(Kind::State, &[&st])
             .map_err(link("sending the state"))?;
-        parts.state_us = lap_us(&mut lap);
+        down.parts.state_us = down.lap();
         if o.verify {
             let d = memory::digest(&self.vm.ram, self.vm.pager.as_ref())
                 .map_err(io("digesting guest memory"))?;
             w.frame(Kind::Digest, &[&d.to_le_bytes()])
                 .map_err(link("sending the digest"))?;
         }
-        parts.verify_us = lap_us(&mut lap);
+        down.parts.verify_us = down.lap();
         w.frame(Kind::End, &[]).map_err(link("ending the stream"))?;
-        await_running(
-            &mut r,
-            &mut report,
-            parts,
-            lap,
-            paused_at,
-            (pause_tsc, self.vm.tsc_khz),
-        )?;
+        down.await_running(&mut r, &mut report, self.vm.tsc_khz)?;
         report.total_ms = t0.elapsed().as_secs_f64() * 1e3;
         report.pages_sent = sender.pages;
         report.bytes_sent = sender.bytes(&w);
@@ -585,5 +591,27 @@ impl Running {
             }
         }
         None
+    }
+}
+
+impl Running {
+    /// The final round's `pages` out and the state gathered, encoded (the
+    /// VM is paused): how pre-copy ends and post-copy's switch begins.
+    pub(super) fn final_round(
+        &self,
+        sender: &mut PageSender,
+        w: &mut Writer,
+        pages: &[u64],
+        report: &mut MigrationReport,
+        down: &mut Downtime,
+    ) -> Result<Vec<u8>, MigrationError> {
+        let sent = sender.send(&self.vm.ram, self.vm.pager.as_ref(), w, pages, false)?;
+        report.round_pages.push(sent);
+        report.rounds += 1;
+        down.parts.final_pages_us = down.lap();
+        let st = self
+            .collect_state()
+            .map_err(|e| MigrationError::Host(e.to_string()))?;
+        Ok(postcard::to_allocvec(&st).expect("state types always encode"))
     }
 }

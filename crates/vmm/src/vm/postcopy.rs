@@ -16,10 +16,8 @@ use crate::migration::postcopy::outgoing::{Pending, Serve, ServeError};
 use crate::migration::postcopy::{page_hash, Mode, PostcopyReport};
 use crate::migration::transport::Conn;
 use crate::migration::wire::Kind;
-use crate::migration::{
-    lap_us, DowntimeBreakdown, MigrateOptions, MigrationError, MigrationReport,
-};
-use crate::state::{self, memory};
+use crate::migration::{MigrateOptions, MigrationError, MigrationReport};
+use crate::state::memory;
 use hover_abi::layout::PAGE_SIZE;
 
 /// Link time one background frame may take under a bandwidth limit.
@@ -37,12 +35,9 @@ pub(super) struct Switch {
     pub(super) last: Vec<u64>,
     pub(super) report: MigrationReport,
     pub(super) sender: PageSender,
-    pub(super) paused_at: Instant,
-    pub(super) pause_tsc: u64,
+    /// The pause's stopwatch.
+    pub(super) down: super::migrate::Downtime,
     pub(super) t0: Instant,
-    /// The downtime so far, and when its last part ended.
-    pub(super) parts: DowntimeBreakdown,
-    pub(super) lap: Instant,
     /// Pages to push first.
     pub(super) hot: Vec<u64>,
 }
@@ -71,24 +66,14 @@ impl Running {
             last,
             mut report,
             mut sender,
-            paused_at,
-            pause_tsc,
+            mut down,
             t0,
-            mut parts,
-            mut lap,
             hot,
         } = s;
         let image_end = self.vm.image_end;
         let (pinned, rest): (Vec<u64>, Vec<u64>) = last.into_iter().partition(|&g| g < image_end);
         // The pinned area is not paged at the destination: it goes now.
-        let sent = sender.send(&self.vm.ram, self.vm.pager.as_ref(), &mut w, &pinned, false)?;
-        report.round_pages.push(sent);
-        report.rounds += 1;
-        parts.final_pages_us = lap_us(&mut lap);
-        let st = self
-            .collect_state()
-            .map_err(|e| MigrationError::Host(e.to_string()))?;
-        let st = postcopy_state(&st);
+        let st = self.final_round(&mut sender, &mut w, &pinned, &mut report, &mut down)?;
         w.frame(Kind::State, &[&st])
             .map_err(link("sending the state"))?;
         let end = self.vm.ram.end();
@@ -97,16 +82,9 @@ impl Running {
             &[&encode_page_set(rest.iter().copied(), end)],
         )
         .map_err(link("sending the missing pages"))?;
-        parts.state_us = lap_us(&mut lap);
+        down.parts.state_us = down.lap();
         let mut r = r;
-        super::migrate::await_running(
-            &mut r,
-            &mut report,
-            parts,
-            lap,
-            paused_at,
-            (pause_tsc, self.vm.tsc_khz),
-        )?;
+        down.await_running(&mut r, &mut report, self.vm.tsc_khz)?;
         report.mode = "postcopy".into();
         // From here on the guest runs there: this VM never resumes.
         let hash = match o.verify {
@@ -299,8 +277,4 @@ impl Running {
         }
         Ok(sum)
     }
-}
-
-fn postcopy_state(st: &state::VmState) -> Vec<u8> {
-    postcard::to_allocvec(st).expect("state types always encode")
 }
