@@ -118,17 +118,8 @@ fn every_pager_thread_is_filtered() {
     let pid = vm.pid();
     // The fault thread starts the workers once it runs: wait for them.
     let pager_threads = || {
-        let mut named = Vec::new();
-        for t in std::fs::read_dir(format!("/proc/{pid}/task"))
-            .unwrap()
-            .flatten()
-        {
-            let tid: u32 = t.file_name().to_string_lossy().parse().unwrap();
-            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-            if comm.trim().starts_with("pager-") {
-                named.push((comm.trim().to_string(), tid));
-            }
-        }
+        let mut named = common::threads(pid);
+        named.retain(|(n, _)| n.starts_with("pager-"));
         named
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);

@@ -171,17 +171,6 @@ fn ring_tracking_survives_full_rings() {
     );
 }
 
-/// The names of a process's threads.
-fn thread_names(pid: u32) -> Vec<String> {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Vec::new();
-    };
-    tasks
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .map(|n| n.trim().to_string())
-        .collect()
-}
-
 /// The destination builds everything that does not depend on the guest's
 /// final state before the source pauses: while the source is still in its
 /// first round (8 MiB of working set over a 1 MB/s link: seconds, against
@@ -224,7 +213,10 @@ fn the_destination_is_ready_before_the_source_pauses() {
     ];
     let deadline = Instant::now() + Duration::from_secs(60);
     let names = loop {
-        let names = thread_names(dest.id());
+        let names: Vec<String> = common::threads(dest.id())
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
         if want.iter().all(|w| names.iter().any(|n| n == w)) {
             break names;
         }

@@ -7,14 +7,14 @@
 
 mod common;
 
-use hover_vmm::config::{HostConfig, MachineConfig};
+use hover_vmm::config::HostConfig;
 use std::time::Duration;
 
 use common::report;
 use hover_vmm::host::kvm_for_test;
 use hover_vmm::vm::Reply;
 use hover_vmm::{
-    Command, CommandError, ConsoleTarget, Lifecycle, MemoryRestore, RestoreOptions, Vm, VmConfig,
+    Command, CommandError, ConsoleTarget, Lifecycle, MemoryRestore, RestoreOptions, Vm,
 };
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
@@ -59,19 +59,7 @@ fn pause_snapshot_restore_and_no_thread_left() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let cmdline = "workload=memtouch size=16M tasks=2 rounds=600";
-    let vm = Vm::new(&VmConfig {
-        machine: MachineConfig {
-            memory: 64 << 20,
-            cmdline: cmdline.into(),
-            ..Default::default()
-        },
-        host: HostConfig {
-            console: ConsoleTarget::Off,
-            api_socket: Some(dir.join("vm.sock")),
-            ..Default::default()
-        },
-    })
-    .unwrap();
+    let vm = common::quiet_vm(64 << 20, cmdline, Some(dir.join("vm.sock")));
     let c = vm.controller();
     let mem = vm.ram().memory().clone();
     let run = std::thread::spawn(move || vm.run());

@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::report;
-use hover_vmm::config::{HostConfig, MachineConfig};
+use hover_vmm::config::HostConfig;
 use hover_vmm::host::kvm_for_test;
 use hover_vmm::state::file::Snapshot;
-use hover_vmm::{Command, ConsoleTarget, MemoryRestore, RestoreOptions, Vm, VmConfig};
+use hover_vmm::{Command, ConsoleTarget, MemoryRestore, RestoreOptions, Vm};
 use vm_memory::{Bytes, GuestAddress};
 
 const T: Duration = Duration::from_secs(60);
@@ -25,18 +25,7 @@ fn snapshot(name: &str, cmdline: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("hover-prefetch-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let vm = Vm::new(&VmConfig {
-        machine: MachineConfig {
-            memory: 64 << 20,
-            cmdline: cmdline.into(),
-            ..Default::default()
-        },
-        host: HostConfig {
-            console: ConsoleTarget::Off,
-            ..Default::default()
-        },
-    })
-    .unwrap();
+    let vm = common::quiet_vm(64 << 20, cmdline, None);
     let c = vm.controller();
     let run = std::thread::spawn(move || vm.run());
     std::thread::sleep(Duration::from_millis(300));

@@ -7,6 +7,8 @@
 //! memory budget (`memtouch`), the I/O device (`iolat`), or none (`hello`).
 //! One test in its own process, so that the census sees no other test.
 
+mod common;
+
 use hover_vmm::config::{HostConfig, MachineConfig};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -93,18 +95,7 @@ fn run_cycle(i: usize, scratch: &Path) {
 
 fn snapshot_cycle(i: usize, scratch: &Path) {
     let snap: PathBuf = scratch.join("vm.snap");
-    let vm = Vm::new(&VmConfig {
-        machine: MachineConfig {
-            memory: GUEST_MEMORY,
-            cmdline: "workload=memtouch size=8M rounds=400".into(),
-            ..Default::default()
-        },
-        host: HostConfig {
-            console: ConsoleTarget::Off,
-            ..Default::default()
-        },
-    })
-    .unwrap();
+    let vm = common::quiet_vm(GUEST_MEMORY, "workload=memtouch size=8M rounds=400", None);
     let c = vm.controller();
     let run = std::thread::spawn(move || vm.run());
     std::thread::sleep(Duration::from_millis(100));

@@ -144,3 +144,19 @@ pub fn report_keys(outcome: &serde_json::Value) -> Vec<String> {
     k.sort();
     k
 }
+
+/// The threads of process `pid` now: (name, thread id) each (empty once
+/// it has ended).
+pub fn threads(pid: u32) -> Vec<(String, u32)> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| {
+            let tid = t.file_name().to_string_lossy().parse().ok()?;
+            let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
+            Some((comm.trim().to_string(), tid))
+        })
+        .collect()
+}

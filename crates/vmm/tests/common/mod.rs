@@ -49,3 +49,22 @@ pub fn report(o: &RunOutcome, key: &str) -> u64 {
         other => panic!("report {key}: {other:?} in {:?}", o.reports),
     }
 }
+
+/// A VM of `memory` bytes running `cmdline` with its console off, built
+/// and not yet running; its API on `api_socket` if given.
+#[allow(dead_code)]
+pub fn quiet_vm(memory: u64, cmdline: &str, api_socket: Option<std::path::PathBuf>) -> Vm {
+    Vm::new(&VmConfig {
+        machine: MachineConfig {
+            memory,
+            cmdline: cmdline.into(),
+            ..Default::default()
+        },
+        host: HostConfig {
+            console: ConsoleTarget::Off,
+            api_socket,
+            ..Default::default()
+        },
+    })
+    .unwrap_or_else(|e| panic!("{cmdline}: {e}"))
+}
