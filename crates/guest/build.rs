@@ -13,5 +13,5 @@ fn main() {
     }
     println!("cargo:rustc-link-arg-bins=-Wl,-T,{dir}/linker.ld");
     println!("cargo:rerun-if-changed=linker.ld");
-    println!("cargo:rerun-if-changed=src/nub.S");
+    println!("cargo:rerun-if-changed=src/arch/nub.S");
 }

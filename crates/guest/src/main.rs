@@ -1,43 +1,26 @@
 //! Hover's built-in guest.
 //!
 //! A user-mode runtime: on this platform every CPL0 instruction is emulated by
-//! KVM, so everything except the privileged nub (`nub.S`) runs at CPL3, where
-//! it is native. Boot sequence per vCPU:
+//! KVM, so everything except the privileged nub (`arch/nub.S`) runs at CPL3,
+//! where it is native. Boot sequence per vCPU:
 //! 1. `_start` (nub, CPL0): record the TSC, load the IDT address, `iretq` to
 //!    [`rust_start`] at CPL3 on this CPU's stack.
 //! 2. [`rust_start`]: claim the per-CPU area (GS base), vCPU 0 checks the
 //!    boot-info page and fills the IDT; each CPU builds and loads its own
 //!    GDT/TSS, enables its x2APIC and its timer and becomes an idle loop.
-//! 3. vCPU 0 spawns the workload's main task; the scheduler (sched.rs) runs
-//!    tasks on every vCPU until the workload exits the VM.
+//! 3. vCPU 0 spawns the workload's main task; the scheduler
+//!    (`kernel/sched.rs`) runs tasks on every vCPU until the workload exits
+//!    the VM.
+//!
+//! The source is grouped by layer: [`arch`] (x86-64 and the nub), [`kernel`]
+//! (the runtime), [`drivers`] (devices) and [`workloads`], which use the
+//! kernel's API module ([`kernel::api`]) and nothing else of the guest.
 #![no_std]
 #![no_main]
 
-mod apf;
-mod apic;
-mod boost;
-mod clock;
-mod console;
-mod control;
-mod event;
-mod exception;
-mod fmtbuf;
-mod frames;
-mod haltpoll;
-mod ioapic;
-mod irq;
+mod arch;
+mod drivers;
 mod kernel;
-mod mem;
-mod nub;
-mod percpu;
-mod pvh;
-mod pvio;
-mod report;
-mod sched;
-mod sync;
-mod tables;
-mod timer;
-mod virtio_blk;
 mod workloads;
 
 use core::panic::PanicInfo;
@@ -47,7 +30,11 @@ use hover_abi::exit_code;
 use hover_abi::layout::MAX_VCPUS;
 use hover_abi::workload;
 
-/// First Rust code on every vCPU (CPL3), entered from `_start` in nub.S.
+use arch::{apic, nub, percpu, pvh, tables};
+use drivers::control;
+use kernel::{apf, boost, clock, frames, haltpoll, sched, timer};
+
+/// First Rust code on every vCPU (CPL3), entered from `_start` in `arch/nub.S`.
 pub extern "C" fn rust_start(boot_info: u64, cpu: u64, tsc_hi: u64, tsc_lo: u64) -> ! {
     let cpu = cpu as usize;
     if cpu >= MAX_VCPUS {

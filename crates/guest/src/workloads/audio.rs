@@ -8,8 +8,9 @@
 use hover_abi::exit_code;
 
 use super::{Background, Context, Latency};
-use crate::kernel::{now, set_realtime, sleep_until, ticks_per_sec, ticks_to_ns, Reports};
-use crate::println;
+use crate::kernel::api::{
+    now, println, set_realtime, sleep_until, ticks_per_sec, ticks_to_ns, Reports,
+};
 
 /// Iterations of [`work`] per microsecond, from the fastest of a few trials
 /// (the slower ones lost the CPU meanwhile).

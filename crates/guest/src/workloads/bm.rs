@@ -17,8 +17,10 @@ use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use hover_abi::exit_code;
 
 use super::{join_all, spawn_all, Context};
-use crate::kernel::{now, sleep_until, ticks_per_sec, ticks_to_ns, Placement, Reports};
-use crate::{frames, println};
+use crate::kernel::api::{
+    frames, now, println, reset_apf_parked_time, sleep_until, ticks_per_sec, ticks_to_ns,
+    Placement, Reports,
+};
 
 const PAGE: u64 = 4096;
 
@@ -132,7 +134,7 @@ pub fn run(ctx: &Context) -> u32 {
     let Some(w) = spawn_all(working, worker, |_| Placement::Any) else {
         return exit_code::WORKLOAD_FAILED;
     };
-    crate::apf::reset_parked_time();
+    reset_apf_parked_time();
     let timeline_ms = ctx.number("timeline_ms");
     BUCKET_TICKS.store(timeline_ms * ticks_per_sec() / 1000, Ordering::Relaxed);
     GO_TSC.store(now(), Ordering::Relaxed);

@@ -9,10 +9,9 @@
 use hover_abi::boost::status;
 use hover_abi::exit_code;
 
-use crate::kernel::{
-    boost_status, critical_begin, critical_end, now, sleep_until, ticks_per_sec, Reports,
+use crate::kernel::api::{
+    boost_status, critical_begin, critical_end, now, println, sleep_until, ticks_per_sec, Reports,
 };
-use crate::println;
 
 use super::Context;
 

@@ -9,8 +9,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use hover_abi::exit_code;
 
 use super::{join_all, spawn_all, Context};
-use crate::kernel::{now, ticks_per_sec, ticks_to_ns, yield_now, Placement, Reports};
-use crate::println;
+use crate::kernel::api::{now, println, ticks_per_sec, ticks_to_ns, yield_now, Placement, Reports};
 
 static END: AtomicU64 = AtomicU64::new(0);
 static YIELDS: AtomicU64 = AtomicU64::new(0);

@@ -9,7 +9,7 @@ use hover_abi::control::{op, status, ControlRequest, Report};
 use hover_abi::exit_code;
 
 use super::Context;
-use crate::{control, frames, println};
+use crate::kernel::api::{frames, println, send_control};
 
 /// The value the test expects back.
 const MARK: u64 = 0x0123_4567_89ab_cdef;
@@ -41,7 +41,7 @@ pub fn run(ctx: &Context) -> u32 {
         a += PAGE;
     }
     // SAFETY: the request written above, brought back in on access.
-    let st = control::send(unsafe { &mut *(batch as *mut ControlRequest) });
+    let st = send_control(unsafe { &mut *(batch as *mut ControlRequest) });
     println!(
         "evict-report: batch at {:#x} sent after touching {} MiB, status {}",
         batch,

@@ -3,7 +3,7 @@
 //! `exit_code::EXCEPTION`.
 
 use super::Context;
-use crate::println;
+use crate::kernel::api::println;
 
 pub fn run(_: &Context) -> u32 {
     println!("exception: vCPU 0 executes ud2");

@@ -6,18 +6,17 @@ use core::sync::atomic::{AtomicU32, Ordering};
 use hover_abi::exit_code;
 
 use super::{join_all, spawn_all, Context};
-use crate::kernel::{Placement, Reports};
-use crate::{apic, percpu, println};
+use crate::kernel::api::{apic_id, cpu_index, println, Placement, Reports};
 
 static SEEN: AtomicU32 = AtomicU32::new(0);
 
 fn greet(i: usize) {
-    let cpu = percpu::this_cpu().index();
+    let cpu = cpu_index();
     println!(
         "hello from vCPU {} of {} (x2APIC id {})",
         cpu,
         VCPUS.load(Ordering::Relaxed),
-        apic::id()
+        apic_id()
     );
     debug_assert_eq!(i, cpu);
     SEEN.fetch_add(1, Ordering::AcqRel);

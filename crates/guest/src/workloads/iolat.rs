@@ -5,7 +5,7 @@
 //! IOPS and latency (avg, p50, p99). Write `k` goes to slot `k % 64` of the
 //! file and holds bytes `(k + i) mod 251`, so the file can be checked.
 //! Without Hover's device (another VMM) it uses a virtio block device when
-//! the command line names one (`virtio_blk.rs`), the same way.
+//! the command line names one (`drivers/virtio_blk.rs`), the same way.
 
 use core::sync::atomic::{AtomicU32, Ordering};
 
@@ -13,10 +13,10 @@ use hover_abi::exit_code;
 use hover_abi::pvio::io_status;
 
 use super::Context;
-use crate::clock::ticks_for_us;
-use crate::kernel::{now, sleep_until, ticks_per_sec, ticks_to_ns, Reports};
-use crate::virtio_blk::VirtioBlk;
-use crate::{frames, println, pvio};
+use crate::kernel::api::{
+    frames, now, println, pvio, report_haltpoll_windows, sleep_until, ticks_for_us, ticks_per_sec,
+    ticks_to_ns, Reports, VirtioBlk,
+};
 
 /// Slots the writes cycle through.
 pub const SLOTS: u64 = 64;
@@ -113,7 +113,7 @@ pub fn run(ctx: &Context) -> u32 {
     if idle_ms > 0 {
         // The windows as the I/O left them; then long sleeps (each past
         // the largest window, poll_us <= 10 ms) let them shrink.
-        crate::haltpoll::report_windows(&mut r, "iolat.window_after_io_ns", ctx.vcpus());
+        report_haltpoll_windows(&mut r, "iolat.window_after_io_ns", ctx.vcpus());
         let poll_us = hover_abi::workload::global("poll_us").number(ctx.cmdline);
         let step = ticks_for_us(2 * poll_us.max(500));
         let until = now() + ticks_for_us(idle_ms * 1000);

@@ -6,13 +6,14 @@
 use hover_abi::{exit_code, vectors};
 
 use super::{Context, Latency};
-use crate::kernel::{inject_msi, now, ticks_per_sec, wait_irq, Reports};
-use crate::{irq, percpu, println};
+use crate::kernel::api::{
+    cpu_index, inject_msi, irq_count, now, println, ticks_per_sec, wait_irq, Reports,
+};
 
 pub fn run(ctx: &Context) -> u32 {
     let count = ctx.number("count");
     let delay_us = ctx.number("delay_us");
-    let cpu = percpu::this_cpu().index();
+    let cpu = cpu_index();
     let vector = vectors::DEVICE_BASE;
     let delay_ticks = ticks_per_sec() * delay_us / 1_000_000;
     let mut lat = Latency::new();
@@ -34,7 +35,7 @@ pub fn run(ctx: &Context) -> u32 {
         lat.add((now() - t0).saturating_sub(delay_ticks));
     }
     let mut r = Reports::new();
-    r.u64(format_args!("irq.delivered"), irq::count(cpu, vector));
+    r.u64(format_args!("irq.delivered"), irq_count(cpu, vector));
     lat.report(&mut r, "irq", true);
     r.send();
     println!(

@@ -13,8 +13,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use hover_abi::exit_code;
 
 use super::{join_all, spawn_all, Context};
-use crate::kernel::{now, ticks_per_sec, yield_now, Placement, Reports};
-use crate::{frames, println};
+use crate::kernel::api::{frames, now, println, ticks_per_sec, yield_now, Placement, Reports};
 
 const RECORD: u64 = 64;
 const BUCKETS: usize = 200;

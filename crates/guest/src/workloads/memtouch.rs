@@ -9,8 +9,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use hover_abi::exit_code;
 
 use super::{join_all, spawn_all, Context};
-use crate::kernel::{Placement, Reports};
-use crate::{frames, println};
+use crate::kernel::api::{frames, println, Placement, Reports};
 
 const PAGE: u64 = 4096;
 /// Multiplier that spreads addresses over all 64 bits (the golden ratio).

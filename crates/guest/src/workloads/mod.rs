@@ -29,8 +29,10 @@ use hover_abi::boot::BootInfo;
 use hover_abi::exit_code;
 use hover_abi::workload::{self, WorkloadError, WorkloadSpec};
 
-use crate::kernel::{exit, spawn, Placement};
-use crate::println;
+use crate::kernel::api::{
+    exit, join, println, report_apf, report_boost, report_haltpoll, report_timer, spawn,
+    ticks_to_ns, Placement, Reports,
+};
 
 /// What a workload gets.
 pub struct Context {
@@ -150,12 +152,12 @@ fn main_task(_: usize) {
     };
     // Every run ends with the runtime's own reports: the TSC at vCPU 0's first
     // instruction (lets the monitor time the boot) and the async-PF counters.
-    let mut r = crate::kernel::Reports::new();
+    let mut r = Reports::new();
     r.u64(format_args!("boot_tsc"), ctx.boot_tsc);
-    crate::apf::report(&mut r, ctx.vcpus());
-    crate::timer::report(&mut r, ctx.vcpus());
-    crate::boost::report(&mut r, ctx.vcpus());
-    crate::haltpoll::report(&mut r, ctx.vcpus());
+    report_apf(&mut r, ctx.vcpus());
+    report_timer(&mut r, ctx.vcpus());
+    report_boost(&mut r, ctx.vcpus());
+    report_haltpoll(&mut r, ctx.vcpus());
     r.send();
     exit(code)
 }
@@ -212,7 +214,7 @@ impl Background {
 /// Wait for every task in `ids` to finish.
 pub fn join_all(ids: &[usize]) {
     for &id in ids {
-        crate::kernel::join(id);
+        join(id);
     }
 }
 
@@ -245,7 +247,7 @@ impl Latency {
         self.min = self.min.min(ticks);
         self.max = self.max.max(ticks);
         self.sum += ticks;
-        let us = crate::kernel::ticks_to_ns(ticks) / 1000;
+        let us = ticks_to_ns(ticks) / 1000;
         let bucket = if us == 0 {
             0
         } else {
@@ -256,8 +258,7 @@ impl Latency {
 
     /// Add `prefix.samples`, `.min_ns`, `.avg_ns`, `.max_ns` and, with
     /// `hist`, `.hist.lt_Nus` / `.hist.ge_16384us` to `r`.
-    pub fn report(&self, r: &mut crate::kernel::Reports, prefix: &str, hist: bool) {
-        use crate::kernel::ticks_to_ns;
+    pub fn report(&self, r: &mut Reports, prefix: &str, hist: bool) {
         r.u64(format_args!("{prefix}.samples"), self.n);
         if self.n == 0 {
             return;
@@ -281,8 +282,6 @@ impl Latency {
 
     /// Mean in nanoseconds.
     pub fn avg_ns(&self) -> u64 {
-        self.sum
-            .checked_div(self.n)
-            .map_or(0, crate::kernel::ticks_to_ns)
+        self.sum.checked_div(self.n).map_or(0, ticks_to_ns)
     }
 }

@@ -4,14 +4,13 @@
 use hover_abi::exit_code;
 
 use super::Context;
-use crate::kernel::{now, ticks_to_ns, Reports};
-use crate::{apic, println};
+use crate::kernel::api::{apic_id, now, println, ticks_to_ns, Reports};
 
 pub fn run(ctx: &Context) -> u32 {
     let count = ctx.number("count");
     let start = now();
     for _ in 0..count {
-        core::hint::black_box(apic::id());
+        core::hint::black_box(apic_id());
     }
     let ns = ticks_to_ns(now() - start) / count;
     let mut r = Reports::new();

@@ -5,8 +5,7 @@
 use hover_abi::exit_code;
 
 use super::{join_all, spawn_all, Context};
-use crate::kernel::{now, ticks_to_ns, Event, Placement, Reports};
-use crate::println;
+use crate::kernel::api::{now, println, ticks_to_ns, Event, Placement, Reports};
 
 static PING: Event = Event::new();
 static PONG: Event = Event::new();

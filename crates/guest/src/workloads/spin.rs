@@ -7,8 +7,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use hover_abi::exit_code;
 
 use super::{join_all, spawn_all, Context};
-use crate::kernel::{now, ticks_per_sec, Placement, Reports};
-use crate::println;
+use crate::kernel::api::{cpu_index, now, println, task_runs, ticks_per_sec, Placement, Reports};
 
 static COUNTS: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
 static CPUS: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
@@ -21,7 +20,7 @@ fn spinner(i: usize) {
         n += 1;
     }
     COUNTS[i].store(n, Ordering::Relaxed);
-    CPUS[i].store(crate::percpu::this_cpu().index() as u64, Ordering::Relaxed);
+    CPUS[i].store(cpu_index() as u64, Ordering::Relaxed);
 }
 
 pub fn run(ctx: &Context) -> u32 {
@@ -43,7 +42,7 @@ pub fn run(ctx: &Context) -> u32 {
             CPUS[i].load(Ordering::Relaxed),
         );
         // Time slices the task got: more than one means it was preempted.
-        r.u64(format_args!("spin.slices.{i}"), crate::sched::runs(ids[i]));
+        r.u64(format_args!("spin.slices.{i}"), task_runs(ids[i]));
         total += n;
         min = min.min(n);
         max = max.max(n);

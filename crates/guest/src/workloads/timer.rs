@@ -7,8 +7,7 @@
 use hover_abi::exit_code;
 
 use super::{Background, Context, Latency};
-use crate::kernel::{now, set_realtime, sleep_until, ticks_per_sec, Reports};
-use crate::println;
+use crate::kernel::api::{now, println, set_realtime, sleep_until, ticks_per_sec, Reports};
 
 pub fn run(ctx: &Context) -> u32 {
     let interval_us = ctx.number("interval_us");

@@ -2,9 +2,9 @@
 //! with an error and a register dump rather than a hang.
 
 use super::Context;
-use crate::{nub, println};
+use crate::kernel::api::{println, triple_fault};
 
 pub fn run(_: &Context) -> u32 {
     println!("triple-fault: vCPU 0 loads an empty IDT and raises #UD");
-    nub::triple_fault()
+    triple_fault()
 }

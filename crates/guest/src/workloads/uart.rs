@@ -13,10 +13,10 @@ use hover_abi::exit_code;
 use hover_abi::vectors::DEVICE_BASE;
 
 use super::{Context, Latency};
-use crate::console::{uart_read, uart_write};
-use crate::kernel::{exit, now, sleep_until, spawn, wait_irq, Event, Placement, Reports};
-use crate::sync::SpinLock;
-use crate::{clock, ioapic, irq, println};
+use crate::kernel::api::{
+    deadline_after_us, exit, ioapic, irq_count, join, now, println, sleep_until, spawn, uart_read,
+    uart_write, wait_irq, Event, Placement, Reports, SpinLock,
+};
 
 /// COM1's line on the IOAPIC.
 const GSI: u32 = 4;
@@ -77,7 +77,7 @@ fn watchdog(mcr: usize) {
     let count = COUNT.load(Ordering::Relaxed);
     let mut seen = u64::MAX;
     loop {
-        sleep_until(clock::deadline_after_us(BYTE_TIMEOUT_US));
+        sleep_until(deadline_after_us(BYTE_TIMEOUT_US));
         let done = RECEIVED.load(Ordering::SeqCst) + WRONG.load(Ordering::SeqCst);
         if done >= count {
             return;
@@ -92,7 +92,7 @@ fn watchdog(mcr: usize) {
                 BYTE_TIMEOUT_US / 1000,
                 GSI,
                 VECTOR,
-                irq::count(target, VECTOR)
+                irq_count(target, VECTOR)
             );
             exit(exit_code::WORKLOAD_FAILED);
         }
@@ -138,13 +138,13 @@ pub fn run(ctx: &Context) -> u32 {
         uart_write(0, byte(i));
         ACK.wait();
     }
-    crate::kernel::join(task);
+    join(task);
     restore(mcr);
     let received = RECEIVED.load(Ordering::SeqCst);
     let wrong = WRONG.load(Ordering::SeqCst);
     let mut r = Reports::new();
     r.u64(format_args!("uart.target"), target as u64);
-    r.u64(format_args!("uart.interrupts"), irq::count(target, VECTOR));
+    r.u64(format_args!("uart.interrupts"), irq_count(target, VECTOR));
     r.u64(format_args!("uart.received"), received);
     r.u64(format_args!("uart.wrong"), wrong);
     let avg_ns = {

@@ -5,8 +5,8 @@
 //! and runs only there; waking a task queues it at home and, if that vCPU is
 //! halted, sends it a reschedule IPI. Switches happen in [`schedule`], always
 //! with `preempt_count == 1`: voluntarily (yield, sleep, wait, exit) or from
-//! the timer through `hover_preempt_entry` (switch.S), which the nub's
-//! interrupt tail redirects a preemptible CPL3 task to.
+//! the timer through `hover_preempt_entry` (`arch/switch.S`), which the
+//! nub's interrupt tail redirects a preemptible CPL3 task to.
 
 use core::arch::global_asm;
 use core::cell::UnsafeCell;
@@ -15,10 +15,11 @@ use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering
 use hover_abi::layout::MAX_VCPUS;
 use hover_abi::vectors;
 
-use crate::event::Event;
-use crate::percpu::{self, this_cpu, PerCpu};
-use crate::sync::{preempt_disable, preempt_enable, SpinLock};
-use crate::{apf, boost, irq, nub, timer};
+use crate::arch::nub;
+use crate::arch::percpu::{self, this_cpu, PerCpu};
+use crate::kernel::event::Event;
+use crate::kernel::sync::{preempt_disable, preempt_enable, SpinLock};
+use crate::kernel::{apf, boost, irq, timer};
 
 /// Most tasks a run can create (slots are not reused).
 pub const MAX_TASKS: usize = 64;
@@ -33,7 +34,7 @@ const BLOCKED: u32 = 3;
 const DEAD: u32 = 4;
 
 global_asm!(
-    include_str!("switch.S"),
+    include_str!("../arch/switch.S"),
     task_start = sym task_start,
     preempt_irq = sym preempt_irq,
     options(att_syntax)
@@ -309,7 +310,7 @@ pub fn runs(id: usize) -> u64 {
 /// the monitor for a boost, and its timed sleeps are announced (`boost`).
 pub fn set_realtime(on: bool) {
     task(current()).rt.store(on, Ordering::Relaxed);
-    crate::boost::sched_bits(false, on);
+    crate::kernel::boost::sched_bits(false, on);
 }
 
 /// Whether task `id` is real-time.
@@ -385,7 +386,7 @@ fn schedule(reason: Reason) {
         timer::ensure_tick(pc);
         // Another task's code may run for a while: completions must
         // interrupt again.
-        crate::haltpoll::stop_polling(pc);
+        crate::kernel::haltpoll::stop_polling(pc);
     }
     // SAFETY: prev is the running context (its saved_rsp is ours to write),
     // next is runnable and not running anywhere (tasks run only at home).
@@ -457,7 +458,7 @@ pub fn idle_loop(mode: Idle) -> ! {
                 }
             }
             Idle::Halt => halt(pc),
-            Idle::HaltPoll { max_us } => crate::haltpoll::idle(pc, max_us, || halt(pc)),
+            Idle::HaltPoll { max_us } => crate::kernel::haltpoll::idle(pc, max_us, || halt(pc)),
         }
     }
 }

@@ -11,8 +11,8 @@ use core::mem::offset_of;
 use hover_abi::layout::{USER_CS, USER_DS};
 use hover_abi::vectors;
 
-use crate::percpu::{PerCpu, APF_RING, MAIN_STACKS, MAIN_STACK_SIZE};
-use crate::tables::IDT;
+use crate::arch::percpu::{PerCpu, APF_RING, MAIN_STACKS, MAIN_STACK_SIZE};
+use crate::arch::tables::IDT;
 
 /// Nub operations, indices into `nub_table` in `nub.S`.
 #[repr(u64)]
@@ -57,7 +57,7 @@ global_asm!(
     msr_apf_ack = const hover_abi::pv::MSR_KVM_ASYNC_PF_ACK,
     device_base = const vectors::DEVICE_BASE,
     device_count = const vectors::DEVICE_COUNT,
-    exception_entry = sym crate::exception::exception_entry,
+    exception_entry = sym crate::arch::exception::exception_entry,
     idt = sym IDT,
     options(att_syntax)
 );

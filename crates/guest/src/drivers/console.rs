@@ -8,8 +8,8 @@ use core::arch::asm;
 use core::fmt::{self, Write};
 use core::sync::atomic::{AtomicBool, Ordering};
 
-use crate::clock;
-use crate::fmtbuf::FmtBuf;
+use crate::kernel::clock;
+use crate::kernel::fmtbuf::FmtBuf;
 
 const COM1: u16 = 0x3f8;
 const LINE_MAX: usize = 256;
@@ -66,5 +66,5 @@ pub fn print_line(args: fmt::Arguments) {
 /// Print a formatted line on the serial console.
 #[macro_export]
 macro_rules! println {
-    ($($arg:tt)*) => { $crate::console::print_line(format_args!($($arg)*)) };
+    ($($arg:tt)*) => { $crate::drivers::console::print_line(format_args!($($arg)*)) };
 }

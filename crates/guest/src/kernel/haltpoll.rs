@@ -19,8 +19,8 @@ use core::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use hover_abi::haltpoll::{area_gpa, flags, offset, HALTPOLL_AREA_SIZE};
 use hover_abi::layout::MAX_VCPUS;
 
-use crate::clock::{now, ticks_for_us, ticks_to_ns};
-use crate::percpu::PerCpu;
+use crate::arch::percpu::PerCpu;
+use crate::kernel::clock::{now, ticks_for_us, ticks_to_ns};
 
 /// First window after a poll that would have caught the wake-up (Linux's
 /// `guest_halt_poll_grow_start`).
@@ -151,7 +151,7 @@ fn watch_fired(cpu: usize) -> bool {
         return false;
     }
     l.watch_addr.store(0, Ordering::Relaxed);
-    crate::irq::signal_local(cpu, l.watch_vector.load(Ordering::Relaxed) as u8);
+    crate::kernel::irq::signal_local(cpu, l.watch_vector.load(Ordering::Relaxed) as u8);
     true
 }
 
@@ -231,7 +231,7 @@ pub fn idle(pc: &PerCpu, poll_us: u64, halt: impl FnOnce()) {
 }
 
 /// Add each vCPU's window now as `PREFIX.N`.
-pub fn report_windows(r: &mut crate::kernel::Reports, prefix: &str, vcpus: usize) {
+pub fn report_windows(r: &mut crate::kernel::report::Reports, prefix: &str, vcpus: usize) {
     for (c, l) in LOCAL[..vcpus].iter().enumerate() {
         r.u64(
             format_args!("{}.{}", prefix, c),
@@ -241,7 +241,7 @@ pub fn report_windows(r: &mut crate::kernel::Reports, prefix: &str, vcpus: usize
 }
 
 /// Add the `haltpoll.*` counters (all vCPUs) to `r`.
-pub fn report(r: &mut crate::kernel::Reports, vcpus: usize) {
+pub fn report(r: &mut crate::kernel::report::Reports, vcpus: usize) {
     let sum_local = |f: fn(&Local) -> &AtomicU64| {
         LOCAL[..vcpus]
             .iter()

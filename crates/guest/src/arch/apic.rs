@@ -1,6 +1,6 @@
 //! The local APIC in x2APIC mode (MSR interface; privileged, so via the nub).
 
-use crate::nub;
+use crate::arch::nub;
 use hover_abi::vectors::SPURIOUS;
 
 const IA32_APIC_BASE: u32 = 0x1b;

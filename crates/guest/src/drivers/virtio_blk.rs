@@ -12,8 +12,9 @@ use core::sync::atomic::{fence, AtomicU32, Ordering};
 
 use hover_abi::vectors::{DEVICE_BASE, DEVICE_COUNT};
 
-use crate::timer::sleep_until;
-use crate::{clock, irq, percpu};
+use crate::arch::percpu;
+use crate::kernel::timer::sleep_until;
+use crate::kernel::{clock, irq};
 
 /// The device vector its interrupt arrives on.
 const VECTOR: u8 = DEVICE_BASE + DEVICE_COUNT - 1;
@@ -154,7 +155,7 @@ pub fn parse_location(v: &str) -> Option<(u64, u32)> {
 /// there, else 8 on GSIs 5-12. The first block device among them.
 fn probe_microvm() -> Option<(u64, u32)> {
     const FIRST: u64 = 0xFEB0_0000;
-    let (count, first_gsi) = if crate::ioapic::present(1) {
+    let (count, first_gsi) = if crate::arch::ioapic::present(1) {
         (24, 24)
     } else {
         (8, 5)
@@ -178,7 +179,7 @@ impl VirtioBlk {
         if !(0xC000_0000..0xFFFF_F000).contains(&base) || base % 4 != 0 {
             return Err("virtio_mmio.device's base is not in the MMIO hole");
         }
-        crate::ioapic::check_gsi(gsi)?;
+        crate::arch::ioapic::check_gsi(gsi)?;
         let b = base as usize;
         if read(b, MAGIC) != 0x7472_6976 {
             return Err("no virtio-mmio device at that address");
@@ -282,7 +283,7 @@ impl VirtioBlk {
     fn submit(&self, buf: u64, len: u32, offset: u64) -> u16 {
         let cpu = percpu::this_cpu().index() as u32;
         if self.routed_to.swap(cpu, Ordering::Relaxed) != cpu {
-            crate::ioapic::route(self.gsi, VECTOR, cpu);
+            crate::arch::ioapic::route(self.gsi, VECTOR, cpu);
         }
         let q = DEV.0.get();
         // SAFETY: one request in flight; the device reads the chain only

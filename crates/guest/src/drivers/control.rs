@@ -59,7 +59,7 @@ fn print_report(vcpu: usize, r: &Report) {
 fn local(req: &mut ControlRequest) -> u32 {
     match req.op {
         op::REPORT => {
-            let vcpu = crate::percpu::cpu_index().unwrap_or(0);
+            let vcpu = crate::arch::percpu::cpu_index().unwrap_or(0);
             let n = (req.arg1 as usize).min(hover_abi::control::MAX_REPORTS_PER_REQUEST as usize);
             // SAFETY: the caller's batch of `arg1` records at `arg0`.
             let batch = unsafe { core::slice::from_raw_parts(req.arg0 as *const Report, n) };
@@ -124,7 +124,7 @@ pub fn exit(code: u32) -> ! {
     send(&mut req);
     // The monitor stops every vCPU on EXIT; if it does not, do not run on.
     loop {
-        crate::nub::halt();
+        crate::arch::nub::halt();
     }
 }
 

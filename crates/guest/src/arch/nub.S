@@ -134,7 +134,7 @@ irq_device:                         /* rax = vector (pushed rax is the original)
     /* fall through */
 
 /* Preempt if the interrupted code is CPL3 and preemptible: push the old RIP
- * below its red zone and return into preempt_entry (sched.rs) instead, which
+ * below its red zone and return into preempt_entry (switch.S) instead, which
  * saves the rest at native speed and switches tasks. Otherwise return. */
 irq_tail:
     testb $3, 32(%rsp)

@@ -3,11 +3,12 @@
 
 use core::fmt::{self, Write};
 
-use crate::fmtbuf::FmtBuf;
+use crate::kernel::fmtbuf::FmtBuf;
 
 use hover_abi::control::{Report, REPORT_KEY_MAX};
 
-use crate::{control, println};
+use crate::drivers::control;
+use crate::println;
 
 /// Enough for the largest workload report (spin with 60 tasks: 183 records);
 /// a batch lives on its task's 64 KiB stack (48 bytes a record).

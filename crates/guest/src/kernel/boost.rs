@@ -16,7 +16,7 @@ use hover_abi::boost::{self, offset, request, status, BOOST_AREA_SIZE, BOOST_ARE
 use hover_abi::control::{op, status as control_status, ControlRequest};
 use hover_abi::layout::MAX_VCPUS;
 
-use crate::percpu::PerCpu;
+use crate::arch::percpu::PerCpu;
 
 /// The shared area, as atomics (the layout of [`boost::BoostArea`]).
 #[repr(C, align(64))]
@@ -80,14 +80,14 @@ pub fn init_cpu(pc: &PerCpu) {
         arg0: area as *const Area as u64,
         arg1: BOOST_AREA_VERSION as u64,
     };
-    let st = crate::control::send(&mut req);
+    let st = crate::drivers::control::send(&mut req);
     LOCAL[cpu]
         .enabled
         .store(st == control_status::OK, Ordering::Relaxed);
 }
 
 fn this() -> Option<(usize, &'static Area)> {
-    let cpu = crate::percpu::cpu_index()?;
+    let cpu = crate::arch::percpu::cpu_index()?;
     LOCAL[cpu]
         .enabled
         .load(Ordering::Relaxed)
@@ -107,7 +107,7 @@ fn maybe_unboost(cpu: usize, area: &Area) {
             arg0: 0,
             arg1: 0,
         };
-        crate::control::send(&mut req);
+        crate::drivers::control::send(&mut req);
     }
 }
 
@@ -159,7 +159,7 @@ pub fn status_bits() -> u32 {
 
 /// Add `boost.registered`, `boost.host_boosts` and `boost.unboost_calls`
 /// (sums over all vCPUs) to `r`.
-pub fn report(r: &mut crate::kernel::Reports, vcpus: usize) {
+pub fn report(r: &mut crate::kernel::report::Reports, vcpus: usize) {
     let vcpus = vcpus.min(MAX_VCPUS);
     let registered = (0..vcpus)
         .filter(|&c| LOCAL[c].enabled.load(Ordering::Relaxed))

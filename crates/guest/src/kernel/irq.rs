@@ -6,9 +6,9 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use hover_abi::layout::MAX_VCPUS;
 use hover_abi::vectors::{self, DEVICE_BASE, DEVICE_COUNT};
 
-use crate::event::Event;
-use crate::nub;
-use crate::percpu::{this_cpu, PerCpu};
+use crate::arch::nub;
+use crate::arch::percpu::{this_cpu, PerCpu};
+use crate::kernel::event::Event;
 
 const X2APIC_ICR: u32 = 0x830;
 const N: usize = DEVICE_COUNT as usize;

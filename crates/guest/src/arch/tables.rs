@@ -11,8 +11,8 @@ use hover_abi::control::CONTROL_PORT;
 use hover_abi::layout::{tss_descriptor, FLAT_GDT, GDT_ENTRIES, KERNEL_CS, TSS_SEL};
 use hover_abi::vectors;
 
-use crate::nub;
-use crate::percpu::{PerCpu, TaskState, IO_BITMAP_PORTS};
+use crate::arch::nub;
+use crate::arch::percpu::{PerCpu, TaskState, IO_BITMAP_PORTS};
 
 /// Vector the nub call uses (`int3`).
 pub const NUB_VECTOR: usize = 3;
@@ -85,7 +85,7 @@ const ALLOWED_PORTS: [(u16, u16); 4] = [
     (0x3f8, 8),
     (CONTROL_PORT, 4),
     (hover_abi::pvio::DOORBELL_PORT, 4),
-    (crate::control::DEBUG_EXIT_PORT, 4),
+    (crate::drivers::control::DEBUG_EXIT_PORT, 4),
 ];
 
 /// Build this CPU's GDT and TSS and load them through the nub.

@@ -239,7 +239,7 @@ pub fn start_other_vcpus(boot: &BootInfo) {
     let page = TRAMPOLINE.load(Ordering::Relaxed);
     if page == 0 {
         crate::println!("guest: no free low page for the other vCPUs' trampoline");
-        crate::control::exit(exit_code::BAD_BOOT_INFO);
+        crate::drivers::control::exit(exit_code::BAD_BOOT_INFO);
     }
     // SAFETY: the trampoline's bytes, copied to a free RAM page below 1 MiB
     // (trampoline_page), identity-mapped and writable.
@@ -255,8 +255,8 @@ pub fn start_other_vcpus(boot: &BootInfo) {
         PVH_AP_INDEX.store(cpu as u32, Ordering::SeqCst);
         let before = CHECKED_IN.load(Ordering::Acquire);
         let came = |us: u64| {
-            let until = crate::clock::deadline_after_us(us);
-            while crate::clock::now() < until {
+            let until = crate::kernel::clock::deadline_after_us(us);
+            while crate::kernel::clock::now() < until {
                 if CHECKED_IN.load(Ordering::Acquire) > before {
                     return true;
                 }
@@ -264,17 +264,17 @@ pub fn start_other_vcpus(boot: &BootInfo) {
             }
             false
         };
-        crate::nub::wrmsr(ICR, (cpu << 32) | INIT);
+        crate::arch::nub::wrmsr(ICR, (cpu << 32) | INIT);
         let sipi = (cpu << 32) | STARTUP | (page >> 12);
-        crate::nub::wrmsr(ICR, sipi);
+        crate::arch::nub::wrmsr(ICR, sipi);
         // The second SIPI of the usual sequence, only if the first was lost.
         if !came(50_000) {
-            crate::nub::wrmsr(ICR, sipi);
+            crate::arch::nub::wrmsr(ICR, sipi);
             if !came(500_000) {
                 crate::println!(
                     "guest: vCPU {cpu} did not start (INIT/SIPI to x2APIC id {cpu}, trampoline at {page:#x})"
                 );
-                crate::control::exit(exit_code::BAD_BOOT_INFO);
+                crate::drivers::control::exit(exit_code::BAD_BOOT_INFO);
             }
         }
     }

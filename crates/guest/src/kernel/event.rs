@@ -3,8 +3,8 @@
 
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use crate::sched;
-use crate::sync::{preempt_disable, preempt_enable};
+use crate::kernel::sched;
+use crate::kernel::sync::{preempt_disable, preempt_enable};
 
 const NO_WAITER: usize = usize::MAX;
 

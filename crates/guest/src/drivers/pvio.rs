@@ -10,7 +10,9 @@ use hover_abi::pvio::{
     io_op, io_status, IoRequest, IoRingHeader, COMPLETION_VECTOR, DOORBELL_PORT,
 };
 
-use crate::{control, haltpoll, irq, percpu};
+use crate::arch::percpu;
+use crate::drivers::control;
+use crate::kernel::{haltpoll, irq};
 
 const ENTRIES: usize = 16;
 

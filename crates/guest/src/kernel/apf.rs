@@ -18,11 +18,12 @@ use hover_abi::pv::{
 };
 use hover_abi::vectors;
 
-use crate::kernel::Reports;
-use crate::percpu::{self, PerCpu, APF_RING};
-use crate::sched::{self, MAX_TASKS};
-use crate::sync::SpinLock;
-use crate::{clock, nub};
+use crate::arch::nub;
+use crate::arch::percpu::{self, PerCpu, APF_RING};
+use crate::kernel::clock;
+use crate::kernel::report::Reports;
+use crate::kernel::sched::{self, MAX_TASKS};
+use crate::kernel::sync::SpinLock;
 
 const EARLY: usize = 64;
 

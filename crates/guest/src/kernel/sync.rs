@@ -10,7 +10,7 @@ use core::cell::UnsafeCell;
 use core::ops::{Deref, DerefMut};
 use core::sync::atomic::{compiler_fence, AtomicBool, Ordering};
 
-use crate::percpu::this_cpu;
+use crate::arch::percpu::this_cpu;
 
 /// Forbid task switches on this CPU until the matching [`preempt_enable`].
 #[inline]
@@ -33,7 +33,7 @@ pub fn preempt_enable() {
     let pc = this_cpu();
     let count = pc.preempt_count.load(Ordering::Relaxed) - 1;
     if count == 0 && pc.need_resched.load(Ordering::Relaxed) != 0 {
-        crate::sched::reschedule();
+        crate::kernel::sched::reschedule();
     } else {
         pc.preempt_count.store(count, Ordering::Relaxed);
     }

@@ -9,10 +9,11 @@ use core::sync::atomic::Ordering;
 use hover_abi::layout::MAX_VCPUS;
 use hover_abi::vectors;
 
-use crate::percpu::{this_cpu, PerCpu};
-use crate::sched::{self, MAX_TASKS};
-use crate::sync::{preempt_disable, preempt_enable, SpinLock};
-use crate::{clock, nub};
+use crate::arch::nub;
+use crate::arch::percpu::{this_cpu, PerCpu};
+use crate::kernel::clock;
+use crate::kernel::sched::{self, MAX_TASKS};
+use crate::kernel::sync::{preempt_disable, preempt_enable, SpinLock};
 
 const LVT_TIMER: u32 = 0x832;
 const TSC_DEADLINE_MODE: u64 = 0b10 << 17;
@@ -31,7 +32,7 @@ fn announce_rt(s: &Sleepers) {
         .filter(|e| sched::is_realtime(e.1))
         .map(|e| e.0)
         .min();
-    crate::boost::set_wake_at(rt.unwrap_or(0));
+    crate::kernel::boost::set_wake_at(rt.unwrap_or(0));
 }
 
 impl Sleepers {
@@ -93,8 +94,12 @@ fn set_deadline(pc: &PerCpu, deadline: u64) {
 
 /// Add the timer's counters (all vCPUs) to `r`: interrupts taken and nub
 /// calls spent on programming the timer.
-pub fn report(r: &mut crate::kernel::Reports, vcpus: usize) {
-    let sum = |f: fn(&PerCpu) -> u64| (0..vcpus).map(|c| f(crate::percpu::of(c))).sum::<u64>();
+pub fn report(r: &mut crate::kernel::report::Reports, vcpus: usize) {
+    let sum = |f: fn(&PerCpu) -> u64| {
+        (0..vcpus)
+            .map(|c| f(crate::arch::percpu::of(c)))
+            .sum::<u64>()
+    };
     r.u64(
         format_args!("runtime.timer_irqs"),
         sum(|p| p.ticks.load(Ordering::Relaxed)),

@@ -3,7 +3,9 @@
 
 use hover_abi::exit_code;
 
-use crate::{control, percpu, println};
+use crate::arch::percpu;
+use crate::drivers::control;
+use crate::println;
 
 const NAMES: [&str; 32] = [
     "#DE divide error",
