@@ -1,6 +1,6 @@
 //! When a pre-copy migration pauses the guest, switches to post-copy or
 //! gives up: a pure policy, fed each round's numbers, returning a decision
-//! (the source's loop in `vm/migrate.rs` does the I/O).
+//! (the source's loop in `vm/source/` does the I/O).
 //!
 //! Pausing as soon as what is left fits `--downtime-ms` (as Hover did
 //! until 2026-11-25) leaves the final round as large as the target allows:

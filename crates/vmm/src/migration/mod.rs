@@ -5,8 +5,8 @@
 //!
 //! `dirty` tracks what the guest (and the monitor) wrote, `wire` is the
 //! stream format, `transport` the connections. The source side runs in the
-//! VM's control loop (`vm/migrate.rs`), the destination side is
-//! [`crate::Vm::receive`] (`vm/receive.rs`). docs/MIGRATION.md.
+//! VM's control loop (`vm/source/`), the destination side is
+//! [`crate::Vm::receive`] (`vm/destination/`). docs/MIGRATION.md.
 
 pub mod auth;
 pub mod batch;

@@ -4,21 +4,17 @@
 //! says how it ended, `control.rs` how it is steered meanwhile.
 
 mod control;
+mod destination;
 mod device_manager;
 mod dirty_log;
-mod handshake;
 mod hot_set;
-mod link;
 mod machine;
-mod migrate;
 mod outcome;
 mod persist;
-mod postcopy;
-mod postcopy_in;
-mod receive;
 mod restore;
 mod run;
 mod save;
+mod source;
 
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
@@ -47,12 +43,12 @@ use hover_abi::pv::{FEATURE_ASYNC_PF, FEATURE_ASYNC_PF_INT};
 
 pub use control::{Command, CommandError, Controller, Lifecycle, Reply, SnapshotInfo, VmInfo};
 pub(crate) use control::{Status, VmEvent};
+pub use destination::ReceiveOptions;
 use device_manager::DeviceManager;
 pub use dirty_log::{DirtyLogReport, DirtyLogRequest, MAX_DIRTY_LOG};
 pub use hot_set::MAX_HOT_WINDOW;
 use machine::{pv_withheld, Machine};
 pub use outcome::{BootTimings, EndReason, MemoryUsage, RestoreReport, RunOutcome};
-pub use receive::ReceiveOptions;
 pub use restore::{MemoryRestore, RestoreOptions};
 
 /// A built VM, ready to run.
@@ -86,9 +82,9 @@ pub struct Vm {
     booster: Arc<Booster>,
     /// A migration arriving into this VM: the rest of its stream, taken
     /// once every thread runs ([`run::Running::arrive`]).
-    arriving: Option<Box<receive::Arriving>>,
+    arriving: Option<Box<destination::Arriving>>,
     /// A post-copy destination's receiving thread.
-    postcopy_in: Option<postcopy_in::IncomingHandle>,
+    postcopy_in: Option<destination::postcopy::IncomingHandle>,
     /// ... and its report, once every page has arrived.
     postcopy_done: Option<Result<crate::migration::postcopy::PostcopyReport, String>>,
     events: Sender<VmEvent>,

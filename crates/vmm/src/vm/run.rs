@@ -78,7 +78,7 @@ pub(super) struct Running {
     /// What the API reads for the governor now running, if any.
     governor_live: Arc<Mutex<Option<GovernorSource>>>,
     /// A post-copy phase that broke off, kept for its recovery.
-    pub(super) postcopy_left: Option<super::postcopy::Interrupted>,
+    pub(super) postcopy_left: Option<super::source::postcopy::Interrupted>,
 }
 
 impl Vm {

@@ -20,6 +20,8 @@
 //! so the pager, registered from the start, never holds a page the stream
 //! has yet to replace.
 
+pub(super) mod postcopy;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,7 +31,6 @@ use kvm_bindings::CpuId;
 
 use super::control::{Command, VmEvent};
 use super::persist::LoadError;
-use super::postcopy_in::PinnedHash;
 use super::restore::{check_saved_vcpus, prepare, RestoreOptions};
 use super::run::Running;
 use super::{open_console, Vm};
@@ -49,6 +50,7 @@ use crate::vcpu::state::StateError;
 use crate::vcpu::thread::{VcpuMsg, VcpuReply};
 use crate::Error;
 use hover_abi::layout::PAGE_SIZE;
+use postcopy::PinnedHash;
 
 /// Tell the source why its migration was refused (if it still listens).
 fn refuse(conn: &Conn, w: &mut FrameWriter<Conn>, e: &Error) {
@@ -260,7 +262,7 @@ impl Vm {
 }
 
 /// What [`Vm::begin_arrival`] learnt, for the rest of the stream.
-pub(super) struct ArrivingParts {
+pub(in crate::vm) struct ArrivingParts {
     saved: SavedMachine,
     postcopy: bool,
     pinned: Option<PinnedHash>,
@@ -273,7 +275,7 @@ pub(super) struct ArrivingParts {
 }
 
 /// A migration under way into a built VM: the rest of its stream.
-pub(super) struct Arriving {
+pub(in crate::vm) struct Arriving {
     conn: Conn,
     r: FrameReader<Conn>,
     w: FrameWriter<Conn>,
@@ -301,7 +303,7 @@ impl Running {
     /// nothing to do. Err: the stream was refused (the source is told) or
     /// a signal came first (Ok(Some(signal)): the run ends as a signal
     /// ends it); either way the vCPUs never ran.
-    pub(super) fn arrive(&mut self) -> Result<Option<i32>, Error> {
+    pub(in crate::vm) fn arrive(&mut self) -> Result<Option<i32>, Error> {
         let Some(a) = self.vm.arriving.take() else {
             return Ok(None);
         };

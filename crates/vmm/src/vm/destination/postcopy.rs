@@ -6,8 +6,8 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::control::{Command, Controller, VmEvent};
-use super::Vm;
+use super::super::control::{Command, Controller, VmEvent};
+use super::super::Vm;
 use crate::migration::postcopy::incoming::{Incoming, LinkEvents, RemotePages};
 use crate::migration::postcopy::{page_hash, PostcopyReport};
 use crate::migration::transport::{Addr, Conn};
@@ -70,13 +70,13 @@ impl LinkEvents for GuestHold {
 /// adds up a few thousand numbers instead of reading and hashing the area
 /// in the downtime (3.5-9 ms for the built-in guest, measured 2026-11-25).
 /// Pages never sent are zero here and hash to 0, as at the source.
-pub(super) struct PinnedHash {
+pub(in crate::vm) struct PinnedHash {
     hashes: Vec<u64>,
 }
 
 impl PinnedHash {
     /// For the area below guest-physical `image_end`.
-    pub(super) fn new(image_end: u64) -> PinnedHash {
+    pub(in crate::vm) fn new(image_end: u64) -> PinnedHash {
         PinnedHash {
             hashes: vec![0; image_end.div_ceil(PAGE_SIZE) as usize],
         }
@@ -84,14 +84,14 @@ impl PinnedHash {
 
     /// The page at `gpa` arrived with `page`; pages above the area are not
     /// its business.
-    pub(super) fn note(&mut self, gpa: u64, page: &[u8]) {
+    pub(in crate::vm) fn note(&mut self, gpa: u64, page: &[u8]) {
         if let Some(h) = self.hashes.get_mut((gpa / PAGE_SIZE) as usize) {
             *h = page_hash(gpa, page);
         }
     }
 
     /// The area's hash.
-    pub(super) fn sum(&self) -> u64 {
+    pub(in crate::vm) fn sum(&self) -> u64 {
         self.hashes.iter().fold(0u64, |a, h| a.wrapping_add(*h))
     }
 }
@@ -100,7 +100,7 @@ impl Vm {
     /// Start receiving the rest of a post-copy on `r`/`w`: the pages go to
     /// `remote` and the pager. `pinned_hash`: with verification, the boot
     /// area's hash (the pages held so far are added here).
-    pub(super) fn start_incoming(
+    pub(in crate::vm) fn start_incoming(
         &mut self,
         remote: Arc<RemotePages>,
         r: FrameReader<Conn>,
@@ -166,7 +166,7 @@ impl Vm {
     /// the switch into guest memory, after which the pager lets go of it
     /// (`PrefetchLoaded`, [`Vm::release_loaded_pager`]): a first touch of
     /// fresh memory is then an ordinary fault, not a trip through the pager.
-    pub(super) fn postcopy_arrived(&mut self) -> Result<(), String> {
+    pub(in crate::vm) fn postcopy_arrived(&mut self) -> Result<(), String> {
         let Some(h) = self.postcopy_in.take() else {
             return Ok(());
         };

@@ -2,15 +2,15 @@
 //! (the pinned boot area and the state while paused, then the list of
 //! pages still here), the post-copy phase that serves the destination, and
 //! its recovery after a broken connection. The destination side is
-//! `migration/postcopy/incoming.rs`, started by `vm/receive.rs`.
+//! `migration/postcopy/incoming.rs`, started by `vm/destination/`.
 
 use std::time::Instant;
 
-use super::control::{CommandError, Lifecycle, MigrationProgress};
+use super::super::control::{CommandError, Lifecycle, MigrationProgress};
+use super::super::run::Running;
 use super::handshake::{allowed, expect, open};
 use super::link::{io, link, Reader, Writer};
-use super::migrate::{pace_wait, PageSender};
-use super::run::Running;
+use super::{pace_wait, PageSender};
 use crate::migration::page_lists::{decode_page_set, encode_page_set};
 use crate::migration::postcopy::outgoing::{Pending, Serve, ServeError};
 use crate::migration::postcopy::{page_hash, Mode, PostcopyReport};
@@ -28,23 +28,23 @@ const MIN_BACKGROUND_BATCH: usize = 16;
 const HASH_CHUNK: usize = 256;
 
 /// Where a pre-copy stands when it turns into post-copy (the guest paused).
-pub(super) struct Switch {
-    pub(super) w: Writer,
-    pub(super) r: Reader,
+pub(in crate::vm) struct Switch {
+    pub(in crate::vm) w: Writer,
+    pub(in crate::vm) r: Reader,
     /// Pages the destination lacks or holds stale.
-    pub(super) last: Vec<u64>,
-    pub(super) report: MigrationReport,
-    pub(super) sender: PageSender,
+    pub(in crate::vm) last: Vec<u64>,
+    pub(in crate::vm) report: MigrationReport,
+    pub(in crate::vm) sender: PageSender,
     /// The pause's stopwatch.
-    pub(super) down: super::migrate::Downtime,
-    pub(super) t0: Instant,
+    pub(in crate::vm) down: super::Downtime,
+    pub(in crate::vm) t0: Instant,
     /// Pages to push first.
-    pub(super) hot: Vec<u64>,
+    pub(in crate::vm) hot: Vec<u64>,
 }
 
 /// A post-copy phase that stopped on a broken connection: what a recovery
 /// carries on with.
-pub(super) struct Interrupted {
+pub(in crate::vm) struct Interrupted {
     pending: Pending,
     hash: Option<u64>,
     report: MigrationReport,
@@ -55,7 +55,7 @@ pub(super) struct Interrupted {
 impl Running {
     /// Send the pinned area and the state, have the destination run the
     /// guest, and serve it every page still here.
-    pub(super) fn switch_to_postcopy(
+    pub(in crate::vm) fn switch_to_postcopy(
         &mut self,
         o: &MigrateOptions,
         s: Switch,
@@ -118,7 +118,7 @@ impl Running {
     }
 
     /// Reconnect a post-copy phase that stopped on a broken connection.
-    pub(super) fn recover_postcopy(
+    pub(in crate::vm) fn recover_postcopy(
         &mut self,
         o: &MigrateOptions,
     ) -> Result<MigrationReport, CommandError> {

@@ -1,5 +1,5 @@
 //! The source's side of a migration connection, shared by pre-copy
-//! (migrate.rs), its handshake and post-copy: the stream's reader and
+//! (source/mod.rs), its handshake and post-copy: the stream's reader and
 //! writer, its timeouts, and how a failure is told (this host's, or the
 //! link's).
 
@@ -10,19 +10,19 @@ use crate::migration::wire::{FrameReader, FrameWriter};
 use crate::migration::MigrationError;
 
 /// How long connecting may take.
-pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(in crate::vm) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a read or write may stall before the peer counts as gone.
-pub(super) const IO_TIMEOUT: Duration = Duration::from_secs(30);
-pub(super) type Writer = FrameWriter<Conn>;
-pub(super) type Reader = FrameReader<Conn>;
+pub(in crate::vm) const IO_TIMEOUT: Duration = Duration::from_secs(30);
+pub(in crate::vm) type Writer = FrameWriter<Conn>;
+pub(in crate::vm) type Reader = FrameReader<Conn>;
 
-pub(super) fn io(what: &'static str) -> impl Fn(std::io::Error) -> MigrationError {
+pub(in crate::vm) fn io(what: &'static str) -> impl Fn(std::io::Error) -> MigrationError {
     move |e| MigrationError::Host(format!("{what}: {e}"))
 }
 
 /// A failure of the connection itself (the peer died, stalled or closed):
 /// the destination's fault, not this host's; a stall is said as one.
-pub(super) fn link(what: &'static str) -> impl Fn(std::io::Error) -> MigrationError {
+pub(in crate::vm) fn link(what: &'static str) -> impl Fn(std::io::Error) -> MigrationError {
     move |e| {
         MigrationError::Link(match e.kind() {
             std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {

@@ -17,7 +17,7 @@ const HOW: &str = "start this VMM with --migration-key FILE, the same key as the
 
 /// Whether a migration to `to` may go: over TCP only with a key or when
 /// `insecure`.
-pub(super) fn allowed(
+pub(in crate::vm) fn allowed(
     key: Option<&std::sync::Arc<MigrationKey>>,
     to: &Addr,
     insecure: bool,
@@ -31,7 +31,7 @@ pub(super) fn allowed(
 
 /// Open the stream on `conn`: the hello and, with `key`, prove it and
 /// check the destination's proof; from there every frame carries a MAC.
-pub(super) fn open(
+pub(in crate::vm) fn open(
     conn: &Conn,
     key: Option<&MigrationKey>,
 ) -> Result<(Writer, Reader), MigrationError> {
@@ -46,7 +46,7 @@ pub(super) fn open(
 }
 
 /// Wait for `want` from the destination; its ERROR becomes a refusal.
-pub(super) fn expect(r: &mut Reader, want: Kind) -> Result<Vec<u8>, MigrationError> {
+pub(in crate::vm) fn expect(r: &mut Reader, want: Kind) -> Result<Vec<u8>, MigrationError> {
     let f = r.frame()?;
     match f.kind {
         k if k == want => Ok(f.payload),
@@ -62,7 +62,7 @@ pub(super) fn expect(r: &mut Reader, want: Kind) -> Result<Vec<u8>, MigrationErr
 /// it sends unasked (configuration, then mode), so a write that fails is
 /// first checked against what the destination said: its ERROR frame is the
 /// failure (a refusal, 502), not the broken pipe it left behind.
-pub(super) fn handshake(
+pub(in crate::vm) fn handshake(
     sent: std::io::Result<()>,
     what: &'static str,
     r: &mut Reader,
@@ -76,7 +76,7 @@ pub(super) fn handshake(
 
 /// Send `SYNC` and wait for the destination's `SYNCED`: once it answers,
 /// every frame sent before is applied there. How long that took.
-pub(super) fn catch_up(w: &mut Writer, r: &mut Reader) -> Result<Duration, MigrationError> {
+pub(in crate::vm) fn catch_up(w: &mut Writer, r: &mut Reader) -> Result<Duration, MigrationError> {
     let at = Instant::now();
     w.frame(Kind::Sync, &[])
         .map_err(link("asking the destination to catch up"))?;

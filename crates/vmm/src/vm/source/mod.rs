@@ -5,11 +5,13 @@
 //! Any failure turns dirty tracking off, resumes the guest (if this paused
 //! it) and leaves the VM as it was.
 
+mod handshake;
+mod link;
+pub(super) mod postcopy;
+
 use std::time::{Duration, Instant};
 
 use super::control::{CommandError, Lifecycle, MigrationProgress, VmEvent};
-use super::handshake::{allowed, catch_up, expect, handshake, open};
-use super::link::{io, link, Reader, Writer, CONNECT_TIMEOUT, IO_TIMEOUT};
 use super::run::Running;
 use crate::memory::host_writes::HostWrites;
 use crate::migration::batch::{BatchError, Batcher};
@@ -25,7 +27,9 @@ use crate::migration::{
 };
 use crate::state::{self, memory};
 use crate::vcpu::VcpuEvent;
+use handshake::{allowed, catch_up, expect, handshake, open};
 use hover_abi::layout::PAGE_SIZE;
+use link::{io, link, Reader, Writer, CONNECT_TIMEOUT, IO_TIMEOUT};
 
 /// A round smaller than this is not used to measure the link's rate.
 const MIN_RATE_BYTES: u64 = 1 << 20;
@@ -38,12 +42,12 @@ const PROCESS_CHUNK: usize = 1024;
 /// Sends pages in batches, copying each batch out of guest memory first (a
 /// frame's CRC needs a copy the running guest cannot change under it), or
 /// has a sender process do it.
-pub(super) struct PageSender {
+pub(in crate::vm) struct PageSender {
     frames: Batcher,
-    pub(super) bandwidth: Option<u64>,
-    pub(super) started: Instant,
-    pub(super) pages: u64,
-    pub(super) throttled: bool,
+    pub(in crate::vm) bandwidth: Option<u64>,
+    pub(in crate::vm) started: Instant,
+    pub(in crate::vm) pages: u64,
+    pub(in crate::vm) throttled: bool,
     process: Option<ProcessSender>,
     /// Bytes the sender process wrote.
     process_bytes: u64,
@@ -51,14 +55,14 @@ pub(super) struct PageSender {
 
 impl PageSender {
     /// Bytes sent so far, by this thread and the sender process.
-    pub(super) fn bytes(&self, w: &Writer) -> u64 {
+    pub(in crate::vm) fn bytes(&self, w: &Writer) -> u64 {
         w.bytes + self.process_bytes
     }
 
     /// Send the pages of `ram` at `gpas`; in the first round, pages of
     /// zeros are skipped (the destination's memory starts as zeros).
     /// Returns pages sent.
-    pub(super) fn send(
+    pub(in crate::vm) fn send(
         &mut self,
         ram: &crate::memory::GuestRam,
         pager: Option<&crate::memory::paged::Pager>,
@@ -104,17 +108,17 @@ impl PageSender {
 
 /// The pause's stopwatch: when the guest stopped (host clock and TSC)
 /// and each part of the downtime so far.
-pub(super) struct Downtime {
+pub(in crate::vm) struct Downtime {
     paused_at: Instant,
     pause_tsc: u64,
     /// The parts measured so far.
-    pub(super) parts: DowntimeBreakdown,
+    pub(in crate::vm) parts: DowntimeBreakdown,
     lap: Instant,
 }
 
 impl Downtime {
     /// The guest stops now.
-    pub(super) fn start() -> Downtime {
+    pub(in crate::vm) fn start() -> Downtime {
         let paused_at = Instant::now();
         Downtime {
             paused_at,
@@ -125,13 +129,13 @@ impl Downtime {
     }
 
     /// Microseconds since the last lap ended; the next begins.
-    pub(super) fn lap(&mut self) -> u64 {
+    pub(in crate::vm) fn lap(&mut self) -> u64 {
         lap_us(&mut self.lap)
     }
 
     /// Wait for the destination's RUNNING and put the downtime figures in
     /// `report` (the guest's own TSC rate is `tsc_khz`).
-    pub(super) fn await_running(
+    pub(in crate::vm) fn await_running(
         mut self,
         r: &mut Reader,
         report: &mut MigrationReport,
@@ -167,7 +171,7 @@ fn harvest(
 
 /// Hold back to `bandwidth` after `bytes` sent since `started`; whether it
 /// had to wait.
-pub(super) fn pace(bandwidth: Option<u64>, started: Instant, bytes: u64) -> bool {
+pub(in crate::vm) fn pace(bandwidth: Option<u64>, started: Instant, bytes: u64) -> bool {
     let wait = pace_wait(bandwidth, started, bytes);
     if !wait.is_zero() {
         std::thread::sleep(wait);
@@ -177,7 +181,7 @@ pub(super) fn pace(bandwidth: Option<u64>, started: Instant, bytes: u64) -> bool
 
 /// How long a sender that has sent `bytes` since `started` must wait to
 /// keep to `bandwidth` (zero: it may go on now).
-pub(super) fn pace_wait(bandwidth: Option<u64>, started: Instant, bytes: u64) -> Duration {
+pub(in crate::vm) fn pace_wait(bandwidth: Option<u64>, started: Instant, bytes: u64) -> Duration {
     let Some(bw) = bandwidth else {
         return Duration::ZERO;
     };
@@ -188,7 +192,10 @@ pub(super) fn pace_wait(bandwidth: Option<u64>, started: Instant, bytes: u64) ->
 impl Running {
     /// Migrate the VM to `o.to`. On success the run is to end: the guest
     /// runs at the destination.
-    pub(super) fn migrate(&mut self, o: &MigrateOptions) -> Result<MigrationReport, CommandError> {
+    pub(in crate::vm) fn migrate(
+        &mut self,
+        o: &MigrateOptions,
+    ) -> Result<MigrationReport, CommandError> {
         if let Err((field, reason)) = o.check() {
             return Err(CommandError::Invalid { field, reason });
         }
@@ -536,7 +543,7 @@ impl Running {
         );
         down.parts.final_harvest_us = down.lap();
         if switch {
-            let switch = super::postcopy::Switch {
+            let switch = postcopy::Switch {
                 w,
                 r,
                 last,
@@ -569,7 +576,7 @@ impl Running {
         Ok(report)
     }
 
-    pub(super) fn progress(&self, p: Option<MigrationProgress>) {
+    pub(in crate::vm) fn progress(&self, p: Option<MigrationProgress>) {
         self.vm
             .status
             .lock()
@@ -579,7 +586,7 @@ impl Running {
 
     /// A vCPU event that arrived meanwhile (the guest powered off or
     /// crashed), if any; other events are kept for the control loop.
-    pub(super) fn guest_ended(&mut self) -> Option<VmEvent> {
+    pub(in crate::vm) fn guest_ended(&mut self) -> Option<VmEvent> {
         while let Ok(e) = self.vm.events_rx.try_recv() {
             match e {
                 VmEvent::Vcpu(VcpuEvent::Exit { .. })
@@ -597,7 +604,7 @@ impl Running {
 impl Running {
     /// The final round's `pages` out and the state gathered, encoded (the
     /// VM is paused): how pre-copy ends and post-copy's switch begins.
-    pub(super) fn final_round(
+    pub(in crate::vm) fn final_round(
         &self,
         sender: &mut PageSender,
         w: &mut Writer,
