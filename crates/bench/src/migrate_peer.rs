@@ -88,9 +88,9 @@ pub struct Sample {
 }
 
 fn mib(size: &str) -> Result<u32, BenchError> {
-    hover_vmm::config::parse_size(size)
+    hover_abi::workload::parse_size(size)
         .map(|b| (b >> 20) as u32)
-        .map_err(|e| guest(&e.to_string()))
+        .ok_or_else(|| guest(&format!("'{size}' is not a size (e.g. 256M)")))
 }
 
 fn cmdline(b: &PeerMigrateBench, wss: &str) -> String {

@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use crate::parse::parse_size;
 use clap::{Args, Subcommand};
-use hover_vmm::config::parse_size;
 
 use crate::{die_on_broken_pipe, fail, EXIT_BAD_INPUT, EXIT_HOST_FAILURE};
 
@@ -524,9 +524,7 @@ fn check_all(
 
 /// Check that every value of a list flag is a size (`256M`, `1G`).
 fn check_sizes(flag: &str, values: &[String]) -> Result<(), ExitCode> {
-    check_all(flag, values, |m| {
-        parse_size(m).map(|_| ()).map_err(|e| e.to_string())
-    })
+    check_all(flag, values, |m| parse_size(m).map(|_| ()))
 }
 
 fn bench_result(result: Result<(), hover_bench::BenchError>) -> ExitCode {

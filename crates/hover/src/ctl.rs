@@ -71,7 +71,7 @@ pub enum CtlAction {
         #[arg(long, default_value_t = hover_vmm::migration::DEFAULT_BATCH_PAGES)]
         batch_pages: usize,
         /// Bytes per second the migration may use (e.g. 100M) [default: no limit].
-        #[arg(long, value_parser = hover_vmm::config::parse_size)]
+        #[arg(long, value_parser = crate::parse::parse_size)]
         bandwidth: Option<u64>,
         /// Give up (and keep running here) after this many seconds.
         #[arg(long, default_value_t = hover_vmm::migration::DEFAULT_TIMEOUT.as_secs())]

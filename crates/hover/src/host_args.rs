@@ -6,10 +6,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::parse::{parse_duration, parse_size};
 use clap::Args;
 use hover_vmm::config::{
-    parse_duration, parse_size, ConsoleTarget, GuestLimits, HostConfig, MigrationKey, PageStore,
-    SeccompMode,
+    ConsoleTarget, GuestLimits, HostConfig, MigrationKey, PageStore, SeccompMode,
 };
 
 /// Parse a console target: `stdout`, `stderr`, `off`, or `file:PATH`.

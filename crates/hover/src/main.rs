@@ -11,6 +11,7 @@ mod firecracker;
 mod host_args;
 mod logging;
 mod output;
+mod parse;
 mod self_doc;
 
 use std::path::PathBuf;
@@ -21,10 +22,11 @@ use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use ctl::{CtlAction, CtlArgs};
 use host_args::{host_config, GuardArgs, HostFileArgs, RunOutput};
 use hover_vmm::config::{
-    parse_duration, parse_size, BoostConfig, BoostMode, BoostPolicy, GuestImage, HaltPoll,
-    MachineConfig, MemoryBackend, VmConfig,
+    BoostConfig, BoostMode, BoostPolicy, GuestImage, HaltPoll, MachineConfig, MemoryBackend,
+    VmConfig,
 };
 use hover_vmm::{Error, MemoryRestore, ReceiveOptions, RestoreOptions, Vm};
+use parse::{parse_duration, parse_size};
 
 fn parse_boost_policy(s: &str) -> Result<BoostPolicy, String> {
     s.parse()
@@ -124,7 +126,7 @@ struct ReceiveArgs {
     insecure: bool,
     /// Give up (exit 1) if no source has opened a migration stream within
     /// this long (e.g. 10m) [default: wait for ever].
-    #[arg(long, value_parser = hover_vmm::config::parse_duration)]
+    #[arg(long, value_parser = parse_duration)]
     timeout: Option<std::time::Duration>,
     #[command(flatten)]
     files: HostFileArgs,

@@ -39,11 +39,6 @@ pub enum ConfigError {
         /// What was asked for.
         given: u64,
     },
-    /// A size string that does not parse.
-    #[error(
-        "'{0}' is not a size: use a number with an optional K, M, G or T suffix (e.g. 256M, 1G)"
-    )]
-    BadSize(String),
     /// Command line longer than the boot-info page holds.
     #[error("the command line is {len} bytes long; at most {max} fit in the boot-info page")]
     CmdlineTooLong {
@@ -106,9 +101,6 @@ pub enum ConfigError {
         /// Why not.
         why: String,
     },
-    /// A duration that does not parse.
-    #[error("'{0}' is not a duration: use a number with ns, us, ms or s (e.g. 0, 100us, 2ms)")]
-    BadDuration(String),
     /// A boosting setting out of range.
     #[error("{0}")]
     Boost(String),

@@ -1,0 +1,75 @@
+//! How the command line spells sizes and durations: clap's value parsers
+//! for every such flag (a setting's own type checks its range).
+
+use std::time::Duration;
+
+/// A size such as `256M`, `1G`, `4096` or `512MiB` (binary units), read
+/// as the guest reads its workloads' sizes ([`hover_abi::workload::parse_size`]).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    hover_abi::workload::parse_size(s.trim()).ok_or_else(|| {
+        format!("'{s}' is not a size: use a number with an optional K, M, G or T suffix (e.g. 256M, 1G)")
+    })
+}
+
+/// A duration such as `0`, `500ns`, `100us`, `2ms`, `1.5ms` or `1s` (at
+/// most an hour).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let bad = || {
+        format!("'{s}' is not a duration: use a number with ns, us, ms or s (e.g. 0, 100us, 2ms)")
+    };
+    let t = s.trim();
+    let (num, scale) = [("ns", 1e-9), ("us", 1e-6), ("ms", 1e-3), ("s", 1.0)]
+        .iter()
+        .find_map(|(suffix, scale)| t.strip_suffix(suffix).map(|n| (n, *scale)))
+        .unwrap_or((t, if t == "0" { 1.0 } else { f64::NAN }));
+    let v: f64 = num.trim().parse().map_err(|_| bad())?;
+    if !(v * scale).is_finite() || v < 0.0 || v * scale > 3600.0 {
+        return Err(bad());
+    }
+    Ok(Duration::from_secs_f64(v * scale))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hover_vmm::config::size_text;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("256M"), Ok(256 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64k"), Ok(64 << 10));
+        assert_eq!(parse_size(" 64k "), Ok(64 << 10));
+        assert!(parse_size("lots")
+            .unwrap_err()
+            .contains("'lots' is not a size"));
+        assert!(parse_size("-1M").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+
+    #[test]
+    fn sizes_print_as_they_parse() {
+        for n in [0, 1536, 4096, 256 << 10, 16 << 20, 1 << 30, 3 << 40] {
+            assert_eq!(parse_size(&size_text(n)).unwrap(), n, "{n}");
+        }
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("2ms"), Ok(Duration::from_millis(2)));
+        assert_eq!(parse_duration("100us"), Ok(Duration::from_micros(100)));
+        assert_eq!(parse_duration("1.5ms"), Ok(Duration::from_micros(1500)));
+        assert_eq!(parse_duration("1s"), Ok(Duration::from_secs(1)));
+        for bad in ["2", "fast", "-1ms", "2 hours", "99999s"] {
+            assert!(
+                parse_duration(bad)
+                    .unwrap_err()
+                    .contains("is not a duration"),
+                "{bad}"
+            );
+        }
+    }
+}
