@@ -5,6 +5,7 @@
 //! Any failure turns dirty tracking off, resumes the guest (if this paused
 //! it) and leaves the VM as it was.
 
+mod downtime;
 mod handshake;
 mod link;
 pub(super) mod postcopy;
@@ -21,15 +22,14 @@ use crate::migration::postcopy::Mode;
 use crate::migration::sender::ProcessSender;
 use crate::migration::throttle::{Policy, Ticker};
 use crate::migration::transport::Conn;
-use crate::migration::wire::{Kind, RunningFrame, MODE_POSTCOPY, MODE_PRECOPY};
-use crate::migration::{
-    lap_us, transfer_time, DowntimeBreakdown, MigrateOptions, MigrationError, MigrationReport,
-};
-use crate::state::{self, memory};
+use crate::migration::wire::{Kind, MODE_POSTCOPY, MODE_PRECOPY};
+use crate::migration::{transfer_time, MigrateOptions, MigrationError, MigrationReport};
+use crate::state::memory;
 use crate::vcpu::VcpuEvent;
+pub(in crate::vm) use downtime::Downtime;
 use handshake::{allowed, catch_up, expect, handshake, open};
 use hover_abi::layout::PAGE_SIZE;
-use link::{io, link, Reader, Writer, CONNECT_TIMEOUT, IO_TIMEOUT};
+use link::{io, link, Writer, CONNECT_TIMEOUT, IO_TIMEOUT};
 
 /// A round smaller than this is not used to measure the link's rate.
 const MIN_RATE_BYTES: u64 = 1 << 20;
@@ -103,56 +103,6 @@ impl PageSender {
         self.throttled |= throttled;
         self.pages += sent;
         Ok(sent)
-    }
-}
-
-/// The pause's stopwatch: when the guest stopped (host clock and TSC)
-/// and each part of the downtime so far.
-pub(in crate::vm) struct Downtime {
-    paused_at: Instant,
-    pause_tsc: u64,
-    /// The parts measured so far.
-    pub(in crate::vm) parts: DowntimeBreakdown,
-    lap: Instant,
-}
-
-impl Downtime {
-    /// The guest stops now.
-    pub(in crate::vm) fn start() -> Downtime {
-        let paused_at = Instant::now();
-        Downtime {
-            paused_at,
-            pause_tsc: state::host_tsc(),
-            parts: DowntimeBreakdown::default(),
-            lap: paused_at,
-        }
-    }
-
-    /// Microseconds since the last lap ended; the next begins.
-    pub(in crate::vm) fn lap(&mut self) -> u64 {
-        lap_us(&mut self.lap)
-    }
-
-    /// Wait for the destination's RUNNING and put the downtime figures in
-    /// `report` (the guest's own TSC rate is `tsc_khz`).
-    pub(in crate::vm) fn await_running(
-        mut self,
-        r: &mut Reader,
-        report: &mut MigrationReport,
-        tsc_khz: u32,
-    ) -> Result<(), MigrationError> {
-        let running = expect(r, Kind::Running)?;
-        let waited = self.lap.elapsed().as_micros() as u64;
-        let at = RunningFrame::decode(&running).unwrap_or_default();
-        if at.tsc != 0 {
-            report.guest_downtime_ms =
-                at.tsc.saturating_sub(self.pause_tsc) as f64 / tsc_khz.max(1) as f64;
-        }
-        self.parts.destination_load_us = at.load_us.min(waited);
-        self.parts.ack_us = waited - self.parts.destination_load_us;
-        report.downtime_breakdown = self.parts;
-        report.downtime_ms = self.paused_at.elapsed().as_secs_f64() * 1e3;
-        Ok(())
     }
 }
 
