@@ -83,10 +83,8 @@ pub struct Vm {
     /// A migration arriving into this VM: the rest of its stream, taken
     /// once every thread runs ([`run::Running::arrive`]).
     arriving: Option<Box<destination::Arriving>>,
-    /// A post-copy destination's receiving thread.
-    postcopy_in: Option<destination::postcopy::IncomingHandle>,
-    /// ... and its report, once every page has arrived.
-    postcopy_done: Option<Result<crate::migration::postcopy::PostcopyReport, String>>,
+    /// A post-copy destination's memory: arriving, or arrived.
+    postcopy_in: Option<destination::postcopy::PostcopyIn>,
     events: Sender<VmEvent>,
     events_rx: Receiver<VmEvent>,
     status: Arc<Mutex<Status>>,
@@ -301,7 +299,6 @@ impl Vm {
             booster,
             arriving: None,
             postcopy_in: None,
-            postcopy_done: None,
             events,
             events_rx,
             status,

@@ -384,7 +384,11 @@ impl Vm {
     /// keeps paging. Err: the pager could not let go (the VM must end:
     /// faults might wait with nobody to serve them).
     pub(super) fn release_loaded_pager(&mut self) -> Result<(), String> {
-        if self.saved.config.memory_budget.is_some() || self.postcopy_in.is_some() {
+        let arriving = matches!(
+            self.postcopy_in,
+            Some(super::destination::postcopy::PostcopyIn::Arriving(_))
+        );
+        if self.saved.config.memory_budget.is_some() || arriving {
             return Ok(());
         }
         let Some(pager) = self.pager.take() else {

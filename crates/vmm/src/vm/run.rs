@@ -178,10 +178,7 @@ impl Vm {
         let cpu_us: Vec<u64> = r.vcpus.drain(..).map(|h| h.stop().unwrap_or(0)).collect();
         r.vm.booster.stop();
         // Before the pager stops: its fetches may wait on pages in flight.
-        let postcopy = match r.vm.postcopy_in.take() {
-            Some(h) => Some(h.finish()),
-            None => r.vm.postcopy_done.take(),
-        };
+        let postcopy = r.vm.postcopy_in.take().map(|p| p.finish());
         if let Some(api) = api {
             api.stop();
         }

@@ -96,6 +96,25 @@ impl PinnedHash {
     }
 }
 
+/// A post-copy destination's memory: still arriving through the
+/// receiving thread, or all arrived (its report).
+pub(in crate::vm) enum PostcopyIn {
+    /// The receiving thread runs.
+    Arriving(IncomingHandle),
+    /// Every page arrived (or the phase failed): its report.
+    Arrived(Result<PostcopyReport, String>),
+}
+
+impl PostcopyIn {
+    /// Its report, the receiving thread stopped first if it still runs.
+    pub(in crate::vm) fn finish(self) -> Result<PostcopyReport, String> {
+        match self {
+            PostcopyIn::Arriving(h) => h.finish(),
+            PostcopyIn::Arrived(report) => report,
+        }
+    }
+}
+
 impl Vm {
     /// Start receiving the rest of a post-copy on `r`/`w`: the pages go to
     /// `remote` and the pager. `pinned_hash`: with verification, the boot
@@ -152,12 +171,12 @@ impl Vm {
                 });
             },
         )?;
-        self.postcopy_in = Some(IncomingHandle {
+        self.postcopy_in = Some(PostcopyIn::Arriving(IncomingHandle {
             done,
             conn,
             stop,
             pages,
-        });
+        }));
         Ok(())
     }
 
@@ -167,13 +186,17 @@ impl Vm {
     /// (`PrefetchLoaded`, [`Vm::release_loaded_pager`]): a first touch of
     /// fresh memory is then an ordinary fault, not a trip through the pager.
     pub(in crate::vm) fn postcopy_arrived(&mut self) -> Result<(), String> {
-        let Some(h) = self.postcopy_in.take() else {
-            return Ok(());
+        let h = match self.postcopy_in.take() {
+            Some(PostcopyIn::Arriving(h)) => h,
+            other => {
+                self.postcopy_in = other;
+                return Ok(());
+            }
         };
         let pages = h.pages.clone();
         let report = h.finish();
         let arrived = report.is_ok();
-        self.postcopy_done = Some(report);
+        self.postcopy_in = Some(PostcopyIn::Arrived(report));
         if !arrived || self.saved.config.memory_budget.is_some() {
             return Ok(());
         }
