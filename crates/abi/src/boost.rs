@@ -23,6 +23,8 @@
 //! logged), a boost held past the user's limit is revoked and
 //! [`status::THROTTLED`] set for a cool-down.
 
+use core::sync::atomic::{AtomicU32, AtomicU64};
+
 /// The layout revision the guest writes into [`BoostArea::version`].
 pub const BOOST_AREA_VERSION: u32 = 1;
 /// Size and alignment of a [`BoostArea`].
@@ -49,25 +51,42 @@ pub mod status {
     pub const THROTTLED: u32 = 1 << 1;
 }
 
-/// One vCPU's shared area. Fields are written by one side only, as marked;
-/// both sides access them as aligned 32/64-bit atomics.
+/// One vCPU's shared area, as both sides access it: aligned 32/64-bit
+/// atomics (the guest uses this type itself; the monitor, which reaches
+/// guest memory through its mapping, the [`offset`]s derived from it).
+/// Fields are written by one side only, as marked.
 #[repr(C, align(64))]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default)]
 pub struct BoostArea {
     /// Guest: [`BOOST_AREA_VERSION`], written before registering.
-    pub version: u32,
+    pub version: AtomicU32,
     /// Guest: [`request`] bits.
-    pub request: u32,
+    pub request: AtomicU32,
     /// Host: [`status`] bits.
-    pub status: u32,
+    pub status: AtomicU32,
     /// Zero.
-    pub reserved: u32,
+    pub reserved: AtomicU32,
     /// Guest: TSC deadline of the next real-time wake-up here (0 = none).
-    pub wake_at: u64,
+    pub wake_at: AtomicU64,
     /// Host: boosts granted so far (for the guest's reports).
-    pub boosts: u64,
+    pub boosts: AtomicU64,
     /// Zero.
     pub pad: [u64; 4],
+}
+
+impl BoostArea {
+    /// An area of zeros (not yet registered).
+    pub const fn new() -> BoostArea {
+        BoostArea {
+            version: AtomicU32::new(0),
+            request: AtomicU32::new(0),
+            status: AtomicU32::new(0),
+            reserved: AtomicU32::new(0),
+            wake_at: AtomicU64::new(0),
+            boosts: AtomicU64::new(0),
+            pad: [0; 4],
+        }
+    }
 }
 
 /// Byte offsets of the fields, for the monitor (which reads guest memory).

@@ -31,6 +31,8 @@ use crate::layout::{MAX_VCPUS, PAGE_SIZE};
 
 /// Guest-physical address of vCPU 0's area; vCPU `i`'s is at [`area_gpa`].
 pub const HALTPOLL_AREAS_GPA: u64 = 0x4000;
+use core::sync::atomic::{AtomicU32, AtomicU64};
+
 /// Size and alignment of a [`HaltPollArea`].
 pub const HALTPOLL_AREA_SIZE: u64 = 64;
 /// Largest `max_ns` the monitor may offer: 10 ms.
@@ -52,25 +54,27 @@ pub mod flags {
     pub const ALL: u32 = SUPPRESS_IRQ;
 }
 
-/// One vCPU's area. Fields are written by one side only, as marked; both
-/// sides access them as aligned 32/64-bit atomics.
+/// One vCPU's area, as both sides access it: aligned 32/64-bit atomics
+/// (the guest uses this type itself; the monitor, which reaches guest
+/// memory through its mapping, the [`offset`]s derived from it). Fields
+/// are written by one side only, as marked.
 #[repr(C, align(64))]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default)]
 pub struct HaltPollArea {
     /// Host: the longest the guest may poll before HLT, ns (0: no polling).
-    pub max_ns: u64,
+    pub max_ns: AtomicU64,
     /// Host: [`flags`] bits.
-    pub flags: u32,
+    pub flags: AtomicU32,
     /// Guest: 1 while this vCPU polls in its idle loop.
-    pub polling: u32,
+    pub polling: AtomicU32,
     /// Guest: its current window, ns.
-    pub window_ns: u64,
+    pub window_ns: AtomicU64,
     /// Guest: polls started.
-    pub polls: u64,
+    pub polls: AtomicU64,
     /// Guest: polls that ended with work found (no HLT).
-    pub hits: u64,
+    pub hits: AtomicU64,
     /// Host: completion interrupts skipped because the guest was polling.
-    pub irqs_skipped: u64,
+    pub irqs_skipped: AtomicU64,
     /// Zero.
     pub pad: [u64; 2],
 }

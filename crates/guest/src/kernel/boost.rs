@@ -12,32 +12,14 @@
 
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
-use hover_abi::boost::{self, offset, request, status, BOOST_AREA_SIZE, BOOST_AREA_VERSION};
+use hover_abi::boost::{self, request, status, BOOST_AREA_VERSION};
 use hover_abi::control::{op, status as control_status, ControlRequest};
 use hover_abi::layout::MAX_VCPUS;
 
 use crate::arch::percpu::PerCpu;
 
-/// The shared area, as atomics (the layout of [`boost::BoostArea`]).
-#[repr(C, align(64))]
-struct Area {
-    version: AtomicU32,
-    request: AtomicU32,
-    status: AtomicU32,
-    reserved: AtomicU32,
-    wake_at: AtomicU64,
-    boosts: AtomicU64,
-    pad: [u64; 4],
-}
-
-const _: () = {
-    assert!(core::mem::size_of::<Area>() as u64 == BOOST_AREA_SIZE);
-    assert!(core::mem::offset_of!(Area, request) as u64 == offset::REQUEST);
-    assert!(core::mem::offset_of!(Area, status) as u64 == offset::STATUS);
-    assert!(core::mem::offset_of!(Area, wake_at) as u64 == offset::WAKE_AT);
-    assert!(core::mem::offset_of!(Area, boosts) as u64 == offset::BOOSTS);
-    assert!(core::mem::size_of::<Area>() == core::mem::size_of::<boost::BoostArea>());
-};
+/// The shared area: the ABI's own type.
+type Area = boost::BoostArea;
 
 /// Per-vCPU state beside the shared area.
 struct Local {
@@ -49,17 +31,7 @@ struct Local {
     unboost_calls: AtomicU64,
 }
 
-static AREAS: [Area; MAX_VCPUS] = [const {
-    Area {
-        version: AtomicU32::new(0),
-        request: AtomicU32::new(0),
-        status: AtomicU32::new(0),
-        reserved: AtomicU32::new(0),
-        wake_at: AtomicU64::new(0),
-        boosts: AtomicU64::new(0),
-        pad: [0; 4],
-    }
-}; MAX_VCPUS];
+static AREAS: [Area; MAX_VCPUS] = [const { Area::new() }; MAX_VCPUS];
 
 static LOCAL: [Local; MAX_VCPUS] = [const {
     Local {

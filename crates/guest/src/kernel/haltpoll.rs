@@ -16,7 +16,7 @@
 
 use core::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 
-use hover_abi::haltpoll::{area_gpa, flags, offset, HALTPOLL_AREA_SIZE};
+use hover_abi::haltpoll::{area_gpa, flags};
 use hover_abi::layout::MAX_VCPUS;
 
 use crate::arch::percpu::PerCpu;
@@ -26,28 +26,8 @@ use crate::kernel::clock::{now, ticks_for_us, ticks_to_ns};
 /// `guest_halt_poll_grow_start`).
 const GROW_START_NS: u64 = 50_000;
 
-/// The shared area, as atomics (the layout of `haltpoll::HaltPollArea`).
-#[repr(C, align(64))]
-struct Area {
-    max_ns: AtomicU64,
-    flags: AtomicU32,
-    polling: AtomicU32,
-    window_ns: AtomicU64,
-    polls: AtomicU64,
-    hits: AtomicU64,
-    irqs_skipped: AtomicU64,
-    pad: [u64; 2],
-}
-
-const _: () = {
-    assert!(core::mem::size_of::<Area>() as u64 == HALTPOLL_AREA_SIZE);
-    assert!(core::mem::offset_of!(Area, flags) as u64 == offset::FLAGS);
-    assert!(core::mem::offset_of!(Area, polling) as u64 == offset::POLLING);
-    assert!(core::mem::offset_of!(Area, window_ns) as u64 == offset::WINDOW_NS);
-    assert!(core::mem::offset_of!(Area, polls) as u64 == offset::POLLS);
-    assert!(core::mem::offset_of!(Area, hits) as u64 == offset::HITS);
-    assert!(core::mem::offset_of!(Area, irqs_skipped) as u64 == offset::IRQS_SKIPPED);
-};
+/// The shared area: the ABI's own type.
+type Area = hover_abi::haltpoll::HaltPollArea;
 
 fn area(cpu: usize) -> &'static Area {
     // SAFETY: the boot area is identity-mapped (user, writable) for the
