@@ -12,6 +12,8 @@ mod host_args;
 mod logging;
 mod output;
 mod parse;
+#[cfg(test)]
+mod readme_check;
 mod self_doc;
 
 use std::path::PathBuf;
