@@ -289,6 +289,16 @@ fn check_schema(
                 check_schema(doc, s, v, &format!("{at}.{k}"));
             }
         }
+        // Every field the server sends is documented (a map's keys are
+        // free where the schema says so with additionalProperties).
+        if schema.get("additionalProperties").is_none() {
+            for k in value.as_object().into_iter().flatten().map(|(k, _)| k) {
+                assert!(
+                    props.contains_key(k),
+                    "{at}: property {k} is not documented in docs/api.yaml"
+                );
+            }
+        }
     }
 }
 
@@ -379,6 +389,22 @@ fn api_yaml_matches_the_live_server() {
     let (code, outcome, stderr) = vm.wait();
     assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(outcome["ended"], "shutdown");
+    // The `--json` outcomes are schemas of api.yaml too: a booted VM's and
+    // a restored one's (with its `restore` part).
+    let run_outcome = &doc["components"]["schemas"]["RunOutcome"];
+    check_schema(&doc, run_outcome, &outcome, "hover run --json");
+    let snap = dir.path("walk.snap");
+    let out = common::hover(&[
+        "restore",
+        snap.to_str().unwrap(),
+        "--json",
+        "--console",
+        "off",
+    ]);
+    assert!(out.status.success(), "{}", common::text(&out.stderr));
+    let restored: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(restored["restore"].is_object(), "{restored}");
+    check_schema(&doc, run_outcome, &restored, "hover restore --json");
 }
 
 #[test]
