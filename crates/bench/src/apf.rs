@@ -22,7 +22,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::plot::{self, Series};
+use crate::plot;
 use crate::runner::run_hover;
 use crate::{table, BenchError};
 
@@ -216,33 +216,69 @@ pub fn run(exe: &Path, b: &ApfBench, out: &Path) -> Result<(), BenchError> {
         ],
         &table_rows,
     );
-    table::write_json(
-        out,
-        "apf.json",
-        &serde_json::json!({ "scenario": "apf", "rows": rows }),
-    )?;
-    let series: Vec<Series> = MODES
+    let doc = serde_json::json!({
+        "scenario": "apf",
+        "command": format!(
+            "hover bench apf --latencies {} --seconds {} --runs {}",
+            b.latencies.join(","),
+            b.seconds,
+            b.runs
+        ),
+        "date": plot::today(),
+        "rows": rows,
+    });
+    table::write_json(out, "apf.json", &doc)?;
+    plot(&doc, out)
+}
+
+/// `apf.svg` from `apf.json`'s document: per store latency, each mode's
+/// total work (median of rounds, min-max whisker).
+pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
+    let rows = doc["rows"].as_array().cloned().unwrap_or_default();
+    let mut latencies: Vec<String> = Vec::new();
+    for r in &rows {
+        let l = r["latency"].as_str().unwrap_or("").to_string();
+        if !latencies.contains(&l) {
+            latencies.push(l);
+        }
+    }
+    let series: Vec<plot::Bars> = MODES
         .iter()
-        .map(|&m| Series {
+        .map(|&m| plot::Bars {
             label: match m {
                 "ideal" => "ideal (working tasks only)".into(),
                 "off" => "async PF off".into(),
                 _ => "async PF on".into(),
             },
-            points: b
-                .latencies
+            rounds: latencies
                 .iter()
-                .enumerate()
-                .filter_map(|(i, l)| total(l, m).map(|t| (i as f64, t / 1e9)))
+                .map(|l| {
+                    rows.iter()
+                        .find(|r| r["latency"] == l.as_str() && r["mode"] == m)
+                        .and_then(|r| r["totals"].as_array())
+                        .map(|t| {
+                            t.iter()
+                                .filter_map(|v| v.as_f64())
+                                .map(|v| v / 1e9)
+                                .collect()
+                        })
+                        .unwrap_or_default()
+                })
                 .collect(),
         })
         .collect();
-    plot::lines(
+    plot::bars(
         &out.join("apf.svg"),
-        "bm: total work of 4 working tasks vs page-store latency",
-        "page-store latency",
-        "work (1e9 iterations)",
-        &b.latencies,
+        &plot::Figure {
+            title: "Seed 1, async page faults: 4 working tasks' work while 4 others fault".into(),
+            caption: plot::caption(
+                doc["command"].as_str().unwrap_or("hover bench apf"),
+                doc["date"].as_str().unwrap_or("date not recorded"),
+            ),
+            x_desc: "extra page-store latency per fetched page".into(),
+            y_desc: "work of the working tasks (1e9 iterations)".into(),
+        },
+        &latencies,
         &series,
     )
 }

@@ -28,9 +28,9 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::hostload::{Hogs, Probe, ProbeResult};
-use crate::plot::{self, Series};
+use crate::plot;
 use crate::runner::run_hover;
-use crate::stats::{ratios, spread, summarize};
+use crate::stats::{ratios, spread};
 use crate::{table, BenchError};
 
 /// Knobs of the scenario.
@@ -399,44 +399,94 @@ pub fn run(exe: &Path, b: &BoostBench, out: &Path) -> Result<(), BenchError> {
         ],
         &rogue_rows,
     );
-    table::write_json(
-        out,
-        "boost.json",
-        &serde_json::json!({
-            "scenario": "boost",
-            "seconds": b.seconds,
-            "background": b.background,
-            "work_us": b.work_us,
-            "uart_count": b.uart_count,
-            "rows": rows,
-        }),
-    )?;
-    let busy: Vec<&Row> = rows
+    let doc = serde_json::json!({
+        "scenario": "boost",
+        "command": format!(
+            "hover bench boost --seconds {} --runs {} --intervals {} --buffers {} --work-us {} --background {} --hogs {} --uart-count {}",
+            b.seconds,
+            b.runs,
+            b.intervals.iter().map(u64::to_string).collect::<Vec<_>>().join(","),
+            b.buffers.iter().map(u64::to_string).collect::<Vec<_>>().join(","),
+            b.work_us,
+            b.background,
+            b.hogs,
+            b.uart_count
+        ),
+        "date": plot::today(),
+        "seconds": b.seconds,
+        "background": b.background,
+        "work_us": b.work_us,
+        "uart_count": b.uart_count,
+        "rows": rows,
+    });
+    table::write_json(out, "boost.json", &doc)?;
+    plot(&doc, out)
+}
+
+/// `boost.svg` from `boost.json`'s document: on the busy host, per timer
+/// interval, each mode's worst guest timer latency (median of rounds,
+/// min-max whisker).
+pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
+    let rows = doc["rows"].as_array().cloned().unwrap_or_default();
+    let timer: Vec<&serde_json::Value> = rows
         .iter()
-        .filter(|r| r.host == "busy" && r.test.starts_with("workload=timer"))
+        .filter(|r| r["host"] == "busy")
+        .filter(|r| {
+            r["test"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("workload=timer"))
+        })
         .collect();
-    let labels: Vec<String> = b.intervals.iter().map(|i| format!("{i} us")).collect();
-    let series: Vec<Series> = MODES
+    let interval = |r: &serde_json::Value| -> String {
+        let t = r["test"].as_str().unwrap_or("");
+        hover_abi::cmdline::get(t, "interval_us")
+            .unwrap_or("")
+            .to_string()
+    };
+    let mut intervals: Vec<String> = Vec::new();
+    for r in &timer {
+        let i = interval(r);
+        if !intervals.contains(&i) {
+            intervals.push(i);
+        }
+    }
+    let series: Vec<plot::Bars> = MODES
         .iter()
-        .map(|(name, _)| Series {
-            label: format!("{name}: guest max latency (median)"),
-            points: busy
+        .map(|(name, _)| plot::Bars {
+            label: (*name).to_string(),
+            rounds: intervals
                 .iter()
-                .filter(|r| r.mode == *name)
-                .enumerate()
-                .map(|(k, r)| {
-                    let v = col(r, |s| s.guest_max_us);
-                    (k as f64, summarize(&v).map_or(0.0, |s| s.p50))
+                .map(|i| {
+                    timer
+                        .iter()
+                        .find(|r| r["mode"] == *name && &interval(r) == i)
+                        .and_then(|r| r["runs"].as_array())
+                        .map(|runs| {
+                            runs.iter()
+                                .filter_map(|x| x["guest_max_us"].as_f64())
+                                .collect()
+                        })
+                        .unwrap_or_default()
                 })
                 .collect(),
         })
         .collect();
-    plot::lines(
+    let groups: Vec<String> = intervals
+        .iter()
+        .map(|i| format!("timer every {i} us"))
+        .collect();
+    plot::bars(
         &out.join("boost.svg"),
-        "Busy host: guest timer max latency by boosting mode",
-        "timer interval",
-        "max latency, us",
-        &labels,
+        &plot::Figure {
+            title: "Seed 2, vCPU boosting on a busy host: the guest's worst timer wake-up".into(),
+            caption: plot::caption(
+                doc["command"].as_str().unwrap_or("hover bench boost"),
+                doc["date"].as_str().unwrap_or("date not recorded"),
+            ),
+            x_desc: "a real-time guest task's timer period".into(),
+            y_desc: "worst wake-up latency in the guest, us".into(),
+        },
+        &groups,
         &series,
     )
 }

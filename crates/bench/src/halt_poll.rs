@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::halt_poll_peer::PeerIolat;
-use crate::plot::{self, Series};
+use crate::plot;
 use crate::runner::run_hover;
 use crate::{table, BenchError};
 
@@ -340,31 +340,71 @@ pub fn run(exe: &Path, b: &HaltPollBench, out: &Path) -> Result<(), BenchError> 
     if qemu.is_some() {
         peer_table(b, &rows, &peer_runs);
     }
-    table::write_json(
-        out,
-        "halt_poll.json",
-        &serde_json::json!({ "scenario": "halt-poll", "seconds": b.seconds, "rounds": b.runs, "rows": rows, "qemu_microvm": peer_runs }),
-    )?;
-    let labels: Vec<String> = MODES.iter().map(|m| m.name.replace("fixed ", "")).collect();
-    let series: Vec<Series> = b
-        .devices
+    let doc = serde_json::json!({
+        "scenario": "halt-poll",
+        "command": format!(
+            "hover bench halt-poll --seconds {} --runs {} --devices {}{}",
+            b.seconds,
+            b.runs,
+            b.devices.iter().map(|(d, _)| d.as_str()).collect::<Vec<_>>().join(","),
+            if b.peer { " --peer qemu" } else { "" }
+        ),
+        "date": plot::today(),
+        "seconds": b.seconds,
+        "rounds": b.runs,
+        "rows": rows,
+        "qemu_microvm": peer_runs,
+    });
+    table::write_json(out, "halt_poll.json", &doc)?;
+    plot(&doc, out)
+}
+
+/// `halt_poll.svg` from `halt_poll.json`'s document: per way of waiting,
+/// each device's IOPS (median of rounds, min-max whisker).
+pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
+    let rows = doc["rows"].as_array().cloned().unwrap_or_default();
+    let mut modes: Vec<String> = Vec::new();
+    let mut devices: Vec<String> = Vec::new();
+    for r in &rows {
+        let m = r["mode"].as_str().unwrap_or("").to_string();
+        if !modes.contains(&m) {
+            modes.push(m);
+        }
+        let d = r["device"].as_str().unwrap_or("").to_string();
+        if !devices.contains(&d) {
+            devices.push(d);
+        }
+    }
+    let series: Vec<plot::Bars> = devices
         .iter()
-        .map(|(dname, _)| Series {
-            label: format!("{dname} device: IOPS (median run)"),
-            points: rows
+        .map(|d| plot::Bars {
+            label: format!("{d} device"),
+            rounds: modes
                 .iter()
-                .filter(|r| &r.device == dname)
-                .enumerate()
-                .map(|(i, r)| (i as f64, r.median.iops))
+                .map(|m| {
+                    rows.iter()
+                        .find(|r| r["device"] == d.as_str() && r["mode"] == m.as_str())
+                        .and_then(|r| r["runs"].as_array())
+                        .map(|runs| runs.iter().filter_map(|x| x["iops"].as_f64()).collect())
+                        .unwrap_or_default()
+                })
                 .collect(),
         })
         .collect();
-    plot::lines(
+    let groups: Vec<String> = modes.iter().map(|m| m.replace("fixed ", "")).collect();
+    plot::bars(
         &out.join("halt_poll.svg"),
-        "iolat: QD1 synchronous 4 KiB writes by way of waiting",
-        "how an idle vCPU waits",
-        "IOPS",
-        &labels,
+        &plot::Figure {
+            title: "Seed 5, halt polling: iolat's QD1 synchronous 4 KiB writes by way of waiting"
+                .into(),
+            caption: plot::caption(
+                doc["command"].as_str().unwrap_or("hover bench halt-poll"),
+                doc["date"].as_str().unwrap_or("date not recorded"),
+            ),
+            x_desc: "how an idle vCPU waits for the completion".into(),
+            y_desc: "IOPS".into(),
+        },
+        &groups,
         &series,
     )
 }

@@ -388,42 +388,83 @@ pub fn run(exe: &Path, b: &MigrateBench, out: &Path) -> Result<(), BenchError> {
         ],
         &mrows,
     );
-    table::write_json(
-        out,
-        "migrate.json",
-        &serde_json::json!({
-            "trackers": json_rows, "batches": bjson, "senders": sjson, "mapping": mjson,
-            "tracker_samples": trackers, "batch_samples": batches,
-            "sender_samples": senders, "mapping_samples": maps,
-        }),
-    )?;
-    let series = b
-        .trackers
+    let doc = serde_json::json!({
+        "scenario": "migrate",
+        "command": format!(
+            "hover bench migrate --trackers {} --memories {} --wss {} --rate {} --batches {} --runs {} --transport {}",
+            b.trackers.join(","),
+            b.memories.join(","),
+            b.wss.join(","),
+            b.rate,
+            b.batches.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
+            b.runs,
+            b.transport
+        ),
+        "date": plot::today(),
+        "trackers": json_rows, "batches": bjson, "senders": sjson, "mapping": mjson,
+        "tracker_samples": trackers, "batch_samples": batches,
+        "sender_samples": senders, "mapping_samples": maps,
+    });
+    table::write_json(out, "migrate.json", &doc)?;
+    plot(&doc, out)
+}
+
+/// `migrate_downtime.svg` from `migrate.json`'s document: per guest memory
+/// and working set, each tracker's downtime (median of rounds, min-max
+/// whisker).
+pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
+    let samples = doc["tracker_samples"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut groups: Vec<(String, String)> = Vec::new();
+    let mut trackers: Vec<String> = Vec::new();
+    for s in &samples {
+        let g = (
+            s["memory"].as_str().unwrap_or("").to_string(),
+            s["wss"].as_str().unwrap_or("").to_string(),
+        );
+        if !groups.contains(&g) {
+            groups.push(g);
+        }
+        let t = s["tracker"].as_str().unwrap_or("").to_string();
+        if !trackers.contains(&t) {
+            trackers.push(t);
+        }
+    }
+    let series: Vec<plot::Bars> = trackers
         .iter()
-        .flat_map(|t| b.wss.iter().map(move |w| (t, w)))
-        .map(|(t, w)| plot::Series {
-            label: format!("{t}, wss {w}: downtime"),
-            points: b
-                .memories
+        .map(|t| plot::Bars {
+            label: t.clone(),
+            rounds: groups
                 .iter()
-                .enumerate()
-                .filter_map(|(i, m)| {
-                    let v: Vec<f64> = trackers
+                .map(|(m, w)| {
+                    samples
                         .iter()
-                        .filter(|s| &s.memory == m && &s.wss == w && &s.tracker == t)
-                        .map(|s| num(s, "downtime_ms"))
-                        .collect();
-                    summarize(&v).map(|s| (i as f64, s.p50))
+                        .filter(|s| s["memory"] == m.as_str() && s["wss"] == w.as_str())
+                        .filter(|s| s["tracker"] == t.as_str())
+                        .filter_map(|s| s["report"]["downtime_ms"].as_f64())
+                        .collect()
                 })
                 .collect(),
         })
-        .collect::<Vec<_>>();
-    plot::lines(
+        .collect();
+    let labels: Vec<String> = groups
+        .iter()
+        .map(|(m, w)| format!("{m} guest, {w} written"))
+        .collect();
+    plot::bars(
         &out.join("migrate_downtime.svg"),
-        "live migration downtime by tracker (median)",
-        "guest memory",
-        "ms",
-        &b.memories,
+        &plot::Figure {
+            title: "Seeds 3 and 4, pre-copy live migration: downtime by dirty tracker".into(),
+            caption: plot::caption(
+                doc["command"].as_str().unwrap_or("hover bench migrate"),
+                doc["date"].as_str().unwrap_or("date not recorded"),
+            ),
+            x_desc: "guest memory and kvstore's working set".into(),
+            y_desc: "downtime, ms".into(),
+        },
+        &labels,
         &series,
     )
 }

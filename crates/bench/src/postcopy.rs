@@ -30,6 +30,7 @@ use serde_json::Value;
 use crate::migrate::spread;
 use crate::migration_run::{listening_at, lost_ms, report, timeline_sum};
 use crate::netem::{Link, Relay, PEER_ADDR};
+use crate::plot;
 use crate::runner::{guest, rdtsc, spawn_with_api, tsc_khz, wait_json};
 use crate::stats::summarize;
 use crate::{table, BenchError};
@@ -365,9 +366,73 @@ pub fn run(exe: &Path, b: &PostcopyBench, out: &Path) -> Result<(), BenchError> 
             s.error.as_deref().unwrap_or("")
         );
     }
-    table::write_json(
-        out,
-        "migrate_postcopy.json",
-        &serde_json::json!({ "scenario": "migrate-postcopy", "link": what, "samples": samples }),
+    let doc = serde_json::json!({
+        "scenario": "migrate-postcopy",
+        "command": format!(
+            "hover bench migrate --mode postcopy --postcopy-memory {} --postcopy-array {} --link-mbit {} --link-delay-ms {} --runs {} --postcopy-seconds {}",
+            b.memory, b.array, b.link_mbit, b.delay_ms, b.runs, b.seconds
+        ),
+        "date": plot::today(),
+        "link": what,
+        "samples": samples,
+    });
+    table::write_json(out, "migrate_postcopy.json", &doc)?;
+    plot(&doc, out)
+}
+
+/// `migrate_postcopy.svg` from `migrate_postcopy.json`'s document: per
+/// mode, the guest's operations while its memory moves, % of its rate
+/// before (median of rounds, min-max whisker; failed rounds left out).
+pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
+    let samples = doc["samples"].as_array().cloned().unwrap_or_default();
+    let mut modes: Vec<String> = Vec::new();
+    for s in &samples {
+        let m = s["mode"].as_str().unwrap_or("").to_string();
+        if !modes.contains(&m) {
+            modes.push(m);
+        }
+    }
+    let ok = |s: &&serde_json::Value| s["error"].is_null();
+    let series = [plot::Bars {
+        label: "guest operations while its memory moves".into(),
+        rounds: modes
+            .iter()
+            .map(|m| {
+                samples
+                    .iter()
+                    .filter(ok)
+                    .filter(|s| s["mode"] == m.as_str())
+                    .filter_map(|s| s["ops_pct"].as_f64())
+                    .collect()
+            })
+            .collect(),
+    }];
+    // A mode none of whose rounds finished has no bar: its label says so.
+    let groups: Vec<String> = modes
+        .iter()
+        .zip(&series[0].rounds)
+        .map(|(m, r)| match r.is_empty() {
+            true => format!("{m} (no round finished)"),
+            false => m.clone(),
+        })
+        .collect();
+    plot::bars(
+        &out.join("migrate_postcopy.svg"),
+        &plot::Figure {
+            title: "Seeds 1+3+4, post-copy: how much the guest does while its memory moves".into(),
+            caption: plot::caption(
+                doc["command"]
+                    .as_str()
+                    .unwrap_or("hover bench migrate --mode postcopy"),
+                doc["date"].as_str().unwrap_or("date not recorded"),
+            ),
+            x_desc: format!(
+                "how the guest moves ({})",
+                doc["link"].as_str().unwrap_or("a limited link")
+            ),
+            y_desc: "operations during the move, % of the rate before".into(),
+        },
+        &groups,
+        &series,
     )
 }

@@ -446,36 +446,77 @@ pub fn run(exe: &Path, b: &SnapshotBench, out: &Path) -> Result<(), BenchError> 
         ],
         &table_rows,
     );
-    table::write_json(
-        out,
-        "snapshot.json",
-        &serde_json::json!({ "rows": rows, "samples": samples }),
-    )?;
-    // The guest's speed after the restore, for the largest memory size.
-    let memory = b.memories.last().cloned().unwrap_or_default();
-    let series = ways
+    let doc = serde_json::json!({
+        "scenario": "snapshot",
+        "command": format!(
+            "hover bench snapshot --memories {} --working-set {} --runs {} --hot-windows-ms {}",
+            b.memories.join(","),
+            b.working_set,
+            b.runs,
+            b.hot_windows_ms.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+        ),
+        "date": plot::today(),
+        "rows": rows,
+        "samples": samples,
+    });
+    table::write_json(out, "snapshot.json", &doc)?;
+    plot(&doc, out)
+}
+
+/// `snapshot.svg` from `snapshot.json`'s document: for the largest guest,
+/// each restore's speed per 100 ms after `hover restore` started (median
+/// of rounds, min-max whisker).
+pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
+    let samples = doc["samples"].as_array().cloned().unwrap_or_default();
+    let mut memories: Vec<String> = Vec::new();
+    let mut modes: Vec<String> = Vec::new();
+    for s in &samples {
+        let m = s["memory"].as_str().unwrap_or("").to_string();
+        if !memories.contains(&m) {
+            memories.push(m);
+        }
+        let w = s["mode"].as_str().unwrap_or("").to_string();
+        if !modes.contains(&w) {
+            modes.push(w);
+        }
+    }
+    let memory = memories.last().cloned().unwrap_or_default();
+    let series: Vec<plot::Line> = modes
         .iter()
-        .map(|w| w.label.as_str())
-        .map(|mode| plot::Series {
-            label: format!("{mode} restore"),
-            points: rows
+        .map(|mode| {
+            let curves: Vec<Vec<f64>> = samples
                 .iter()
-                .filter(|r| r.mode == mode && r.memory == memory)
-                .flat_map(|r| r.speed_pct.iter().enumerate())
-                .map(|(k, &v)| (k as f64, v))
-                .collect(),
+                .filter(|s| s["memory"] == memory.as_str() && s["mode"] == mode.as_str())
+                .filter_map(|s| s["speed_pct"].as_array())
+                .map(|v| v.iter().filter_map(|x| x.as_f64()).collect())
+                .collect();
+            let buckets = curves.iter().map(Vec::len).max().unwrap_or(0);
+            plot::Line {
+                label: format!("{mode} restore"),
+                points: (0..buckets)
+                    .map(|k| {
+                        let x = (k as u64 * WINDOW_MS + WINDOW_MS / 2) as f64;
+                        (x, curves.iter().filter_map(|c| c.get(k).copied()).collect())
+                    })
+                    .collect(),
+            }
         })
-        .collect::<Vec<_>>();
-    let labels: Vec<String> = (0..1000 / WINDOW_MS)
-        .map(|k| format!("{}-{}", k * WINDOW_MS, (k + 1) * WINDOW_MS))
         .collect();
     plot::lines(
         &out.join("snapshot.svg"),
-        &format!("{memory} guest after hover restore: its speed per 100 ms (median of rounds)"),
-        "ms after hover restore started",
-        "% of its speed before the snapshot",
-        &labels,
+        &plot::Figure {
+            title: format!(
+                "Restoring a {memory} guest: its speed in each 100 ms after hover restore started"
+            ),
+            caption: plot::caption(
+                doc["command"].as_str().unwrap_or("hover bench snapshot"),
+                doc["date"].as_str().unwrap_or("date not recorded"),
+            ),
+            x_desc: "ms after hover restore started (the middle of each 100 ms)".into(),
+            y_desc: "% of its speed before the snapshot".into(),
+        },
         &series,
+        &|x| format!("{x:.0}"),
     )
 }
 

@@ -254,6 +254,16 @@ enum Scenario {
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
     },
+    /// Draw a scenario's plot again from the results file it wrote (e.g.
+    /// docs/bench/apf.json): the stored samples, nothing measured.
+    Plot {
+        /// The results file (apf.json, boost.json, halt_poll.json,
+        /// migrate.json, migrate_postcopy.json or snapshot.json).
+        file: PathBuf,
+        /// Directory for the SVG.
+        #[arg(long, default_value = "bench-results")]
+        out: PathBuf,
+    },
 }
 
 /// Run `hover bench <scenario>`.
@@ -293,6 +303,7 @@ pub fn bench(args: BenchArgs) -> ExitCode {
             Some(Peer::Qemu) => hover_bench::boot::run_peer(&exe, runs, &out),
             None => Ok(()),
         }),
+        Scenario::Plot { file, out } => hover_bench::plot::from_results(&file, &out),
         Scenario::Runtime { runs, peer, out } => {
             hover_bench::runtime::run(&exe, runs, peer.is_some(), &out)
         }
