@@ -105,6 +105,20 @@ pub mod offset {
     pub const BOOSTS: u64 = offset_of!(BoostArea, boosts) as u64;
 }
 
+// The layout docs/ABI.md publishes, checked as the crate builds (the
+// guest and the monitor both use this type): a guest built against an
+// older copy must keep working, so a field that moves is an ABI break
+// (bump BOOST_AREA_VERSION), not a refactor.
+const _: () = {
+    assert!(core::mem::size_of::<BoostArea>() as u64 == BOOST_AREA_SIZE);
+    assert!(core::mem::align_of::<BoostArea>() as u64 == BOOST_AREA_SIZE);
+    assert!(offset::VERSION == 0);
+    assert!(offset::REQUEST == 4);
+    assert!(offset::STATUS == 8);
+    assert!(offset::WAKE_AT == 16);
+    assert!(offset::BOOSTS == 24);
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;

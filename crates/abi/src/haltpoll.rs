@@ -109,6 +109,20 @@ const _: () = {
     assert!(HALTPOLL_AREAS_GPA.is_multiple_of(PAGE_SIZE));
 };
 
+// The layout docs/ABI.md publishes, checked as the crate builds (the
+// guest and the monitor both use this type).
+const _: () = {
+    assert!(core::mem::size_of::<HaltPollArea>() as u64 == HALTPOLL_AREA_SIZE);
+    assert!(core::mem::align_of::<HaltPollArea>() as u64 == HALTPOLL_AREA_SIZE);
+    assert!(offset::MAX_NS == 0);
+    assert!(offset::FLAGS == 8);
+    assert!(offset::POLLING == 12);
+    assert!(offset::WINDOW_NS == 16);
+    assert!(offset::POLLS == 24);
+    assert!(offset::HITS == 32);
+    assert!(offset::IRQS_SKIPPED == 40);
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -23,7 +23,7 @@ pub enum ParamKind {
         /// Value when the parameter is absent.
         default: u64,
     },
-    /// A byte size in `min..=max`: a number with an optional K, M or G suffix.
+    /// A byte size in `min..=max`, as [`parse_size`] reads it (`64M`, `1G`).
     Size {
         /// Smallest accepted value.
         min: u64,
@@ -131,7 +131,7 @@ pub const WORKLOADS: &[WorkloadSpec] = &[
         params: &[
             ParamSpec {
                 name: "size",
-                help: "bytes to touch (K, M, G suffixes)",
+                help: "bytes to touch (K, M, G, T suffixes)",
                 kind: ParamKind::Size { min: 4096, max: 64 << 30, default: 64 << 20 },
             },
             num("tasks", "tasks sharing the buffer", 1, 60, 1),
@@ -207,7 +207,7 @@ pub const WORKLOADS: &[WorkloadSpec] = &[
             num("working", "tasks incrementing a counter", 0, 30, 4),
             ParamSpec {
                 name: "memory",
-                help: "size of the array the faulting tasks write (K, M, G suffixes)",
+                help: "size of the array the faulting tasks write (K, M, G, T suffixes)",
                 kind: ParamKind::Size { min: 1 << 20, max: 64 << 30, default: 256 << 20 },
             },
             num("seconds", "how long the tasks run (after prefaulting)", 1, 3600, 10),
@@ -220,7 +220,7 @@ pub const WORKLOADS: &[WorkloadSpec] = &[
         params: &[
             ParamSpec {
                 name: "wss",
-                help: "working set: bytes of records (K, M, G suffixes)",
+                help: "working set: bytes of records (K, M, G, T suffixes)",
                 kind: ParamKind::Size { min: 64 << 10, max: 64 << 30, default: 64 << 20 },
             },
             num("rate", "operations per second over all tasks (0: as fast as possible)", 0, 1_000_000_000, 0),
@@ -309,8 +309,9 @@ pub enum WorkloadError<'a> {
 /// Parse a size: a count (decimal, or hexadecimal after `0x`) with an
 /// optional binary unit K, M, G or T, any case, which may be followed by
 /// `iB` or `B` (`512M` = `512MiB` = `512MB`); a decimal count may end in
-/// `B`. The one reading of a size, for workload parameters and the
-/// monitor's command line alike.
+/// `B` (a hexadecimal one cannot: `0xab` is a count). Spaces between the
+/// count and the unit are allowed (`256 M`). The one reading of a size,
+/// for workload parameters and the monitor's command line alike.
 pub fn parse_size(v: &str) -> Option<u64> {
     let unit = |c: u8| match c.to_ascii_lowercase() {
         b'k' => Some(10),
@@ -333,7 +334,7 @@ pub fn parse_size(v: &str) -> Option<u64> {
         Some(shift) => (&v[..end - 1], shift),
         None => (&v[..end], 0),
     };
-    cmdline::parse_u64(digits)?.checked_mul(1u64 << shift)
+    cmdline::parse_u64(digits.trim())?.checked_mul(1u64 << shift)
 }
 
 impl ParamSpec {
@@ -474,6 +475,7 @@ mod tests {
             ("0x1000", 4096),
             ("0xab", 0xab),
             ("0x10M", 16 << 20),
+            ("256 M", 256 << 20),
         ] {
             assert_eq!(parse_size(text), Some(n), "{text}");
         }

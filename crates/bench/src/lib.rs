@@ -34,6 +34,10 @@ pub enum BenchError {
     /// The guest ran but did not do what the scenario needs.
     #[error("{0}")]
     Guest(String),
+    /// What the user gave cannot be used (a results file to plot that is
+    /// not one).
+    #[error("{0}")]
+    Input(String),
     /// Writing results failed.
     #[error("cannot write results to {path}: {source}")]
     Write {

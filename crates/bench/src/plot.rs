@@ -145,7 +145,8 @@ fn marker<DB: DrawingBackend>(
             .map(drop),
     };
     r.map_err(|e| e.to_string())?;
-    // A dark rim keeps light colours (yellow) visible on white.
+    // A dark rim on the round markers (the first series') keeps them
+    // apart from the bar or line beneath.
     if k.is_multiple_of(4) {
         chart
             .draw_series(std::iter::once(Circle::new(at, 5, outline)))
@@ -202,6 +203,12 @@ pub fn bars(
     groups: &[String],
     series: &[Bars],
 ) -> Result<(), BenchError> {
+    if series
+        .iter()
+        .all(|s| s.rounds.iter().all(|r| spread(r).is_none()))
+    {
+        return Err(nothing_to_draw(path));
+    }
     let err = write_err(path);
     let n = groups.len().max(1);
     let y_max = y_top(
@@ -292,6 +299,12 @@ pub fn lines(
     series: &[Line],
     x_label: &dyn Fn(f64) -> String,
 ) -> Result<(), BenchError> {
+    if series
+        .iter()
+        .all(|s| s.points.iter().all(|(_, v)| spread(v).is_none()))
+    {
+        return Err(nothing_to_draw(path));
+    }
     let err = write_err(path);
     let xs = series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
     let (x_min, x_max) = xs.fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
@@ -374,26 +387,39 @@ pub fn lines(
 /// from the stored samples, so one drawn today and one drawn later from the
 /// same file are the same.
 pub fn from_results(file: &Path, out: &Path) -> Result<(), BenchError> {
-    let bad = |why: String| BenchError::Guest(format!("{}: {why}", file.display()));
+    let bad = |why: String| BenchError::Input(format!("{}: {why}", file.display()));
     let text = std::fs::read_to_string(file).map_err(|e| bad(e.to_string()))?;
     let doc: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let draw: fn(&serde_json::Value, &Path) -> Result<(), BenchError> =
+        match doc["scenario"].as_str() {
+            Some("apf") => crate::apf::plot,
+            Some("boost") => crate::boost::plot,
+            Some("halt-poll") if doc["rows"].is_array() => crate::halt_poll::plot,
+            Some("migrate") => crate::migrate::plot,
+            Some("migrate-postcopy") => crate::postcopy::plot,
+            Some("snapshot") => crate::snapshot::plot,
+            Some(other) => return Err(bad(format!("scenario {other:?} draws no plot"))),
+            None => {
+                return Err(bad(
+                    "no \"scenario\": not a results file of hover bench".into()
+                ))
+            }
+        };
     std::fs::create_dir_all(out).map_err(|source| BenchError::Write {
         path: out.display().to_string(),
         source,
     })?;
-    match doc["scenario"].as_str() {
-        Some("apf") => crate::apf::plot(&doc, out),
-        Some("boost") => crate::boost::plot(&doc, out),
-        Some("halt-poll") => crate::halt_poll::plot(&doc, out),
-        Some("migrate") => crate::migrate::plot(&doc, out),
-        Some("migrate-postcopy") => crate::postcopy::plot(&doc, out),
-        Some("snapshot") => crate::snapshot::plot(&doc, out),
-        Some(other) => Err(bad(format!("scenario {other:?} draws no plot"))),
-        None => Err(bad(
-            "no \"scenario\": not a results file of hover bench".into()
-        )),
-    }
+    draw(&doc, out)
+}
+
+/// The error for a plot with nothing to draw (a results file whose rows
+/// are missing or renamed): never an empty picture.
+fn nothing_to_draw(path: &Path) -> BenchError {
+    BenchError::Input(format!(
+        "{}: no measured values to draw (is the results file from this version of hover bench?)",
+        path.display()
+    ))
 }
 
 #[cfg(test)]
@@ -477,6 +503,38 @@ pub(crate) mod tests {
         assert_eq!(rects_of(&svg, 1), 2 + 1);
         assert_eq!(whiskers(&svg), 5);
         assert!(svg.contains("hover bench x"), "the caption");
+        // Nothing measured: an error, never an empty picture.
+        let empty = [Bars {
+            label: "none".into(),
+            rounds: vec![vec![], vec![], vec![]],
+        }];
+        assert!(matches!(
+            bars(&path, &fig, &groups, &empty),
+            Err(BenchError::Input(_))
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_results_file_is_refused() {
+        let dir = std::env::temp_dir().join(format!("hover-replot-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("out");
+        for (name, text) in [
+            ("notjson.json", "nope"),
+            ("noscenario.json", "{}"),
+            ("other.json", r#"{"scenario": "boot"}"#),
+            ("norows.json", r#"{"scenario": "apf"}"#),
+        ] {
+            let f = dir.join(name);
+            std::fs::write(&f, text).unwrap();
+            let e = from_results(&f, &out).unwrap_err();
+            assert!(matches!(e, BenchError::Input(_)), "{name}: {e}");
+        }
+        assert!(matches!(
+            from_results(&dir.join("missing.json"), &out),
+            Err(BenchError::Input(_))
+        ));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

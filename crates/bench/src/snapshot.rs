@@ -463,7 +463,8 @@ pub fn run(exe: &Path, b: &SnapshotBench, out: &Path) -> Result<(), BenchError> 
     plot(&doc, out)
 }
 
-/// `snapshot.svg` from `snapshot.json`'s document: for the largest guest,
+/// `snapshot.svg` from `snapshot.json`'s document: for the last guest size
+/// measured (the largest, with the default `--memories`),
 /// each restore's speed per 100 ms after `hover restore` started (median
 /// of rounds, min-max whisker).
 pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {

@@ -542,6 +542,10 @@ fn bench_result(result: Result<(), hover_bench::BenchError>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(hover_bench::BenchError::Vm(e)) => fail(&e),
+        Err(e @ hover_bench::BenchError::Input(_)) => {
+            eprintln!("hover: error: {e}");
+            ExitCode::from(EXIT_BAD_INPUT)
+        }
         Err(e) => {
             eprintln!("hover: error: {e}");
             ExitCode::from(EXIT_HOST_FAILURE)

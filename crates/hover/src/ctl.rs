@@ -9,7 +9,7 @@ use clap::{Args, Subcommand};
 use hover_vmm::api::{
     ApiClient, ApiError, Endpoint, HaltPollRequest, MigrateRequest, SnapshotRequest,
 };
-use hover_vmm::config::boost::{BoostMode, BoostUpdate};
+use hover_vmm::config::boost::{BoostMode, BoostUpdate, BoostWhen};
 
 use crate::{die_on_broken_pipe, output, EXIT_BAD_INPUT, EXIT_HOST_FAILURE};
 
@@ -142,6 +142,14 @@ pub enum CtlAction {
         /// The boost monitor's period, us.
         #[arg(long)]
         poll_us: Option<u64>,
+        /// When boosts are granted: always, or only while the vCPU thread
+        /// has lately waited for a CPU (contended).
+        #[arg(long, value_parser = boost_whens())]
+        when: Option<BoostWhen>,
+        /// Keep a boost across a gap up to this long when the guest's next
+        /// real-time wake-up is announced, us (0: never; at most 100000).
+        #[arg(long)]
+        keep_us: Option<u64>,
     },
     /// Change halt polling: `--window-ns N`, `--auto [--budget PCT]` or `--kvm-default`.
     HaltPoll {
@@ -171,6 +179,14 @@ fn boost_modes() -> impl clap::builder::TypedValueParser<Value = BoostMode> {
     use clap::builder::TypedValueParser;
     clap::builder::PossibleValuesParser::new(["off", "dynamic", "static"])
         .map(|s| s.parse::<BoostMode>().expect("a listed mode parses"))
+}
+
+/// `--when` of `hover ctl boost` (and `--boost-when`): the values listed
+/// in `--help`.
+pub(crate) fn boost_whens() -> impl clap::builder::TypedValueParser<Value = BoostWhen> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(["always", "contended"])
+        .map(|s| s.parse::<BoostWhen>().expect("a listed condition parses"))
 }
 
 /// Carry out `hover ctl`.
@@ -268,6 +284,8 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
             cooldown_ms,
             max_rate,
             poll_us,
+            when,
+            keep_us,
         } => {
             let body = BoostUpdate {
                 mode: *mode,
@@ -276,6 +294,8 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
                 cooldown_ms: *cooldown_ms,
                 max_rate: *max_rate,
                 poll_us: *poll_us,
+                when: *when,
+                keep_us: *keep_us,
             };
             (Endpoint::Boost, Some(to_json(&body)))
         }

@@ -137,6 +137,7 @@ pub(crate) fn firecracker(args: FirecrackerArgs) -> ExitCode {
                 SeccompMode::On
             },
             migration_key: args.files.migration_key,
+            boost_tuning: Default::default(),
         },
         logger: args.log_path.map(|p| models::Logger {
             log_path: p.display().to_string(),

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::parse::{parse_duration, parse_size};
 use clap::Args;
+use hover_vmm::config::boost::{BoostTuning, BoostWhen};
 use hover_vmm::config::{
     ConsoleTarget, GuestLimits, HostConfig, MigrationKey, PageStore, SeccompMode,
 };
@@ -116,6 +117,25 @@ impl GuardArgs {
     }
 }
 
+/// How this host grants and keeps dynamic boosts: `hover run`, `hover
+/// restore` and `hover receive` share these (the host's choice, not part of
+/// a saved or migrated VM; `hover ctl boost --when/--keep-us` changes them
+/// live).
+#[derive(Args)]
+pub(crate) struct BoostHostArgs {
+    /// When dynamic boosts are granted: always, or only while the vCPU's
+    /// thread has lately waited for a CPU (contended; its run-queue wait
+    /// from schedstat): on an idle host a boost buys nothing.
+    #[arg(long, default_value = "always", value_parser = crate::ctl::boost_whens())]
+    pub(crate) boost_when: BoostWhen,
+    /// The guest's unboost call keeps the boost when its next announced
+    /// real-time wake-up is due within this many microseconds, while the
+    /// boost has used under half of --boost-max-ms of CPU (0: never; at
+    /// most 100000).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) boost_keep_us: u64,
+}
+
 /// What `hover run` and `hover restore` share: the API socket, the console
 /// and how the outcome is printed.
 #[derive(Args)]
@@ -140,7 +160,12 @@ pub(crate) struct RunOutput {
 }
 
 /// This host's settings from its flags.
-pub(crate) fn host_config(out: &RunOutput, files: &HostFileArgs, guard: &GuardArgs) -> HostConfig {
+pub(crate) fn host_config(
+    out: &RunOutput,
+    files: &HostFileArgs,
+    guard: &GuardArgs,
+    boost: &BoostHostArgs,
+) -> HostConfig {
     HostConfig {
         console: console_for(out.console.clone(), out.json),
         api_socket: out.api_socket.clone(),
@@ -153,6 +178,10 @@ pub(crate) fn host_config(out: &RunOutput, files: &HostFileArgs, guard: &GuardAr
         limits: guard.limits(),
         seccomp: guard.seccomp,
         migration_key: files.migration_key.clone(),
+        boost_tuning: BoostTuning {
+            when: boost.boost_when,
+            keep_us: boost.boost_keep_us,
+        },
     }
 }
 

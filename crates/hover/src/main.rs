@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use ctl::{CtlAction, CtlArgs};
-use host_args::{host_config, GuardArgs, HostFileArgs, RunOutput};
+use host_args::{host_config, BoostHostArgs, GuardArgs, HostFileArgs, RunOutput};
 use hover_vmm::config::{
     BoostConfig, BoostMode, BoostPolicy, GuestImage, HaltPoll, MachineConfig, MemoryBackend,
     VmConfig,
@@ -136,6 +136,8 @@ struct ReceiveArgs {
     out: RunOutput,
     #[command(flatten)]
     guard: GuardArgs,
+    #[command(flatten)]
+    boost_host: BoostHostArgs,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -175,6 +177,8 @@ struct RestoreArgs {
     out: RunOutput,
     #[command(flatten)]
     guard: GuardArgs,
+    #[command(flatten)]
+    boost_host: BoostHostArgs,
 }
 
 #[derive(Args)]
@@ -309,6 +313,8 @@ struct RunArgs {
     out: RunOutput,
     #[command(flatten)]
     guard: GuardArgs,
+    #[command(flatten)]
+    boost_host: BoostHostArgs,
 }
 
 fn main() -> ExitCode {
@@ -476,7 +482,7 @@ fn receive(args: ReceiveArgs) -> ExitCode {
         }
     };
     let opts = RestoreOptions {
-        host: host_config(&args.out, &args.files, &args.guard),
+        host: host_config(&args.out, &args.files, &args.guard, &args.boost_host),
         ..Default::default()
     };
     let announce = |at: &str| eprintln!("hover: waiting for a migrating VM on {at}");
@@ -505,7 +511,7 @@ fn restore(args: RestoreArgs) -> ExitCode {
             MemoryRestoreArg::Prefetch => MemoryRestore::Prefetch,
         },
         prefetch_rate: args.prefetch_rate,
-        host: host_config(&args.out, &args.files, &args.guard),
+        host: host_config(&args.out, &args.files, &args.guard, &args.boost_host),
     };
     finish(
         Vm::restore(&args.path, &opts).and_then(run_vm),
@@ -563,7 +569,7 @@ fn run(args: RunArgs) -> ExitCode {
     };
     let config = VmConfig {
         machine,
-        host: host_config(&args.out, &args.files, &args.guard),
+        host: host_config(&args.out, &args.files, &args.guard, &args.boost_host),
     };
     finish(
         Vm::new(&config).and_then(run_vm),

@@ -276,6 +276,9 @@ fn check_schema(
     at: &str,
 ) {
     let schema = resolve(doc, schema);
+    for part in schema["allOf"].as_array().into_iter().flatten() {
+        check_schema(doc, part, value, at);
+    }
     for r in schema["required"].as_array().into_iter().flatten() {
         let k = r.as_str().unwrap();
         assert!(
@@ -283,15 +286,22 @@ fn check_schema(
             "{at}: required property {k} missing in {value}"
         );
     }
+    if schema["items"].is_object() {
+        for (i, v) in value.as_array().into_iter().flatten().enumerate() {
+            check_schema(doc, &schema["items"], v, &format!("{at}[{i}]"));
+        }
+    }
     if let Some(props) = schema["properties"].as_object() {
         for (k, s) in props {
-            if let Some(v) = value.get(k).filter(|v| v.is_object()) {
+            if let Some(v) = value.get(k).filter(|v| v.is_object() || v.is_array()) {
                 check_schema(doc, s, v, &format!("{at}.{k}"));
             }
         }
         // Every field the server sends is documented (a map's keys are
-        // free where the schema says so with additionalProperties).
-        if schema.get("additionalProperties").is_none() {
+        // free where the schema gives their type in additionalProperties).
+        if !schema["additionalProperties"].is_object()
+            && schema["additionalProperties"] != serde_json::Value::Bool(true)
+        {
             for k in value.as_object().into_iter().flatten().map(|(k, _)| k) {
                 assert!(
                     props.contains_key(k),
@@ -326,7 +336,17 @@ fn api_yaml_matches_the_live_server() {
 
     let dir = Scratch::new("api-yaml");
     let vm = Vm::spawn(
-        &["run", "--cmdline", "workload=spin tasks=2 seconds=5"],
+        // A pager and the governor, so that their parts of the figures
+        // and the outcome are there to check against their schemas.
+        &[
+            "run",
+            "--memory-budget",
+            "64M",
+            "--halt-poll",
+            "auto",
+            "--cmdline",
+            "workload=spin tasks=2 seconds=5",
+        ],
         &dir.path("vm.sock"),
     );
     let api = vm.api();

@@ -137,6 +137,7 @@ pub fn guest_records(data: &[u8]) {
             mode: BoostMode::Off,
             ..Default::default()
         },
+        Default::default(),
         guest.clone(),
         2,
         1_000_000,

@@ -399,3 +399,110 @@ fn boosting_is_switched_on_and_off_while_the_vm_runs() {
     let o = runner.join().unwrap().unwrap();
     assert!(stats(&o, 0).boosts >= 1);
 }
+
+/// `--boost-keep-us`: a periodic real-time task's unboost calls keep its
+/// boost across the short sleeps between wake-ups, and a kept boost still
+/// ends, by a normal unboost once it has used half of `--boost-max-ms` of
+/// CPU time, never by the throttle; with keeping off nothing is kept.
+#[test]
+fn a_kept_boost_crosses_short_gaps_and_ends_before_the_throttle() {
+    if !may_boost("a_kept_boost_crosses_short_gaps_and_ends_before_the_throttle") {
+        return;
+    }
+    let _s = serial();
+    let cmdline = "workload=timer rt=1 interval_us=500 seconds=2";
+    let run = |keep_us| {
+        let mut c = config(BoostMode::Dynamic, 1, cmdline, |b| b.max_ms = 4);
+        c.host.boost_tuning.keep_us = keep_us;
+        run_ok(c)
+    };
+    let kept = run(2000);
+    let s = stats(&kept, 0);
+    assert!(
+        s.kept > 0,
+        "wake-ups 500 us apart are within 2000 us: {s:?}"
+    );
+    assert!(
+        s.unboosts > 0,
+        "a kept boost ends at 2 ms of CPU time: {s:?}"
+    );
+    assert_eq!(s.throttles, 0, "and never by the throttle: {s:?}");
+    assert_eq!(
+        kept.boost.as_ref().unwrap().keep_us,
+        2000,
+        "the outcome says what was in force"
+    );
+    let not_kept = run(0);
+    let s = stats(&not_kept, 0);
+    assert_eq!(s.kept, 0, "keeping off: {s:?}");
+    assert!(s.unboosts > 0, "{s:?}");
+}
+
+/// This thread and the threads it starts (a VM's) run on `cpu` only, until
+/// dropped.
+struct Pinned(libc::cpu_set_t);
+
+impl Pinned {
+    fn to(cpu: usize) -> Pinned {
+        // SAFETY: plain affinity calls on this thread with valid sets.
+        unsafe {
+            let mut old: libc::cpu_set_t = std::mem::zeroed();
+            libc::sched_getaffinity(0, std::mem::size_of_val(&old), &mut old);
+            let mut one: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut one);
+            assert_eq!(
+                libc::sched_setaffinity(0, std::mem::size_of_val(&one), &one),
+                0
+            );
+            Pinned(old)
+        }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        // SAFETY: as above, the set saved before.
+        unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&self.0), &self.0) };
+    }
+}
+
+/// `--boost-when contended`: a vCPU thread that certainly waits for its CPU
+/// (a spinning thread shares the one CPU the VM runs on) counts as
+/// contended and is boosted for its real-time task. (That a thread which
+/// never waits is not boosted is the unit tests' `Contention`: an idle
+/// host cannot be made certain here.)
+#[test]
+fn contended_boosting_boosts_a_vcpu_that_waits_for_its_cpu() {
+    if !may_boost("contended_boosting_boosts_a_vcpu_that_waits_for_its_cpu") {
+        return;
+    }
+    let _s = serial();
+    let _pin = Pinned::to(0);
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    // Started from the pinned thread: on CPU 0 too.
+    let hog = std::thread::spawn(move || {
+        while !flag.load(Ordering::Relaxed) {
+            std::hint::spin_loop();
+        }
+    });
+    let mut c = config(
+        BoostMode::Dynamic,
+        1,
+        "workload=timer rt=1 interval_us=2000 seconds=1",
+        |_| {},
+    );
+    c.host.boost_tuning.when = hover_vmm::sched::boost::BoostWhen::Contended;
+    let o = run_ok(c);
+    stop.store(true, Ordering::Relaxed);
+    hog.join().unwrap();
+    let s = stats(&o, 0);
+    assert!(
+        s.boosts >= 1,
+        "a thread behind a spinning one is boosted: {s:?}"
+    );
+    assert_eq!(
+        o.boost.as_ref().unwrap().when,
+        hover_vmm::sched::boost::BoostWhen::Contended
+    );
+}

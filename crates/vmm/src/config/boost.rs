@@ -221,6 +221,71 @@ impl BoostConfig {
     }
 }
 
+/// When a dynamic boost is granted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BoostWhen {
+    /// Whenever the guest asks (or an interrupt or announced wake-up is due).
+    #[default]
+    Always,
+    /// Only while the vCPU's thread has lately waited for a CPU (its
+    /// run-queue wait, `/proc/.../schedstat`, grew): on an idle host a
+    /// boost buys nothing and costs two system calls.
+    Contended,
+}
+
+impl std::fmt::Display for BoostWhen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BoostWhen::Always => "always",
+            BoostWhen::Contended => "contended",
+        })
+    }
+}
+
+impl FromStr for BoostWhen {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "always" => Ok(BoostWhen::Always),
+            "contended" => Ok(BoostWhen::Contended),
+            _ => Err(format!(
+                "unknown boost condition {s:?}: give always or contended"
+            )),
+        }
+    }
+}
+
+/// How this host grants and keeps dynamic boosts (`--boost-when`,
+/// `--boost-keep-us`): the host's choice, never saved with a VM.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BoostTuning {
+    /// When a boost is granted.
+    pub when: BoostWhen,
+    /// The guest's unboost call keeps the boost when its next announced
+    /// real-time wake-up is due within this many microseconds (0: never),
+    /// as long as the boost has used under half of `--boost-max-ms` of CPU
+    /// time: a periodic real-time task is not unboosted and boosted again
+    /// around every short sleep, and no kept boost is ever revoked.
+    pub keep_us: u64,
+}
+
+/// The longest gap a boost is kept across, microseconds.
+pub const MAX_KEEP_US: u64 = 100_000;
+
+impl BoostTuning {
+    /// Every value in range, or a sentence naming the flag that is not.
+    pub fn check(&self) -> Result<(), String> {
+        if self.keep_us > MAX_KEEP_US {
+            return Err(format!(
+                "--boost-keep-us {} is out of range: give 0 to {MAX_KEEP_US}",
+                self.keep_us
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A live change of the settings (`PUT /vm/boost`; `hover ctl boost`
 /// writes it): what is absent stays.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -244,6 +309,12 @@ pub struct BoostUpdate {
     /// As `--boost-poll-us`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub poll_us: Option<u64>,
+    /// As `--boost-when`: `always` or `contended`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub when: Option<BoostWhen>,
+    /// As `--boost-keep-us`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keep_us: Option<u64>,
 }
 
 impl BoostUpdate {
@@ -268,6 +339,20 @@ impl BoostUpdate {
             (field, e)
         })?;
         Ok(c)
+    }
+
+    /// `current` tuning with this change, checked; or the field at fault
+    /// and why.
+    pub fn apply_tuning(
+        &self,
+        current: BoostTuning,
+    ) -> Result<BoostTuning, (&'static str, String)> {
+        let t = BoostTuning {
+            when: self.when.unwrap_or(current.when),
+            keep_us: self.keep_us.unwrap_or(current.keep_us),
+        };
+        t.check().map_err(|e| ("keep_us", e))?;
+        Ok(t)
     }
 }
 
@@ -306,5 +391,28 @@ mod tests {
             .contains("1 to 99"));
         assert_eq!(BoostPolicy::Fifo(7).to_string(), "fifo:7");
         assert_eq!(BoostPolicy::Fifo(99).for_monitor(), BoostPolicy::Fifo(99));
+    }
+
+    #[test]
+    fn tuning_parses_and_updates_live() {
+        assert_eq!("contended".parse(), Ok(BoostWhen::Contended));
+        assert!("sometimes".parse::<BoostWhen>().is_err());
+        let u: BoostUpdate =
+            serde_json::from_str(r#"{"when": "contended", "keep_us": 800}"#).unwrap();
+        let t = u.apply_tuning(BoostTuning::default()).unwrap();
+        assert_eq!(
+            t,
+            BoostTuning {
+                when: BoostWhen::Contended,
+                keep_us: 800
+            }
+        );
+        let too_long = BoostUpdate {
+            keep_us: Some(MAX_KEEP_US + 1),
+            ..Default::default()
+        };
+        assert_eq!(too_long.apply_tuning(t).unwrap_err().0, "keep_us");
+        // A change that names neither keeps both.
+        assert_eq!(BoostUpdate::default().apply_tuning(t).unwrap(), t);
     }
 }

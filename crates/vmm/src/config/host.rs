@@ -115,11 +115,15 @@ pub struct HostConfig {
     /// (`--migration-key`); `None`: unauthenticated, so TCP only when a
     /// migration asks for `insecure`.
     pub migration_key: Option<Arc<MigrationKey>>,
+    /// When dynamic boosts are granted and kept (`--boost-when`,
+    /// `--boost-keep-us`).
+    pub boost_tuning: super::boost::BoostTuning,
 }
 
 impl HostConfig {
     /// Check every value that can be checked without touching the host.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.limits.check().map_err(ConfigError::Limits)
+        self.limits.check().map_err(ConfigError::Limits)?;
+        self.boost_tuning.check().map_err(ConfigError::Boost)
     }
 }

@@ -16,7 +16,7 @@ pub mod migration_key;
 use hover_abi::cmdline::CmdlineError;
 use hover_abi::workload::{self, ParamKind, WorkloadError};
 
-pub use boost::{BoostConfig, BoostMode, BoostPolicy, BoostUpdate};
+pub use boost::{BoostConfig, BoostMode, BoostPolicy, BoostTuning, BoostUpdate, BoostWhen};
 pub use error::ConfigError;
 pub use halt_poll::HaltPoll;
 pub use host::{ConsoleTarget, HostConfig, PageStore, SeccompMode, SharedBuffer};

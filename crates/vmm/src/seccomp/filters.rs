@@ -226,6 +226,10 @@ fn allow_list(kind: Kind) -> Vec<Allow> {
             v.push(prctl(&[libc::PR_SET_TIMERSLACK]));
             v.extend(priorities());
             v.push((libc::SYS_tgkill, Vec::new()));
+            // Each vCPU thread's schedstat (`--boost-when contended`):
+            // opened once, read again at offset 0 each poll.
+            v.push(open_read_only());
+            v.push((libc::SYS_pread64, Vec::new()));
         }
         Kind::Timer => {
             v.push(ioctl_types(&[KVM]));

@@ -51,6 +51,7 @@ impl DeviceManager {
         let vcpus = config.machine.vcpus;
         let booster = Booster::new(
             config.machine.boost,
+            config.host.boost_tuning,
             guest.clone(),
             vcpus as usize,
             tsc_khz as u64,

@@ -449,10 +449,15 @@ impl Running {
     }
 
     fn set_boost(&mut self, u: &BoostUpdate) -> Result<Reply, CommandError> {
-        let new = u
-            .apply(self.vm.booster.config())
-            .map_err(|(field, reason)| CommandError::Invalid { field, reason })?;
+        let invalid = |(field, reason)| CommandError::Invalid { field, reason };
+        let new = u.apply(self.vm.booster.config()).map_err(invalid)?;
+        // Checked before anything changes: a bad tuning changes nothing.
+        let tuning = u.apply_tuning(self.vm.booster.tuning()).map_err(invalid)?;
         self.vm.booster.set(new).map_err(CommandError::Host)?;
+        self.vm
+            .booster
+            .set_tuning(tuning)
+            .map_err(CommandError::Host)?;
         self.vm.saved.config.boost = new;
         self.vm
             .status
@@ -460,9 +465,10 @@ impl Running {
             .unwrap_or_else(|p| p.into_inner())
             .config
             .boost = new;
-        Ok(Reply::Boost {
-            boost: new.to_json(),
-        })
+        let mut boost = new.to_json();
+        boost["when"] = tuning.when.to_string().into();
+        boost["keep_us"] = tuning.keep_us.into();
+        Ok(Reply::Boost { boost })
     }
 
     fn set_halt_poll(&mut self, h: HaltPoll) -> Result<(), CommandError> {

@@ -11,10 +11,12 @@ use hover_abi::layout::PAGE_SIZE;
 
 use super::{PageBuf, Shared, WORKERS};
 
-/// A page that faults this many times in a row while the pager holds it
-/// resident is a fault the pager cannot serve (its account and the page
-/// tables disagree): the VM is stopped, naming the page, rather than the
-/// fault thread spinning on it for ever (seen once in CI, 2026-11-25).
+/// A page that faults this many times in a row, with no other fault
+/// between, while the pager holds it resident is a fault the pager cannot
+/// serve (its account and the page tables disagree): the VM is stopped,
+/// naming the page, rather than the fault thread spinning on it for ever
+/// (seen once in CI, 2026-11-25). A resident page's fault is otherwise a
+/// race (the fault was read after the page was placed) and comes once.
 const STUCK_FAULTS: u32 = 100_000;
 
 pub(super) fn fault_loop(sh: Arc<Shared>, wake: RawEventFd) {
@@ -55,18 +57,19 @@ pub(super) fn fault_loop(sh: Arc<Shared>, wake: RawEventFd) {
         for &a in &addrs {
             match sh.page_of(a) {
                 Some(p) => {
-                    if !sh.on_fault(p, now) {
-                        continue;
-                    }
-                    stuck = if stuck.0 == p {
-                        (p, stuck.1 + 1)
-                    } else {
-                        (p, 1)
+                    let resident = sh.on_fault(p, now);
+                    // Only an unbroken run counts: any other page's fault,
+                    // or this page's while it is not placed (an eviction
+                    // and refetch of a hot page), starts it again.
+                    stuck = match (resident, stuck.0 == p) {
+                        (true, true) => (p, stuck.1 + 1),
+                        (true, false) => (p, 1),
+                        (false, _) => (usize::MAX, 0),
                     };
                     if stuck.1 >= STUCK_FAULTS {
                         sh.fail(format!(
                             "the guest keeps faulting on a page the pager has placed \
-                             ({} times in a row; {}): stopping the VM",
+                             ({} times in a row, no other fault between; {}): stopping the VM",
                             stuck.1,
                             describe(&sh, p)
                         ));

@@ -32,11 +32,12 @@
 //! thread, `config.rs` the settings and figures.
 
 mod area;
+pub mod decide;
 mod monitor;
 pub mod policy;
 mod report;
 
-pub use crate::config::boost::{BoostConfig, BoostMode, BoostUpdate};
+pub use crate::config::boost::{BoostConfig, BoostMode, BoostTuning, BoostUpdate, BoostWhen};
 pub use report::{BoostReport, VcpuBoostStats};
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -84,6 +85,9 @@ struct Slot {
     area: AtomicU64,
     /// Mirrors `state.since.is_some()`, for the lock-free fast paths.
     boosted: AtomicBool,
+    /// The thread has lately waited for a CPU (the monitor's reading of
+    /// its schedstat; `--boost-when contended`).
+    contended: AtomicBool,
     state: Mutex<SlotState>,
 }
 
@@ -92,6 +96,8 @@ struct Slot {
 pub struct Booster {
     /// The settings; changed live by [`Booster::set`].
     config: Mutex<BoostConfig>,
+    /// This host's tuning; changed live by [`Booster::set_tuning`].
+    tuning: Mutex<BoostTuning>,
     /// The vCPUs' areas, written with every write recorded for migration.
     guest: GuestWriter,
     /// The guest's TSC rate (set again when a saved state arrives).
@@ -111,18 +117,21 @@ impl Booster {
     /// (TSC at `tsc_khz`).
     pub fn new(
         config: BoostConfig,
+        tuning: BoostTuning,
         guest: GuestWriter,
         vcpus: usize,
         tsc_khz: u64,
     ) -> Arc<Booster> {
         Arc::new(Booster {
             config: Mutex::new(config),
+            tuning: Mutex::new(tuning),
             guest,
             tsc_khz: AtomicU64::new(tsc_khz.max(1)),
             slots: (0..vcpus)
                 .map(|_| Slot {
                     area: AtomicU64::new(NO_AREA),
                     boosted: AtomicBool::new(false),
+                    contended: AtomicBool::new(false),
                     state: Mutex::default(),
                 })
                 .collect(),
@@ -142,6 +151,37 @@ impl Booster {
 
     fn mode(&self) -> BoostMode {
         self.config().mode
+    }
+
+    /// This host's tuning now.
+    pub fn tuning(&self) -> BoostTuning {
+        *self.tuning.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Change this host's tuning while the VM runs (`PUT /vm/boost`).
+    pub fn set_tuning(&self, t: BoostTuning) -> Result<(), String> {
+        t.check()?;
+        *self.tuning.lock().unwrap_or_else(|p| p.into_inner()) = t;
+        Ok(())
+    }
+
+    /// Whether `--boost-when` lets vCPU `vcpu` be boosted now.
+    fn worth_boosting(&self, vcpu: usize) -> bool {
+        self.tuning().when == BoostWhen::Always
+            || self.slots[vcpu].contended.load(Ordering::Relaxed)
+    }
+
+    /// The monitor's reading of whether vCPU `vcpu`'s thread lately waited
+    /// for a CPU.
+    pub(super) fn set_contended(&self, vcpu: usize, contended: bool) {
+        self.slots[vcpu]
+            .contended
+            .store(contended, Ordering::Relaxed);
+    }
+
+    /// vCPU `vcpu`'s thread id, once it runs.
+    pub(super) fn tid(&self, vcpu: usize) -> Option<i32> {
+        self.lock(vcpu).tid
     }
 
     /// Change the settings while the VM runs (`PUT /vm/boost`): every
@@ -323,9 +363,41 @@ impl Booster {
             n.nudge();
         }
         if self.requested(vcpu, gpa) == 0 && self.mode() == BoostMode::Dynamic {
-            self.unboost(vcpu, Some(false));
+            let s = self.lock(vcpu);
+            if self.keeps(vcpu, gpa, &s) {
+                let mut s = s;
+                s.stats.kept += 1;
+            } else {
+                self.unboost_locked(s, vcpu, Some(false));
+            }
         }
         control_status::OK
+    }
+
+    /// Whether the unboost call keeps vCPU `vcpu`'s boost (`s` its slot,
+    /// locked): see [`decide::keeps`]; and under `--boost-when contended`
+    /// only while the thread still counts as contended.
+    fn keeps(&self, vcpu: usize, gpa: u64, s: &SlotState) -> bool {
+        let tuning = self.tuning();
+        let (Some((_, cpu0)), Some(tid)) = (s.since, s.tid) else {
+            return false;
+        };
+        if tuning.keep_us == 0 || !self.worth_boosting(vcpu) {
+            return false;
+        }
+        let cpu_used_ns = match policy::thread_cpu_ns(tid) {
+            Ok(cpu) if cpu0 != u64::MAX => cpu.saturating_sub(cpu0),
+            // No CPU clock: the limit cannot be checked, so never keep.
+            _ => return false,
+        };
+        decide::keeps(decide::KeepCheck {
+            keep_us: tuning.keep_us,
+            wake_at: self.read_wake_at(gpa),
+            tsc: crate::state::host_tsc(),
+            tsc_khz: self.tsc_khz(),
+            cpu_used_ns,
+            max_ms: self.config().max_ms,
+        })
     }
 
     /// Boost vCPU `vcpu`'s thread (nothing if it is boosted, throttled,
@@ -365,6 +437,10 @@ impl Booster {
         };
         if config.mode == BoostMode::Dynamic && in_window >= config.max_rate {
             self.throttle_locked(s, vcpu, "boosted too often");
+            return;
+        }
+        if config.mode == BoostMode::Dynamic && !self.worth_boosting(vcpu) {
+            s.stats.not_contended += 1;
             return;
         }
         if let Err(e) = policy::apply(tid, config.policy) {
@@ -468,9 +544,12 @@ impl Booster {
     /// The figures so far (a boost still held counts up to now).
     pub fn report(&self) -> BoostReport {
         let config = self.config();
+        let tuning = self.tuning();
         BoostReport {
             mode: config.mode,
             policy: config.policy.to_string(),
+            when: tuning.when,
+            keep_us: tuning.keep_us,
             vcpus: (0..self.slots.len())
                 .map(|v| {
                     let s = self.lock(v);

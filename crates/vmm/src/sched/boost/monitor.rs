@@ -10,7 +10,11 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::{policy, Booster, Source, TIMER_LEAD};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+use super::decide::{schedstat_wait_ns, Contention};
+use super::{policy, BoostWhen, Booster, Source, TIMER_LEAD};
 
 /// A running monitor thread.
 pub(super) struct Monitor {
@@ -104,14 +108,19 @@ fn run(b: &Booster, stop: &(Mutex<bool>, Condvar)) {
     let poll = Duration::from_micros(config.poll_us);
     let max_cpu_ns = config.max_ms * 1_000_000;
     let mut tracks = vec![Track::default(); b.slots.len()];
+    let mut waits: Vec<Wait> = (0..b.slots.len()).map(|_| Wait::default()).collect();
     let mut guard = stop.0.lock().unwrap_or_else(|p| p.into_inner());
     while !*guard {
         // Read each pass: an arriving VM's rate is set once its state is in.
         let lead_ticks = TIMER_LEAD.as_micros() as u64 * b.tsc_khz() / 1000;
         let now = Instant::now();
         let mut next = now + poll;
+        let contended_only = b.tuning().when == BoostWhen::Contended;
         for (v, track) in tracks.iter_mut().enumerate() {
             let Some(gpa) = b.area(v) else { continue };
+            if contended_only {
+                b.set_contended(v, waits[v].contended(b, v));
+            }
             let wake_at = b.read_wake_at(gpa);
             let tsc = host_tsc();
             track.saw(wake_at);
@@ -146,6 +155,44 @@ fn run(b: &Booster, stop: &(Mutex<bool>, Condvar)) {
             .wait_timeout(guard, wait)
             .unwrap_or_else(|p| p.into_inner())
             .0;
+    }
+}
+
+/// One vCPU thread's run-queue wait, read each poll.
+#[derive(Default)]
+struct Wait {
+    /// Its `/proc/self/task/TID/schedstat`, opened once.
+    file: Option<(i32, File)>,
+    contention: Contention,
+}
+
+impl Wait {
+    /// Whether vCPU `v`'s thread lately waited for a CPU (false while it
+    /// cannot be read).
+    fn contended(&mut self, b: &Booster, v: usize) -> bool {
+        let Some(tid) = b.tid(v) else {
+            return false;
+        };
+        if self.file.as_ref().is_none_or(|(t, _)| *t != tid) {
+            self.file = File::open(format!("/proc/self/task/{tid}/schedstat"))
+                .ok()
+                .map(|f| (tid, f));
+            self.contention = Contention::default();
+        }
+        let Some((_, f)) = &self.file else {
+            return false;
+        };
+        let mut buf = [0u8; 96];
+        let Ok(n) = f.read_at(&mut buf, 0) else {
+            return false;
+        };
+        match std::str::from_utf8(&buf[..n])
+            .ok()
+            .and_then(schedstat_wait_ns)
+        {
+            Some(wait) => self.contention.saw(wait),
+            None => false,
+        }
     }
 }
 

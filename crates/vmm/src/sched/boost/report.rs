@@ -22,6 +22,12 @@ pub struct VcpuBoostStats {
     pub late_timer_boosts: u64,
     /// Boosts ended by the guest's unboost call.
     pub unboosts: u64,
+    /// Unboost calls that kept the boost: the next real-time wake-up was
+    /// due within `--boost-keep-us`.
+    pub kept: u64,
+    /// Boosts not granted because the thread had not waited for a CPU
+    /// lately (`--boost-when contended`).
+    pub not_contended: u64,
     /// Boosts revoked by the throttle.
     pub throttles: u64,
     /// Wall time spent boosted, microseconds.
@@ -37,6 +43,10 @@ pub struct BoostReport {
     pub mode: BoostMode,
     /// The policy, as `fifo:PRIO` or `nice:VALUE`.
     pub policy: String,
+    /// When boosts are granted: `always` or `contended`.
+    pub when: crate::config::boost::BoostWhen,
+    /// Unboost calls keep a boost across gaps up to this long, us (0: never).
+    pub keep_us: u64,
     /// Per vCPU.
     pub vcpus: Vec<VcpuBoostStats>,
 }

@@ -25,6 +25,7 @@ fn booster(
     tweak(&mut c);
     let b = Booster::new(
         c,
+        Default::default(),
         GuestWriter::new(mem.clone(), Arc::new(HostWrites::new(0x10000))),
         1,
         1_000_000,
