@@ -211,13 +211,21 @@ fn vms_under_a_pager_migrate() {
         ],
         &dir.path("budget.sock"),
     );
-    std::thread::sleep(Duration::from_millis(1500));
-    let stats = src.api().json("GET", "/vm/stats", None).unwrap();
-    assert!(
-        stats["pager"]["evictions"].as_u64().unwrap() > 0,
-        "pages were evicted before the migration: {}",
-        stats["pager"]
-    );
+    // Migrate once pages have gone out to the store (the guest writes its
+    // 48 MiB first, at whatever speed this host gives it; then it runs 6 s).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let stats = src.api().json("GET", "/vm/stats", None).unwrap();
+        if stats["pager"]["evictions"].as_u64().unwrap() > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no page was evicted in 60 s: {}",
+            stats["pager"]
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let rep = migrate(&src, &at);
     assert!(
         rep["pages_sent"].as_u64().unwrap() > 8192,
