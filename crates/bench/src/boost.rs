@@ -51,6 +51,11 @@ pub struct BoostBench {
     pub hogs: usize,
     /// Bytes the serial-line test sends per run (0: no serial test).
     pub uart_count: u64,
+    /// Dynamic boosting with this host's tuning too: `keep`
+    /// (`--boost-keep-us`), `contended` (`--boost-when contended`).
+    pub variants: Vec<String>,
+    /// The `keep` variant's `--boost-keep-us`.
+    pub keep_us: u64,
 }
 
 const MODES: [(&str, &[&str]); 3] = [
@@ -58,6 +63,37 @@ const MODES: [(&str, &[&str]); 3] = [
     ("dynamic", &["--boost", "on"]),
     ("static", &["--vcpu-rt"]),
 ];
+
+/// The modes a run compares: vanilla, dynamic and static, then each of
+/// `b.variants` (dynamic boosting with this host's tuning: `keep` for
+/// `--boost-keep-us`, `contended` for `--boost-when contended`).
+fn modes(b: &BoostBench) -> Vec<(String, Vec<String>)> {
+    let mut m: Vec<(String, Vec<String>)> = MODES
+        .iter()
+        .map(|(n, f)| (n.to_string(), f.iter().map(|s| s.to_string()).collect()))
+        .collect();
+    let dynamic = |extra: &[&str]| {
+        ["--boost", "on"]
+            .iter()
+            .chain(extra)
+            .map(|s| s.to_string())
+            .collect::<Vec<String>>()
+    };
+    for v in &b.variants {
+        match v.as_str() {
+            "keep" => m.push((
+                format!("dynamic, keep {} us", b.keep_us),
+                dynamic(&["--boost-keep-us", &b.keep_us.to_string()]),
+            )),
+            "contended" => m.push((
+                "dynamic, contended".into(),
+                dynamic(&["--boost-when", "contended"]),
+            )),
+            _ => {}
+        }
+    }
+    m
+}
 
 #[derive(Serialize, Clone, Copy)]
 struct Sample {
@@ -201,7 +237,7 @@ fn run_one(
 struct Row {
     host: &'static str,
     test: String,
-    mode: &'static str,
+    mode: String,
     command: String,
     runs: Vec<Sample>,
 }
@@ -223,13 +259,15 @@ pub fn run(exe: &Path, b: &BoostBench, out: &Path) -> Result<(), BenchError> {
         .chain((b.uart_count > 0).then_some(Test::Uart(b.uart_count)))
         .chain([Test::Rogue(true), Test::Rogue(false)])
         .collect();
+    let modes = modes(b);
     let mut rows = Vec::new();
     for (host, busy) in [("idle", false), ("busy", true)] {
         for &t in &tests {
-            let mut runs: Vec<Vec<Sample>> = vec![Vec::new(); MODES.len()];
+            let mut runs: Vec<Vec<Sample>> = vec![Vec::new(); modes.len()];
             for round in 0..b.runs.max(1) {
-                for (k, (name, mode)) in MODES.iter().enumerate() {
-                    let s = run_one(exe, b, t, mode, busy)?;
+                for (k, (name, mode)) in modes.iter().enumerate() {
+                    let flags: Vec<&str> = mode.iter().map(String::as_str).collect();
+                    let s = run_one(exe, b, t, &flags, busy)?;
                     let guest = match t {
                         Test::Timer(_) | Test::Audio(_) => format!(
                             "guest max {:.0} us, glitches {}",
@@ -252,11 +290,11 @@ pub fn run(exe: &Path, b: &BoostBench, out: &Path) -> Result<(), BenchError> {
                     runs[k].push(s);
                 }
             }
-            for ((name, mode), runs) in MODES.iter().zip(runs) {
+            for ((name, mode), runs) in modes.iter().zip(runs) {
                 rows.push(Row {
                     host,
                     test: t.cmdline(b),
-                    mode: name,
+                    mode: name.clone(),
                     command: format!(
                         "hover run --vcpus 2 {} --cmdline \"{}\"",
                         mode.join(" "),
@@ -268,7 +306,7 @@ pub fn run(exe: &Path, b: &BoostBench, out: &Path) -> Result<(), BenchError> {
         }
     }
     let col = |r: &Row, f: fn(&Sample) -> f64| r.runs.iter().map(f).collect::<Vec<f64>>();
-    let vanilla_of = |i: usize| &rows[i - i % MODES.len()];
+    let vanilla_of = |i: usize| &rows[i - i % modes.len()];
     let mut timer_rows = Vec::new();
     let mut audio_rows = Vec::new();
     let mut uart_rows = Vec::new();
@@ -402,7 +440,7 @@ pub fn run(exe: &Path, b: &BoostBench, out: &Path) -> Result<(), BenchError> {
     let doc = serde_json::json!({
         "scenario": "boost",
         "command": format!(
-            "hover bench boost --seconds {} --runs {} --intervals {} --buffers {} --work-us {} --background {} --hogs {} --uart-count {}",
+            "hover bench boost --seconds {} --runs {} --intervals {} --buffers {} --work-us {} --background {} --hogs {} --uart-count {}{}",
             b.seconds,
             b.runs,
             b.intervals.iter().map(u64::to_string).collect::<Vec<_>>().join(","),
@@ -410,7 +448,11 @@ pub fn run(exe: &Path, b: &BoostBench, out: &Path) -> Result<(), BenchError> {
             b.work_us,
             b.background,
             b.hogs,
-            b.uart_count
+            b.uart_count,
+            match b.variants.is_empty() {
+                true => String::new(),
+                false => format!(" --variants {} --keep-us {}", b.variants.join(","), b.keep_us),
+            }
         ),
         "date": plot::today(),
         "seconds": b.seconds,
@@ -450,16 +492,23 @@ pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
             intervals.push(i);
         }
     }
-    let series: Vec<plot::Bars> = MODES
+    let mut names: Vec<String> = Vec::new();
+    for r in &timer {
+        let m = r["mode"].as_str().unwrap_or("").to_string();
+        if !names.contains(&m) {
+            names.push(m);
+        }
+    }
+    let series: Vec<plot::Bars> = names
         .iter()
-        .map(|(name, _)| plot::Bars {
-            label: (*name).to_string(),
+        .map(|name| plot::Bars {
+            label: name.clone(),
             rounds: intervals
                 .iter()
                 .map(|i| {
                     timer
                         .iter()
-                        .find(|r| r["mode"] == *name && &interval(r) == i)
+                        .find(|r| r["mode"] == name.as_str() && &interval(r) == i)
                         .and_then(|r| r["runs"].as_array())
                         .map(|runs| {
                             runs.iter()

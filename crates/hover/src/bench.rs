@@ -172,6 +172,14 @@ enum Scenario {
         /// Bytes the serial-line test sends per run, one interrupt each (0: no serial test).
         #[arg(long, default_value_t = 2000)]
         uart_count: u64,
+        /// Also dynamic boosting with this host's tuning, each a mode of
+        /// its own (comma-separated): keep (--boost-keep-us, see
+        /// --keep-us), contended (--boost-when contended).
+        #[arg(long, value_delimiter = ',', value_parser = ["keep", "contended"])]
+        variants: Vec<String>,
+        /// The keep variant's --boost-keep-us.
+        #[arg(long, default_value_t = 2000)]
+        keep_us: u64,
         /// Directory for the JSON results and the plot.
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
@@ -436,6 +444,8 @@ pub fn bench(args: BenchArgs) -> ExitCode {
             background,
             hogs,
             uart_count,
+            variants,
+            keep_us,
             out,
         } => {
             let bad = intervals.iter().find(|&&i| !(10..=1_000_000).contains(&i));
@@ -445,6 +455,13 @@ pub fn bench(args: BenchArgs) -> ExitCode {
             }
             if let Some(m) = buffers.iter().find(|&&m| work_us >= m * 1000 || m > 1000) {
                 eprintln!("hover: error: --buffers: a {m} ms buffer cannot hold --work-us {work_us} (buffers are 1 to 1000 ms, longer than the work)");
+                return ExitCode::from(EXIT_BAD_INPUT);
+            }
+            if keep_us > hover_vmm::config::boost::MAX_KEEP_US {
+                eprintln!(
+                    "hover: error: --keep-us {keep_us} is out of range: give 0 to {}",
+                    hover_vmm::config::boost::MAX_KEEP_US
+                );
                 return ExitCode::from(EXIT_BAD_INPUT);
             }
             if background > 16
@@ -469,6 +486,8 @@ pub fn bench(args: BenchArgs) -> ExitCode {
                     background,
                     hogs,
                     uart_count,
+                    variants,
+                    keep_us,
                 },
                 &out,
             )
