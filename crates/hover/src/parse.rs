@@ -11,14 +11,14 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     })
 }
 
-/// A duration such as `0`, `500ns`, `100us`, `2ms`, `1.5ms` or `1s` (at
-/// most an hour).
+/// A duration such as `0`, `500ns`, `100us`, `2ms`, `1.5ms`, `1s` or
+/// `10m` (at most an hour).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let bad = || {
-        format!("'{s}' is not a duration: use a number with ns, us, ms or s (e.g. 0, 100us, 2ms)")
+        format!("'{s}' is not a duration: use a number with ns, us, ms, s or m (e.g. 0, 100us, 2ms, 10m), at most an hour")
     };
     let t = s.trim();
-    let (num, scale) = [("ns", 1e-9), ("us", 1e-6), ("ms", 1e-3), ("s", 1.0)]
+    let (num, scale) = [("ns", 1e-9), ("us", 1e-6), ("ms", 1e-3), ("s", 1.0), ("m", 60.0)]
         .iter()
         .find_map(|(suffix, scale)| t.strip_suffix(suffix).map(|n| (n, *scale)))
         .unwrap_or((t, if t == "0" { 1.0 } else { f64::NAN }));
@@ -63,6 +63,8 @@ mod tests {
         assert_eq!(parse_duration("100us"), Ok(Duration::from_micros(100)));
         assert_eq!(parse_duration("1.5ms"), Ok(Duration::from_micros(1500)));
         assert_eq!(parse_duration("1s"), Ok(Duration::from_secs(1)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert!(parse_duration("61m").is_err(), "over an hour");
         for bad in ["2", "fast", "-1ms", "2 hours", "99999s"] {
             assert!(
                 parse_duration(bad)

@@ -13,8 +13,16 @@ pub fn receiver(listen: &str) -> (Child, String) {
 
 /// [`receiver`] with more arguments (e.g. `--api-socket PATH`).
 pub fn receiver_with(listen: &str, extra: &[&str]) -> (Child, String) {
+    // A test that fails before its migration leaves no receiver waiting
+    // for ever (the Child is not killed when dropped).
+    let bounded: &[&str] = if extra.contains(&"--timeout") {
+        &[]
+    } else {
+        &["--timeout", "5m"]
+    };
     let mut child = hover_cmd()
         .args(["receive", "--listen", listen, "--json", "--console", "off"])
+        .args(bounded)
         .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
