@@ -18,10 +18,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         format!("'{s}' is not a duration: use a number with ns, us, ms, s or m (e.g. 0, 100us, 2ms, 10m), at most an hour")
     };
     let t = s.trim();
-    let (num, scale) = [("ns", 1e-9), ("us", 1e-6), ("ms", 1e-3), ("s", 1.0), ("m", 60.0)]
-        .iter()
-        .find_map(|(suffix, scale)| t.strip_suffix(suffix).map(|n| (n, *scale)))
-        .unwrap_or((t, if t == "0" { 1.0 } else { f64::NAN }));
+    let (num, scale) = [
+        ("ns", 1e-9),
+        ("us", 1e-6),
+        ("ms", 1e-3),
+        ("s", 1.0),
+        ("m", 60.0),
+    ]
+    .iter()
+    .find_map(|(suffix, scale)| t.strip_suffix(suffix).map(|n| (n, *scale)))
+    .unwrap_or((t, if t == "0" { 1.0 } else { f64::NAN }));
     let v: f64 = num.trim().parse().map_err(|_| bad())?;
     if !(v * scale).is_finite() || v < 0.0 || v * scale > 3600.0 {
         return Err(bad());
