@@ -155,14 +155,15 @@ fn marker<DB: DrawingBackend>(
     Ok(())
 }
 
-/// A min-max whisker at x = `x` (half-width `cap` in x units).
+/// A min-max whisker at x = `x` (half-width `cap` in x units), in `color`.
 fn whisker<DB: DrawingBackend>(
     chart: &mut ChartContext<'_, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
     x: f64,
     (lo, hi): (f64, f64),
     cap: f64,
+    color: RGBColor,
 ) -> Result<(), String> {
-    let style = BLACK.stroke_width(2);
+    let style = color.stroke_width(2);
     chart
         .draw_series([
             PathElement::new(vec![(x, lo), (x, hi)], style),
@@ -259,7 +260,7 @@ pub fn bars(
                 });
                 first = false;
             }
-            whisker(&mut chart, xc, (lo, hi), width * 0.2).map_err(&err)?;
+            whisker(&mut chart, xc, (lo, hi), width * 0.2, BLACK).map_err(&err)?;
             marker(&mut chart, si, (xc, mid), color).map_err(&err)?;
         }
     }
@@ -363,7 +364,8 @@ pub fn lines(
             });
         for (x, v) in &s.points {
             if let Some((lo, median, hi)) = spread(v) {
-                whisker(&mut chart, x + shift, (lo, hi), cap).map_err(&err)?;
+                // In the series' colour: whiskers of one x are told apart.
+                whisker(&mut chart, x + shift, (lo, hi), cap, color).map_err(&err)?;
                 marker(&mut chart, si, (x + shift, median), color).map_err(&err)?;
             }
         }
@@ -439,13 +441,19 @@ pub(crate) mod tests {
             .count()
     }
 
-    /// Whiskers in an SVG: each is three black 2-px paths.
+    /// Whiskers in an SVG: each is three 2-px paths of two points (a
+    /// line series' path has more points, a legend's is 3 px wide).
     pub(crate) fn whiskers(svg: &str) -> usize {
         svg.split("<polyline")
             .skip(1)
             .filter(|p| {
                 let p = p.split("/>").next().unwrap_or("");
-                p.contains("stroke=\"#000000\"") && p.contains("stroke-width=\"2\"")
+                let points = p
+                    .split("points=\"")
+                    .nth(1)
+                    .and_then(|r| r.split('"').next())
+                    .map_or(0, |pts| pts.split_whitespace().count());
+                p.contains("stroke-width=\"2\"") && points == 2
             })
             .count()
             / 3

@@ -18,7 +18,8 @@ pub struct CtlArgs {
     /// The VM's API socket (`hover run --api-socket`).
     #[arg(long)]
     pub api_socket: PathBuf,
-    /// Print the VM's JSON answer instead of a summary.
+    /// Print the VM's JSON answer instead of a summary (not with metrics:
+    /// Prometheus text only).
     #[arg(long, global = true)]
     pub json: bool,
     #[command(subcommand)]
