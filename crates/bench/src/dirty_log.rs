@@ -25,6 +25,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::migration_run::{report, sum_stat, timeline_sum};
+use crate::plot;
 use crate::runner::{guest, rdtsc, spawn_with_api, tsc_khz, wait_json};
 use crate::stats::{ratios, spread};
 use crate::{table, BenchError};
@@ -242,5 +243,70 @@ pub fn run(exe: &Path, b: &DirtyLogBench, out: &Path) -> Result<(), BenchError> 
         ],
         &rows,
     );
-    table::write_json(out, "dirty_log.json", &all)
+    let doc = serde_json::json!({
+        "scenario": "dirty-log",
+        "command": format!(
+            "hover bench dirty-log --trackers {} --memory {} --wss {} --rate {} --period-ms {} --seconds {} --runs {}",
+            b.trackers.join(","),
+            b.memory,
+            b.wss,
+            b.rate,
+            b.period_ms,
+            b.seconds,
+            b.runs
+        ),
+        "date": plot::today(),
+        "samples": all,
+    });
+    table::write_json(out, "dirty_log.json", &doc)?;
+    plot(&doc, out)
+}
+
+/// `dirty_log.svg` from `dirty_log.json`'s document: per tracker, the
+/// guest's operations per second while it tracks (median of rounds,
+/// min-max whisker).
+pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
+    let samples = doc["samples"].as_array().cloned().unwrap_or_default();
+    let mut trackers: Vec<String> = Vec::new();
+    for s in &samples {
+        let t = s["tracker"].as_str().unwrap_or("").to_string();
+        if !trackers.contains(&t) {
+            trackers.push(t);
+        }
+    }
+    let series = [plot::Bars {
+        label: "guest operations while tracked".into(),
+        rounds: trackers
+            .iter()
+            .map(|t| {
+                samples
+                    .iter()
+                    .filter(|s| s["tracker"] == t.as_str())
+                    .filter_map(|s| s["ops_per_s"].as_f64())
+                    .map(|v| v / 1e6)
+                    .collect()
+            })
+            .collect(),
+    }];
+    let groups: Vec<String> = trackers
+        .iter()
+        .map(|t| match t.as_str() {
+            "none" => "none (no tracking)".to_string(),
+            other => other.to_string(),
+        })
+        .collect();
+    plot::bars(
+        &out.join("dirty_log.svg"),
+        &plot::Figure {
+            title: "Seed 4, dirty logging: what each tracker costs a writing guest".into(),
+            caption: plot::caption(
+                doc["command"].as_str().unwrap_or("hover bench dirty-log"),
+                doc["date"].as_str().unwrap_or("date not recorded"),
+            ),
+            x_desc: "dirty tracker, on and harvested every period, nothing sent".into(),
+            y_desc: "kvstore operations per second (millions)".into(),
+        },
+        &groups,
+        &series,
+    )
 }

@@ -384,8 +384,8 @@ pub fn lines(
 }
 
 /// Draw again, from a results file a scenario wrote (`apf.json`,
-/// `boost.json`, `halt_poll.json`, `migrate.json`, `migrate_postcopy.json`,
-/// `snapshot.json`), the plot it drew, into `out`: a plot is always drawn
+/// `boost.json`, `dirty_log.json`, `halt_poll.json`, `migrate.json`,
+/// `migrate_postcopy.json`, `snapshot.json`), the plot it drew, into `out`: a plot is always drawn
 /// from the stored samples, so one drawn today and one drawn later from the
 /// same file are the same.
 pub fn from_results(file: &Path, out: &Path) -> Result<(), BenchError> {
@@ -397,6 +397,7 @@ pub fn from_results(file: &Path, out: &Path) -> Result<(), BenchError> {
         match doc["scenario"].as_str() {
             Some("apf") => crate::apf::plot,
             Some("boost") => crate::boost::plot,
+            Some("dirty-log") => crate::dirty_log::plot,
             Some("halt-poll") if doc["rows"].is_array() => crate::halt_poll::plot,
             Some("migrate") => crate::migrate::plot,
             Some("migrate-postcopy") => crate::postcopy::plot,
@@ -556,6 +557,7 @@ pub(crate) mod tests {
         let cases = [
             ("apf.json", "apf.svg", 3, 15),
             ("boost.json", "boost.svg", 3, 6),
+            ("dirty_log.json", "dirty_log.svg", 1, 6),
             ("halt_poll.json", "halt_poll.svg", 2, 20),
             ("migrate.json", "migrate_downtime.svg", 4, 24),
             ("migrate_postcopy.json", "migrate_postcopy.svg", 1, 3),

@@ -265,7 +265,7 @@ enum Scenario {
     /// Draw a scenario's plot again from the results file it wrote (e.g.
     /// docs/bench/apf.json): the stored samples, nothing measured.
     Plot {
-        /// The results file (apf.json, boost.json, halt_poll.json,
+        /// The results file (apf.json, boost.json, dirty_log.json, halt_poll.json,
         /// migrate.json, migrate_postcopy.json or snapshot.json).
         file: PathBuf,
         /// Directory for the SVG.
