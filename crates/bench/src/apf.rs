@@ -235,13 +235,7 @@ pub fn run(exe: &Path, b: &ApfBench, out: &Path) -> Result<(), BenchError> {
 /// total work (median of rounds, min-max whisker).
 pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
     let rows = doc["rows"].as_array().cloned().unwrap_or_default();
-    let mut latencies: Vec<String> = Vec::new();
-    for r in &rows {
-        let l = r["latency"].as_str().unwrap_or("").to_string();
-        if !latencies.contains(&l) {
-            latencies.push(l);
-        }
-    }
+    let latencies = plot::distinct_field(&rows, "latency");
     let series: Vec<plot::Bars> = MODES
         .iter()
         .map(|&m| plot::Bars {
@@ -271,10 +265,7 @@ pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
         &out.join("apf.svg"),
         &plot::Figure {
             title: "Seed 1, async page faults: 4 working tasks' work while 4 others fault".into(),
-            caption: plot::caption(
-                doc["command"].as_str().unwrap_or("hover bench apf"),
-                doc["date"].as_str().unwrap_or("date not recorded"),
-            ),
+            caption: plot::caption_of(doc, "hover bench apf"),
             x_desc: "extra page-store latency per fetched page".into(),
             y_desc: "work of the working tasks (1e9 iterations)".into(),
         },

@@ -485,20 +485,12 @@ pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
             .unwrap_or("")
             .to_string()
     };
-    let mut intervals: Vec<String> = Vec::new();
-    for r in &timer {
-        let i = interval(r);
-        if !intervals.contains(&i) {
-            intervals.push(i);
-        }
-    }
-    let mut names: Vec<String> = Vec::new();
-    for r in &timer {
-        let m = r["mode"].as_str().unwrap_or("").to_string();
-        if !names.contains(&m) {
-            names.push(m);
-        }
-    }
+    let intervals = plot::distinct(timer.iter().map(|r| interval(r)));
+    let names = plot::distinct(
+        timer
+            .iter()
+            .map(|r| r["mode"].as_str().unwrap_or("").to_string()),
+    );
     let series: Vec<plot::Bars> = names
         .iter()
         .map(|name| plot::Bars {
@@ -528,10 +520,7 @@ pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
         &out.join("boost.svg"),
         &plot::Figure {
             title: "Seed 2, vCPU boosting on a busy host: the guest's worst timer wake-up".into(),
-            caption: plot::caption(
-                doc["command"].as_str().unwrap_or("hover bench boost"),
-                doc["date"].as_str().unwrap_or("date not recorded"),
-            ),
+            caption: plot::caption_of(doc, "hover bench boost"),
             x_desc: "a real-time guest task's timer period".into(),
             y_desc: "worst wake-up latency in the guest, us".into(),
         },

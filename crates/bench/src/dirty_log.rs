@@ -195,15 +195,7 @@ pub fn run(exe: &Path, b: &DirtyLogBench, out: &Path) -> Result<(), BenchError> 
             }));
         }
     }
-    let names: Vec<String> = {
-        let mut n: Vec<String> = Vec::new();
-        for s in &all {
-            if !n.contains(&s.tracker) {
-                n.push(s.tracker.clone());
-            }
-        }
-        n
-    };
+    let names: Vec<String> = plot::distinct(all.iter().map(|s| s.tracker.clone()));
     let col = |t: &str, f: fn(&Sample) -> f64| -> Vec<f64> {
         all.iter().filter(|s| s.tracker == t).map(f).collect()
     };
@@ -267,13 +259,7 @@ pub fn run(exe: &Path, b: &DirtyLogBench, out: &Path) -> Result<(), BenchError> 
 /// min-max whisker).
 pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
     let samples = doc["samples"].as_array().cloned().unwrap_or_default();
-    let mut trackers: Vec<String> = Vec::new();
-    for s in &samples {
-        let t = s["tracker"].as_str().unwrap_or("").to_string();
-        if !trackers.contains(&t) {
-            trackers.push(t);
-        }
-    }
+    let trackers = plot::distinct_field(&samples, "tracker");
     let series = [plot::Bars {
         label: "guest operations while tracked".into(),
         rounds: trackers
@@ -299,10 +285,7 @@ pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
         &out.join("dirty_log.svg"),
         &plot::Figure {
             title: "Seed 4, dirty logging: what each tracker costs a writing guest".into(),
-            caption: plot::caption(
-                doc["command"].as_str().unwrap_or("hover bench dirty-log"),
-                doc["date"].as_str().unwrap_or("date not recorded"),
-            ),
+            caption: plot::caption_of(doc, "hover bench dirty-log"),
             x_desc: "dirty tracker, on and harvested every period, nothing sent".into(),
             y_desc: "kvstore operations per second (millions)".into(),
         },

@@ -363,18 +363,8 @@ pub fn run(exe: &Path, b: &HaltPollBench, out: &Path) -> Result<(), BenchError> 
 /// each device's IOPS (median of rounds, min-max whisker).
 pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
     let rows = doc["rows"].as_array().cloned().unwrap_or_default();
-    let mut modes: Vec<String> = Vec::new();
-    let mut devices: Vec<String> = Vec::new();
-    for r in &rows {
-        let m = r["mode"].as_str().unwrap_or("").to_string();
-        if !modes.contains(&m) {
-            modes.push(m);
-        }
-        let d = r["device"].as_str().unwrap_or("").to_string();
-        if !devices.contains(&d) {
-            devices.push(d);
-        }
-    }
+    let modes = plot::distinct_field(&rows, "mode");
+    let devices = plot::distinct_field(&rows, "device");
     let series: Vec<plot::Bars> = devices
         .iter()
         .map(|d| plot::Bars {
@@ -397,10 +387,7 @@ pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
         &plot::Figure {
             title: "Seed 5, halt polling: iolat's QD1 synchronous 4 KiB writes by way of waiting"
                 .into(),
-            caption: plot::caption(
-                doc["command"].as_str().unwrap_or("hover bench halt-poll"),
-                doc["date"].as_str().unwrap_or("date not recorded"),
-            ),
+            caption: plot::caption_of(doc, "hover bench halt-poll"),
             x_desc: "how an idle vCPU waits for the completion".into(),
             y_desc: "IOPS".into(),
         },

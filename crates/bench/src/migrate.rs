@@ -417,21 +417,13 @@ pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
         .as_array()
         .cloned()
         .unwrap_or_default();
-    let mut groups: Vec<(String, String)> = Vec::new();
-    let mut trackers: Vec<String> = Vec::new();
-    for s in &samples {
-        let g = (
+    let groups = plot::distinct(samples.iter().map(|s| {
+        (
             s["memory"].as_str().unwrap_or("").to_string(),
             s["wss"].as_str().unwrap_or("").to_string(),
-        );
-        if !groups.contains(&g) {
-            groups.push(g);
-        }
-        let t = s["tracker"].as_str().unwrap_or("").to_string();
-        if !trackers.contains(&t) {
-            trackers.push(t);
-        }
-    }
+        )
+    }));
+    let trackers = plot::distinct_field(&samples, "tracker");
     let series: Vec<plot::Bars> = trackers
         .iter()
         .map(|t| plot::Bars {
@@ -457,10 +449,7 @@ pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
         &out.join("migrate_downtime.svg"),
         &plot::Figure {
             title: "Seeds 3 and 4, pre-copy live migration: downtime by dirty tracker".into(),
-            caption: plot::caption(
-                doc["command"].as_str().unwrap_or("hover bench migrate"),
-                doc["date"].as_str().unwrap_or("date not recorded"),
-            ),
+            caption: plot::caption_of(doc, "hover bench migrate"),
             x_desc: "guest memory and kvstore's working set".into(),
             y_desc: "downtime, ms".into(),
         },

@@ -71,6 +71,35 @@ pub fn spread(v: &[f64]) -> Option<(f64, f64, f64)> {
     Some((s[0], median, s[n - 1]))
 }
 
+/// The distinct values of `items`, in the order first seen (the groups
+/// or series of a results file's rows).
+pub fn distinct<T: PartialEq>(items: impl IntoIterator<Item = T>) -> Vec<T> {
+    let mut out: Vec<T> = Vec::new();
+    for x in items {
+        if !out.contains(&x) {
+            out.push(x);
+        }
+    }
+    out
+}
+
+/// The string field `key` of each of `rows`, distinct, in order.
+pub fn distinct_field(rows: &[serde_json::Value], key: &str) -> Vec<String> {
+    distinct(
+        rows.iter()
+            .map(|r| r[key].as_str().unwrap_or("").to_string()),
+    )
+}
+
+/// The caption of a results document: its command and date (`fallback`
+/// for the command of a file that recorded none).
+pub fn caption_of(doc: &serde_json::Value, fallback: &str) -> String {
+    caption(
+        doc["command"].as_str().unwrap_or(fallback),
+        doc["date"].as_str().unwrap_or("date not recorded"),
+    )
+}
+
 /// A caption: the command and the date it ran.
 pub fn caption(command: &str, date: &str) -> String {
     format!("{command}  ({date})")
@@ -196,6 +225,44 @@ fn draw_caption<DB: DrawingBackend>(
         .map_err(|e| e.to_string())
 }
 
+/// A chart on `root` with `fig`'s title, x over `x`, y from 0 to `y_max`,
+/// `x_label_area` pixels under the plot for the x labels.
+fn chart_on<'a, DB: DrawingBackend>(
+    root: &'a DrawingArea<DB, plotters::coord::Shift>,
+    fig: &Figure,
+    x: std::ops::Range<f64>,
+    y_max: f64,
+    x_label_area: u32,
+) -> Result<ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>, String> {
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    ChartBuilder::on(root)
+        .caption(&fig.title, (FONT, 20))
+        .margin(16)
+        .margin_bottom(40)
+        .x_label_area_size(x_label_area)
+        .y_label_area_size(80)
+        .build_cartesian_2d(x, 0f64..y_max)
+        .map_err(|e| e.to_string())
+}
+
+/// The legend at `position`, the caption, and the file written.
+fn finish<'a, DB: DrawingBackend + 'a>(
+    root: &DrawingArea<DB, plotters::coord::Shift>,
+    chart: &mut ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    fig: &Figure,
+    position: SeriesLabelPosition,
+) -> Result<(), String> {
+    chart
+        .configure_series_labels()
+        .position(position)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| e.to_string())?;
+    draw_caption(root, &fig.caption)?;
+    root.present().map_err(|e| e.to_string())
+}
+
 /// Grouped bars: one group per entry of `groups`, in it one bar per series
 /// (its median) with a whisker from the rounds' minimum to their maximum.
 pub fn bars(
@@ -218,15 +285,7 @@ pub fn bars(
             .flat_map(|s| s.rounds.iter().flatten().copied()),
     );
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(&fig.title, (FONT, 20))
-        .margin(16)
-        .margin_bottom(40)
-        .x_label_area_size(70)
-        .y_label_area_size(80)
-        .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..y_max)
-        .map_err(|e| err(e.to_string()))?;
+    let mut chart = chart_on(&root, fig, -0.5f64..(n as f64 - 0.5), y_max, 70).map_err(&err)?;
     chart
         .configure_mesh()
         .disable_x_mesh()
@@ -279,15 +338,7 @@ pub fn bars(
             .map_err(|e| err(e.to_string()))?;
         }
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| err(e.to_string()))?;
-    draw_caption(&root, &fig.caption).map_err(&err)?;
-    root.present().map_err(|e| err(e.to_string()))?;
+    finish(&root, &mut chart, fig, SeriesLabelPosition::UpperLeft).map_err(&err)?;
     println!("wrote {}", path.display());
     Ok(())
 }
@@ -321,15 +372,7 @@ pub fn lines(
             .flat_map(|s| s.points.iter().flat_map(|p| p.1.iter().copied())),
     );
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(&fig.title, (FONT, 20))
-        .margin(16)
-        .margin_bottom(40)
-        .x_label_area_size(50)
-        .y_label_area_size(80)
-        .build_cartesian_2d((x_min - pad)..(x_max + pad), 0f64..y_max)
-        .map_err(|e| err(e.to_string()))?;
+    let mut chart = chart_on(&root, fig, (x_min - pad)..(x_max + pad), y_max, 50).map_err(&err)?;
     chart
         .configure_mesh()
         .x_desc(&fig.x_desc)
@@ -370,15 +413,7 @@ pub fn lines(
             }
         }
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| err(e.to_string()))?;
-    draw_caption(&root, &fig.caption).map_err(&err)?;
-    root.present().map_err(|e| err(e.to_string()))?;
+    finish(&root, &mut chart, fig, SeriesLabelPosition::UpperRight).map_err(&err)?;
     println!("wrote {}", path.display());
     Ok(())
 }

@@ -385,13 +385,7 @@ pub fn run(exe: &Path, b: &PostcopyBench, out: &Path) -> Result<(), BenchError> 
 /// before (median of rounds, min-max whisker; failed rounds left out).
 pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
     let samples = doc["samples"].as_array().cloned().unwrap_or_default();
-    let mut modes: Vec<String> = Vec::new();
-    for s in &samples {
-        let m = s["mode"].as_str().unwrap_or("").to_string();
-        if !modes.contains(&m) {
-            modes.push(m);
-        }
-    }
+    let modes = plot::distinct_field(&samples, "mode");
     let ok = |s: &&serde_json::Value| s["error"].is_null();
     let series = [plot::Bars {
         label: "guest operations while its memory moves".into(),
@@ -420,12 +414,7 @@ pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
         &out.join("migrate_postcopy.svg"),
         &plot::Figure {
             title: "Seeds 1+3+4, post-copy: how much the guest does while its memory moves".into(),
-            caption: plot::caption(
-                doc["command"]
-                    .as_str()
-                    .unwrap_or("hover bench migrate --mode postcopy"),
-                doc["date"].as_str().unwrap_or("date not recorded"),
-            ),
+            caption: plot::caption_of(doc, "hover bench migrate --mode postcopy"),
             x_desc: format!(
                 "how the guest moves ({})",
                 doc["link"].as_str().unwrap_or("a limited link")

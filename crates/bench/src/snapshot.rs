@@ -469,18 +469,8 @@ pub fn run(exe: &Path, b: &SnapshotBench, out: &Path) -> Result<(), BenchError> 
 /// of rounds, min-max whisker).
 pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
     let samples = doc["samples"].as_array().cloned().unwrap_or_default();
-    let mut memories: Vec<String> = Vec::new();
-    let mut modes: Vec<String> = Vec::new();
-    for s in &samples {
-        let m = s["memory"].as_str().unwrap_or("").to_string();
-        if !memories.contains(&m) {
-            memories.push(m);
-        }
-        let w = s["mode"].as_str().unwrap_or("").to_string();
-        if !modes.contains(&w) {
-            modes.push(w);
-        }
-    }
+    let memories = plot::distinct_field(&samples, "memory");
+    let modes = plot::distinct_field(&samples, "mode");
     let memory = memories.last().cloned().unwrap_or_default();
     let series: Vec<plot::Line> = modes
         .iter()
@@ -509,10 +499,7 @@ pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
             title: format!(
                 "Restoring a {memory} guest: its speed in each 100 ms after hover restore started"
             ),
-            caption: plot::caption(
-                doc["command"].as_str().unwrap_or("hover bench snapshot"),
-                doc["date"].as_str().unwrap_or("date not recorded"),
-            ),
+            caption: plot::caption_of(doc, "hover bench snapshot"),
             x_desc: "ms after hover restore started (the middle of each 100 ms)".into(),
             y_desc: "% of its speed before the snapshot".into(),
         },
