@@ -129,9 +129,9 @@ pub(crate) struct BoostHostArgs {
     #[arg(long, default_value = "always", value_parser = crate::ctl::boost_whens())]
     pub(crate) boost_when: BoostWhen,
     /// The guest's unboost call keeps the boost when its next announced
-    /// real-time wake-up is due within this many microseconds, while the
-    /// boost has used under half of --boost-max-ms of CPU (0: never; at
-    /// most 100000).
+    /// real-time wake-up is due within this many microseconds and, even if
+    /// the vCPU ran flat out until then, the boost would stay within half
+    /// of --boost-max-ms of CPU (0: never; at most 100000).
     #[arg(long, default_value_t = 0)]
     pub(crate) boost_keep_us: u64,
 }

@@ -263,10 +263,11 @@ pub struct BoostTuning {
     /// When a boost is granted.
     pub when: BoostWhen,
     /// The guest's unboost call keeps the boost when its next announced
-    /// real-time wake-up is due within this many microseconds (0: never),
-    /// as long as the boost has used under half of `--boost-max-ms` of CPU
-    /// time: a periodic real-time task is not unboosted and boosted again
-    /// around every short sleep, and no kept boost is ever revoked.
+    /// real-time wake-up is due within this many microseconds (0: never)
+    /// and, even if the vCPU ran flat out until then, the boost would stay
+    /// within half of `--boost-max-ms` of CPU time: a periodic real-time
+    /// task is not unboosted and boosted again around every short sleep,
+    /// and no kept boost is revoked by the throttle.
     pub keep_us: u64,
 }
 

@@ -453,11 +453,15 @@ impl Running {
         let new = u.apply(self.vm.booster.config()).map_err(invalid)?;
         // Checked before anything changes: a bad tuning changes nothing.
         let tuning = u.apply_tuning(self.vm.booster.tuning()).map_err(invalid)?;
-        self.vm.booster.set(new).map_err(CommandError::Host)?;
         self.vm
             .booster
             .set_tuning(tuning)
             .map_err(CommandError::Host)?;
+        // A change of this host's tuning alone leaves boosts, throttles and
+        // cool-downs as they are; any other change starts boosting afresh.
+        if new != self.vm.booster.config() {
+            self.vm.booster.set(new).map_err(CommandError::Host)?;
+        }
         self.vm.saved.config.boost = new;
         self.vm
             .status

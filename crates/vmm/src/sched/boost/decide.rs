@@ -1,59 +1,63 @@
 //! Two of the booster's decisions, as pure functions of the numbers they
 //! read (so that unit tests feed them): whether a vCPU thread waits for a
 //! CPU lately ([`Contention`], from its run-queue wait), and whether the
-//! guest's unboost call keeps the boost ([`keeps`]).
+//! guest's unboost call keeps the boost ([`keep`]).
+
+use std::time::{Duration, Instant};
 
 /// Whether a thread has lately waited for a CPU, from its run-queue wait
-/// (the second field of `/proc/.../schedstat`, ns) read once per monitor
-/// poll. One poll in which it waited [`Contention::MIN_WAIT_NS`] or more
-/// makes it contended for the next [`Contention::QUIET_POLLS`] polls: a
-/// boosted thread stops waiting, and the boost must not flap off with it.
-#[derive(Clone, Copy, Debug)]
+/// (the second field of `/proc/.../schedstat`, ns), sampled at most once
+/// per [`Contention::SAMPLE`] of wall time. A sample in which it waited
+/// [`Contention::MIN_WAIT_NS`] or more makes it contended for the next
+/// [`Contention::HOLD`]: a boosted thread stops waiting, and its boosts
+/// must not flap off with it.
+#[derive(Clone, Copy, Debug, Default)]
 pub struct Contention {
-    last_wait_ns: Option<u64>,
-    quiet_polls: u32,
-}
-
-impl Default for Contention {
-    fn default() -> Self {
-        // Uncontended until a wait is seen.
-        Contention {
-            last_wait_ns: None,
-            quiet_polls: Self::QUIET_POLLS,
-        }
-    }
+    /// The last sample: when, and the total wait then.
+    last: Option<(Instant, u64)>,
+    /// When the thread last waited enough.
+    waited_at: Option<Instant>,
 }
 
 impl Contention {
-    /// A poll with at least this much run-queue wait is a contended one.
+    /// Samples are at least this far apart, whatever wakes the monitor.
+    pub const SAMPLE: Duration = Duration::from_millis(1);
+    /// A sample with at least this much run-queue wait is a contended one.
     pub const MIN_WAIT_NS: u64 = 20_000;
-    /// Polls without such a wait after which the thread is uncontended.
-    pub const QUIET_POLLS: u32 = 200;
+    /// How long one contended sample counts.
+    pub const HOLD: Duration = Duration::from_millis(200);
 
-    /// Take the thread's total run-queue wait now; whether it counts as
-    /// contended from here.
-    pub fn saw(&mut self, wait_ns: u64) -> bool {
-        let waited = self
-            .last_wait_ns
-            .map_or(0, |last| wait_ns.saturating_sub(last));
-        self.last_wait_ns = Some(wait_ns);
-        self.quiet_polls = if waited >= Self::MIN_WAIT_NS {
-            0
-        } else {
-            self.quiet_polls.saturating_add(1)
-        };
-        self.contended()
+    /// Offer the thread's total run-queue wait `wait_ns` at `now`; whether
+    /// it counts as contended from here.
+    pub fn saw(&mut self, now: Instant, wait_ns: u64) -> bool {
+        match self.last {
+            None => self.last = Some((now, wait_ns)),
+            Some((at, last)) if now.duration_since(at) >= Self::SAMPLE => {
+                if wait_ns.saturating_sub(last) >= Self::MIN_WAIT_NS {
+                    self.waited_at = Some(now);
+                }
+                self.last = Some((now, wait_ns));
+            }
+            Some(_) => {}
+        }
+        self.contended(now)
     }
 
-    /// Whether the thread counts as contended now.
-    pub fn contended(&self) -> bool {
-        self.quiet_polls < Self::QUIET_POLLS
+    /// Whether the thread counts as contended at `now`.
+    pub fn contended(&self, now: Instant) -> bool {
+        self.waited_at
+            .is_some_and(|t| now.duration_since(t) < Self::HOLD)
     }
 }
 
-/// The run-queue wait in a `schedstat` line (`cpu_ns wait_ns slices`).
+/// The run-queue wait in a `schedstat` line (`cpu_ns wait_ns slices`);
+/// `None` where the kernel keeps no such statistics (all zeros).
 pub fn schedstat_wait_ns(line: &str) -> Option<u64> {
-    line.split_whitespace().nth(1)?.parse().ok()
+    let mut f = line.split_whitespace().map(|v| v.parse::<u64>().ok());
+    let (Some(Some(cpu)), Some(Some(wait))) = (f.next(), f.next()) else {
+        return None;
+    };
+    (cpu != 0 || wait != 0).then_some(wait)
 }
 
 /// What the unboost call knows when it decides.
@@ -73,16 +77,36 @@ pub struct KeepCheck {
     pub max_ms: u64,
 }
 
+/// What the unboost call does with a boost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Keep {
+    /// Keep it: the next wake-up is near and the boost can afford the gap.
+    Yes,
+    /// Unboost: no wake-up announced within `keep_us` (or keeping is off).
+    NotNear,
+    /// Unboost: the wake-up is near, but the boost could then run past
+    /// half of `max_ms` of CPU time; a boost starts afresh later.
+    OverBudget,
+}
+
 /// Whether the guest's unboost call keeps the boost: its next real-time
-/// wake-up is announced and due within `keep_us`, and the boost has used
-/// under half of `max_ms` of CPU time (so a kept boost ends, by a normal
-/// unboost, long before the throttle would revoke it).
-pub fn keeps(c: KeepCheck) -> bool {
+/// wake-up is announced and due within `keep_us`, and even a vCPU that
+/// ran flat out until then would stay within half of `max_ms` of CPU time
+/// for this boost, so a kept boost ends by a normal unboost long before
+/// the throttle could revoke it.
+pub fn keep(c: KeepCheck) -> Keep {
     if c.keep_us == 0 || c.wake_at <= c.tsc {
-        return false;
+        return Keep::NotNear;
     }
     let due_us = (c.wake_at - c.tsc).saturating_mul(1000) / c.tsc_khz.max(1);
-    due_us <= c.keep_us && c.cpu_used_ns < c.max_ms.saturating_mul(1_000_000) / 2
+    if due_us > c.keep_us {
+        return Keep::NotNear;
+    }
+    let half_ns = c.max_ms.saturating_mul(1_000_000) / 2;
+    match c.cpu_used_ns.saturating_add(due_us.saturating_mul(1000)) <= half_ns {
+        true => Keep::Yes,
+        false => Keep::OverBudget,
+    }
 }
 
 #[cfg(test)]
@@ -90,18 +114,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_thread_that_waits_is_contended_until_it_has_been_quiet_a_while() {
+    fn a_thread_that_waits_is_contended_for_a_while_after() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
         let mut c = Contention::default();
-        assert!(!c.contended(), "uncontended until a wait is seen");
-        assert!(!c.saw(1_000_000), "the first reading is a baseline");
-        assert!(!c.saw(1_005_000), "5 us of waiting is noise");
-        assert!(c.saw(1_100_000), "100 us of waiting in a poll");
-        // Boosted, it no longer waits: still contended for a while.
-        for _ in 0..Contention::QUIET_POLLS - 1 {
-            assert!(c.saw(1_100_000));
-        }
-        assert!(!c.saw(1_100_000), "quiet long enough");
-        assert!(c.saw(1_200_000), "and contended again at the next wait");
+        assert!(!c.contended(t0), "uncontended until a wait is seen");
+        assert!(!c.saw(ms(0), 1_000_000), "the first reading is a baseline");
+        assert!(!c.saw(ms(1), 1_005_000), "5 us of waiting is noise");
+        assert!(c.saw(ms(2), 1_100_000), "100 us of waiting");
+        // Boosted, it no longer waits: still contended for HOLD.
+        assert!(c.saw(ms(150), 1_100_000));
+        assert!(!c.saw(ms(203), 1_100_000), "quiet for longer than HOLD");
+        assert!(
+            c.saw(ms(204), 1_200_000),
+            "and contended again at the next wait"
+        );
+    }
+
+    #[test]
+    fn samples_closer_than_a_millisecond_do_not_split_a_wait() {
+        let t0 = Instant::now();
+        let us = |n| t0 + Duration::from_micros(n);
+        let mut c = Contention::default();
+        c.saw(us(0), 0);
+        // 12 us of waiting in each of four passes 250 us apart: 48 us over
+        // one sample, however often the monitor woke.
+        assert!(!c.saw(us(250), 12_000));
+        assert!(!c.saw(us(500), 24_000));
+        assert!(!c.saw(us(750), 36_000));
+        assert!(c.saw(us(1000), 48_000));
     }
 
     #[test]
@@ -110,57 +151,71 @@ mod tests {
             schedstat_wait_ns("334333729 124312645 2142\n"),
             Some(124_312_645)
         );
+        assert_eq!(schedstat_wait_ns("0 0 0\n"), None, "no schedstats here");
         assert_eq!(schedstat_wait_ns("12"), None);
         assert_eq!(schedstat_wait_ns(""), None);
     }
 
-    fn check(wake_in_us: u64, cpu_used_ms: u64) -> KeepCheck {
+    fn check(wake_in_us: u64, cpu_used_us: u64) -> KeepCheck {
         let tsc_khz = 2_000_000;
         KeepCheck {
             keep_us: 1000,
             wake_at: 1_000_000_000 + wake_in_us * tsc_khz / 1000,
             tsc: 1_000_000_000,
             tsc_khz,
-            cpu_used_ns: cpu_used_ms * 1_000_000,
+            cpu_used_ns: cpu_used_us * 1000,
             max_ms: 10,
         }
     }
 
     #[test]
     fn a_boost_is_kept_across_a_short_gap_only() {
-        assert!(keeps(check(400, 1)), "wake-up in 400 us, 1 ms of 10 used");
-        assert!(keeps(check(1000, 1)), "at the limit");
-        assert!(!keeps(check(1500, 1)), "wake-up too far");
-        assert!(
-            !keeps(KeepCheck {
+        assert_eq!(
+            keep(check(400, 1000)),
+            Keep::Yes,
+            "wake-up in 400 us, 1 ms of 10 used"
+        );
+        assert_eq!(keep(check(1000, 1000)), Keep::Yes, "at the limit");
+        assert_eq!(keep(check(1500, 1000)), Keep::NotNear, "wake-up too far");
+        assert_eq!(
+            keep(KeepCheck {
                 wake_at: 0,
                 ..check(400, 1)
             }),
-            "none announced"
+            Keep::NotNear
         );
-        assert!(
-            !keeps(KeepCheck {
+        assert_eq!(
+            keep(KeepCheck {
                 tsc: u64::MAX,
                 ..check(400, 1)
             }),
-            "already due"
+            Keep::NotNear
         );
-        assert!(
-            !keeps(KeepCheck {
+        assert_eq!(
+            keep(KeepCheck {
                 keep_us: 0,
                 ..check(400, 1)
             }),
-            "keeping off"
+            Keep::NotNear
         );
     }
 
     #[test]
-    fn a_kept_boost_ends_before_the_throttle_would_revoke_it() {
-        assert!(keeps(check(400, 4)));
-        assert!(
-            !keeps(check(400, 5)),
-            "half of --boost-max-ms used: unboost"
+    fn a_kept_boost_can_afford_its_gap_within_half_the_limit() {
+        // 4.5 ms used + 0.4 ms gap <= 5 ms: kept; 4.7 + 0.4 > 5: not.
+        assert_eq!(keep(check(400, 4500)), Keep::Yes);
+        assert_eq!(keep(check(400, 4700)), Keep::OverBudget);
+        // A long gap cannot be kept even on a fresh boost when the vCPU
+        // could run through all of it past half the limit.
+        let long = KeepCheck {
+            keep_us: 100_000,
+            ..check(6000, 0)
+        };
+        assert_eq!(keep(long), Keep::OverBudget);
+        assert_eq!(
+            keep(check(400, 50_000)),
+            Keep::OverBudget,
+            "a rogue guest is never kept"
         );
-        assert!(!keeps(check(400, 50)), "a rogue guest is never kept");
     }
 }

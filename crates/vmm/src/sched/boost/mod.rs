@@ -53,6 +53,9 @@ use policy::SchedParams;
 
 /// How long before an announced real-time wake-up the monitor boosts.
 pub const TIMER_LEAD: Duration = Duration::from_micros(100);
+/// How long past its announced wake-up a kept boost may wait for the
+/// guest's next unboost call before the monitor ends it.
+pub const KEPT_GRACE: Duration = Duration::from_millis(1);
 /// Area value meaning "none registered".
 const NO_AREA: u64 = u64::MAX;
 
@@ -78,6 +81,10 @@ struct SlotState {
     window: Option<(Instant, u32)>,
     stats: VcpuBoostStats,
     warned_bits: bool,
+    /// A kept boost's end (TSC): the announced wake-up and a grace; the
+    /// monitor unboosts a boost still kept past it with no request set
+    /// (a wake-up announced and then never taken).
+    kept_until: Option<u64>,
 }
 
 struct Slot {
@@ -308,6 +315,9 @@ impl Booster {
         if !self.slots[vcpu].boosted.load(Ordering::Relaxed)
             && self.requested(vcpu, gpa) != 0
             && self.mode() == BoostMode::Dynamic
+            // Refusals for want of contention are counted by the monitor,
+            // once a pass, not on every exit.
+            && self.worth_boosting(vcpu)
         {
             self.boost(vcpu, Source::Request);
         }
@@ -363,41 +373,62 @@ impl Booster {
             n.nudge();
         }
         if self.requested(vcpu, gpa) == 0 && self.mode() == BoostMode::Dynamic {
-            let s = self.lock(vcpu);
-            if self.keeps(vcpu, gpa, &s) {
-                let mut s = s;
-                s.stats.kept += 1;
-            } else {
-                self.unboost_locked(s, vcpu, Some(false));
+            let mut s = self.lock(vcpu);
+            match self.keeps(vcpu, gpa, &s) {
+                (decide::Keep::Yes, wake_at) => {
+                    s.stats.kept += 1;
+                    let grace = KEPT_GRACE.as_micros() as u64 * self.tsc_khz() / 1000;
+                    s.kept_until = Some(wake_at.saturating_add(grace));
+                }
+                (why, _) => {
+                    if why == decide::Keep::OverBudget {
+                        s.stats.budget_unboosts += 1;
+                    }
+                    self.unboost_locked(s, vcpu, Some(false));
+                }
             }
         }
         control_status::OK
     }
 
+    /// The monitor's check of a boosted vCPU: end a kept boost whose
+    /// announced wake-up passed ([`KEPT_GRACE`] ago) with no request set
+    /// and no unboost call since.
+    pub(super) fn expire_kept(&self, vcpu: usize, gpa: u64, tsc: u64) {
+        let s = self.lock(vcpu);
+        if s.kept_until.is_some_and(|until| tsc > until) && self.requested(vcpu, gpa) == 0 {
+            self.unboost_locked(s, vcpu, None);
+        }
+    }
+
     /// Whether the unboost call keeps vCPU `vcpu`'s boost (`s` its slot,
-    /// locked): see [`decide::keeps`]; and under `--boost-when contended`
-    /// only while the thread still counts as contended.
-    fn keeps(&self, vcpu: usize, gpa: u64, s: &SlotState) -> bool {
+    /// locked), and the wake-up it keeps it for: see [`decide::keep`]; and
+    /// under `--boost-when contended` only while the thread still counts
+    /// as contended.
+    fn keeps(&self, vcpu: usize, gpa: u64, s: &SlotState) -> (decide::Keep, u64) {
+        let no = (decide::Keep::NotNear, 0);
         let tuning = self.tuning();
         let (Some((_, cpu0)), Some(tid)) = (s.since, s.tid) else {
-            return false;
+            return no;
         };
         if tuning.keep_us == 0 || !self.worth_boosting(vcpu) {
-            return false;
+            return no;
         }
         let cpu_used_ns = match policy::thread_cpu_ns(tid) {
             Ok(cpu) if cpu0 != u64::MAX => cpu.saturating_sub(cpu0),
             // No CPU clock: the limit cannot be checked, so never keep.
-            _ => return false,
+            _ => return no,
         };
-        decide::keeps(decide::KeepCheck {
+        let wake_at = self.read_wake_at(gpa);
+        let decision = decide::keep(decide::KeepCheck {
             keep_us: tuning.keep_us,
-            wake_at: self.read_wake_at(gpa),
+            wake_at,
             tsc: crate::state::host_tsc(),
             tsc_khz: self.tsc_khz(),
             cpu_used_ns,
             max_ms: self.config().max_ms,
-        })
+        });
+        (decision, wake_at)
     }
 
     /// Boost vCPU `vcpu`'s thread (nothing if it is boosted, throttled,
@@ -492,6 +523,7 @@ impl Booster {
             return;
         };
         self.slots[vcpu].boosted.store(false, Ordering::SeqCst);
+        s.kept_until = None;
         s.stats.boosted_us += since.elapsed().as_micros() as u64;
         match by {
             Some(false) => s.stats.unboosts += 1,

@@ -109,6 +109,7 @@ fn run(b: &Booster, stop: &(Mutex<bool>, Condvar)) {
     let max_cpu_ns = config.max_ms * 1_000_000;
     let mut tracks = vec![Track::default(); b.slots.len()];
     let mut waits: Vec<Wait> = (0..b.slots.len()).map(|_| Wait::default()).collect();
+    let mut warned = false;
     let mut guard = stop.0.lock().unwrap_or_else(|p| p.into_inner());
     while !*guard {
         // Read each pass: an arriving VM's rate is set once its state is in.
@@ -119,13 +120,14 @@ fn run(b: &Booster, stop: &(Mutex<bool>, Condvar)) {
         for (v, track) in tracks.iter_mut().enumerate() {
             let Some(gpa) = b.area(v) else { continue };
             if contended_only {
-                b.set_contended(v, waits[v].contended(b, v));
+                b.set_contended(v, waits[v].contended(b, v, &mut warned));
             }
             let wake_at = b.read_wake_at(gpa);
             let tsc = host_tsc();
             track.saw(wake_at);
             if b.is_boosted(v) {
                 check_held(b, v, max_cpu_ns);
+                b.expire_kept(v, gpa, tsc);
             } else if b.requested(v, gpa) != 0 {
                 b.boost(v, Source::Request);
             } else if wake_at != 0 && wake_at <= tsc + lead_ticks {
@@ -158,40 +160,54 @@ fn run(b: &Booster, stop: &(Mutex<bool>, Condvar)) {
     }
 }
 
-/// One vCPU thread's run-queue wait, read each poll.
+/// One vCPU thread's run-queue wait, read each pass.
 #[derive(Default)]
 struct Wait {
-    /// Its `/proc/self/task/TID/schedstat`, opened once.
-    file: Option<(i32, File)>,
+    /// Its `/proc/self/task/TID/schedstat`, opened once per thread id
+    /// (`None` with the id: it could not be read; not tried again).
+    file: Option<(i32, Option<File>)>,
     contention: Contention,
 }
 
 impl Wait {
     /// Whether vCPU `v`'s thread lately waited for a CPU (false while it
-    /// cannot be read).
-    fn contended(&mut self, b: &Booster, v: usize) -> bool {
+    /// cannot be read: then no boost is granted under `contended`, and the
+    /// first such thread is logged).
+    fn contended(&mut self, b: &Booster, v: usize, warned: &mut bool) -> bool {
         let Some(tid) = b.tid(v) else {
             return false;
         };
         if self.file.as_ref().is_none_or(|(t, _)| *t != tid) {
-            self.file = File::open(format!("/proc/self/task/{tid}/schedstat"))
-                .ok()
-                .map(|f| (tid, f));
+            let f = File::open(format!("/proc/self/task/{tid}/schedstat"));
+            self.file = Some((tid, f.ok()));
             self.contention = Contention::default();
         }
-        let Some((_, f)) = &self.file else {
-            return false;
+        let wait = match &self.file {
+            Some((_, Some(f))) => {
+                let mut buf = [0u8; 96];
+                f.read_at(&mut buf, 0).ok().and_then(|n| {
+                    std::str::from_utf8(&buf[..n])
+                        .ok()
+                        .and_then(schedstat_wait_ns)
+                })
+            }
+            _ => None,
         };
-        let mut buf = [0u8; 96];
-        let Ok(n) = f.read_at(&mut buf, 0) else {
-            return false;
-        };
-        match std::str::from_utf8(&buf[..n])
-            .ok()
-            .and_then(schedstat_wait_ns)
-        {
-            Some(wait) => self.contention.saw(wait),
-            None => false,
+        match wait {
+            Some(w) => self.contention.saw(Instant::now(), w),
+            None => {
+                // Failed once: not read again for this thread.
+                if let Some((_, f)) = self.file.as_mut() {
+                    *f = None;
+                }
+                if !std::mem::replace(warned, true) {
+                    tracing::warn!(
+                        vcpu = v,
+                        "--boost-when contended: no run-queue wait can be read for the vCPU thread (schedstat); no boost is granted to it"
+                    );
+                }
+                false
+            }
         }
     }
 }

@@ -25,8 +25,12 @@ pub struct VcpuBoostStats {
     /// Unboost calls that kept the boost: the next real-time wake-up was
     /// due within `--boost-keep-us`.
     pub kept: u64,
-    /// Boosts not granted because the thread had not waited for a CPU
-    /// lately (`--boost-when contended`).
+    /// Unboost calls that would have kept the boost but for its CPU
+    /// budget (the gap could take it past half of `--boost-max-ms`).
+    pub budget_unboosts: u64,
+    /// Monitor passes that found a request and granted no boost because
+    /// the thread had not waited for a CPU lately (`--boost-when
+    /// contended`).
     pub not_contended: u64,
     /// Boosts revoked by the throttle.
     pub throttles: u64,
