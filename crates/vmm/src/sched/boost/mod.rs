@@ -28,6 +28,8 @@
 //! long as it runs guest code, whatever the guest does.
 //!
 //! Files: `area.rs` the shared areas (registration, their fields),
+//! `tuning.rs` this host's tuning (when boosts are granted and kept),
+//! `decide.rs` those decisions as pure functions,
 //! `monitor.rs` the monitor thread, `policy.rs` what a boost does to a
 //! thread, `config.rs` the settings and figures.
 
@@ -36,6 +38,7 @@ pub mod decide;
 mod monitor;
 pub mod policy;
 mod report;
+mod tuning;
 
 pub use crate::config::boost::{BoostConfig, BoostMode, BoostTuning, BoostUpdate, BoostWhen};
 pub use report::{BoostReport, VcpuBoostStats};
@@ -158,37 +161,6 @@ impl Booster {
 
     fn mode(&self) -> BoostMode {
         self.config().mode
-    }
-
-    /// This host's tuning now.
-    pub fn tuning(&self) -> BoostTuning {
-        *self.tuning.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Change this host's tuning while the VM runs (`PUT /vm/boost`).
-    pub fn set_tuning(&self, t: BoostTuning) -> Result<(), String> {
-        t.check()?;
-        *self.tuning.lock().unwrap_or_else(|p| p.into_inner()) = t;
-        Ok(())
-    }
-
-    /// Whether `--boost-when` lets vCPU `vcpu` be boosted now.
-    fn worth_boosting(&self, vcpu: usize) -> bool {
-        self.tuning().when == BoostWhen::Always
-            || self.slots[vcpu].contended.load(Ordering::Relaxed)
-    }
-
-    /// The monitor's reading of whether vCPU `vcpu`'s thread lately waited
-    /// for a CPU.
-    pub(super) fn set_contended(&self, vcpu: usize, contended: bool) {
-        self.slots[vcpu]
-            .contended
-            .store(contended, Ordering::Relaxed);
-    }
-
-    /// vCPU `vcpu`'s thread id, once it runs.
-    pub(super) fn tid(&self, vcpu: usize) -> Option<i32> {
-        self.lock(vcpu).tid
     }
 
     /// Change the settings while the VM runs (`PUT /vm/boost`): every
@@ -389,46 +361,6 @@ impl Booster {
             }
         }
         control_status::OK
-    }
-
-    /// The monitor's check of a boosted vCPU: end a kept boost whose
-    /// announced wake-up passed ([`KEPT_GRACE`] ago) with no request set
-    /// and no unboost call since.
-    pub(super) fn expire_kept(&self, vcpu: usize, gpa: u64, tsc: u64) {
-        let s = self.lock(vcpu);
-        if s.kept_until.is_some_and(|until| tsc > until) && self.requested(vcpu, gpa) == 0 {
-            self.unboost_locked(s, vcpu, None);
-        }
-    }
-
-    /// Whether the unboost call keeps vCPU `vcpu`'s boost (`s` its slot,
-    /// locked), and the wake-up it keeps it for: see [`decide::keep`]; and
-    /// under `--boost-when contended` only while the thread still counts
-    /// as contended.
-    fn keeps(&self, vcpu: usize, gpa: u64, s: &SlotState) -> (decide::Keep, u64) {
-        let no = (decide::Keep::NotNear, 0);
-        let tuning = self.tuning();
-        let (Some((_, cpu0)), Some(tid)) = (s.since, s.tid) else {
-            return no;
-        };
-        if tuning.keep_us == 0 || !self.worth_boosting(vcpu) {
-            return no;
-        }
-        let cpu_used_ns = match policy::thread_cpu_ns(tid) {
-            Ok(cpu) if cpu0 != u64::MAX => cpu.saturating_sub(cpu0),
-            // No CPU clock: the limit cannot be checked, so never keep.
-            _ => return no,
-        };
-        let wake_at = self.read_wake_at(gpa);
-        let decision = decide::keep(decide::KeepCheck {
-            keep_us: tuning.keep_us,
-            wake_at,
-            tsc: crate::state::host_tsc(),
-            tsc_khz: self.tsc_khz(),
-            cpu_used_ns,
-            max_ms: self.config().max_ms,
-        });
-        (decision, wake_at)
     }
 
     /// Boost vCPU `vcpu`'s thread (nothing if it is boosted, throttled,

@@ -14,6 +14,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 
 use super::decide::{schedstat_wait_ns, Contention};
+use super::tuning::host_tsc;
 use super::{policy, BoostWhen, Booster, Source, TIMER_LEAD};
 
 /// A running monitor thread.
@@ -84,12 +85,6 @@ impl Track {
     fn expected(&self) -> Option<u64> {
         (self.period != 0).then(|| self.seen + self.period)
     }
-}
-
-fn host_tsc() -> u64 {
-    // SAFETY: rdtsc has no side effects; the guest's TSC is the host's here
-    // (docs/ARCHITECTURE.md), so guest deadlines compare with it directly.
-    unsafe { core::arch::x86_64::_rdtsc() }
 }
 
 fn run(b: &Booster, stop: &(Mutex<bool>, Condvar)) {

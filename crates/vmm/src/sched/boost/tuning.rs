@@ -1,0 +1,88 @@
+//! This host's tuning of dynamic boosting (`--boost-when`,
+//! `--boost-keep-us`; `HostConfig::boost_tuning`): whether a vCPU is worth
+//! boosting now, and whether the guest's unboost call keeps a boost. The
+//! decisions themselves are `decide.rs`'s pure functions.
+
+use std::sync::atomic::Ordering;
+
+use super::{decide, policy, BoostTuning, BoostWhen, Booster, SlotState};
+
+/// The TSC now: the guest's TSC is the host's here (docs/ARCHITECTURE.md),
+/// so guest deadlines compare with it directly.
+pub(super) fn host_tsc() -> u64 {
+    // SAFETY: rdtsc has no side effects.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
+impl Booster {
+    /// This host's tuning now.
+    pub fn tuning(&self) -> BoostTuning {
+        *self.tuning.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Change this host's tuning while the VM runs (`PUT /vm/boost`).
+    pub fn set_tuning(&self, t: BoostTuning) -> Result<(), String> {
+        t.check()?;
+        *self.tuning.lock().unwrap_or_else(|p| p.into_inner()) = t;
+        Ok(())
+    }
+
+    /// Whether `--boost-when` lets vCPU `vcpu` be boosted now.
+    pub(super) fn worth_boosting(&self, vcpu: usize) -> bool {
+        self.tuning().when == BoostWhen::Always
+            || self.slots[vcpu].contended.load(Ordering::Relaxed)
+    }
+
+    /// The monitor's reading of whether vCPU `vcpu`'s thread lately waited
+    /// for a CPU.
+    pub(super) fn set_contended(&self, vcpu: usize, contended: bool) {
+        self.slots[vcpu]
+            .contended
+            .store(contended, Ordering::Relaxed);
+    }
+
+    /// vCPU `vcpu`'s thread id, once it runs.
+    pub(super) fn tid(&self, vcpu: usize) -> Option<i32> {
+        self.lock(vcpu).tid
+    }
+
+    /// The monitor's check of a boosted vCPU: end a kept boost whose
+    /// announced wake-up passed ([`KEPT_GRACE`] ago) with no request set
+    /// and no unboost call since.
+    pub(super) fn expire_kept(&self, vcpu: usize, gpa: u64, tsc: u64) {
+        let s = self.lock(vcpu);
+        if s.kept_until.is_some_and(|until| tsc > until) && self.requested(vcpu, gpa) == 0 {
+            self.unboost_locked(s, vcpu, None);
+        }
+    }
+
+    /// Whether the unboost call keeps vCPU `vcpu`'s boost (`s` its slot,
+    /// locked), and the wake-up it keeps it for: see [`decide::keep`]; and
+    /// under `--boost-when contended` only while the thread still counts
+    /// as contended.
+    pub(super) fn keeps(&self, vcpu: usize, gpa: u64, s: &SlotState) -> (decide::Keep, u64) {
+        let no = (decide::Keep::NotNear, 0);
+        let tuning = self.tuning();
+        let (Some((_, cpu0)), Some(tid)) = (s.since, s.tid) else {
+            return no;
+        };
+        if tuning.keep_us == 0 || !self.worth_boosting(vcpu) {
+            return no;
+        }
+        let cpu_used_ns = match policy::thread_cpu_ns(tid) {
+            Ok(cpu) if cpu0 != u64::MAX => cpu.saturating_sub(cpu0),
+            // No CPU clock: the limit cannot be checked, so never keep.
+            _ => return no,
+        };
+        let wake_at = self.read_wake_at(gpa);
+        let decision = decide::keep(decide::KeepCheck {
+            keep_us: tuning.keep_us,
+            wake_at,
+            tsc: host_tsc(),
+            tsc_khz: self.tsc_khz(),
+            cpu_used_ns,
+            max_ms: self.config().max_ms,
+        });
+        (decision, wake_at)
+    }
+}
