@@ -193,7 +193,7 @@ pub fn render(src: &LiveSources, controller: &Controller) -> String {
     drop(governor);
     if let Some(b) = src.boost.as_ref().map(|b| b.report()) {
         type Field = fn(&crate::sched::boost::VcpuBoostStats) -> u64;
-        let fields: [(&str, &str, Field); 5] = [
+        let fields: [(&str, &str, Field); 8] = [
             ("boost_boosts", "vCPU thread boosts granted", |s| s.boosts),
             (
                 "boost_unboosts",
@@ -209,6 +209,21 @@ pub fn render(src: &LiveSources, controller: &Controller) -> String {
                 |s| s.boosted_us,
             ),
             ("boost_errors", "boosts the OS refused", |s| s.errors),
+            (
+                "boost_kept",
+                "unboost calls that kept the boost across a short gap (--boost-keep-us)",
+                |s| s.kept,
+            ),
+            (
+                "boost_budget_unboosts",
+                "unboost calls that would have kept the boost but for its CPU budget",
+                |s| s.budget_unboosts,
+            ),
+            (
+                "boost_not_contended",
+                "monitor passes that granted no boost for want of contention (--boost-when contended)",
+                |s| s.not_contended,
+            ),
         ];
         for (name, help, f) in fields {
             families.push(Family {
