@@ -38,8 +38,9 @@ fn parse_seccomp(s: &str) -> Result<SeccompMode, String> {
 pub(crate) struct HostFileArgs {
     /// Page store of a VM with a memory budget: a new file to create (an
     /// existing path is refused, never overwritten), or a directory to
-    /// create one in; unlinked as soon as it is open [default: a temporary
-    /// file in /var/tmp].
+    /// create one in; a file with no name (O_TMPFILE) where the file
+    /// system allows, else unlinked as soon as it is open [default: a
+    /// temporary file in /var/tmp].
     #[arg(long)]
     pub(crate) page_store: Option<PathBuf>,
     /// Extra latency of every page-store read, modelling a slower device

@@ -211,17 +211,18 @@ fn vms_under_a_pager_migrate() {
         ],
         &dir.path("budget.sock"),
     );
-    // Migrate once pages have gone out to the store (the guest writes its
-    // 48 MiB first, at whatever speed this host gives it; then it runs 6 s).
+    // Migrate once 8 MiB have gone out to the store, so that more than
+    // the budget's worth exists to send (the guest writes its 48 MiB first,
+    // at whatever speed this host gives it; then it runs 6 s).
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let stats = src.api().json("GET", "/vm/stats", None).unwrap();
-        if stats["pager"]["evictions"].as_u64().unwrap() > 0 {
+        if stats["pager"]["evictions"].as_u64().unwrap() >= 2048 {
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "no page was evicted in 60 s: {}",
+            "8 MiB were not evicted in 60 s: {}",
             stats["pager"]
         );
         std::thread::sleep(Duration::from_millis(20));

@@ -118,49 +118,42 @@ impl PageStore {
     /// [`default_dir`]), with room for `capacity` bytes of evicted pages. An
     /// existing file, device or other non-directory is refused.
     pub fn create(path: Option<&Path>, capacity: u64) -> Result<Self, StoreError> {
-        let path = match path {
-            Some(p) if p.is_dir() => unique_in(p),
-            Some(p) => p.to_path_buf(),
-            None => unique_in(&default_dir()),
+        let (dir, path) = match path {
+            Some(p) if p.is_dir() => (p.to_path_buf(), unique_in(p)),
+            Some(p) => {
+                if p.symlink_metadata().is_ok() {
+                    return Err(StoreError::Exists { path: p.into() });
+                }
+                let parent = match p.parent() {
+                    Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+                    _ => PathBuf::from("."),
+                };
+                (parent, p.to_path_buf())
+            }
+            None => {
+                let d = default_dir();
+                (d.clone(), unique_in(&d))
+            }
         };
         let unwritable = |source| StoreError::Unwritable {
             path: path.clone(),
             source,
         };
-        let open = |direct: bool| {
-            let mut o = OpenOptions::new();
-            o.read(true).write(true).create_new(true);
-            if direct {
-                o.custom_flags(libc::O_DIRECT);
-            }
-            o.open(&path)
-        };
-        let (file, direct) = match open(true) {
-            Ok(f) => (f, true),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                // Does the failed O_DIRECT open leave the file behind? Open
-                // it without O_CREAT if so, so the file is created only once.
-                tracing::warn!(
-                    "page store {}: O_DIRECT refused (tmpfs?), using buffered I/O",
-                    path.display()
-                );
-                let f = match open(false) {
-                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                        OpenOptions::new().read(true).write(true).open(&path)
-                    }
-                    other => other,
-                };
-                (f.map_err(unwritable)?, false)
-            }
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                return Err(StoreError::Exists { path });
+        // A file without a name in the store's directory (O_TMPFILE): there
+        // is no moment at which a killed VMM could leave it behind. Where
+        // the file system has no such files, a named one, unlinked at once.
+        let (file, direct) = match unnamed_in(&dir) {
+            Ok(opened) => opened,
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EOPNOTSUPP) | Some(libc::EISDIR)
+                ) =>
+            {
+                named_then_unlinked(&path)?
             }
             Err(e) => return Err(unwritable(e)),
         };
-        // Only the descriptor is used from here: with the name gone at once
-        // (before the checks below, whose disk write can take milliseconds),
-        // the file goes with the process however it ends, SIGKILL included.
-        std::fs::remove_file(&path).map_err(unwritable)?;
         let store = PageStore {
             file,
             path: path.clone(),
@@ -210,6 +203,70 @@ impl PageStore {
         let page = unsafe { std::slice::from_raw_parts(src, PAGE_SIZE as usize) };
         self.file.write_all_at(page, index * PAGE_SIZE)
     }
+}
+
+/// A new file without a name in `dir` (O_TMPFILE, mode 0600), with
+/// O_DIRECT where the file system allows; whether it is direct.
+fn unnamed_in(dir: &Path) -> io::Result<(File, bool)> {
+    let open = |direct: bool| {
+        let flags = libc::O_TMPFILE | if direct { libc::O_DIRECT } else { 0 };
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .mode(0o600)
+            .custom_flags(flags)
+            .open(dir)
+    };
+    match open(true) {
+        Ok(f) => Ok((f, true)),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            tracing::warn!(
+                "page store in {}: O_DIRECT refused (tmpfs?), using buffered I/O",
+                dir.display()
+            );
+            open(false).map(|f| (f, false))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The file at `path`, created new (an existing one is refused) and its
+/// name removed at once: for a file system without O_TMPFILE.
+fn named_then_unlinked(path: &Path) -> Result<(File, bool), StoreError> {
+    let unwritable = |source| StoreError::Unwritable {
+        path: path.to_path_buf(),
+        source,
+    };
+    let open = |direct: bool| {
+        let mut o = OpenOptions::new();
+        o.read(true).write(true).create_new(true).mode(0o600);
+        if direct {
+            o.custom_flags(libc::O_DIRECT);
+        }
+        o.open(path)
+    };
+    let (file, direct) = match open(true) {
+        Ok(f) => (f, true),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            // Does the failed O_DIRECT open leave the file behind? Open
+            // it without O_CREAT if so, so the file is created only once.
+            let f = match open(false) {
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    OpenOptions::new().read(true).write(true).open(path)
+                }
+                other => other,
+            };
+            (f.map_err(unwritable)?, false)
+        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            return Err(StoreError::Exists { path: path.into() });
+        }
+        Err(e) => return Err(unwritable(e)),
+    };
+    // Only the descriptor is used from here: with the name gone at once,
+    // the file goes with the process however it ends.
+    std::fs::remove_file(path).map_err(unwritable)?;
+    Ok((file, direct))
 }
 
 fn unique_in(dir: &Path) -> PathBuf {

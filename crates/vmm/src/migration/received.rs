@@ -22,7 +22,7 @@ pub struct ReceivedPages {
 impl ReceivedPages {
     /// A store for pages below guest-physical `end`, in a new file at
     /// `path` (or a directory to create it in; `None`: a temporary file),
-    /// unlinked as soon as it is open (it goes with the process).
+    /// without a name (it goes with the process).
     pub fn create(path: Option<&Path>, end: u64) -> Result<Self, StoreError> {
         Ok(ReceivedPages {
             // Room is checked as pages arrive: a full disk fails the write.
