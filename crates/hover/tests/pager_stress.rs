@@ -95,6 +95,8 @@ fn a_page_store_cut_short_stops_the_vm_with_a_clear_error() {
             "128M",
             "--memory-budget",
             "16M",
+            "--page-store",
+            dir.0.to_str().unwrap(),
             "--cmdline",
             "workload=kvstore wss=96M tasks=2 seconds=30",
         ],
@@ -118,9 +120,9 @@ fn a_page_store_cut_short_stops_the_vm_with_a_clear_error() {
     let store = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
         .flatten()
-        .find(|e| {
-            std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().contains("hover-pages-"))
-        })
+        // The store's file has no name (O_TMPFILE) or lost it at once:
+        // either way its link is in the store's directory.
+        .find(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.starts_with(&dir.0)))
         .expect("the page store's descriptor")
         .path();
     std::fs::OpenOptions::new()
