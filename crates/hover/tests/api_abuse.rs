@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use common::{report, Scratch, Vm};
+use common::{Scratch, Vm};
 use hover_vmm::api::Endpoint;
 use hover_vmm::host::kvm_for_test;
 
@@ -116,7 +116,7 @@ fn abusive_clients_never_end_the_vm() {
     }
     let dir = Scratch::new("api-abuse");
     let vm = Vm::spawn(
-        &["run", "--cmdline", "workload=spin tasks=2 seconds=8"],
+        &["run", "--cmdline", "workload=spin tasks=2 seconds=600"],
         &dir.path("vm.sock"),
     );
     // Lengths no server may allocate: refused before a byte of body is read.
@@ -180,7 +180,5 @@ fn abusive_clients_never_end_the_vm() {
         }
     };
     assert!(answered, "the API answers again after the flood");
-    let (code, outcome, stderr) = vm.wait();
-    assert_eq!(code, Some(0), "{stderr}");
-    assert!(report(&outcome, "spin.total") > 0);
+    vm.shut_down();
 }

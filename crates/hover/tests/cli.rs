@@ -477,7 +477,7 @@ fn live_stats_through_the_api_socket() {
             "--console",
             "off",
             "--cmdline",
-            "workload=spin tasks=2 seconds=2",
+            "workload=spin tasks=2 seconds=600",
         ])
         .stdout(std::process::Stdio::null())
         .spawn()
@@ -501,6 +501,9 @@ fn live_stats_through_the_api_socket() {
     let taken = hover(&["run", "--api-socket", &sock_s]);
     assert_eq!(taken.status.code(), Some(2));
     assert!(text(&taken.stderr).contains("already exists"));
+    // The guest outlasts the test (a slow host never has it end first).
+    let end = hover(&["ctl", "--api-socket", &sock_s, "shutdown"]);
+    assert_eq!(end.status.code(), Some(0), "{}", text(&end.stderr));
     assert_eq!(vm.wait().unwrap().code(), Some(0));
     assert!(!sock.exists(), "the socket is removed at exit");
     let gone = hover(&["stats", "--api-socket", &sock_s]);

@@ -109,6 +109,20 @@ impl Vm {
         ApiClient::new(&self.socket, Duration::from_secs(120))
     }
 
+    /// End it through the API (`PUT /vm/shutdown`) and wait: its JSON
+    /// outcome, checked to say the API ended a run that was still going.
+    /// Tests that steer a VM run a workload that outlasts them and end it
+    /// here, so a slow host never has the guest finish first.
+    pub fn shut_down(self) -> serde_json::Value {
+        self.api()
+            .json("PUT", "/vm/shutdown", None)
+            .unwrap_or_else(|e| panic!("shutdown refused (did the guest end first?): {e}"));
+        let (code, outcome, stderr) = self.wait();
+        assert_eq!(code, Some(0), "{stderr}");
+        assert_eq!(outcome["ended"], "shutdown", "{outcome}");
+        outcome
+    }
+
     /// Wait for the process: its exit status, its JSON outcome (or Null) and stderr.
     pub fn wait(mut self) -> (Option<i32>, serde_json::Value, String) {
         let out = self
