@@ -109,7 +109,7 @@ func config(dir, name, image, args string) firecracker.Config {
 // to its verified end as well.
 func TestStartSnapshotResumeAndLoad(t *testing.T) {
 	dir, image, bin := setup(t)
-	cfg := config(dir, "first", image, "workload=kvstore wss=8M rate=2000 seconds=4")
+	cfg := config(dir, "first", image, "workload=kvstore wss=8M rate=2000 seconds=8")
 	v, err := start(t, bin, "first", cfg)
 	if err != nil {
 		t.Fatalf("Start: %v; stderr: %s", err, v.stderr)

@@ -126,7 +126,8 @@ impl Probe {
                 let step = interval.as_nanos() as u64;
                 let (mut n, mut sum, mut max) = (0u64, 0u64, 0u64);
                 let mut next = now_ns() + step;
-                while !flag.load(Ordering::Relaxed) {
+                // At least one wake-up, however soon it is stopped.
+                loop {
                     sleep_until_ns(next);
                     let late = now_ns().saturating_sub(next);
                     n += 1;
@@ -137,6 +138,9 @@ impl Probe {
                     let now = now_ns();
                     if next < now {
                         next = now + step;
+                    }
+                    if flag.load(Ordering::Relaxed) {
+                        break;
                     }
                 }
                 ProbeResult {

@@ -432,7 +432,8 @@ fn the_api_socket_answers_as_soon_as_it_appears() {
     for round in 0..3 {
         let socket = dir.path(&format!("vm{round}.sock"));
         let mut child = common::hover_cmd()
-            .args(["run", "--cmdline", "workload=spin tasks=1 seconds=1"])
+            // The guest outlasts the checks; the test ends it.
+            .args(["run", "--cmdline", "workload=spin tasks=1 seconds=600"])
             .args(["--api-socket", socket.to_str().unwrap(), "--console", "off"])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
@@ -450,8 +451,11 @@ fn the_api_socket_answers_as_soon_as_it_appears() {
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .filter(|n| n.starts_with(".hover-api"))
             .collect();
-        let status = child.wait().unwrap();
         assert!(connected.is_ok(), "round {round}: {connected:?}");
+        ApiClient::new(&socket, Duration::from_secs(120))
+            .json("PUT", "/vm/shutdown", None)
+            .unwrap();
+        let status = child.wait().unwrap();
         assert!(names.is_empty(), "left behind: {names:?}");
         assert!(status.success(), "round {round}: {status}");
     }

@@ -68,7 +68,7 @@ fn a_confined_receiver_takes_a_vm_in_with_its_own_io_file() {
         &[
             "run",
             "--cmdline",
-            "workload=kvstore wss=16M rate=1000 seconds=3",
+            "workload=kvstore wss=16M rate=1000 seconds=10",
         ],
         &dir.path("src.sock"),
     );

@@ -262,7 +262,7 @@ fn a_vm_a_firecracker_client_started_migrates_with_hover_ctl() {
     let image = guest(&dir);
     let fc = Fc::spawn(&dir, &["--json"]);
     let s = &fc.sock;
-    start_guest(s, &image, "workload=kvstore wss=4M rate=1000 seconds=3");
+    start_guest(s, &image, "workload=kvstore wss=4M rate=1000 seconds=10");
     let listen = format!("unix:{}", dir.path("in.sock").display());
     let (rx, at) = common::migrate::receiver(&listen);
     let out = hover(&[

@@ -377,7 +377,7 @@ fn snapshot_of_a_running_vm(dir: &Scratch) -> PathBuf {
     let image = guest(dir);
     let fc = Fc::spawn(dir, &[]);
     let s = &fc.sock;
-    start_guest(s, &image, "workload=kvstore wss=4M rate=1000 seconds=2");
+    start_guest(s, &image, "workload=kvstore wss=4M rate=1000 seconds=6");
     done(s, "PATCH", "/vm", r#"{"state": "Paused"}"#);
     let snap = dir.path("vm.snap");
     let create = format!(

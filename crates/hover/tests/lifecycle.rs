@@ -71,7 +71,7 @@ fn restored_workloads_finish_as_if_uninterrupted() {
     let dir = Scratch::new("restored-workloads");
     let cases = [
         ("memtouch", "workload=memtouch size=32M tasks=2 rounds=150"),
-        ("spin", "workload=spin tasks=4 seconds=3"),
+        ("spin", "workload=spin tasks=4 seconds=8"),
         ("timer", "workload=timer interval_us=1000 seconds=3"),
     ];
     for (name, cmdline) in cases {
@@ -414,7 +414,7 @@ fn a_pvh_booted_guest_on_two_vcpus_is_restored_whole() {
         "--vcpus",
         "2",
         "--cmdline",
-        "workload=spin tasks=2 seconds=2",
+        "workload=spin tasks=2 seconds=6",
     ];
     let snap = snapshot_midway(&dir, "pvh", &args, Duration::from_millis(500));
     let o = restore(&snap, "eager");

@@ -148,7 +148,7 @@ fn a_sender_process_migrates_the_guest_with_each_mapping_mode() {
             "--memory-backend",
             "memfd",
             "--cmdline",
-            "workload=kvstore wss=16M rate=1000 seconds=4",
+            "workload=kvstore wss=16M rate=1000 seconds=10",
         ];
         args.extend(extra);
         let src = Vm::spawn(&args, &dir.path("src.sock"));
@@ -207,13 +207,13 @@ fn vms_under_a_pager_migrate() {
             "--memory-budget",
             "32M",
             "--cmdline",
-            "workload=kvstore wss=48M rate=20000 seconds=6",
+            "workload=kvstore wss=48M rate=20000 seconds=15",
         ],
         &dir.path("budget.sock"),
     );
     // Migrate once 8 MiB have gone out to the store, so that more than
     // the budget's worth exists to send (the guest writes its 48 MiB first,
-    // at whatever speed this host gives it; then it runs 6 s).
+    // at whatever speed this host gives it; then it runs 15 s).
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let stats = src.api().json("GET", "/vm/stats", None).unwrap();
@@ -250,7 +250,7 @@ fn vms_under_a_pager_migrate() {
         &[
             "run",
             "--cmdline",
-            "workload=kvstore wss=16M rate=5000 seconds=8",
+            "workload=kvstore wss=16M rate=5000 seconds=15",
         ],
         &dir.path("a.sock"),
     );
@@ -284,7 +284,7 @@ fn vms_under_a_pager_migrate() {
             "--memory-budget",
             "32M",
             "--cmdline",
-            "workload=kvstore wss=8M seconds=2",
+            "workload=kvstore wss=8M seconds=600",
         ],
         &dir.path("c.sock"),
     );

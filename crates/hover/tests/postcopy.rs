@@ -307,11 +307,12 @@ fn a_guest_that_powers_off_during_a_round_is_not_moved() {
     }
     let dir = Scratch::new("postcopy-ended");
     let (dest, at) = receiver(&format!("unix:{}", dir.path("in.sock").display()));
-    let src = writer(&dir, "src", 3);
+    // Once the guest has written its 32 MiB store (well within 2 s; its 8 s
+    // count from then), the first round (those 32 MiB at 1 MB/s) outlives
+    // it; the switch is asked for at once but comes after that round, when
+    // the guest has powered off: it must end here, not move.
+    let src = writer(&dir, "src", 8);
     std::thread::sleep(Duration::from_millis(2000));
-    // The first round (megabytes at 1 MB/s) outlives the guest; the switch
-    // comes after it, when the guest has powered off: it must end here,
-    // not move.
     let body = serde_json::json!({
         "to": at, "mode": "hybrid", "bandwidth": 1_000_000, "auto_converge": false,
     });

@@ -35,6 +35,19 @@ fn memory_crc(mem: &vm_memory::GuestMemoryMmap) -> u32 {
     h.finalize()
 }
 
+/// Pages of guest memory holding anything but zeroes.
+fn nonzero_pages(mem: &vm_memory::GuestMemoryMmap) -> usize {
+    let mut page = vec![0u8; 4096];
+    let mut n = 0;
+    for r in mem.iter() {
+        for at in (r.start_addr().0..r.start_addr().0 + r.len()).step_by(4096) {
+            mem.read_slice(&mut page, GuestAddress(at)).unwrap();
+            n += usize::from(page.iter().any(|&b| b != 0));
+        }
+    }
+    n
+}
+
 /// Names of this process's threads that belong to a VM.
 fn vm_threads() -> Vec<String> {
     let mut names = Vec::new();
@@ -63,8 +76,13 @@ fn pause_snapshot_restore_and_no_thread_left() {
     let c = vm.controller();
     let mem = vm.ram().memory().clone();
     let run = std::thread::spawn(move || vm.run());
-    std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(c.info().state, Lifecycle::Running);
+    // Running, and the guest has written its 16 MiB (the snapshot below
+    // must hold them).
+    let t = std::time::Instant::now();
+    while c.info().state != Lifecycle::Running || nonzero_pages(&mem) <= 4096 {
+        assert!(t.elapsed() < T, "never running: {:?}", c.info().state);
+        std::thread::sleep(Duration::from_millis(5));
+    }
 
     // Resuming a running VM is refused and changes nothing.
     assert!(matches!(

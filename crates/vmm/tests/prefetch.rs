@@ -72,7 +72,7 @@ fn prefetch_places_every_saved_page_and_the_workloads_check_passes() {
         ),
         (
             "kvstore",
-            "workload=kvstore wss=16M tasks=2 seconds=2",
+            "workload=kvstore wss=16M tasks=2 seconds=6",
             "kvstore.errors",
         ),
     ] {

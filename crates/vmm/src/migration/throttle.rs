@@ -93,12 +93,17 @@ impl Throttle {
     /// sleep now, given when its current run slice began (`slice_start`,
     /// moved on when a sleep is due). `None`: run on.
     pub fn due(&self, index: usize, slice_start: &mut Instant) -> Option<Duration> {
+        self.due_at(index, slice_start, Instant::now())
+    }
+
+    /// [`Throttle::due`] with the clock read by the caller.
+    fn due_at(&self, index: usize, slice_start: &mut Instant, now: Instant) -> Option<Duration> {
         let pct = self.pct(index);
         if pct == 0 {
-            *slice_start = Instant::now();
+            *slice_start = now;
             return None;
         }
-        if slice_start.elapsed() < SLICE {
+        if now.saturating_duration_since(*slice_start) < SLICE {
             return None;
         }
         Some(sleep_for(pct))
@@ -395,13 +400,14 @@ mod tests {
     #[test]
     fn a_vcpu_sleeps_only_after_a_whole_slice() {
         let t = Throttle::new(1);
-        let mut start = Instant::now();
-        assert!(t.due(0, &mut start).is_none());
+        let now = Instant::now();
+        let mut start = now - SLICE;
+        assert!(t.due_at(0, &mut start, now).is_none());
+        assert_eq!(start, now, "unthrottled: the slice starts afresh");
         t.set(0, 50);
-        assert!(t.due(0, &mut start).is_none());
-        start -= SLICE;
-        assert_eq!(t.due(0, &mut start), Some(SLICE));
+        assert!(t.due_at(0, &mut start, now + SLICE / 2).is_none());
+        assert_eq!(t.due_at(0, &mut start, now + SLICE), Some(SLICE));
         t.clear();
-        assert!(t.due(0, &mut start).is_none());
+        assert!(t.due_at(0, &mut start, now + SLICE).is_none());
     }
 }
