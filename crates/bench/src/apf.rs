@@ -11,7 +11,9 @@
 //! - on: async PF on (the task is parked, the vCPU runs others).
 //!
 //! Prints the seed-style table (per-worker counts, total, on/off, share of
-//! ideal), writes apf.json and apf.svg (total work against latency).
+//! ideal, and what each async PF costs the guest in emulated instructions
+//! and exits by KVM's statistics), writes apf.json and apf.svg (total work
+//! against latency).
 //!
 //! The host here is itself a 2-core VM whose CPU time varies from run to
 //! run, so each configuration runs `runs` times, interleaved (every
@@ -66,6 +68,17 @@ struct Row {
     store_reads: u64,
     parked: Option<u64>,
     parked_avg_us: Option<u64>,
+    /// "Page not present" notifications the guest took (async PF on).
+    not_present: Option<u64>,
+    /// KVM statistics over the run, all vCPUs: CPL0 instructions emulated
+    /// and VM exits.
+    insn_emulation: u64,
+    exits: u64,
+    /// Async PF on: the run's emulated instructions and exits beyond the
+    /// same round's run with async PF off, per "page not present" (each
+    /// followed by its "page ready"): what the guest pays per async PF.
+    insns_per_apf: Option<f64>,
+    exits_per_apf: Option<f64>,
     command: String,
 }
 
@@ -115,6 +128,11 @@ fn run_one(
         store_reads: r.number(&["pager", "store_reads"])? as u64,
         parked: opt("apf.parked"),
         parked_avg_us: opt("apf.parked_avg_us"),
+        not_present: opt("apf.not_present"),
+        insn_emulation: r.vcpu_stat("insn_emulation"),
+        exits: r.vcpu_stat("exits"),
+        insns_per_apf: None,
+        exits_per_apf: None,
         workers,
         command: format!(
             "hover run {}",
@@ -138,6 +156,7 @@ pub fn run(exe: &Path, b: &ApfBench, out: &Path) -> Result<(), BenchError> {
     let mut runs: Vec<Row> = Vec::new();
     for round in 0..b.runs.max(1) {
         for lat in &b.latencies {
+            let first = runs.len();
             for mode in MODES {
                 let row = run_one(exe, b, array_mib, lat, mode)?;
                 eprintln!(
@@ -147,6 +166,7 @@ pub fn run(exe: &Path, b: &ApfBench, out: &Path) -> Result<(), BenchError> {
                 );
                 runs.push(row);
             }
+            per_apf_costs(&mut runs[first..]);
         }
     }
     // Per configuration, the run with the median total.
@@ -200,6 +220,12 @@ pub fn run(exe: &Path, b: &ApfBench, out: &Path) -> Result<(), BenchError> {
                 .filter(|_| r.mode == "on")
                 .map(|v| v.to_string())
                 .unwrap_or_default(),
+            r.insns_per_apf
+                .map(|v| format!("{v:.1}"))
+                .unwrap_or_default(),
+            r.exits_per_apf
+                .map(|v| format!("{v:.1}"))
+                .unwrap_or_default(),
         ]);
     }
     table::print(
@@ -213,6 +239,8 @@ pub fn run(exe: &Path, b: &ApfBench, out: &Path) -> Result<(), BenchError> {
             "faulting writes",
             "pages read from store",
             "guest parked (us)",
+            "emulated insns per async PF",
+            "exits per async PF",
         ],
         &table_rows,
     );
@@ -229,6 +257,24 @@ pub fn run(exe: &Path, b: &ApfBench, out: &Path) -> Result<(), BenchError> {
     });
     table::write_json(out, "apf.json", &doc)?;
     plot(&doc, out)
+}
+
+/// In one round's runs at one latency: the "on" run's emulated
+/// instructions and exits beyond the "off" run's, per not-present. Both
+/// runs have the same tasks, ticks and length; what "on" adds is the
+/// guest's handling of each not-present + ready pair, and the halts of a
+/// vCPU whose tasks are all parked.
+fn per_apf_costs(round: &mut [Row]) {
+    let Some(off) = round.iter().find(|r| r.mode == "off") else {
+        return;
+    };
+    let (insns, exits) = (off.insn_emulation as f64, off.exits as f64);
+    for r in round.iter_mut().filter(|r| r.mode == "on") {
+        if let Some(n) = r.not_present.filter(|&n| n > 0) {
+            r.insns_per_apf = Some((r.insn_emulation as f64 - insns) / n as f64);
+            r.exits_per_apf = Some((r.exits as f64 - exits) / n as f64);
+        }
+    }
 }
 
 /// `apf.svg` from `apf.json`'s document: per store latency, each mode's
@@ -272,4 +318,47 @@ pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
         &latencies,
         &series,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(mode: &'static str, insns: u64, exits: u64, not_present: Option<u64>) -> Row {
+        Row {
+            latency: "2ms".into(),
+            mode,
+            workers: vec![],
+            total: 0,
+            totals: vec![],
+            fault_writes: 0,
+            store_reads: 0,
+            parked: None,
+            parked_avg_us: None,
+            not_present,
+            insn_emulation: insns,
+            exits,
+            insns_per_apf: None,
+            exits_per_apf: None,
+            command: String::new(),
+        }
+    }
+
+    #[test]
+    fn an_async_pf_costs_what_on_adds_over_off_per_not_present() {
+        let mut round = [
+            row("ideal", 1_000, 100, None),
+            row("off", 5_000, 900, None),
+            row("on", 45_000, 5_900, Some(1_000)),
+        ];
+        per_apf_costs(&mut round);
+        assert_eq!(round[2].insns_per_apf, Some(40.0));
+        assert_eq!(round[2].exits_per_apf, Some(5.0));
+        assert_eq!(round[0].insns_per_apf, None);
+        assert_eq!(round[1].insns_per_apf, None);
+        // No not-present (nothing faulted asynchronously): no figure.
+        let mut quiet = [row("off", 5_000, 900, None), row("on", 5_100, 910, Some(0))];
+        per_apf_costs(&mut quiet);
+        assert_eq!(quiet[1].insns_per_apf, None);
+    }
 }

@@ -142,12 +142,6 @@ struct Row {
     runs: Vec<Run>,
 }
 
-fn sum_stat(r: &crate::runner::Run, stat: &str) -> u64 {
-    r.outcome["vcpu_stats"]
-        .as_array()
-        .map_or(0, |a| a.iter().map(|s| s[stat].as_u64().unwrap_or(0)).sum())
-}
-
 fn run_mode(
     exe: &Path,
     b: &HaltPollBench,
@@ -183,8 +177,8 @@ fn run_mode(
         avg_us: r.report("iolat.avg_ns")? / 1000.0,
         p50_us: r.report("iolat.p50_ns")? / 1000.0,
         p99_us: r.report("iolat.p99_ns")? / 1000.0,
-        successful_polls: sum_stat(&r, "halt_successful_poll"),
-        attempted_polls: sum_stat(&r, "halt_attempted_poll"),
+        successful_polls: r.vcpu_stat("halt_successful_poll"),
+        attempted_polls: r.vcpu_stat("halt_attempted_poll"),
         governor_window_ns: r.outcome["halt_poll"]["final_window_ns"].as_u64(),
         guest_poll_hits: r.report("haltpoll.hits").unwrap_or(0.0) as u64,
         guest_polls: r.report("haltpoll.polls").unwrap_or(0.0) as u64,

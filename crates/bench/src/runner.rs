@@ -32,6 +32,11 @@ impl Run {
             .ok_or_else(|| BenchError::Guest(format!("hover run --json lacks {}", path.join("."))))
     }
 
+    /// KVM statistic `stat` summed over the vCPUs (0 where absent).
+    pub fn vcpu_stat(&self, stat: &str) -> u64 {
+        crate::migration_run::sum_stat(&self.outcome["vcpu_stats"], stat)
+    }
+
     /// The guest's report `key` (the first one, from any vCPU).
     pub fn report(&self, key: &str) -> Result<f64, BenchError> {
         self.outcome["reports"]

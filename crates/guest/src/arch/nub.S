@@ -88,9 +88,12 @@ nub_triple_fault:                   /* no IDT + an exception = shutdown */
 /* ---- interrupts -------------------------------------------------------
  * Each handler saves rax, rcx, rdx, acknowledges the interrupt, records
  * what the runtime must do, and leaves through irq_tail. Stack in irq_tail:
- * 0 rdx, 8 rcx, 16 rax, 24 rip, 32 cs, 40 rflags, 48 rsp, 56 ss. */
+ * 0 rdx, 8 rcx, 16 rax, 24 rip, 32 cs, 40 rflags, 48 rsp, 56 ss.
+ * Every instruction here costs ~1 us (emulated): the counts matter. */
 
-.macro EOI                          /* x2APIC end-of-interrupt */
+/* x2APIC end-of-interrupt. (KVM's PV EOI would save the write, but this
+ * host's KVM never sets its flag: measured, docs/ABI.md.) */
+.macro EOI
     mov $0x80b, %ecx
     xor %eax, %eax
     xor %edx, %edx
@@ -113,7 +116,6 @@ hover_timer_irq:                    /* tick or sleeper deadline: rearm a tick ah
     shr $32, %rdx
     mov $0x6e0, %ecx
     wrmsr
-    movq $1, %gs:{off_need_resched}
     jmp irq_tail
 
     .global hover_resched_irq
@@ -122,7 +124,6 @@ hover_resched_irq:                  /* another vCPU queued a task here */
     push %rcx
     push %rdx
     EOI
-    movq $1, %gs:{off_need_resched}
     jmp irq_tail
 
 irq_device:                         /* rax = vector (pushed rax is the original) */
@@ -130,75 +131,74 @@ irq_device:                         /* rax = vector (pushed rax is the original)
     push %rdx
     lock btsq %rax, %gs:{off_pending_irqs}
     EOI
-    movq $1, %gs:{off_need_resched}
     /* fall through */
 
-/* Preempt if the interrupted code is CPL3 and preemptible: push the old RIP
- * below its red zone and return into preempt_entry (switch.S) instead, which
- * saves the rest at native speed and switches tasks. Otherwise return. */
-irq_tail:
+/* Preempt if the interrupted code is CPL3 and preemptible: leave its RIP in
+ * resume_rip and return into hover_preempt_entry (switch.S) instead, which
+ * steps over the red zone, saves the rest at native speed and reschedules.
+ * Otherwise ask for a reschedule at the next preemption point and return.
+ * (The image is linked low, so the entry's address is a 32-bit immediate.)
+ * A macro, so that the async-PF ready handler has it without a jump. */
+.macro IRQ_TAIL
     testb $3, 32(%rsp)
     jz 1f
     cmpq $0, %gs:{off_preempt_count}
     jne 1f
     movq $1, %gs:{off_preempt_count}
-    mov 48(%rsp), %rax
-    sub $136, %rax                  /* 128-byte red zone + the return address */
-    mov 24(%rsp), %rcx
-    mov %rcx, (%rax)
-    mov %rax, 48(%rsp)
-    lea hover_preempt_entry(%rip), %rcx
-    mov %rcx, 24(%rsp)
-1:  pop %rdx
+    mov 24(%rsp), %rax
+    mov %rax, %gs:{off_resume_rip}
+    movq $hover_preempt_entry, 24(%rsp)
+    pop %rdx
     pop %rcx
     pop %rax
     iretq
+1:  movq $1, %gs:{off_need_resched}
+    pop %rdx
+    pop %rcx
+    pop %rax
+    iretq
+.endm
+
+irq_tail:
+    IRQ_TAIL
 
 /* #PF: an async "page not present" from KVM (the area's flags say so, CR2
- * holds the token) or a real fault. Not-present in preemptible CPL3 code
- * parks the task: hand the token to the preemption path and redirect there
- * (as irq_tail does). Anywhere else just return: the access faults again,
- * and KVM, seeing a fault for a page already being fetched, halts the vCPU
- * until the page is there (the seed's rule for non-preemptible contexts).
- * Stack after push: 0 rax, 8 error, 16 rip, 24 cs, 32 rflags, 40 rsp, 48 ss. */
+ * holds the token) or a real fault. KVM sends not-present only to CPL3 code
+ * (no SEND_ALWAYS) with interrupts on, so the frame is always CPL3's.
+ * Preemptible code is parked: the token goes to the preemption path, which
+ * the return is redirected to (as irq_tail does); the runtime clears the
+ * flags and counts it there, at native speed. Non-preemptible code just
+ * returns: the access faults again, and KVM, seeing a fault for a page
+ * already being fetched, halts the vCPU until the page is there (the seed's
+ * rule for non-preemptible contexts).
+ * Stack: 0 error, 8 rip, 16 cs, 24 rflags, 32 rsp, 40 ss. */
     .global hover_page_fault
 hover_page_fault:
-    push %rax
-    movl %gs:{off_apf_flags}, %eax
-    test %eax, %eax
-    jz 3f
-    movl $0, %gs:{off_apf_flags}
-    incq %gs:{off_apf_not_present}
-    testb $3, 24(%rsp)
-    jz 2f
+    cmpl $0, %gs:{off_apf_flags}
+    je 3f
     cmpq $0, %gs:{off_preempt_count}
     jne 2f
     movq $1, %gs:{off_preempt_count}
+    mov %rax, (%rsp)                /* the error code's slot keeps rax */
     mov %cr2, %rax
-    bts $63, %rax
     mov %rax, %gs:{off_apf_park_token}
-    push %rcx
-    mov 48(%rsp), %rax
-    sub $136, %rax
-    mov 24(%rsp), %rcx
-    mov %rcx, (%rax)
-    mov %rax, 48(%rsp)
-    lea hover_preempt_entry(%rip), %rcx
-    mov %rcx, 24(%rsp)
-    pop %rcx
+    mov 8(%rsp), %rax
+    mov %rax, %gs:{off_resume_rip}
+    movq $hover_preempt_entry, 8(%rsp)
     pop %rax
+    iretq
+2:  movl $0, %gs:{off_apf_flags}
+    incq %gs:{off_apf_not_present}
+    incq %gs:{off_apf_sync}
     add $8, %rsp                    /* error code */
     iretq
-2:  incq %gs:{off_apf_sync}
-    pop %rax
-    add $8, %rsp
-    iretq
-3:  pop %rax                        /* a real page fault */
-    pushq $14
+3:  pushq $14                       /* a real page fault */
     jmp exc_common
 
-/* "Page ready": queue the token for the runtime, clear it, acknowledge it
- * (KVM sends the next only after the ACK), EOI, then as any interrupt. */
+/* "Page ready": queue the token for the runtime and clear its slot, EOI,
+ * acknowledge (KVM writes the next token only into a cleared slot, and
+ * delivers one queued meanwhile only after the ACK), then as any
+ * interrupt. The ring's byte index wraps by itself (256 entries). */
     .global hover_apf_ready
 hover_apf_ready:
     push %rax
@@ -206,18 +206,14 @@ hover_apf_ready:
     push %rdx
     movl %gs:{off_apf_token}, %eax
     movl $0, %gs:{off_apf_token}
-    mov %gs:{off_apf_ready_head}, %rcx
-    and ${apf_ring_mask}, %rcx
+    movzbl %gs:{off_apf_ready_head}, %ecx
     mov %eax, %gs:{off_apf_ready_ring}(,%rcx,4)
-    incq %gs:{off_apf_ready_head}
-    incq %gs:{off_apf_ready}
+    incb %gs:{off_apf_ready_head}
+    EOI                             /* leaves eax = edx = 0 */
     mov ${msr_apf_ack}, %ecx
-    mov $1, %eax
-    xor %edx, %edx
+    inc %eax
     wrmsr
-    EOI
-    movq $1, %gs:{off_need_resched}
-    jmp irq_tail
+    IRQ_TAIL
 
     .align 16
     .global hover_device_stubs

@@ -11,7 +11,7 @@ use core::mem::offset_of;
 use hover_abi::layout::{USER_CS, USER_DS};
 use hover_abi::vectors;
 
-use crate::arch::percpu::{PerCpu, APF_RING, MAIN_STACKS, MAIN_STACK_SIZE};
+use crate::arch::percpu::{PerCpu, MAIN_STACKS, MAIN_STACK_SIZE};
 use crate::arch::tables::IDT;
 
 /// Nub operations, indices into `nub_table` in `nub.S`.
@@ -51,9 +51,8 @@ global_asm!(
     off_apf_ready_ring = const offset_of!(PerCpu, apf_ready_ring),
     off_apf_ready_head = const offset_of!(PerCpu, apf_ready_head),
     off_apf_not_present = const offset_of!(PerCpu, apf_not_present),
-    off_apf_ready = const offset_of!(PerCpu, apf_ready),
+    off_resume_rip = const offset_of!(PerCpu, resume_rip),
     off_apf_sync = const offset_of!(PerCpu, apf_sync),
-    apf_ring_mask = const APF_RING - 1,
     msr_apf_ack = const hover_abi::pv::MSR_KVM_ASYNC_PF_ACK,
     device_base = const vectors::DEVICE_BASE,
     device_count = const vectors::DEVICE_COUNT,

@@ -8,7 +8,7 @@
 
 use core::arch::asm;
 use core::cell::UnsafeCell;
-use core::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 use hover_abi::layout::{GDT_ENTRIES, MAX_VCPUS};
 
@@ -39,10 +39,12 @@ pub struct CrashFrame {
     pub cr2: u64,
 }
 
-/// Entries in the ring of "page ready" tokens (KVM keeps at most 64 async
-/// page faults in flight per vCPU, and delivers the next ready only after
-/// the previous one is acknowledged).
-pub const APF_RING: usize = 128;
+/// Entries in the ring of "page ready" tokens: one per value of its byte
+/// indices, so the nub's index wraps by itself (`incb`, no mask). KVM keeps
+/// at most 64 async page faults in flight per vCPU and delivers the next
+/// ready only after the previous one is acknowledged.
+pub const APF_RING: usize = 256;
+const _: () = assert!(APF_RING == u8::MAX as usize + 1, "indices are bytes");
 
 /// The async page fault area KVM writes (`MSR_KVM_ASYNC_PF_EN`), 64-byte aligned.
 #[repr(C, align(64))]
@@ -110,22 +112,28 @@ pub struct PerCpu {
     pub deadline_writes: AtomicU64,
     /// Non-zero while the idle loop is about to halt or halted.
     pub halted: AtomicU64,
+    /// Where the code the nub redirected to `hover_preempt_entry` was
+    /// interrupted (valid while `preempt_count` is 1 from that redirect,
+    /// until the entry has pushed it).
+    pub resume_rip: AtomicU64,
+
     /// Index of the running task (see `sched`).
     pub current: AtomicUsize,
     /// Device vectors the nub has seen but the runtime not yet handled, one bit per vector.
     pub pending_irqs: [AtomicU64; 4],
-    /// A "page not present" token from the nub's #PF handler for the
-    /// preemption path to park the task on (bit 63 set = valid).
+    /// A "page not present" token (KVM never issues 0) from the nub's #PF
+    /// handler for the preemption path to park the task on; 0: none.
     pub apf_park_token: AtomicU64,
     /// "Page ready" tokens written by the nub, consumed by the runtime.
     pub apf_ready_ring: [AtomicU32; APF_RING],
-    /// Tokens written into the ring (by the nub).
-    pub apf_ready_head: AtomicU64,
-    /// Tokens consumed from the ring (by the runtime).
-    pub apf_ready_tail: AtomicU64,
-    /// "Page not present" notifications received.
+    /// Index of the next token the nub writes (wraps at 256).
+    pub apf_ready_head: AtomicU8,
+    /// Index of the next token the runtime takes (wraps at 256).
+    pub apf_ready_tail: AtomicU8,
+    /// "Page not present" notifications received (counted by the runtime
+    /// when it parks a task, by the nub when it leaves the fault to KVM).
     pub apf_not_present: AtomicU64,
-    /// "Page ready" notifications received.
+    /// "Page ready" tokens taken from the ring (counted by the runtime).
     pub apf_ready: AtomicU64,
     /// "Page not present" in a non-preemptible context: left to KVM, which
     /// halts the vCPU until the page is there.
@@ -157,12 +165,13 @@ const EMPTY: PerCpu = PerCpu {
     ticks: AtomicU64::new(0),
     deadline_writes: AtomicU64::new(0),
     halted: AtomicU64::new(0),
+    resume_rip: AtomicU64::new(0),
     current: AtomicUsize::new(0),
     pending_irqs: [const { AtomicU64::new(0) }; 4],
     apf_park_token: AtomicU64::new(0),
     apf_ready_ring: [const { AtomicU32::new(0) }; APF_RING],
-    apf_ready_head: AtomicU64::new(0),
-    apf_ready_tail: AtomicU64::new(0),
+    apf_ready_head: AtomicU8::new(0),
+    apf_ready_tail: AtomicU8::new(0),
     apf_not_present: AtomicU64::new(0),
     apf_ready: AtomicU64::new(0),
     apf_sync: AtomicU64::new(0),

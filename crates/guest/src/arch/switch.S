@@ -29,13 +29,17 @@ hover_task_trampoline:
     call {task_start}
     ud2
 
-/* Where the nub's interrupt tail sends a preempted task: the interrupted
- * RIP is at [rsp], 128 bytes of red zone above it, and preempt_count = 1.
- * Save everything the interrupted code may have live (flags, all GPRs, x87
- * and SSE state), let the scheduler switch, restore, and return past the
- * red zone to the interrupted instruction. */
+/* Where the nub's interrupt tail sends a preempted task: RSP and every
+ * register as the interrupted code left them, its RIP in PerCpu.resume_rip,
+ * preempt_count = 1 (so no other redirect overwrites it). Step over its
+ * 128-byte red zone (lea: the flags stay), push the RIP as a return
+ * address, save everything it may have live (flags, all GPRs, x87 and SSE
+ * state), let the scheduler switch, restore, and return past the red zone
+ * to the interrupted instruction. */
     .global hover_preempt_entry
 hover_preempt_entry:
+    lea -128(%rsp), %rsp
+    pushq %gs:{off_resume_rip}
     pushfq
     cld
     push %rax

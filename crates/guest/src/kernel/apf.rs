@@ -19,7 +19,7 @@ use hover_abi::pv::{
 use hover_abi::vectors;
 
 use crate::arch::nub;
-use crate::arch::percpu::{self, PerCpu, APF_RING};
+use crate::arch::percpu::{self, PerCpu};
 use crate::kernel::clock;
 use crate::kernel::report::Reports;
 use crate::kernel::sched::{self, MAX_TASKS};
@@ -69,9 +69,18 @@ pub fn enable(pc: &PerCpu, boot: &BootInfo) -> bool {
     true
 }
 
-/// Park the current task until "page ready" for `token` (from the
-/// preemption path, `preempt_count == 1`).
-pub fn park(token: u32) {
+/// The nub redirected a task that touched a page not present: finish the
+/// notification here at native speed (clear the area's flags, which the nub
+/// leaves set to save emulated instructions, and count it) and park the
+/// task (from the preemption path, `preempt_count == 1`).
+pub fn park_faulted(pc: &PerCpu, token: u32) {
+    pc.apf_area.flags.store(0, Ordering::Relaxed);
+    pc.apf_not_present.fetch_add(1, Ordering::Relaxed);
+    park(token);
+}
+
+/// Park the current task until "page ready" for `token`.
+fn park(token: u32) {
     let cpu = percpu::this_cpu().index();
     let me = sched::current();
     {
@@ -98,13 +107,15 @@ pub fn process_ready(pc: &PerCpu) {
     if tail == head {
         return;
     }
+    pc.apf_ready
+        .fetch_add(u64::from(head.wrapping_sub(tail)), Ordering::Relaxed);
     let mut wake = [0usize; MAX_TASKS];
     let mut n = 0;
     {
         let mut w = WAITS[pc.index()].lock();
-        while tail < head {
-            let token = pc.apf_ready_ring[(tail as usize) % APF_RING].load(Ordering::Relaxed);
-            tail += 1;
+        while tail != head {
+            let token = pc.apf_ready_ring[usize::from(tail)].load(Ordering::Relaxed);
+            tail = tail.wrapping_add(1);
             if token == ASYNC_PF_BROADCAST_TOKEN {
                 for &(_, task, _) in &w.parked[..w.parked_len] {
                     wake[n] = task;

@@ -37,6 +37,7 @@ global_asm!(
     include_str!("../arch/switch.S"),
     task_start = sym task_start,
     preempt_irq = sym preempt_irq,
+    off_resume_rip = const core::mem::offset_of!(crate::arch::percpu::PerCpu, resume_rip),
     options(att_syntax)
 );
 
@@ -404,11 +405,15 @@ extern "C" fn task_start(id: usize) -> ! {
 }
 
 /// Called by `hover_preempt_entry` with `preempt_count == 1`: after a tick
-/// or interrupt, or after an async "page not present" (then with a token).
+/// or interrupt (a reschedule is due), or after an async "page not present"
+/// (then with its token, and the task parks).
 extern "C" fn preempt_irq() {
-    let token = this_cpu().apf_park_token.swap(0, Ordering::Relaxed);
-    if token & (1 << 63) != 0 {
-        apf::park(token as u32);
+    let pc = this_cpu();
+    let token = pc.apf_park_token.swap(0, Ordering::Relaxed);
+    if token != 0 {
+        apf::park_faulted(pc, token as u32);
+    } else {
+        pc.need_resched.store(1, Ordering::Relaxed);
     }
     reschedule();
 }
