@@ -40,9 +40,12 @@ pub struct CrashFrame {
 }
 
 /// Entries in the ring of "page ready" tokens: one per value of its byte
-/// indices, so the nub's index wraps by itself (`incb`, no mask). KVM keeps
-/// at most 64 async page faults in flight per vCPU and delivers the next
-/// ready only after the previous one is acknowledged.
+/// indices, so the nub's index wraps by itself (`incb`, no mask). The
+/// runtime empties it at every `schedule()`; what could fill it in between
+/// is a "page ready" per fault taken synchronously (KVM sends those too)
+/// while preemption is off: 256 of them inside one non-preemptible
+/// stretch would lose tokens (no such stretch in the built-in guest
+/// touches more than a few pages).
 pub const APF_RING: usize = 256;
 const _: () = assert!(APF_RING == u8::MAX as usize + 1, "indices are bytes");
 

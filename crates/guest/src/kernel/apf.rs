@@ -69,12 +69,10 @@ pub fn enable(pc: &PerCpu, boot: &BootInfo) -> bool {
     true
 }
 
-/// The nub redirected a task that touched a page not present: finish the
-/// notification here at native speed (clear the area's flags, which the nub
-/// leaves set to save emulated instructions, and count it) and park the
-/// task (from the preemption path, `preempt_count == 1`).
+/// The nub redirected a task that touched a page not present: count it
+/// here at native speed and park the task (from the preemption path,
+/// `preempt_count == 1`, which has cleared the area's flags).
 pub fn park_faulted(pc: &PerCpu, token: u32) {
-    pc.apf_area.flags.store(0, Ordering::Relaxed);
     pc.apf_not_present.fetch_add(1, Ordering::Relaxed);
     park(token);
 }

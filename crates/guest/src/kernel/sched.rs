@@ -409,6 +409,11 @@ extern "C" fn task_start(id: usize) -> ! {
 /// (then with its token, and the task parks).
 extern "C" fn preempt_irq() {
     let pc = this_cpu();
+    // The area's flags are 1 here only after the nub redirected a "page
+    // not present" (it leaves them for us to clear at native speed);
+    // cleared whatever the token, so a later real #PF is never read as
+    // async (a host whose KVM can issue token 0 would otherwise leave them).
+    pc.apf_area.flags.store(0, Ordering::Relaxed);
     let token = pc.apf_park_token.swap(0, Ordering::Relaxed);
     if token != 0 {
         apf::park_faulted(pc, token as u32);
