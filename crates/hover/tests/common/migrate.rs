@@ -53,13 +53,11 @@ pub fn finish(child: Child) -> (Option<i32>, serde_json::Value, String) {
 /// workload's deadline against a loaded host.
 #[allow(dead_code)] // not every test file uses every helper
 pub fn shut_down_receiver(child: Child, socket: &std::path::Path) -> serde_json::Value {
-    let api = hover_vmm::api::ApiClient::new(socket, std::time::Duration::from_secs(120));
-    api.json("PUT", "/vm/shutdown", None)
-        .unwrap_or_else(|e| panic!("the destination's shutdown: {e}"));
-    let (code, o, stderr) = finish(child);
-    assert_eq!(code, Some(0), "{stderr}");
-    assert_eq!(o["ended"], "shutdown", "{o}");
-    o
+    Vm {
+        child: Some(child),
+        socket: socket.into(),
+    }
+    .shut_down()
 }
 
 /// `PUT /vm/migrate` with `body` must be refused with 400, the answer
