@@ -7,26 +7,27 @@ use std::io::Write;
 use std::sync::{Mutex, OnceLock};
 
 use hover_vmm::firecracker::models::Logger;
+use tracing_subscriber::filter::Targets;
 use tracing_subscriber::fmt::format::{DefaultFields, Format};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::{fmt, reload, EnvFilter, Registry};
+use tracing_subscriber::{fmt, reload, Registry};
 
 /// The log file, once one is set.
 static FILE: Mutex<Option<std::fs::File>> = Mutex::new(None);
 
 type FmtLayer = fmt::Layer<
-    tracing_subscriber::layer::Layered<reload::Layer<EnvFilter, Registry>, Registry>,
+    tracing_subscriber::layer::Layered<reload::Layer<Targets, Registry>, Registry>,
     DefaultFields,
     Format,
     MakeLogWriter,
 >;
 
 struct Handles {
-    filter: reload::Handle<EnvFilter, Registry>,
+    filter: reload::Handle<Targets, Registry>,
     format: reload::Handle<
         FmtLayer,
-        tracing_subscriber::layer::Layered<reload::Layer<EnvFilter, Registry>, Registry>,
+        tracing_subscriber::layer::Layered<reload::Layer<Targets, Registry>, Registry>,
     >,
 }
 
@@ -70,12 +71,18 @@ fn format_layer(ansi: bool, level: bool, target: bool) -> FmtLayer {
         .with_target(target)
 }
 
-/// Log to stderr at `RUST_LOG`'s level (default `warn`).
+/// Log to stderr at `RUST_LOG`'s levels (default `warn`).
+///
+/// `RUST_LOG` is a list of `level` and `target=level` items (e.g.
+/// `info,hover_vmm::migration=debug`); one that does not parse leaves the
+/// default. A target list, not `EnvFilter`'s regular expressions: compiling
+/// those at every start made the regex engine a part of every VMM's
+/// resident memory (docs/BENCHMARKS.md, "The VMM's own memory").
 pub fn init() {
     let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let (filter, filter_handle) =
-        reload::Layer::new(EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()));
+        reload::Layer::new(env_filter(std::env::var("RUST_LOG").ok().as_deref()));
     let (format, format_handle) = reload::Layer::new(format_layer(colour, true, true));
     tracing_subscriber::registry()
         .with(filter)
@@ -128,21 +135,23 @@ pub fn set_stderr_level(
     reload(filter(level, None)?, colour, show_level, show_origin)
 }
 
-fn filter(level: Option<&str>, module: Option<&str>) -> Result<EnvFilter, String> {
+/// `RUST_LOG`'s filter, or `warn` where it is unset or does not parse.
+fn env_filter(rust_log: Option<&str>) -> Targets {
+    rust_log
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| Targets::new().with_default(tracing::Level::WARN))
+}
+
+fn filter(level: Option<&str>, module: Option<&str>) -> Result<Targets, String> {
     let level = self::level(level)?;
     let filter = match module {
         Some(m) => format!("{m}={level}"),
         None => level.to_string(),
     };
-    EnvFilter::try_new(&filter).map_err(|e| format!("module: {e}"))
+    filter.parse().map_err(|e| format!("module: {e}"))
 }
 
-fn reload(
-    filter: EnvFilter,
-    ansi: bool,
-    show_level: bool,
-    show_origin: bool,
-) -> Result<(), String> {
+fn reload(filter: Targets, ansi: bool, show_level: bool, show_origin: bool) -> Result<(), String> {
     let h = HANDLES.get().ok_or("logging is not set up")?;
     h.filter
         .reload(filter)
@@ -161,5 +170,26 @@ mod tests {
         assert_eq!(level(None).unwrap(), "warn");
         assert_eq!(level(Some("Debug")).unwrap(), "debug");
         assert!(level(Some("Loud")).unwrap_err().contains("Warning"));
+    }
+
+    #[test]
+    fn rust_log_sets_levels_per_target_and_a_bad_one_leaves_warn() {
+        use tracing::Level;
+        let f = env_filter(Some("info,hover_vmm::migration=trace"));
+        assert!(f.would_enable("hover_vmm::migration::sender", &Level::TRACE));
+        assert!(f.would_enable("hover_vmm::vm", &Level::INFO));
+        assert!(!f.would_enable("hover_vmm::vm", &Level::DEBUG));
+        for bad in [None, Some("hover=loud")] {
+            let f = env_filter(bad);
+            assert!(f.would_enable("hover", &Level::WARN));
+            assert!(!f.would_enable("hover", &Level::INFO));
+        }
+    }
+
+    #[test]
+    fn a_module_filter_logs_only_that_module() {
+        let f = filter(Some("Debug"), Some("hover_vmm::api")).unwrap();
+        assert!(f.would_enable("hover_vmm::api::server", &tracing::Level::DEBUG));
+        assert!(!f.would_enable("hover_vmm::vm", &tracing::Level::ERROR));
     }
 }
