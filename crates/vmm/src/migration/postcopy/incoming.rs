@@ -101,12 +101,17 @@ impl Incoming {
                     // came), the source still has every page missing here:
                     // drop the link, hold the guest, wait for a recovery.
                     self.pages.drop_link();
+                    // Listening before the guest is held: whoever sees it
+                    // held (`GET /vm`: paused) may start the recovery at once.
+                    let listener = Listener::bind(&self.recover_at).map_err(|e| {
+                        format!("cannot listen at {} for the recovery: {e}", self.recover_at)
+                    })?;
                     tracing::error!(
                         "post-copy: {why}; the guest waits for `hover ctl migrate --recover --to {}` on the source",
                         self.recover_at
                     );
                     events.lost(&why);
-                    self.reconnect()?;
+                    self.reconnect(&listener)?;
                     report.recoveries += 1;
                     events.recovered();
                 }
@@ -194,21 +199,20 @@ impl Incoming {
         }
     }
 
-    /// Wait for the source to come back with RECOVER, tell it what is
-    /// still missing and carry on with the new connection. Connections are
-    /// checked as `hover receive` checks them (migration/opening.rs): each
-    /// on its own thread, the key proved again, 5 s for the opening.
-    fn reconnect(&mut self) -> Result<(), String> {
+    /// Wait at `listener` for the source to come back with RECOVER, tell it
+    /// what is still missing and carry on with the new connection.
+    /// Connections are checked as `hover receive` checks them
+    /// (migration/opening.rs): each on its own thread, the key proved
+    /// again, 5 s for the opening. The listener stays open across failed
+    /// attempts, so the address never goes away while the guest waits.
+    fn reconnect(&mut self, listener: &Listener) -> Result<(), String> {
         loop {
-            let listener = Listener::bind(&self.recover_at).map_err(|e| {
-                format!("cannot listen at {} for the recovery: {e}", self.recover_at)
-            })?;
             let how = Waiting {
                 key: self.key.clone(),
                 deadline: None,
                 stop: Some(self.stop.clone()),
             };
-            let opened = match opening::wait(&listener, &how) {
+            let opened = match opening::wait(listener, &how) {
                 Ok(o) => o,
                 Err(WaitError::Stopped) => {
                     return Err(format!(
@@ -218,7 +222,6 @@ impl Incoming {
                 }
                 Err(e) => return Err(format!("waiting for the recovery connection: {e}")),
             };
-            drop(listener);
             match self.take_recovery(opened) {
                 Ok(()) => return Ok(()),
                 Err(e) => tracing::warn!("post-copy: a recovery attempt failed: {e}"),
