@@ -8,6 +8,7 @@
 #![deny(missing_docs)]
 
 pub mod acpi;
+pub mod apf_policy;
 pub mod boost;
 pub mod boot;
 pub mod cmdline;

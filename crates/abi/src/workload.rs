@@ -103,6 +103,13 @@ pub const GLOBAL_PARAMS: &[ParamSpec] = &[
         10_000,
         200,
     ),
+    num(
+        "apf_min_us",
+        "keep async page faults on only while faults wait at least this long on average, microseconds (measured over 50 ms, re-measured after 1 s off); 0 keeps them on",
+        0,
+        1_000_000,
+        0,
+    ),
     ParamSpec {
         name: "virtio_mmio.device",
         help: "added by QEMU microvm for its virtio-mmio device: SIZE@BASE:GSI (iolat drives a virtio block device found this way when Hover's I/O device is absent)",

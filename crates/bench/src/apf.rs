@@ -8,7 +8,9 @@
 //! to the page store), for each page-store latency:
 //! - ideal: working tasks only (same memory state, no faulting tasks);
 //! - off: async PF off (a vCPU waits for every page its task touches);
-//! - on: async PF on (the task is parked, the vCPU runs others).
+//! - on: async PF on (the task is parked, the vCPU runs others);
+//! - adaptive: async PF on while the guest's faults wait at least
+//!   `adaptive_min_us` on average, else off (the guest's `apf_min_us=`).
 //!
 //! Prints the seed-style table (per-worker counts, total, on/off, share of
 //! ideal, and what each async PF costs the guest in emulated instructions
@@ -40,6 +42,8 @@ pub struct ApfBench {
     pub memory_mib: u64,
     /// Memory budget, MiB.
     pub budget_mib: u64,
+    /// The adaptive rows' `apf_min_us=`.
+    pub adaptive_min_us: u64,
 }
 
 impl Default for ApfBench {
@@ -52,6 +56,7 @@ impl Default for ApfBench {
             runs: 3,
             memory_mib: 256,
             budget_mib: 64,
+            adaptive_min_us: 1200,
         }
     }
 }
@@ -79,10 +84,12 @@ struct Row {
     /// followed by its "page ready"): what the guest pays per async PF.
     insns_per_apf: Option<f64>,
     exits_per_apf: Option<f64>,
+    /// Adaptive: the milliseconds the guest's policy kept async PF off.
+    adaptive_off_ms: Option<u64>,
     command: String,
 }
 
-const MODES: [&str; 3] = ["ideal", "off", "on"];
+const MODES: [&str; 4] = ["ideal", "off", "on", "adaptive"];
 
 fn run_one(
     exe: &Path,
@@ -92,10 +99,13 @@ fn run_one(
     mode: &'static str,
 ) -> Result<Row, BenchError> {
     let faulting = if mode == "ideal" { 0 } else { 4 };
-    let cmdline = format!(
+    let mut cmdline = format!(
         "workload=bm faulting={faulting} working=4 memory={array_mib}M seconds={}",
         b.seconds
     );
+    if mode == "adaptive" {
+        cmdline += &format!(" apf_min_us={}", b.adaptive_min_us);
+    }
     let memory = format!("{}M", b.memory_mib);
     let budget = format!("{}M", b.budget_mib);
     let apf = if mode == "off" { "off" } else { "on" };
@@ -133,6 +143,7 @@ fn run_one(
         exits: r.vcpu_stat("exits"),
         insns_per_apf: None,
         exits_per_apf: None,
+        adaptive_off_ms: opt("apf.off_ms"),
         workers,
         command: format!(
             "hover run {}",
@@ -198,7 +209,7 @@ pub fn run(exe: &Path, b: &ApfBench, out: &Path) -> Result<(), BenchError> {
     for r in &rows {
         let ideal = total(&r.latency, "ideal").unwrap_or(f64::NAN);
         let off = total(&r.latency, "off").unwrap_or(f64::NAN);
-        let on_off = if r.mode == "on" {
+        let on_off = if matches!(r.mode, "on" | "adaptive") {
             format!("{:.2}x", r.total as f64 / off)
         } else {
             String::new()
@@ -217,7 +228,7 @@ pub fn run(exe: &Path, b: &ApfBench, out: &Path) -> Result<(), BenchError> {
             r.fault_writes.to_string(),
             r.store_reads.to_string(),
             r.parked_avg_us
-                .filter(|_| r.mode == "on")
+                .filter(|_| r.mode != "off")
                 .map(|v| v.to_string())
                 .unwrap_or_default(),
             r.insns_per_apf
@@ -226,6 +237,7 @@ pub fn run(exe: &Path, b: &ApfBench, out: &Path) -> Result<(), BenchError> {
             r.exits_per_apf
                 .map(|v| format!("{v:.1}"))
                 .unwrap_or_default(),
+            r.adaptive_off_ms.map(|v| v.to_string()).unwrap_or_default(),
         ]);
     }
     table::print(
@@ -241,16 +253,18 @@ pub fn run(exe: &Path, b: &ApfBench, out: &Path) -> Result<(), BenchError> {
             "guest parked (us)",
             "emulated insns per async PF",
             "exits per async PF",
+            "adaptive: off (ms)",
         ],
         &table_rows,
     );
     let doc = serde_json::json!({
         "scenario": "apf",
         "command": format!(
-            "hover bench apf --latencies {} --seconds {} --runs {}",
+            "hover bench apf --latencies {} --seconds {} --runs {} --adaptive-min-us {}",
             b.latencies.join(","),
             b.seconds,
-            b.runs
+            b.runs,
+            b.adaptive_min_us
         ),
         "date": plot::today(),
         "rows": rows,
@@ -282,13 +296,16 @@ fn per_apf_costs(round: &mut [Row]) {
 pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
     let rows = doc["rows"].as_array().cloned().unwrap_or_default();
     let latencies = plot::distinct_field(&rows, "latency");
+    // Results written before the adaptive mode have no such rows.
     let series: Vec<plot::Bars> = MODES
         .iter()
+        .filter(|&&m| rows.iter().any(|r| r["mode"] == m))
         .map(|&m| plot::Bars {
             label: match m {
                 "ideal" => "ideal (working tasks only)".into(),
                 "off" => "async PF off".into(),
-                _ => "async PF on".into(),
+                "on" => "async PF on".into(),
+                _ => "async PF adaptive".into(),
             },
             rounds: latencies
                 .iter()
@@ -340,6 +357,7 @@ mod tests {
             exits,
             insns_per_apf: None,
             exits_per_apf: None,
+            adaptive_off_ms: None,
             command: String::new(),
         }
     }

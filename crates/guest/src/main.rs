@@ -94,6 +94,9 @@ pub extern "C" fn rust_start(boot_info: u64, cpu: u64, tsc_hi: u64, tsc_lo: u64)
         }
         frames::init(boot);
         sched::init(boot.vcpu_count as usize);
+        if valid {
+            apf::set_min_us(workload::global("apf_min_us").number(cmdline));
+        }
         workloads::start(boot, cmdline, (tsc_hi << 32) | (tsc_lo & 0xffff_ffff));
     }
     sched::idle_loop(idle)

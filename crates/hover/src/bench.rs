@@ -35,7 +35,8 @@ enum Scenario {
         out: PathBuf,
     },
     /// The async page fault seed's experiment: bm under a memory budget with
-    /// async PF off and on (and the ideal), across page-store latencies.
+    /// async PF off, on and adaptive (and the ideal), across page-store
+    /// latencies.
     Apf {
         /// Page-store latencies to sweep (comma-separated).
         #[arg(long, default_value = "0,100us,500us,2ms,5ms", value_delimiter = ',')]
@@ -46,6 +47,10 @@ enum Scenario {
         /// Runs per configuration (the median is reported).
         #[arg(long, default_value_t = 3)]
         runs: u32,
+        /// The "adaptive" rows' guest `apf_min_us=`: async PF stays on only
+        /// while faults wait at least this long on average.
+        #[arg(long, default_value_t = hover_bench::apf::ApfBench::default().adaptive_min_us)]
+        adaptive_min_us: u64,
         /// Directory for the JSON results and the plot.
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
@@ -523,12 +528,14 @@ pub fn bench(args: BenchArgs) -> ExitCode {
             latencies,
             seconds,
             runs,
+            adaptive_min_us,
             out,
         } => {
             let b = hover_bench::apf::ApfBench {
                 latencies,
                 seconds,
                 runs,
+                adaptive_min_us,
                 ..Default::default()
             };
             hover_bench::apf::run(&exe, &b, &out)

@@ -42,12 +42,7 @@ fn memtouch_over_four_times_the_budget_verifies() {
             async_pf,
             "workload=memtouch size=64M tasks=2 seed=3",
         );
-        assert_eq!(report(&o, "memtouch.errors"), 0);
-        let base = report(&o, "memtouch.base");
-        let expected = (base..base + (64 << 20)).step_by(8).fold(0u64, |s, a| {
-            s.wrapping_add(a.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 3)
-        });
-        assert_eq!(report(&o, "memtouch.checksum"), expected);
+        assert_verified(&o, 64 << 20, 3);
         let p = o.pager.as_ref().expect("pager stats with a budget");
         assert!(p.evictions > 8192, "most of the 64 MiB was evicted: {p:?}");
         assert!(
@@ -79,6 +74,37 @@ fn memtouch_over_four_times_the_budget_verifies() {
             );
         }
     }
+}
+
+/// memtouch found every byte it wrote (seed `seed`) and its checksum is the
+/// host's.
+fn assert_verified(o: &RunOutcome, size: u64, seed: u64) {
+    assert_eq!(report(o, "memtouch.errors"), 0);
+    let base = report(o, "memtouch.base");
+    let expected = (base..base + size).step_by(8).fold(0u64, |s, a| {
+        s.wrapping_add(a.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ seed)
+    });
+    assert_eq!(report(o, "memtouch.checksum"), expected);
+}
+
+/// `apf_min_us`: faults that wait less than the threshold on average turn
+/// async PF off, and the tasks parked at that moment are woken and finish
+/// their accesses (every byte verified). The threshold (1 s) is above any
+/// fault's wait, and the run's 16384+ faults cannot all fall in windows of
+/// fewer than 16 unless it lasts over 50 s, so a window decides "off".
+#[test]
+fn adaptive_async_pf_turns_itself_off_when_faults_are_fast() {
+    if !kvm_for_test("adaptive_async_pf_turns_itself_off_when_faults_are_fast") {
+        return;
+    }
+    let (o, console) = paged(
+        128,
+        16,
+        true,
+        "workload=memtouch size=64M tasks=2 seed=5 apf_min_us=1000000",
+    );
+    assert_verified(&o, 64 << 20, 5);
+    assert!(report(&o, "apf.turned_off") >= 1, "{console}");
 }
 
 /// The monitor's own reads of guest memory (a control request and its

@@ -363,6 +363,7 @@ fn schedule(reason: Reason) {
     SCHEDULING[cpu].store(true, Ordering::Relaxed);
     let irq = irq::process_pending(pc);
     apf::process_ready(pc);
+    apf::policy(pc);
     timer::expire(cpu);
     SCHEDULING[cpu].store(false, Ordering::Relaxed);
     let prev = pc.current.load(Ordering::Relaxed);
