@@ -56,6 +56,33 @@ pub struct BoostBench {
     pub variants: Vec<String>,
     /// The `keep` variant's `--boost-keep-us`.
     pub keep_us: u64,
+    /// The hosts to run on, in order.
+    pub hosts: Vec<Host>,
+    /// The tests to run, in order (each still shaped by `intervals`,
+    /// `buffers` and `uart_count`).
+    pub tests: Vec<TestKind>,
+}
+
+/// The host's load during a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Host {
+    /// Nothing else running.
+    Idle,
+    /// Hog threads pinned one per CPU (or `hogs` of them).
+    Busy,
+}
+
+/// A kind of test of the scenario.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TestKind {
+    /// The real-time timer task, at each of `intervals`.
+    Timer,
+    /// The audio task, at each of `buffers`.
+    Audio,
+    /// The serial line (skipped when `uart_count` is 0).
+    Uart,
+    /// The rogue guests (one holding its request, one flipping it).
+    Rogue,
 }
 
 const MODES: [(&str, &[&str]); 3] = [
@@ -93,6 +120,20 @@ fn modes(b: &BoostBench) -> Vec<(String, Vec<String>)> {
         }
     }
     m
+}
+
+/// The runs of each kind `b.tests` names, in its order.
+fn tests(b: &BoostBench) -> Vec<Test> {
+    let mut tests = Vec::new();
+    for kind in &b.tests {
+        match kind {
+            TestKind::Timer => tests.extend(b.intervals.iter().map(|&i| Test::Timer(i))),
+            TestKind::Audio => tests.extend(b.buffers.iter().map(|&m| Test::Audio(m))),
+            TestKind::Uart => tests.extend((b.uart_count > 0).then_some(Test::Uart(b.uart_count))),
+            TestKind::Rogue => tests.extend([Test::Rogue(true), Test::Rogue(false)]),
+        }
+    }
+    tests
 }
 
 #[derive(Serialize, Clone, Copy)]
@@ -251,17 +292,13 @@ pub fn run(exe: &Path, b: &BoostBench, out: &Path) -> Result<(), BenchError> {
         b.background,
         if b.hogs == 0 { crate::hostload::cpus() } else { b.hogs }
     );
-    let tests: Vec<Test> = b
-        .intervals
-        .iter()
-        .map(|&i| Test::Timer(i))
-        .chain(b.buffers.iter().map(|&m| Test::Audio(m)))
-        .chain((b.uart_count > 0).then_some(Test::Uart(b.uart_count)))
-        .chain([Test::Rogue(true), Test::Rogue(false)])
-        .collect();
+    let tests = tests(b);
     let modes = modes(b);
     let mut rows = Vec::new();
-    for (host, busy) in [("idle", false), ("busy", true)] {
+    for (host, busy) in b.hosts.iter().map(|h| match h {
+        Host::Idle => ("idle", false),
+        Host::Busy => ("busy", true),
+    }) {
         for &t in &tests {
             let mut runs: Vec<Vec<Sample>> = vec![Vec::new(); modes.len()];
             for round in 0..b.runs.max(1) {
@@ -307,6 +344,10 @@ pub fn run(exe: &Path, b: &BoostBench, out: &Path) -> Result<(), BenchError> {
     }
     let col = |r: &Row, f: fn(&Sample) -> f64| r.runs.iter().map(f).collect::<Vec<f64>>();
     let vanilla_of = |i: usize| &rows[i - i % modes.len()];
+    // Static RT's row of the same host and test: the most any boosting
+    // policy can give the guest, so each mode's gain is also shown as a
+    // share of static's, round by round.
+    let static_of = |i: usize| &rows[i - i % modes.len() + 2];
     let mut timer_rows = Vec::new();
     let mut audio_rows = Vec::new();
     let mut uart_rows = Vec::new();
@@ -351,6 +392,10 @@ pub fn run(exe: &Path, b: &BoostBench, out: &Path) -> Result<(), BenchError> {
                 spread(&col(r, |s| s.guest_avg_us), 0),
                 spread(&col(r, |s| s.guest_max_us), 0),
                 ratios(&col(v, |s| s.guest_max_us), &col(r, |s| s.guest_max_us)),
+                ratios(
+                    &col(static_of(i), |s| s.guest_max_us),
+                    &col(r, |s| s.guest_max_us),
+                ),
                 spread(&col(r, |s| s.probe.avg_us), 0),
                 spread(&col(r, |s| s.probe.max_us), 0),
                 ratios(&col(v, |s| s.probe.max_us), &col(r, |s| s.probe.max_us)),
@@ -374,37 +419,42 @@ pub fn run(exe: &Path, b: &BoostBench, out: &Path) -> Result<(), BenchError> {
             ]);
         }
     }
-    println!("\nTimer latency (guest: timer rt=1; host: probe at the same interval), median (min-max) over rounds; ratios vanilla/mode per round (min/median/max):");
-    table::print(
-        &[
-            "host",
-            "interval",
-            "mode",
-            "guest avg us",
-            "guest max us",
-            "guest max: vanilla/mode",
-            "host probe avg us",
-            "host probe max us",
-            "host max: vanilla/mode",
-            "boosts",
-        ],
-        &timer_rows,
-    );
-    println!("\nAudio glitches (missed buffers), median (min-max) over rounds; ratio vanilla/mode per round:");
-    table::print(
-        &[
-            "host",
-            "buffer",
-            "mode",
-            "glitches",
-            "buffers",
-            "(glitches+1): vanilla/mode",
-            "worst finish us",
-            "host probe max us",
-            "boosted ms",
-        ],
-        &audio_rows,
-    );
+    if !timer_rows.is_empty() {
+        println!("\nTimer latency (guest: timer rt=1; host: probe at the same interval), median (min-max) over rounds; ratios vanilla/mode per round (min/median/max); a mode's gain over vanilla as a share of static RT's in the same round (static max / mode max):");
+        table::print(
+            &[
+                "host",
+                "interval",
+                "mode",
+                "guest avg us",
+                "guest max us",
+                "guest max: vanilla/mode",
+                "gain / static's gain",
+                "host probe avg us",
+                "host probe max us",
+                "host max: vanilla/mode",
+                "boosts",
+            ],
+            &timer_rows,
+        );
+    }
+    if !audio_rows.is_empty() {
+        println!("\nAudio glitches (missed buffers), median (min-max) over rounds; ratio vanilla/mode per round:");
+        table::print(
+            &[
+                "host",
+                "buffer",
+                "mode",
+                "glitches",
+                "buffers",
+                "(glitches+1): vanilla/mode",
+                "worst finish us",
+                "host probe max us",
+                "boosted ms",
+            ],
+            &audio_rows,
+        );
+    }
     if !uart_rows.is_empty() {
         println!("\nSerial line (guest: uart, vCPU 0 sends, a task on vCPU 1 takes each byte's interrupt; latency from the send to that task running), median (min-max) over rounds; ratio vanilla/mode per round:");
         table::print(
@@ -422,27 +472,31 @@ pub fn run(exe: &Path, b: &BoostBench, out: &Path) -> Result<(), BenchError> {
             &uart_rows,
         );
     }
-    println!("\nA rogue guest (critical: one section held for the whole run, or sections back to back) and the host probe (every 1 ms), median (min-max) over rounds; ratio vanilla/mode per round:");
-    table::print(
-        &[
-            "host",
-            "guest",
-            "mode",
-            "host probe avg us",
-            "host probe max us",
-            "host max: vanilla/mode",
-            "boosts",
-            "boosted ms",
-            "throttles",
-        ],
-        &rogue_rows,
-    );
+    if !rogue_rows.is_empty() {
+        println!("\nA rogue guest (critical: one section held for the whole run, or sections back to back) and the host probe (every 1 ms), median (min-max) over rounds; ratio vanilla/mode per round:");
+        table::print(
+            &[
+                "host",
+                "guest",
+                "mode",
+                "host probe avg us",
+                "host probe max us",
+                "host max: vanilla/mode",
+                "boosts",
+                "boosted ms",
+                "throttles",
+            ],
+            &rogue_rows,
+        );
+    }
     let doc = serde_json::json!({
         "scenario": "boost",
         "command": format!(
-            "hover bench boost --seconds {} --runs {} --intervals {} --buffers {} --work-us {} --background {} --hogs {} --uart-count {}{}",
+            "hover bench boost --seconds {} --runs {} --hosts {} --tests {} --intervals {} --buffers {} --work-us {} --background {} --hogs {} --uart-count {}{}",
             b.seconds,
             b.runs,
+            b.hosts.iter().map(|h| format!("{h:?}").to_lowercase()).collect::<Vec<_>>().join(","),
+            b.tests.iter().map(|t| format!("{t:?}").to_lowercase()).collect::<Vec<_>>().join(","),
             b.intervals.iter().map(u64::to_string).collect::<Vec<_>>().join(","),
             b.buffers.iter().map(u64::to_string).collect::<Vec<_>>().join(","),
             b.work_us,
@@ -479,6 +533,10 @@ pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
                 .is_some_and(|t| t.starts_with("workload=timer"))
         })
         .collect();
+    if timer.is_empty() {
+        // Nothing to draw (no busy host or no timer test in this run).
+        return Ok(());
+    }
     let interval = |r: &serde_json::Value| -> String {
         let t = r["test"].as_str().unwrap_or("");
         hover_abi::cmdline::get(t, "interval_us")
@@ -527,4 +585,45 @@ pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
         &groups,
         &series,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bench(tests: Vec<TestKind>, uart_count: u64) -> BoostBench {
+        BoostBench {
+            seconds: 1,
+            runs: 1,
+            intervals: vec![500, 1000],
+            buffers: vec![2],
+            work_us: 500,
+            background: 1,
+            hogs: 0,
+            uart_count,
+            variants: vec![],
+            keep_us: 2000,
+            hosts: vec![Host::Busy],
+            tests,
+        }
+    }
+
+    #[test]
+    fn only_the_chosen_tests_run_in_the_order_given() {
+        let t = super::tests(&bench(vec![TestKind::Rogue, TestKind::Timer], 10));
+        assert!(
+            t == [
+                Test::Rogue(true),
+                Test::Rogue(false),
+                Test::Timer(500),
+                Test::Timer(1000)
+            ]
+        );
+    }
+
+    #[test]
+    fn the_serial_test_needs_bytes_to_send() {
+        assert!(super::tests(&bench(vec![TestKind::Uart], 0)).is_empty());
+        assert!(super::tests(&bench(vec![TestKind::Uart], 5)) == [Test::Uart(5)]);
+    }
 }

@@ -185,6 +185,18 @@ enum Scenario {
         /// The keep variant's --boost-keep-us.
         #[arg(long, default_value_t = 2000)]
         keep_us: u64,
+        /// The hosts to run on (comma-separated): idle, busy.
+        #[arg(long, value_enum, value_delimiter = ',', default_value = "idle,busy")]
+        hosts: Vec<BoostHost>,
+        /// The tests to run (comma-separated): timer (each of --intervals),
+        /// audio (each of --buffers), uart, rogue.
+        #[arg(
+            long,
+            value_enum,
+            value_delimiter = ',',
+            default_value = "timer,audio,uart,rogue"
+        )]
+        tests: Vec<BoostTest>,
         /// Directory for the JSON results and the plot.
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
@@ -294,6 +306,28 @@ pub enum Device {
     Fast,
     /// A real disk (`--io-dir`).
     Slow,
+}
+
+/// A host load of `hover bench boost`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum BoostHost {
+    /// Nothing else running.
+    Idle,
+    /// Hog threads pinned one per CPU (`--hogs`).
+    Busy,
+}
+
+/// A test of `hover bench boost`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum BoostTest {
+    /// The real-time timer task at each of `--intervals`.
+    Timer,
+    /// The audio task at each of `--buffers`.
+    Audio,
+    /// The serial line (`--uart-count` bytes).
+    Uart,
+    /// The rogue guests and the host probe.
+    Rogue,
 }
 
 pub fn bench(args: BenchArgs) -> ExitCode {
@@ -451,6 +485,8 @@ pub fn bench(args: BenchArgs) -> ExitCode {
             uart_count,
             variants,
             keep_us,
+            hosts,
+            tests,
             out,
         } => {
             let bad = intervals.iter().find(|&&i| !(10..=1_000_000).contains(&i));
@@ -493,6 +529,22 @@ pub fn bench(args: BenchArgs) -> ExitCode {
                     uart_count,
                     variants,
                     keep_us,
+                    hosts: hosts
+                        .iter()
+                        .map(|h| match h {
+                            BoostHost::Idle => hover_bench::boost::Host::Idle,
+                            BoostHost::Busy => hover_bench::boost::Host::Busy,
+                        })
+                        .collect(),
+                    tests: tests
+                        .iter()
+                        .map(|t| match t {
+                            BoostTest::Timer => hover_bench::boost::TestKind::Timer,
+                            BoostTest::Audio => hover_bench::boost::TestKind::Audio,
+                            BoostTest::Uart => hover_bench::boost::TestKind::Uart,
+                            BoostTest::Rogue => hover_bench::boost::TestKind::Rogue,
+                        })
+                        .collect(),
                 },
                 &out,
             )
