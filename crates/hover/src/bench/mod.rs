@@ -1,0 +1,314 @@
+//! `hover bench <scenario>`: the scenarios' flags (`scenarios.rs`),
+//! checked, and their run.
+
+mod scenarios;
+
+use std::process::ExitCode;
+
+use crate::parse::parse_size;
+pub use scenarios::BenchArgs;
+use scenarios::{BoostHost, BoostTest, Device, Peer, Scenario};
+
+use crate::{die_on_broken_pipe, fail, EXIT_BAD_INPUT, EXIT_HOST_FAILURE};
+
+/// Run `hover bench <scenario>`.
+pub fn bench(args: BenchArgs) -> ExitCode {
+    die_on_broken_pipe();
+    // Scenarios run `hover run` as fresh processes, as a user would.
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            eprintln!("hover: error: cannot find the hover binary to benchmark: {e}");
+            return ExitCode::from(EXIT_HOST_FAILURE);
+        }
+    };
+    bench_result(match args.scenario {
+        Scenario::Boot {
+            runs,
+            vcpus,
+            peer,
+            out,
+        } => hover_bench::boot::run(&exe, runs, vcpus, &out).and_then(|()| match peer {
+            Some(Peer::Qemu) => hover_bench::boot::run_peer(&exe, runs, &out),
+            None => Ok(()),
+        }),
+        Scenario::Plot { file, out } => hover_bench::plot::from_results(&file, &out),
+        Scenario::Runtime { runs, peer, out } => {
+            hover_bench::runtime::run(&exe, runs, peer.is_some(), &out)
+        }
+        Scenario::Migrate {
+            trackers,
+            memories,
+            wss,
+            rate,
+            batches,
+            runs,
+            transport,
+            mode,
+            peer,
+            link_mbit,
+            link_delay_ms,
+            postcopy_memory,
+            postcopy_array,
+            postcopy_seconds,
+            out,
+        } => {
+            if peer.is_some() && mode == "postcopy" {
+                eprintln!("hover: error: --peer qemu compares pre-copy only (--mode precopy): QEMU's post-copy has no counterpart of Hover's async-PF destination to compare");
+                return ExitCode::from(EXIT_BAD_INPUT);
+            }
+            if let Some(Peer::Qemu) = peer {
+                if let Err(e) = check_sizes("--memories", &memories).and(check_sizes("--wss", &wss))
+                {
+                    return e;
+                }
+                let b = hover_bench::migrate_peer::PeerMigrateBench {
+                    memories,
+                    wss,
+                    rate,
+                    runs,
+                };
+                hover_bench::migrate_peer::run(&exe, &b, &out)
+            } else if mode == "postcopy" {
+                if let Err(e) = check_sizes(
+                    "--postcopy-memory",
+                    &[postcopy_memory.clone(), postcopy_array.clone()],
+                ) {
+                    return e;
+                }
+                let b = hover_bench::postcopy::PostcopyBench {
+                    memory: postcopy_memory,
+                    array: postcopy_array,
+                    link_mbit,
+                    delay_ms: link_delay_ms,
+                    runs,
+                    seconds: postcopy_seconds,
+                };
+                hover_bench::postcopy::run(&exe, &b, &out)
+            } else {
+                if let Err(e) = check_all("--trackers", &trackers, |t| {
+                    t.parse::<hover_vmm::migration::Tracker>().map(|_| ())
+                })
+                .and(check_sizes("--memories", &memories))
+                .and(check_sizes("--wss", &wss))
+                {
+                    return e;
+                }
+                let b = hover_bench::migrate::MigrateBench {
+                    trackers,
+                    memories,
+                    wss,
+                    rate,
+                    batches,
+                    runs,
+                    transport,
+                };
+                hover_bench::migrate::run(&exe, &b, &out)
+            }
+        }
+        Scenario::DirtyLog {
+            trackers,
+            memory,
+            wss,
+            rate,
+            period_ms,
+            seconds,
+            runs,
+            out,
+        } => {
+            let known = ["none", "bitmap", "manual", "hybrid", "ring"];
+            if let Some(t) = trackers.iter().find(|t| !known.contains(&t.as_str())) {
+                eprintln!("hover: error: --trackers: unknown tracker '{t}': use none, bitmap, manual, hybrid or ring");
+                return ExitCode::from(crate::EXIT_BAD_INPUT);
+            }
+            if !(seconds > 0.0 && seconds <= 60.0) || runs == 0 {
+                eprintln!("hover: error: --seconds must be in (0, 60] and --runs at least 1");
+                return ExitCode::from(crate::EXIT_BAD_INPUT);
+            }
+            let b = hover_bench::dirty_log::DirtyLogBench {
+                trackers,
+                memory,
+                wss,
+                rate,
+                period_ms,
+                seconds,
+                runs,
+            };
+            hover_bench::dirty_log::run(&exe, &b, &out)
+        }
+        Scenario::Snapshot {
+            memories,
+            working_set,
+            runs,
+            hot_windows_ms,
+            dir,
+            out,
+        } => {
+            if let Err(e) = check_sizes("--memories", &memories) {
+                return e;
+            }
+            let b = hover_bench::snapshot::SnapshotBench {
+                memories,
+                working_set,
+                runs,
+                hot_windows_ms,
+                dir,
+            };
+            hover_bench::snapshot::run(&exe, &b, &out)
+        }
+        Scenario::Boost {
+            seconds,
+            runs,
+            intervals,
+            buffers,
+            work_us,
+            background,
+            hogs,
+            uart_count,
+            variants,
+            keep_us,
+            hosts,
+            tests,
+            out,
+        } => {
+            let bad = intervals.iter().find(|&&i| !(10..=1_000_000).contains(&i));
+            if let Some(i) = bad {
+                eprintln!("hover: error: --intervals: {i} us is out of range: give 10 to 1000000");
+                return ExitCode::from(EXIT_BAD_INPUT);
+            }
+            if let Some(m) = buffers.iter().find(|&&m| work_us >= m * 1000 || m > 1000) {
+                eprintln!("hover: error: --buffers: a {m} ms buffer cannot hold --work-us {work_us} (buffers are 1 to 1000 ms, longer than the work)");
+                return ExitCode::from(EXIT_BAD_INPUT);
+            }
+            if keep_us > hover_vmm::config::boost::MAX_KEEP_US {
+                eprintln!(
+                    "hover: error: --keep-us {keep_us} is out of range: give 0 to {}",
+                    hover_vmm::config::boost::MAX_KEEP_US
+                );
+                return ExitCode::from(EXIT_BAD_INPUT);
+            }
+            if background > 16
+                || hogs > 256
+                || seconds == 0
+                || seconds > 3600
+                || uart_count > 100_000
+            {
+                eprintln!(
+                    "hover: error: give --background 0-16, --hogs 0-256, --seconds 1-3600 and --uart-count 0-100000"
+                );
+                return ExitCode::from(EXIT_BAD_INPUT);
+            }
+            hover_bench::boost::run(
+                &exe,
+                &hover_bench::boost::BoostBench {
+                    seconds,
+                    runs,
+                    intervals,
+                    buffers,
+                    work_us,
+                    background,
+                    hogs,
+                    uart_count,
+                    variants,
+                    keep_us,
+                    hosts: hosts
+                        .iter()
+                        .map(|h| match h {
+                            BoostHost::Idle => hover_bench::boost::Host::Idle,
+                            BoostHost::Busy => hover_bench::boost::Host::Busy,
+                        })
+                        .collect(),
+                    tests: tests
+                        .iter()
+                        .map(|t| match t {
+                            BoostTest::Timer => hover_bench::boost::TestKind::Timer,
+                            BoostTest::Audio => hover_bench::boost::TestKind::Audio,
+                            BoostTest::Uart => hover_bench::boost::TestKind::Uart,
+                            BoostTest::Rogue => hover_bench::boost::TestKind::Rogue,
+                        })
+                        .collect(),
+                },
+                &out,
+            )
+        }
+        Scenario::HaltPoll {
+            seconds,
+            runs,
+            fast_dir,
+            io_dir,
+            devices,
+            peer,
+            out,
+        } => {
+            let chosen = devices
+                .iter()
+                .map(|d| match d {
+                    Device::Fast => ("fast".to_string(), fast_dir.clone()),
+                    Device::Slow => ("slow".to_string(), io_dir.clone()),
+                })
+                .collect();
+            hover_bench::halt_poll::run(
+                &exe,
+                &hover_bench::halt_poll::HaltPollBench {
+                    seconds,
+                    runs,
+                    devices: chosen,
+                    peer: peer.is_some(),
+                },
+                &out,
+            )
+        }
+        Scenario::Apf {
+            latencies,
+            seconds,
+            runs,
+            adaptive_min_us,
+            out,
+        } => {
+            let b = hover_bench::apf::ApfBench {
+                latencies,
+                seconds,
+                runs,
+                adaptive_min_us,
+                ..Default::default()
+            };
+            hover_bench::apf::run(&exe, &b, &out)
+        }
+    })
+}
+
+/// Check every value of a list flag; the first bad one ends `hover` with
+/// a one-line error and the bad-input status.
+fn check_all(
+    flag: &str,
+    values: &[String],
+    check: impl Fn(&String) -> Result<(), String>,
+) -> Result<(), ExitCode> {
+    for v in values {
+        if let Err(e) = check(v) {
+            eprintln!("hover: error: {flag}: {e}");
+            return Err(ExitCode::from(EXIT_BAD_INPUT));
+        }
+    }
+    Ok(())
+}
+
+/// Check that every value of a list flag is a size (`256M`, `1G`).
+fn check_sizes(flag: &str, values: &[String]) -> Result<(), ExitCode> {
+    check_all(flag, values, |m| parse_size(m).map(|_| ()))
+}
+
+fn bench_result(result: Result<(), hover_bench::BenchError>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(hover_bench::BenchError::Vm(e)) => fail(&e),
+        Err(e @ hover_bench::BenchError::Input(_)) => {
+            eprintln!("hover: error: {e}");
+            ExitCode::from(EXIT_BAD_INPUT)
+        }
+        Err(e) => {
+            eprintln!("hover: error: {e}");
+            ExitCode::from(EXIT_HOST_FAILURE)
+        }
+    }
+}
