@@ -52,7 +52,8 @@ pub struct BoostBench {
     /// Bytes the serial-line test sends per run (0: no serial test).
     pub uart_count: u64,
     /// Dynamic boosting with this host's tuning too: `keep`
-    /// (`--boost-keep-us`), `contended` (`--boost-when contended`).
+    /// (`--boost-keep-us`), `contended` (`--boost-when contended`),
+    /// `keep-contended` (both).
     pub variants: Vec<String>,
     /// The `keep` variant's `--boost-keep-us`.
     pub keep_us: u64,
@@ -93,7 +94,8 @@ const MODES: [(&str, &[&str]); 3] = [
 
 /// The modes a run compares: vanilla, dynamic and static, then each of
 /// `b.variants` (dynamic boosting with this host's tuning: `keep` for
-/// `--boost-keep-us`, `contended` for `--boost-when contended`).
+/// `--boost-keep-us`, `contended` for `--boost-when contended`,
+/// `keep-contended` for both).
 fn modes(b: &BoostBench) -> Vec<(String, Vec<String>)> {
     let mut m: Vec<(String, Vec<String>)> = MODES
         .iter()
@@ -115,6 +117,15 @@ fn modes(b: &BoostBench) -> Vec<(String, Vec<String>)> {
             "contended" => m.push((
                 "dynamic, contended".into(),
                 dynamic(&["--boost-when", "contended"]),
+            )),
+            "keep-contended" => m.push((
+                format!("dynamic, keep {} us, contended", b.keep_us),
+                dynamic(&[
+                    "--boost-keep-us",
+                    &b.keep_us.to_string(),
+                    "--boost-when",
+                    "contended",
+                ]),
             )),
             _ => {}
         }

@@ -176,8 +176,9 @@ pub(super) enum Scenario {
         uart_count: u64,
         /// Also dynamic boosting with this host's tuning, each a mode of
         /// its own (comma-separated): keep (--boost-keep-us, see
-        /// --keep-us), contended (--boost-when contended).
-        #[arg(long, value_delimiter = ',', value_parser = ["keep", "contended"])]
+        /// --keep-us), contended (--boost-when contended), keep-contended
+        /// (both).
+        #[arg(long, value_delimiter = ',', value_parser = ["keep", "contended", "keep-contended"])]
         variants: Vec<String>,
         /// The keep variant's --boost-keep-us.
         #[arg(long, default_value_t = 2000)]
