@@ -17,7 +17,16 @@
 //! - unboosting is synchronous: with no request bit set and
 //!   [`status::BOOSTED`] showing, the guest calls
 //!   [`crate::control::op::BOOST_UNBOOST`]. With the bit clear the guest
-//!   makes no call, so the common path costs no exit.
+//!   makes no call, so the common path costs no exit;
+//! - a quiet unboost: when the host offers to keep boosts across short
+//!   gaps ([`BoostArea::keep_us`] non-zero) and the guest's announced
+//!   `wake_at` is due within that many microseconds, the guest bumps
+//!   [`BoostArea::quiet_unboosts`] instead of calling; the monitor, which
+//!   looks again before that wake-up anyway, keeps the boost across the
+//!   gap or ends it as the call would have. A shared-page write, no exit.
+//!   (Both fields were reserved zeros before; a guest that ignores them
+//!   always calls, and a host that leaves `keep_us` zero always gets
+//!   calls.)
 //!
 //! The monitor never trusts the area: unknown request bits are ignored (and
 //! logged), a boost held past the user's limit is revoked and
@@ -64,14 +73,18 @@ pub struct BoostArea {
     pub request: AtomicU32,
     /// Host: [`status`] bits.
     pub status: AtomicU32,
-    /// Zero.
-    pub reserved: AtomicU32,
+    /// Host: while [`status::BOOSTED`] shows, the longest gap (us) to an
+    /// announced wake-up across which the guest may end its boost quietly
+    /// (0: always make the unboost call).
+    pub keep_us: AtomicU32,
     /// Guest: TSC deadline of the next real-time wake-up here (0 = none).
     pub wake_at: AtomicU64,
     /// Host: boosts granted so far (for the guest's reports).
     pub boosts: AtomicU64,
+    /// Guest: quiet unboosts so far (each one an unboost call not made).
+    pub quiet_unboosts: AtomicU64,
     /// Zero.
-    pub pad: [u64; 4],
+    pub pad: [u64; 3],
 }
 
 impl BoostArea {
@@ -81,10 +94,11 @@ impl BoostArea {
             version: AtomicU32::new(0),
             request: AtomicU32::new(0),
             status: AtomicU32::new(0),
-            reserved: AtomicU32::new(0),
+            keep_us: AtomicU32::new(0),
             wake_at: AtomicU64::new(0),
             boosts: AtomicU64::new(0),
-            pad: [0; 4],
+            quiet_unboosts: AtomicU64::new(0),
+            pad: [0; 3],
         }
     }
 }
@@ -99,10 +113,14 @@ pub mod offset {
     pub const REQUEST: u64 = offset_of!(BoostArea, request) as u64;
     /// [`super::BoostArea::status`].
     pub const STATUS: u64 = offset_of!(BoostArea, status) as u64;
+    /// [`super::BoostArea::keep_us`].
+    pub const KEEP_US: u64 = offset_of!(BoostArea, keep_us) as u64;
     /// [`super::BoostArea::wake_at`].
     pub const WAKE_AT: u64 = offset_of!(BoostArea, wake_at) as u64;
     /// [`super::BoostArea::boosts`].
     pub const BOOSTS: u64 = offset_of!(BoostArea, boosts) as u64;
+    /// [`super::BoostArea::quiet_unboosts`].
+    pub const QUIET_UNBOOSTS: u64 = offset_of!(BoostArea, quiet_unboosts) as u64;
 }
 
 // The layout docs/ABI.md publishes, checked as the crate builds (the
@@ -115,8 +133,10 @@ const _: () = {
     assert!(offset::VERSION == 0);
     assert!(offset::REQUEST == 4);
     assert!(offset::STATUS == 8);
+    assert!(offset::KEEP_US == 12);
     assert!(offset::WAKE_AT == 16);
     assert!(offset::BOOSTS == 24);
+    assert!(offset::QUIET_UNBOOSTS == 32);
 };
 
 #[cfg(test)]
@@ -135,8 +155,10 @@ mod tests {
             (offset::VERSION, 0),
             (offset::REQUEST, 4),
             (offset::STATUS, 8),
+            (offset::KEEP_US, 12),
             (offset::WAKE_AT, 16),
             (offset::BOOSTS, 24),
+            (offset::QUIET_UNBOOSTS, 32),
         ];
         for (derived, doc) in published {
             assert_eq!(derived, doc);

@@ -8,7 +8,10 @@
 //! sleeping real-time task's deadline is published as `wake_at`, so the
 //! monitor can boost the vCPU just before the timer fires. When the bits
 //! clear and the monitor's status says the vCPU is boosted, the runtime
-//! makes the synchronous unboost call; otherwise nothing leaves the guest.
+//! makes the synchronous unboost call, unless the host's `keep_us` offer
+//! covers the next announced wake-up: then it bumps the area's quiet
+//! count and the monitor settles the boost at its next look (a quiet
+//! unboost: no exit). Otherwise nothing leaves the guest.
 
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
@@ -29,6 +32,8 @@ struct Local {
     critical: AtomicU32,
     /// Unboost calls made.
     unboost_calls: AtomicU64,
+    /// Unboosts left to the monitor instead of a call.
+    quiet_unboosts: AtomicU64,
 }
 
 static AREAS: [Area; MAX_VCPUS] = [const { Area::new() }; MAX_VCPUS];
@@ -38,6 +43,7 @@ static LOCAL: [Local; MAX_VCPUS] = [const {
         enabled: AtomicBool::new(false),
         critical: AtomicU32::new(0),
         unboost_calls: AtomicU64::new(0),
+        quiet_unboosts: AtomicU64::new(0),
     }
 }; MAX_VCPUS];
 
@@ -66,12 +72,24 @@ fn this() -> Option<(usize, &'static Area)> {
         .then(|| (cpu, &AREAS[cpu]))
 }
 
-/// After bits were cleared: the synchronous unboost, only if they are all
-/// clear and the monitor says the vCPU is boosted.
+/// After bits were cleared: the unboost, only if they are all clear and
+/// the monitor says the vCPU is boosted; quiet (a count in the area, no
+/// exit) when the host's offer covers the next announced wake-up.
 fn maybe_unboost(cpu: usize, area: &Area) {
     if area.request.load(Ordering::SeqCst) == 0
         && area.status.load(Ordering::SeqCst) & status::BOOSTED != 0
     {
+        let keep_us = area.keep_us.load(Ordering::SeqCst) as u64;
+        let wake_at = area.wake_at.load(Ordering::SeqCst);
+        let now = crate::kernel::clock::now();
+        if keep_us != 0
+            && wake_at > now
+            && wake_at - now <= crate::kernel::clock::ticks_for_us(keep_us)
+        {
+            LOCAL[cpu].quiet_unboosts.fetch_add(1, Ordering::Relaxed);
+            area.quiet_unboosts.fetch_add(1, Ordering::SeqCst);
+            return;
+        }
         LOCAL[cpu].unboost_calls.fetch_add(1, Ordering::Relaxed);
         let mut req = ControlRequest {
             op: op::BOOST_UNBOOST,
@@ -129,8 +147,8 @@ pub fn status_bits() -> u32 {
     this().map_or(0, |(_, a)| a.status.load(Ordering::SeqCst))
 }
 
-/// Add `boost.registered`, `boost.host_boosts` and `boost.unboost_calls`
-/// (sums over all vCPUs) to `r`.
+/// Add `boost.registered`, `boost.host_boosts`, `boost.unboost_calls` and
+/// `boost.quiet_unboosts` (sums over all vCPUs) to `r`.
 pub fn report(r: &mut crate::kernel::report::Reports, vcpus: usize) {
     let vcpus = vcpus.min(MAX_VCPUS);
     let registered = (0..vcpus)
@@ -148,5 +166,9 @@ pub fn report(r: &mut crate::kernel::report::Reports, vcpus: usize) {
     r.u64(
         format_args!("boost.unboost_calls"),
         sum(|c| LOCAL[c].unboost_calls.load(Ordering::Relaxed)),
+    );
+    r.u64(
+        format_args!("boost.quiet_unboosts"),
+        sum(|c| LOCAL[c].quiet_unboosts.load(Ordering::Relaxed)),
     );
 }

@@ -193,7 +193,7 @@ pub fn render(src: &LiveSources, controller: &Controller) -> String {
     drop(governor);
     if let Some(b) = src.boost.as_ref().map(|b| b.report()) {
         type Field = fn(&crate::sched::boost::VcpuBoostStats) -> u64;
-        let fields: [(&str, &str, Field); 8] = [
+        let fields: [(&str, &str, Field); 9] = [
             ("boost_boosts", "vCPU thread boosts granted", |s| s.boosts),
             (
                 "boost_unboosts",
@@ -218,6 +218,11 @@ pub fn render(src: &LiveSources, controller: &Controller) -> String {
                 "boost_budget_unboosts",
                 "unboost calls that would have kept the boost but for its CPU budget",
                 |s| s.budget_unboosts,
+            ),
+            (
+                "boost_quiet_unboosts",
+                "unboosts the guest made by a write to its area, without a call (--boost-keep-us)",
+                |s| s.quiet_unboosts,
             ),
             (
                 "boost_not_contended",

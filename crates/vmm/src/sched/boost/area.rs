@@ -121,6 +121,17 @@ impl Booster {
             .unwrap_or(0)
     }
 
+    /// The guest's count of quiet unboosts.
+    pub(super) fn read_quiet_unboosts(&self, gpa: u64) -> u64 {
+        self.guest
+            .memory()
+            .load::<u64>(
+                GuestAddress(gpa + offset::QUIET_UNBOOSTS),
+                Ordering::Acquire,
+            )
+            .unwrap_or(0)
+    }
+
     pub(super) fn read_wake_at(&self, gpa: u64) -> u64 {
         self.guest
             .memory()

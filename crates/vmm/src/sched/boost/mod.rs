@@ -344,6 +344,24 @@ impl Booster {
         if let Some(n) = self.nudge.get() {
             n.nudge();
         }
+        self.guest_unboosted(vcpu, gpa);
+        control_status::OK
+    }
+
+    /// A quiet unboost the monitor found (the guest bumped its area's
+    /// count instead of calling, its next wake-up being due within the
+    /// `keep_us` the area offered): decided as the call would be.
+    pub(super) fn quiet_unboost(&self, vcpu: usize, gpa: u64) {
+        if self.slots[vcpu].boosted.load(Ordering::SeqCst) {
+            self.lock(vcpu).stats.quiet_unboosts += 1;
+            self.guest_unboosted(vcpu, gpa);
+        }
+    }
+
+    /// The guest is done with its boost (its call, or a quiet unboost):
+    /// unless a request bit is set again, keep the boost across a short gap
+    /// to its next announced wake-up ([`decide::keep`]) or end it.
+    fn guest_unboosted(&self, vcpu: usize, gpa: u64) {
         if self.requested(vcpu, gpa) == 0 && self.mode() == BoostMode::Dynamic {
             let mut s = self.lock(vcpu);
             match self.keeps(vcpu, gpa, &s) {
@@ -360,7 +378,6 @@ impl Booster {
                 }
             }
         }
-        control_status::OK
     }
 
     /// Boost vCPU `vcpu`'s thread (nothing if it is boosted, throttled,
@@ -431,6 +448,11 @@ impl Booster {
         if config.mode == BoostMode::Dynamic {
             if let Some(gpa) = self.area(vcpu) {
                 self.write_u64(gpa + offset::BOOSTS, s.stats.boosts);
+                // Before BOOSTED: the guest reads the offer only while
+                // that bit shows. Rewritten at each boost, so a live
+                // change of --boost-keep-us reaches the guest.
+                let keep_us = u32::try_from(self.tuning().keep_us).unwrap_or(u32::MAX);
+                self.write_u32(gpa + offset::KEEP_US, keep_us);
             }
             self.set_status(vcpu, status::BOOSTED, 0);
         }

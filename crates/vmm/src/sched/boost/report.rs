@@ -22,9 +22,14 @@ pub struct VcpuBoostStats {
     pub late_timer_boosts: u64,
     /// Boosts ended by the guest's unboost call.
     pub unboosts: u64,
-    /// Unboost calls that kept the boost: the next real-time wake-up was
-    /// due within `--boost-keep-us`.
+    /// Unboost calls (and quiet unboosts) that kept the boost: the next
+    /// real-time wake-up was due within `--boost-keep-us`.
     pub kept: u64,
+    /// Quiet unboosts the monitor found: the guest ended its boost with a
+    /// write to its area instead of the call (no exit), its next wake-up
+    /// being due within `--boost-keep-us`; each then kept or ended as a
+    /// call would be, counted in `kept`, `budget_unboosts` or `unboosts`.
+    pub quiet_unboosts: u64,
     /// Unboost calls that would have kept the boost but for its CPU
     /// budget (the gap could take it past half of `--boost-max-ms`).
     pub budget_unboosts: u64,

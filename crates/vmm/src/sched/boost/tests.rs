@@ -217,3 +217,53 @@ fn an_unboost_lowers_its_thread_without_holding_the_slot_and_keeps_a_boost_grant
     drop(done);
     t.join().unwrap();
 }
+
+#[test]
+fn a_quiet_unboost_is_kept_or_ended_as_the_call_would_be() {
+    if !may_boost() {
+        return;
+    }
+    let (b, mem) = booster(BoostMode::Dynamic, |c| c.max_ms = 1000);
+    b.set_tuning(BoostTuning {
+        keep_us: 100_000,
+        ..Default::default()
+    })
+    .unwrap();
+    // A TSC rate far above the real one: a deadline 50 ms ahead in the
+    // booster's terms stays ahead of the real TSC for many seconds, however
+    // slow this host is.
+    b.set_tsc_khz(1_000_000_000);
+    let (tid, done, t) = vcpu_thread(&b);
+    assert_eq!(b.register(0, AREA, 1), control_status::OK);
+    mem.write_obj(request::RT, GuestAddress(AREA + offset::REQUEST))
+        .unwrap();
+    b.on_exit(0);
+    assert!(b.is_boosted(0));
+    let offer: u32 = mem.read_obj(GuestAddress(AREA + offset::KEEP_US)).unwrap();
+    assert_eq!(offer, 100_000, "the boost carries the host's offer");
+    // The task sleeps until a wake-up 50 ms ahead: bits clear, no call.
+    mem.write_obj(0u32, GuestAddress(AREA + offset::REQUEST))
+        .unwrap();
+    let wake_at = super::tuning::host_tsc() + 50_000 * 1_000_000;
+    mem.write_obj(wake_at, GuestAddress(AREA + offset::WAKE_AT))
+        .unwrap();
+    b.quiet_unboost(0, AREA);
+    assert!(b.is_boosted(0), "kept across the gap");
+    assert_eq!(policy::read(tid).unwrap().policy, libc::SCHED_FIFO);
+    let s = &b.report().vcpus[0];
+    assert_eq!((s.quiet_unboosts, s.kept, s.unboosts), (1, 1, 0));
+    // No wake-up announced any more: the next quiet unboost ends it.
+    mem.write_obj(0u64, GuestAddress(AREA + offset::WAKE_AT))
+        .unwrap();
+    b.quiet_unboost(0, AREA);
+    assert!(!b.is_boosted(0));
+    assert_eq!(policy::read(tid).unwrap().policy, libc::SCHED_OTHER);
+    assert_eq!(status_of(&mem) & status::BOOSTED, 0);
+    let s = &b.report().vcpus[0];
+    assert_eq!((s.quiet_unboosts, s.kept, s.unboosts), (2, 1, 1));
+    // Not boosted: a stray count changes nothing.
+    b.quiet_unboost(0, AREA);
+    assert_eq!(b.report().vcpus[0].quiet_unboosts, 2);
+    drop(done);
+    t.join().unwrap();
+}
