@@ -29,6 +29,7 @@ impl Booster {
         match self.check_area(gpa, version) {
             Ok(()) => {
                 self.write_u32(gpa + offset::STATUS, 0);
+                self.write_u32(gpa + offset::KEEP_US, 0);
                 self.write_u64(gpa + offset::BOOSTS, 0);
                 self.slots[vcpu].area.store(gpa, Ordering::Release);
                 self.lock(vcpu).stats.registered = true;

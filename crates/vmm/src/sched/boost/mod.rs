@@ -88,6 +88,10 @@ struct SlotState {
     /// monitor unboosts a boost still kept past it with no request set
     /// (a wake-up announced and then never taken).
     kept_until: Option<u64>,
+    /// The area's quiet-unboost count as this boost began (or as the last
+    /// one was settled): only a count that moved during the boost ends it,
+    /// never one from an earlier boost or from before the monitor looked.
+    quiet_seen: u64,
 }
 
 struct Slot {
@@ -348,14 +352,24 @@ impl Booster {
         control_status::OK
     }
 
-    /// A quiet unboost the monitor found (the guest bumped its area's
-    /// count instead of calling, its next wake-up being due within the
-    /// `keep_us` the area offered): decided as the call would be.
+    /// The monitor's look for a quiet unboost: if the area's count moved
+    /// since this boost began (the guest bumped it instead of calling, its
+    /// next wake-up being due within the `keep_us` the area offered),
+    /// decide as the call would be.
     pub(super) fn quiet_unboost(&self, vcpu: usize, gpa: u64) {
-        if self.slots[vcpu].boosted.load(Ordering::SeqCst) {
-            self.lock(vcpu).stats.quiet_unboosts += 1;
-            self.guest_unboosted(vcpu, gpa);
+        if !self.slots[vcpu].boosted.load(Ordering::SeqCst) {
+            return;
         }
+        let count = self.read_quiet_unboosts(gpa);
+        {
+            let mut s = self.lock(vcpu);
+            if s.since.is_none() || s.quiet_seen == count {
+                return;
+            }
+            s.quiet_seen = count;
+            s.stats.quiet_unboosts += 1;
+        }
+        self.guest_unboosted(vcpu, gpa);
     }
 
     /// The guest is done with its boost (its call, or a quiet unboost):
@@ -433,6 +447,9 @@ impl Booster {
         // Unreadable: the CPU-time limit cannot apply to this boost.
         let cpu = policy::thread_cpu_ns(tid).unwrap_or(u64::MAX);
         s.since = Some((now, cpu));
+        if let Some(gpa) = self.area(vcpu) {
+            s.quiet_seen = self.read_quiet_unboosts(gpa);
+        }
         if let Some((_, n)) = s.window.as_mut() {
             *n += 1;
         }
@@ -478,6 +495,12 @@ impl Booster {
         };
         self.slots[vcpu].boosted.store(false, Ordering::SeqCst);
         s.kept_until = None;
+        // The offer goes with the boost: a guest later boosted by a host
+        // that reads no quiet unboosts (an older one, after a migration)
+        // must not find it.
+        if let Some(gpa) = self.area(vcpu) {
+            self.write_u32(gpa + offset::KEEP_US, 0);
+        }
         s.stats.boosted_us += since.elapsed().as_micros() as u64;
         match by {
             Some(false) => s.stats.unboosts += 1,

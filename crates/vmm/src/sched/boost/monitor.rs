@@ -104,8 +104,6 @@ fn run(b: &Booster, stop: &(Mutex<bool>, Condvar)) {
     let max_cpu_ns = config.max_ms * 1_000_000;
     let mut tracks = vec![Track::default(); b.slots.len()];
     let mut waits: Vec<Wait> = (0..b.slots.len()).map(|_| Wait::default()).collect();
-    // The guest's quiet-unboost count at the last pass, per vCPU.
-    let mut quiet_seen: Vec<Option<u64>> = vec![None; b.slots.len()];
     let mut warned = false;
     let mut guard = stop.0.lock().unwrap_or_else(|p| p.into_inner());
     while !*guard {
@@ -122,13 +120,8 @@ fn run(b: &Booster, stop: &(Mutex<bool>, Condvar)) {
             let wake_at = b.read_wake_at(gpa);
             let tsc = host_tsc();
             track.saw(wake_at);
-            // A count that moved since the last pass is an unboost the
-            // guest made without a call (the first reading is a baseline:
-            // a restored area keeps its count).
-            let quiet = b.read_quiet_unboosts(gpa);
-            if quiet_seen[v].replace(quiet).is_some_and(|q| q != quiet) {
-                b.quiet_unboost(v, gpa);
-            }
+            // An unboost the guest made without a call.
+            b.quiet_unboost(v, gpa);
             if b.is_boosted(v) {
                 check_held(b, v, max_cpu_ns);
                 b.expire_kept(v, gpa, tsc);
@@ -153,6 +146,13 @@ fn run(b: &Booster, stop: &(Mutex<bool>, Condvar)) {
                 if expected > tsc + lead_ticks {
                     next = next.min(until(expected - lead_ticks));
                 }
+            }
+            // A quiet unboost nudges no one, and its boost runs on until
+            // the monitor decides: look within a quarter of the CPU-time
+            // limit, so a boost the decision will not keep has used at most
+            // that much more (a kept one still ends well before the throttle).
+            if b.is_boosted(v) && b.tuning().keep_us != 0 {
+                next = next.min(now + Duration::from_nanos(max_cpu_ns / 4));
             }
         }
         let wait = next.saturating_duration_since(Instant::now());

@@ -218,52 +218,136 @@ fn an_unboost_lowers_its_thread_without_holding_the_slot_and_keeps_a_boost_grant
     t.join().unwrap();
 }
 
-#[test]
-fn a_quiet_unboost_is_kept_or_ended_as_the_call_would_be() {
-    if !may_boost() {
-        return;
-    }
-    let (b, mem) = booster(BoostMode::Dynamic, |c| c.max_ms = 1000);
+/// A booster with a 100 ms keep offer, its TSC rate far above the real
+/// one: a deadline 50 ms ahead in the booster's terms stays ahead of the
+/// real TSC for many seconds, however slow this host is.
+fn keeping_booster(max_ms: u64) -> (Arc<Booster>, GuestMemoryMmap) {
+    let (b, mem) = booster(BoostMode::Dynamic, |c| c.max_ms = max_ms);
     b.set_tuning(BoostTuning {
         keep_us: 100_000,
         ..Default::default()
     })
     .unwrap();
-    // A TSC rate far above the real one: a deadline 50 ms ahead in the
-    // booster's terms stays ahead of the real TSC for many seconds, however
-    // slow this host is.
     b.set_tsc_khz(1_000_000_000);
+    (b, mem)
+}
+
+/// What the guest does for a quiet unboost: bits clear, its next wake-up
+/// announced (`wake_in_ms` ahead in the booster's terms; `None`: none),
+/// and the count bumped.
+fn quiet(mem: &GuestMemoryMmap, wake_in_ms: Option<u64>) {
+    mem.write_obj(0u32, GuestAddress(AREA + offset::REQUEST))
+        .unwrap();
+    let wake_at = wake_in_ms.map_or(0, |ms| super::tuning::host_tsc() + ms * 1000 * 1_000_000);
+    mem.write_obj(wake_at, GuestAddress(AREA + offset::WAKE_AT))
+        .unwrap();
+    let n: u64 = mem
+        .read_obj(GuestAddress(AREA + offset::QUIET_UNBOOSTS))
+        .unwrap();
+    mem.write_obj(n + 1, GuestAddress(AREA + offset::QUIET_UNBOOSTS))
+        .unwrap();
+}
+
+#[test]
+fn a_quiet_unboost_is_kept_or_ended_as_the_call_would_be() {
+    if !may_boost() {
+        return;
+    }
+    let (b, mem) = keeping_booster(1000);
     let (tid, done, t) = vcpu_thread(&b);
     assert_eq!(b.register(0, AREA, 1), control_status::OK);
+    // A count moved before this boost began is not an unboost of it.
+    mem.write_obj(5u64, GuestAddress(AREA + offset::QUIET_UNBOOSTS))
+        .unwrap();
     mem.write_obj(request::RT, GuestAddress(AREA + offset::REQUEST))
         .unwrap();
     b.on_exit(0);
     assert!(b.is_boosted(0));
     let offer: u32 = mem.read_obj(GuestAddress(AREA + offset::KEEP_US)).unwrap();
     assert_eq!(offer, 100_000, "the boost carries the host's offer");
-    // The task sleeps until a wake-up 50 ms ahead: bits clear, no call.
-    mem.write_obj(0u32, GuestAddress(AREA + offset::REQUEST))
-        .unwrap();
-    let wake_at = super::tuning::host_tsc() + 50_000 * 1_000_000;
-    mem.write_obj(wake_at, GuestAddress(AREA + offset::WAKE_AT))
-        .unwrap();
+    b.quiet_unboost(0, AREA);
+    assert!(b.is_boosted(0), "an old count ends nothing");
+    assert_eq!(b.report().vcpus[0].quiet_unboosts, 0);
+    // The task sleeps until a wake-up 50 ms ahead: kept across the gap.
+    quiet(&mem, Some(50));
     b.quiet_unboost(0, AREA);
     assert!(b.is_boosted(0), "kept across the gap");
     assert_eq!(policy::read(tid).unwrap().policy, libc::SCHED_FIFO);
     let s = &b.report().vcpus[0];
     assert_eq!((s.quiet_unboosts, s.kept, s.unboosts), (1, 1, 0));
-    // No wake-up announced any more: the next quiet unboost ends it.
-    mem.write_obj(0u64, GuestAddress(AREA + offset::WAKE_AT))
-        .unwrap();
+    // Looked at again with no new count: nothing more.
+    b.quiet_unboost(0, AREA);
+    assert_eq!(b.report().vcpus[0].quiet_unboosts, 1);
+    // No wake-up announced any more: the next quiet unboost ends it, and
+    // the offer goes with the boost.
+    quiet(&mem, None);
     b.quiet_unboost(0, AREA);
     assert!(!b.is_boosted(0));
     assert_eq!(policy::read(tid).unwrap().policy, libc::SCHED_OTHER);
     assert_eq!(status_of(&mem) & status::BOOSTED, 0);
+    let offer: u32 = mem.read_obj(GuestAddress(AREA + offset::KEEP_US)).unwrap();
+    assert_eq!(offer, 0, "no offer outside a boost");
     let s = &b.report().vcpus[0];
     assert_eq!((s.quiet_unboosts, s.kept, s.unboosts), (2, 1, 1));
     // Not boosted: a stray count changes nothing.
+    quiet(&mem, None);
     b.quiet_unboost(0, AREA);
     assert_eq!(b.report().vcpus[0].quiet_unboosts, 2);
+    drop(done);
+    t.join().unwrap();
+}
+
+#[test]
+fn a_quiet_unboost_over_the_budget_ends_the_boost() {
+    if !may_boost() {
+        return;
+    }
+    // max_ms 100: a gap of 80 ms is within the offer (100 ms) but could
+    // take the boost past half of the limit.
+    let (b, mem) = keeping_booster(100);
+    let (_tid, done, t) = vcpu_thread(&b);
+    assert_eq!(b.register(0, AREA, 1), control_status::OK);
+    mem.write_obj(request::RT, GuestAddress(AREA + offset::REQUEST))
+        .unwrap();
+    b.on_exit(0);
+    assert!(b.is_boosted(0));
+    quiet(&mem, Some(80));
+    b.quiet_unboost(0, AREA);
+    assert!(!b.is_boosted(0));
+    let s = &b.report().vcpus[0];
+    assert_eq!(
+        (s.quiet_unboosts, s.kept, s.budget_unboosts, s.unboosts),
+        (1, 0, 1, 1)
+    );
+    drop(done);
+    t.join().unwrap();
+}
+
+#[test]
+fn the_monitor_finds_a_quiet_unboost_by_itself() {
+    if !may_boost() {
+        return;
+    }
+    let (b, mem) = keeping_booster(1000);
+    let (_tid, done, t) = vcpu_thread(&b);
+    assert_eq!(b.register(0, AREA, 1), control_status::OK);
+    mem.write_obj(request::RT, GuestAddress(AREA + offset::REQUEST))
+        .unwrap();
+    b.on_exit(0);
+    assert!(b.is_boosted(0));
+    b.start().unwrap();
+    // No wake-up announced: the monitor's decision is to end the boost.
+    // It looks every --boost-poll-us (1 ms); a loaded host may delay it,
+    // so wait for it with a bound far above any delay.
+    quiet(&mem, None);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while b.is_boosted(0) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    b.stop();
+    assert!(!b.is_boosted(0), "the monitor ended it");
+    let s = &b.report().vcpus[0];
+    assert_eq!((s.quiet_unboosts, s.unboosts), (1, 1));
     drop(done);
     t.join().unwrap();
 }
