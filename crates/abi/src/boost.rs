@@ -14,16 +14,16 @@
 //!   just before it, as KVM would when it injects the timer interrupt;
 //! - the monitor boosts on its own when it injects an interrupt it raised
 //!   (MSIs, I/O completions);
-//! - unboosting is synchronous: with no request bit set and
+//! - unboosting is the guest's: with no request bit set and
 //!   [`status::BOOSTED`] showing, the guest calls
 //!   [`crate::control::op::BOOST_UNBOOST`]. With the bit clear the guest
 //!   makes no call, so the common path costs no exit;
 //! - a quiet unboost: when the host offers to keep boosts across short
 //!   gaps ([`BoostArea::keep_us`] non-zero) and the guest's announced
 //!   `wake_at` is due within that many microseconds, the guest bumps
-//!   [`BoostArea::quiet_unboosts`] instead of calling; the monitor, which
-//!   looks again before that wake-up anyway, keeps the boost across the
-//!   gap or ends it as the call would have. A shared-page write, no exit.
+//!   [`BoostArea::quiet_unboosts`] instead of calling; the monitor, at its
+//!   next look, keeps the boost across the gap or ends it as the call
+//!   would have. A shared-page write, no exit.
 //!   (Both fields were reserved zeros before; a guest that ignores them
 //!   always calls, and a host that leaves `keep_us` zero always gets
 //!   calls.)

@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 /// per [`Contention::SAMPLE`] of wall time. A sample in which it waited
 /// [`Contention::MIN_WAIT_NS`] or more makes it contended for the next
 /// [`Contention::HOLD`]: a boosted thread stops waiting, and its boosts
-/// must not flap off with it.
+/// must not flap off with it. For the same reason a thread that is
+/// boosted at a sample stays contended as long as it was: a boost kept
+/// across many wake-ups (`--boost-keep-us`) would otherwise outlast the
+/// hold, and the next wake-up would find its boost refused.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Contention {
     /// The last sample: when, and the total wait then.
@@ -27,13 +30,15 @@ impl Contention {
     /// How long one contended sample counts.
     pub const HOLD: Duration = Duration::from_millis(200);
 
-    /// Offer the thread's total run-queue wait `wait_ns` at `now`; whether
-    /// it counts as contended from here.
-    pub fn saw(&mut self, now: Instant, wait_ns: u64) -> bool {
+    /// Offer the thread's total run-queue wait `wait_ns` at `now`, and
+    /// whether it runs boosted; whether it counts as contended from here.
+    pub fn saw(&mut self, now: Instant, wait_ns: u64, boosted: bool) -> bool {
         match self.last {
             None => self.last = Some((now, wait_ns)),
             Some((at, last)) if now.duration_since(at) >= Self::SAMPLE => {
-                if wait_ns.saturating_sub(last) >= Self::MIN_WAIT_NS {
+                if wait_ns.saturating_sub(last) >= Self::MIN_WAIT_NS
+                    || (boosted && self.contended(now))
+                {
                     self.waited_at = Some(now);
                 }
                 self.last = Some((now, wait_ns));
@@ -119,14 +124,20 @@ mod tests {
         let ms = |n| t0 + Duration::from_millis(n);
         let mut c = Contention::default();
         assert!(!c.contended(t0), "uncontended until a wait is seen");
-        assert!(!c.saw(ms(0), 1_000_000), "the first reading is a baseline");
-        assert!(!c.saw(ms(1), 1_005_000), "5 us of waiting is noise");
-        assert!(c.saw(ms(2), 1_100_000), "100 us of waiting");
-        // Boosted, it no longer waits: still contended for HOLD.
-        assert!(c.saw(ms(150), 1_100_000));
-        assert!(!c.saw(ms(203), 1_100_000), "quiet for longer than HOLD");
         assert!(
-            c.saw(ms(204), 1_200_000),
+            !c.saw(ms(0), 1_000_000, false),
+            "the first reading is a baseline"
+        );
+        assert!(!c.saw(ms(1), 1_005_000, false), "5 us of waiting is noise");
+        assert!(c.saw(ms(2), 1_100_000, false), "100 us of waiting");
+        // Boosted, it no longer waits: still contended for HOLD.
+        assert!(c.saw(ms(150), 1_100_000, false));
+        assert!(
+            !c.saw(ms(203), 1_100_000, false),
+            "quiet for longer than HOLD"
+        );
+        assert!(
+            c.saw(ms(204), 1_200_000, false),
             "and contended again at the next wait"
         );
     }
@@ -136,13 +147,33 @@ mod tests {
         let t0 = Instant::now();
         let us = |n| t0 + Duration::from_micros(n);
         let mut c = Contention::default();
-        c.saw(us(0), 0);
+        c.saw(us(0), 0, false);
         // 12 us of waiting in each of four passes 250 us apart: 48 us over
         // one sample, however often the monitor woke.
-        assert!(!c.saw(us(250), 12_000));
-        assert!(!c.saw(us(500), 24_000));
-        assert!(!c.saw(us(750), 36_000));
-        assert!(c.saw(us(1000), 48_000));
+        assert!(!c.saw(us(250), 12_000, false));
+        assert!(!c.saw(us(500), 24_000, false));
+        assert!(!c.saw(us(750), 36_000, false));
+        assert!(c.saw(us(1000), 48_000, false));
+    }
+
+    #[test]
+    fn a_boosted_thread_stays_contended_while_boosted() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut c = Contention::default();
+        c.saw(ms(0), 0, false);
+        assert!(c.saw(ms(1), 100_000, false), "it waited");
+        // Boosted from here on: no more waiting, for far longer than HOLD.
+        for t in (2..1000).step_by(50) {
+            assert!(c.saw(ms(t), 100_000, true), "still contended at {t} ms");
+        }
+        // Unboosted and not waiting: the hold runs out as before.
+        assert!(c.saw(ms(1100), 100_000, false));
+        assert!(!c.saw(ms(1300), 100_000, false));
+        // A boosted thread that never waited is not contended.
+        let mut idle = Contention::default();
+        idle.saw(ms(0), 0, true);
+        assert!(!idle.saw(ms(10), 0, true));
     }
 
     #[test]

@@ -198,7 +198,7 @@ impl Wait {
             _ => None,
         };
         match wait {
-            Some(w) => self.contention.saw(Instant::now(), w),
+            Some(w) => self.contention.saw(Instant::now(), w, b.is_boosted(v)),
             None => {
                 // Failed once: not read again for this thread.
                 if let Some((_, f)) = self.file.as_mut() {

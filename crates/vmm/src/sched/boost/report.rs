@@ -28,7 +28,8 @@ pub struct VcpuBoostStats {
     /// Quiet unboosts the monitor found: the guest ended its boost with a
     /// write to its area instead of the call (no exit), its next wake-up
     /// being due within `--boost-keep-us`; each then kept or ended as a
-    /// call would be, counted in `kept`, `budget_unboosts` or `unboosts`.
+    /// call would be, counted in `kept`, `budget_unboosts` or `unboosts`
+    /// (neither if a request bit was set again by then: the boost goes on).
     pub quiet_unboosts: u64,
     /// Unboost calls that would have kept the boost but for its CPU
     /// budget (the gap could take it past half of `--boost-max-ms`).
