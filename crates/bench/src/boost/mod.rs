@@ -12,7 +12,7 @@
 //!   byte's interrupt); and a rogue guest, `critical` holding its
 //!   boost request for the whole run or flipping it as fast as it can,
 //!   whose cost to the host the probe shows;
-//! - host busy: [`Hogs`] pinned one per CPU (normal priority) for the run;
+//! - host busy: [`Hogs`](crate::hostload::Hogs) pinned one per CPU (normal priority) for the run;
 //! - host probe: a cyclictest-like thread at normal priority waking every
 //!   I us (1 ms for audio), whose lateness shows what each mode costs the
 //!   host's own work;

@@ -19,9 +19,10 @@
 //! compete fairly as soon as the guest's sensitive work ends; where this
 //! host offers to keep a boost across a short gap (`--boost-keep-us`) the
 //! guest's unboost is a write to its area the monitor settles
-//! ([`Booster::quiet_unboost`]), not a call. The guest is not trusted: a boost whose thread has run more than
-//! `max_ms` of CPU time since it was granted, or a vCPU boosted more than
-//! `max_rate` times in a second, is revoked, and no boost is granted during
+//! (`Booster::quiet_unboost`), not a call. The guest is not trusted: a
+//! boost whose thread has run more than `max_ms` of CPU time since it was
+//! granted, or a vCPU boosted more than `max_rate` times in a second, is
+//! revoked, and no boost is granted during
 //! the cool-down (the guest sees [`status::THROTTLED`]). A boosted vCPU that
 //! halts holds nothing of the host, so the limit counts CPU time, not wall
 //! time. Pausing or ending the VM unboosts every thread.
