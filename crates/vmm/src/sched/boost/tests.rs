@@ -248,6 +248,16 @@ fn quiet(mem: &GuestMemoryMmap, wake_in_ms: Option<u64>) {
         .unwrap();
 }
 
+/// Register vCPU 0's area and boost it for its RT bit, as the guest's
+/// first real-time wake-up would.
+fn boosted_by_request(b: &Arc<Booster>, mem: &GuestMemoryMmap) {
+    assert_eq!(b.register(0, AREA, 1), control_status::OK);
+    mem.write_obj(request::RT, GuestAddress(AREA + offset::REQUEST))
+        .unwrap();
+    b.on_exit(0);
+    assert!(b.is_boosted(0));
+}
+
 #[test]
 fn a_quiet_unboost_is_kept_or_ended_as_the_call_would_be() {
     if !may_boost() {
@@ -255,14 +265,10 @@ fn a_quiet_unboost_is_kept_or_ended_as_the_call_would_be() {
     }
     let (b, mem) = keeping_booster(1000);
     let (tid, done, t) = vcpu_thread(&b);
-    assert_eq!(b.register(0, AREA, 1), control_status::OK);
     // A count moved before this boost began is not an unboost of it.
     mem.write_obj(5u64, GuestAddress(AREA + offset::QUIET_UNBOOSTS))
         .unwrap();
-    mem.write_obj(request::RT, GuestAddress(AREA + offset::REQUEST))
-        .unwrap();
-    b.on_exit(0);
-    assert!(b.is_boosted(0));
+    boosted_by_request(&b, &mem);
     let offer: u32 = mem.read_obj(GuestAddress(AREA + offset::KEEP_US)).unwrap();
     assert_eq!(offer, 100_000, "the boost carries the host's offer");
     b.quiet_unboost(0, AREA);
@@ -306,11 +312,7 @@ fn a_quiet_unboost_over_the_budget_ends_the_boost() {
     // take the boost past half of the limit.
     let (b, mem) = keeping_booster(100);
     let (_tid, done, t) = vcpu_thread(&b);
-    assert_eq!(b.register(0, AREA, 1), control_status::OK);
-    mem.write_obj(request::RT, GuestAddress(AREA + offset::REQUEST))
-        .unwrap();
-    b.on_exit(0);
-    assert!(b.is_boosted(0));
+    boosted_by_request(&b, &mem);
     quiet(&mem, Some(80));
     b.quiet_unboost(0, AREA);
     assert!(!b.is_boosted(0));
@@ -330,11 +332,7 @@ fn the_monitor_finds_a_quiet_unboost_by_itself() {
     }
     let (b, mem) = keeping_booster(1000);
     let (_tid, done, t) = vcpu_thread(&b);
-    assert_eq!(b.register(0, AREA, 1), control_status::OK);
-    mem.write_obj(request::RT, GuestAddress(AREA + offset::REQUEST))
-        .unwrap();
-    b.on_exit(0);
-    assert!(b.is_boosted(0));
+    boosted_by_request(&b, &mem);
     b.start().unwrap();
     // No wake-up announced: the monitor's decision is to end the boost.
     // It looks every --boost-poll-us (1 ms); a loaded host may delay it,
