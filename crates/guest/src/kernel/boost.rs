@@ -32,8 +32,6 @@ struct Local {
     critical: AtomicU32,
     /// Unboost calls made.
     unboost_calls: AtomicU64,
-    /// Unboosts left to the monitor instead of a call.
-    quiet_unboosts: AtomicU64,
 }
 
 static AREAS: [Area; MAX_VCPUS] = [const { Area::new() }; MAX_VCPUS];
@@ -43,7 +41,6 @@ static LOCAL: [Local; MAX_VCPUS] = [const {
         enabled: AtomicBool::new(false),
         critical: AtomicU32::new(0),
         unboost_calls: AtomicU64::new(0),
-        quiet_unboosts: AtomicU64::new(0),
     }
 }; MAX_VCPUS];
 
@@ -86,7 +83,6 @@ fn maybe_unboost(cpu: usize, area: &Area) {
             && wake_at > now
             && wake_at - now <= crate::kernel::clock::ticks_for_us(keep_us)
         {
-            LOCAL[cpu].quiet_unboosts.fetch_add(1, Ordering::Relaxed);
             area.quiet_unboosts.fetch_add(1, Ordering::SeqCst);
             return;
         }
@@ -169,6 +165,6 @@ pub fn report(r: &mut crate::kernel::report::Reports, vcpus: usize) {
     );
     r.u64(
         format_args!("boost.quiet_unboosts"),
-        sum(|c| LOCAL[c].quiet_unboosts.load(Ordering::Relaxed)),
+        sum(|c| AREAS[c].quiet_unboosts.load(Ordering::Relaxed)),
     );
 }

@@ -111,7 +111,8 @@ fn run(b: &Booster, stop: &(Mutex<bool>, Condvar)) {
         let lead_ticks = TIMER_LEAD.as_micros() as u64 * b.tsc_khz() / 1000;
         let now = Instant::now();
         let mut next = now + poll;
-        let contended_only = b.tuning().when == BoostWhen::Contended;
+        let tuning = b.tuning();
+        let contended_only = tuning.when == BoostWhen::Contended;
         for (v, track) in tracks.iter_mut().enumerate() {
             let Some(gpa) = b.area(v) else { continue };
             if contended_only {
@@ -151,7 +152,7 @@ fn run(b: &Booster, stop: &(Mutex<bool>, Condvar)) {
             // the monitor decides: look within a quarter of the CPU-time
             // limit, so a boost the decision will not keep has used at most
             // that much more (a kept one still ends well before the throttle).
-            if b.is_boosted(v) && b.tuning().keep_us != 0 {
+            if b.is_boosted(v) && tuning.keep_us != 0 {
                 next = next.min(now + Duration::from_nanos(max_cpu_ns / 4));
             }
         }
