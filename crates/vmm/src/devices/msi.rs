@@ -112,7 +112,7 @@ impl MsiInjector {
         self
     }
 
-    /// Boost each destination vCPU with `booster` before injecting into it.
+    /// Boost each destination vCPU with `booster` as it is injected into.
     pub fn with_booster(mut self, booster: Arc<Booster>) -> Self {
         self.shared = Arc::new(Shared {
             booster: Some(booster),
@@ -124,11 +124,13 @@ impl MsiInjector {
     /// Raise `vector` on vCPU `dest` after `delay` (at once if zero).
     pub fn inject_after(&self, dest: u8, vector: u8, delay: Duration) -> Result<(), InjectError> {
         if delay.is_zero() {
+            let sent = signal(&self.vm, dest, vector)
+                .map_err(|e| InjectError::Host(format!("KVM_SIGNAL_MSI failed: {e}")));
+            // After the wake-up: see `Booster::on_interrupt`.
             if let Some(b) = &self.shared.booster {
                 b.on_interrupt(dest as usize);
             }
-            return signal(&self.vm, dest, vector)
-                .map_err(|e| InjectError::Host(format!("KVM_SIGNAL_MSI failed: {e}")));
+            return sent;
         }
         let mut t = self.start_locked()?;
         if t.pending.len() >= self.max_pending {
@@ -216,11 +218,11 @@ fn timer_loop(vm: &VmFd, shared: &Shared) {
                 .is_some_and(|Reverse((due, _, _))| *due <= now)
         {
             let Reverse((_, dest, vector)) = t.pending.pop().expect("peeked");
-            if let Some(b) = &shared.booster {
-                b.on_interrupt(dest as usize);
-            }
             if let Err(e) = signal(vm, dest, vector) {
                 tracing::warn!("delayed MSI {vector:#x} to vCPU {dest} failed: {e}");
+            }
+            if let Some(b) = &shared.booster {
+                b.on_interrupt(dest as usize);
             }
         }
         let wait = match t.pending.peek() {

@@ -405,10 +405,11 @@ impl PvioDevice {
                     self.irqs_skipped.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
+                let _ = self.irqfds[index].write(1);
+                // After the wake-up: see `Booster::on_interrupt`.
                 if let Some(b) = &self.booster {
                     b.on_interrupt(index);
                 }
-                let _ = self.irqfds[index].write(1);
             }
         }
     }

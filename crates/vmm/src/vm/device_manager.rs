@@ -7,7 +7,6 @@
 use std::sync::Arc;
 
 use kvm_ioctls::VmFd;
-use vmm_sys_util::eventfd::EventFd;
 
 use super::persist::{LoadError, Persist};
 use crate::config::VmConfig;
@@ -20,7 +19,7 @@ use crate::memory::host_writes::{GuestWriter, HostWrites};
 use crate::memory::GuestRam;
 use crate::sched::boost::Booster;
 use crate::state::DevicesState;
-use crate::{Error, KvmOp};
+use crate::Error;
 
 /// The COM1 interrupt line on the IOAPIC.
 const COM1_GSI: u32 = 4;
@@ -56,13 +55,7 @@ impl DeviceManager {
             vcpus as usize,
             tsc_khz as u64,
         );
-        let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|source| Error::Host {
-            what: "create an eventfd",
-            source,
-        })?;
-        fd.register_irqfd(&irq, COM1_GSI)
-            .map_err(KvmOp::RegisterIrqfd.err())?;
-        let irq = IrqTrigger::new(irq).with_boost(LineBoost::new(
+        let irq = IrqTrigger::new(fd.clone(), COM1_GSI).with_boost(LineBoost::new(
             booster.clone(),
             fd.clone(),
             COM1_GSI as usize,

@@ -8,7 +8,7 @@
 //!   ([`Booster::on_exit`]) and by the monitor thread (`monitor.rs`), which
 //!   reads every area each `--boost-poll-us`; a vCPU waiting behind host
 //!   threads makes no exits, so the monitor is what reaches it;
-//! - the monitor injects an interrupt it raised ([`Booster::on_interrupt`]:
+//! - the VMM injects an interrupt it raised ([`Booster::on_interrupt`]:
 //!   MSIs, I/O completions, the serial line to the vCPU the IOAPIC routes
 //!   it to), as the seed's KVM boosts on injection;
 //! - a real-time task's announced wake-up (`wake_at`) is near: the LAPIC
@@ -327,7 +327,16 @@ impl Booster {
             && (0..self.slots.len()).any(|v| self.area(v).is_some())
     }
 
-    /// The monitor is about to inject an interrupt into vCPU `vcpu`.
+    /// The VMM has just injected an interrupt into vCPU `vcpu`.
+    ///
+    /// Called after the injection, not before: a real-time thread woken
+    /// from sleep goes back to the CPU it last ran on, preempting whatever
+    /// normal thread runs there (often the other vCPU, the one raising
+    /// the interrupt) even when another CPU is idle, while a normal
+    /// thread's wake-up takes the idle CPU. Boosted right after, it keeps
+    /// that CPU against host threads all the same. Boosting first cost
+    /// the serial line a third of its speed on an idle host
+    /// (docs/BENCHMARKS.md).
     pub fn on_interrupt(&self, vcpu: usize) {
         if self.area(vcpu).is_some()
             && !self.slots[vcpu].boosted.load(Ordering::Relaxed)
@@ -347,9 +356,14 @@ impl Booster {
         // next real-time wake-up: the monitor must plan for it now, not at
         // its next poll (which may come after the deadline). Before the
         // unboost: a thread that lowers itself can lose its CPU to a host
-        // thread for a whole time slice right there.
-        if let Some(n) = self.nudge.get() {
-            n.nudge();
+        // thread for a whole time slice right there. Only then: the
+        // monitor runs above every vCPU, so a nudge with nothing to plan
+        // takes a CPU from the guest for nothing (an interrupt-driven
+        // guest's every unboost did: its serial line ran at half speed).
+        if self.read_wake_at(gpa) != 0 {
+            if let Some(n) = self.nudge.get() {
+                n.nudge();
+            }
         }
         self.guest_unboosted(vcpu, gpa);
         control_status::OK
