@@ -10,10 +10,13 @@ use std::time::{Duration, Instant};
 /// per [`Contention::SAMPLE`] of wall time. A sample in which it waited
 /// [`Contention::MIN_WAIT_NS`] or more makes it contended for the next
 /// [`Contention::HOLD`]: a boosted thread stops waiting, and its boosts
-/// must not flap off with it. For the same reason a thread that is
-/// boosted at a sample stays contended as long as it was: a boost kept
+/// must not flap off with it. For the same reason a thread boosted for
+/// the whole of a sample stays contended as long as it was: a boost kept
 /// across many wake-ups (`--boost-keep-us`) would otherwise outlast the
-/// hold, and the next wake-up would find its boost refused.
+/// hold, and the next wake-up would find its boost refused. Only for the
+/// whole sample: a thread boosted briefly and often (for each interrupt)
+/// is often boosted when sampled, and was held contended for good by one
+/// wait at start-up, on an idle host too.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Contention {
     /// The last sample: when, and the total wait then.
@@ -31,13 +34,15 @@ impl Contention {
     pub const HOLD: Duration = Duration::from_millis(200);
 
     /// Offer the thread's total run-queue wait `wait_ns` at `now`, and
-    /// whether it runs boosted; whether it counts as contended from here.
-    pub fn saw(&mut self, now: Instant, wait_ns: u64, boosted: bool) -> bool {
+    /// since when it runs boosted (`None`: it does not); whether it counts
+    /// as contended from here.
+    pub fn saw(&mut self, now: Instant, wait_ns: u64, boosted_since: Option<Instant>) -> bool {
         match self.last {
             None => self.last = Some((now, wait_ns)),
             Some((at, last)) if now.duration_since(at) >= Self::SAMPLE => {
+                let boosted_throughout = boosted_since.is_some_and(|t| t <= at);
                 if wait_ns.saturating_sub(last) >= Self::MIN_WAIT_NS
-                    || (boosted && self.contended(now))
+                    || (boosted_throughout && self.contended(now))
                 {
                     self.waited_at = Some(now);
                 }
@@ -125,19 +130,19 @@ mod tests {
         let mut c = Contention::default();
         assert!(!c.contended(t0), "uncontended until a wait is seen");
         assert!(
-            !c.saw(ms(0), 1_000_000, false),
+            !c.saw(ms(0), 1_000_000, None),
             "the first reading is a baseline"
         );
-        assert!(!c.saw(ms(1), 1_005_000, false), "5 us of waiting is noise");
-        assert!(c.saw(ms(2), 1_100_000, false), "100 us of waiting");
+        assert!(!c.saw(ms(1), 1_005_000, None), "5 us of waiting is noise");
+        assert!(c.saw(ms(2), 1_100_000, None), "100 us of waiting");
         // Boosted, it no longer waits: still contended for HOLD.
-        assert!(c.saw(ms(150), 1_100_000, false));
+        assert!(c.saw(ms(150), 1_100_000, None));
         assert!(
-            !c.saw(ms(203), 1_100_000, false),
+            !c.saw(ms(203), 1_100_000, None),
             "quiet for longer than HOLD"
         );
         assert!(
-            c.saw(ms(204), 1_200_000, false),
+            c.saw(ms(204), 1_200_000, None),
             "and contended again at the next wait"
         );
     }
@@ -147,13 +152,13 @@ mod tests {
         let t0 = Instant::now();
         let us = |n| t0 + Duration::from_micros(n);
         let mut c = Contention::default();
-        c.saw(us(0), 0, false);
+        c.saw(us(0), 0, None);
         // 12 us of waiting in each of four passes 250 us apart: 48 us over
         // one sample, however often the monitor woke.
-        assert!(!c.saw(us(250), 12_000, false));
-        assert!(!c.saw(us(500), 24_000, false));
-        assert!(!c.saw(us(750), 36_000, false));
-        assert!(c.saw(us(1000), 48_000, false));
+        assert!(!c.saw(us(250), 12_000, None));
+        assert!(!c.saw(us(500), 24_000, None));
+        assert!(!c.saw(us(750), 36_000, None));
+        assert!(c.saw(us(1000), 48_000, None));
     }
 
     #[test]
@@ -161,19 +166,43 @@ mod tests {
         let t0 = Instant::now();
         let ms = |n| t0 + Duration::from_millis(n);
         let mut c = Contention::default();
-        c.saw(ms(0), 0, false);
-        assert!(c.saw(ms(1), 100_000, false), "it waited");
+        c.saw(ms(0), 0, None);
+        assert!(c.saw(ms(1), 100_000, None), "it waited");
         // Boosted from here on: no more waiting, for far longer than HOLD.
         for t in (2..1000).step_by(50) {
-            assert!(c.saw(ms(t), 100_000, true), "still contended at {t} ms");
+            assert!(
+                c.saw(ms(t), 100_000, Some(ms(1))),
+                "still contended at {t} ms"
+            );
         }
         // Unboosted and not waiting: the hold runs out as before.
-        assert!(c.saw(ms(1100), 100_000, false));
-        assert!(!c.saw(ms(1300), 100_000, false));
+        assert!(c.saw(ms(1100), 100_000, None));
+        assert!(!c.saw(ms(1300), 100_000, None));
         // A boosted thread that never waited is not contended.
         let mut idle = Contention::default();
-        idle.saw(ms(0), 0, true);
-        assert!(!idle.saw(ms(10), 0, true));
+        idle.saw(ms(0), 0, Some(ms(0)));
+        assert!(!idle.saw(ms(10), 0, Some(ms(0))));
+    }
+
+    #[test]
+    fn a_thread_boosted_briefly_at_each_sample_is_not_held_contended() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut c = Contention::default();
+        c.saw(ms(0), 0, None);
+        assert!(c.saw(ms(1), 100_000, None), "one wait, at start-up");
+        // From here boosted for each interrupt, so boosted at each sample,
+        // but each boost began after the sample before: no more waits.
+        let mut contended_at = Vec::new();
+        for t in (2..1000).step_by(50) {
+            if c.saw(ms(t), 100_000, Some(ms(t) - Duration::from_micros(30))) {
+                contended_at.push(t);
+            }
+        }
+        assert!(
+            contended_at.iter().all(|&t| t < 201),
+            "the hold ran out: {contended_at:?}"
+        );
     }
 
     #[test]

@@ -589,6 +589,11 @@ impl Booster {
         }
     }
 
+    /// Since when vCPU `vcpu`'s thread is boosted (`None`: it is not).
+    pub(super) fn boosted_since(&self, vcpu: usize) -> Option<Instant> {
+        self.lock(vcpu).since.map(|(at, _)| at)
+    }
+
     /// Whether vCPU `vcpu`'s thread is boosted now.
     pub fn is_boosted(&self, vcpu: usize) -> bool {
         self.slots

@@ -199,7 +199,7 @@ impl Wait {
             _ => None,
         };
         match wait {
-            Some(w) => self.contention.saw(Instant::now(), w, b.is_boosted(v)),
+            Some(w) => self.contention.saw(Instant::now(), w, b.boosted_since(v)),
             None => {
                 // Failed once: not read again for this thread.
                 if let Some((_, f)) = self.file.as_mut() {
