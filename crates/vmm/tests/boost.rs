@@ -208,6 +208,40 @@ fn the_serial_line_boosts_the_vcpu_the_guest_routed_it_to() {
 }
 
 #[test]
+fn under_a_keep_offer_a_vcpu_that_halts_unboosts_quietly() {
+    if !may_boost("under_a_keep_offer_a_vcpu_that_halts_unboosts_quietly") {
+        return;
+    }
+    let _s = serial();
+    // The receiving vCPU is boosted for each byte (its UART reads exit
+    // with the guest's interrupt bit set, so the boost is in place before
+    // it goes idle) and halts after each. With the offer its unboosts are
+    // writes the monitor settles; without, calls.
+    let run = |keep_us| {
+        let mut c = config(
+            BoostMode::Dynamic,
+            2,
+            "workload=uart count=100 target=1",
+            |_| {},
+        );
+        c.host.boost_tuning.keep_us = keep_us;
+        let o = run_ok(c);
+        assert_eq!(report(&o, "uart.received"), 100);
+        o
+    };
+    let kept = run(2000);
+    let to = stats(&kept, 1);
+    assert!(report(&kept, "boost.quiet_unboosts") >= 1, "{to:?}");
+    assert!(
+        to.quiet_unboosts >= 1 && to.unboosts >= 1,
+        "the monitor saw a quiet unboost and ended the boost: {to:?}"
+    );
+    let called = run(0);
+    assert_eq!(report(&called, "boost.quiet_unboosts"), 0);
+    assert!(report(&called, "boost.unboost_calls") >= 1);
+}
+
+#[test]
 fn a_realtime_task_announces_its_wake_ups_and_is_boosted_for_them() {
     if !may_boost("a_realtime_task_announces_its_wake_ups_and_is_boosted_for_them") {
         return;

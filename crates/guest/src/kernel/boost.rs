@@ -8,10 +8,11 @@
 //! sleeping real-time task's deadline is published as `wake_at`, so the
 //! monitor can boost the vCPU just before the timer fires. When the bits
 //! clear and the monitor's status says the vCPU is boosted, the runtime
-//! makes the synchronous unboost call, unless the host's `keep_us` offer
-//! covers the next announced wake-up: then it bumps the area's quiet
-//! count and the monitor settles the boost at its next look (a quiet
-//! unboost: no exit). Otherwise nothing leaves the guest.
+//! makes the synchronous unboost call, unless the host offers to keep
+//! (`keep_us`) and the offer covers the next announced wake-up or the vCPU
+//! halts: then it bumps the area's quiet count and the monitor settles
+//! the boost at its next look (a quiet unboost: no exit). Otherwise
+//! nothing leaves the guest.
 
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
@@ -71,18 +72,21 @@ fn this() -> Option<(usize, &'static Area)> {
 
 /// After bits were cleared: the unboost, only if they are all clear and
 /// the monitor says the vCPU is boosted; quiet (a count in the area, no
-/// exit) when the host's offer covers the next announced wake-up.
-fn maybe_unboost(cpu: usize, area: &Area) {
+/// exit) when the host reads quiet unboosts (its `keep_us` offer is
+/// non-zero) and either the offer covers the next announced wake-up or
+/// the vCPU `halts` (a halted vCPU holds no host CPU while the monitor
+/// settles the boost, and an interrupt-driven vCPU spared an exit per
+/// interrupt keeps the speed it has unboosted).
+fn maybe_unboost(cpu: usize, area: &Area, halts: bool) {
     if area.request.load(Ordering::SeqCst) == 0
         && area.status.load(Ordering::SeqCst) & status::BOOSTED != 0
     {
         let keep_us = area.keep_us.load(Ordering::SeqCst) as u64;
         let wake_at = area.wake_at.load(Ordering::SeqCst);
         let now = crate::kernel::clock::now();
-        if keep_us != 0
-            && wake_at > now
-            && wake_at - now <= crate::kernel::clock::ticks_for_us(keep_us)
-        {
+        let wake_covered =
+            wake_at > now && wake_at - now <= crate::kernel::clock::ticks_for_us(keep_us);
+        if keep_us != 0 && (halts || wake_covered) {
             area.quiet_unboosts.fetch_add(1, Ordering::SeqCst);
             return;
         }
@@ -99,8 +103,9 @@ fn maybe_unboost(cpu: usize, area: &Area) {
 
 /// Set the scheduler's bits for what this vCPU runs next: `irq` (a device
 /// interrupt was handed over in this pass) and `rt` (the next task is
-/// real-time). Called by the scheduler on every pass.
-pub fn sched_bits(irq: bool, rt: bool) {
+/// real-time); `halts`: nothing is runnable and the vCPU halts. Called by
+/// the scheduler on every pass.
+pub fn sched_bits(irq: bool, rt: bool, halts: bool) {
     let Some((cpu, area)) = this() else { return };
     let want = if irq { request::IRQ } else { 0 } | if rt { request::RT } else { 0 };
     let old = area.request.load(Ordering::Relaxed);
@@ -109,7 +114,7 @@ pub fn sched_bits(irq: bool, rt: bool) {
         // Only this vCPU writes its request word, and interrupts do not.
         area.request.store(new, Ordering::SeqCst);
         if new & !old == 0 {
-            maybe_unboost(cpu, area);
+            maybe_unboost(cpu, area, halts);
         }
     }
 }
@@ -134,7 +139,7 @@ pub fn critical_end() {
     let Some((cpu, area)) = this() else { return };
     if LOCAL[cpu].critical.fetch_sub(1, Ordering::Relaxed) == 1 {
         area.request.fetch_and(!request::CRITICAL, Ordering::SeqCst);
-        maybe_unboost(cpu, area);
+        maybe_unboost(cpu, area, false);
     }
 }
 

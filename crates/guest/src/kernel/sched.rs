@@ -311,7 +311,7 @@ pub fn runs(id: usize) -> u64 {
 /// the monitor for a boost, and its timed sleeps are announced (`boost`).
 pub fn set_realtime(on: bool) {
     task(current()).rt.store(on, Ordering::Relaxed);
-    crate::kernel::boost::sched_bits(false, on);
+    crate::kernel::boost::sched_bits(false, on, false);
 }
 
 /// Whether task `id` is real-time.
@@ -376,7 +376,8 @@ fn schedule(reason: Reason) {
         }
         rq.pop().unwrap_or(idle)
     };
-    boost::sched_bits(irq, task(next).rt.load(Ordering::Relaxed));
+    let halts = next == idle && IDLE_HALTS.load(Ordering::Relaxed);
+    boost::sched_bits(irq, task(next).rt.load(Ordering::Relaxed), halts);
     if next == prev {
         task(prev).state.store(RUNNING, Ordering::SeqCst);
         return;
@@ -445,9 +446,14 @@ fn halt(pc: &PerCpu) {
     pc.halted.store(0, Ordering::SeqCst);
 }
 
+/// The idle mode halts at once (`Idle::Halt`): an idle vCPU then holds no
+/// host CPU, so it may leave its boost to the monitor (`boost`).
+static IDLE_HALTS: AtomicBool = AtomicBool::new(false);
+
 /// This vCPU's idle loop: run whatever is runnable, otherwise halt, spin or
 /// poll and then halt (see [`Idle`]) until there is work.
 pub fn idle_loop(mode: Idle) -> ! {
+    IDLE_HALTS.store(mode == Idle::Halt, Ordering::Relaxed);
     let me = idle_of(this_cpu().index());
     let mut switched_in = runs(me);
     loop {
