@@ -1,7 +1,7 @@
 //! COM1, a 16550 UART (vm-superio), wired to the console target. Its interrupt
 //! is an edge on GSI 4 of the in-kernel IOAPIC, raised with `KVM_IRQ_LINE`
-//! from the thread that emulates the access; with dynamic boosting, raising
-//! it first boosts the vCPU the IOAPIC routes it to.
+//! from the thread that emulates the access; with dynamic boosting, the
+//! vCPU the IOAPIC routes it to is boosted right after.
 //!
 //! Not an irqfd: KVM injects an irqfd on an IOAPIC pin from a kernel worker
 //! queued on the writer's CPU, and that worker waits behind the writing

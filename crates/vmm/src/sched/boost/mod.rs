@@ -319,12 +319,13 @@ impl Booster {
     }
 
     /// Whether [`Self::on_interrupt`] can boost anything now (dynamic mode,
-    /// running, some area registered): lets an interrupt source skip work
-    /// such as reading the IOAPIC's routing when it cannot.
+    /// running, some vCPU registered and not boosted already): lets an
+    /// interrupt source skip work such as reading the IOAPIC's routing
+    /// when it cannot (with boosts kept across interrupts, at most of them).
     pub fn boosts_interrupts(&self) -> bool {
         self.mode() == BoostMode::Dynamic
             && !self.paused.load(Ordering::SeqCst)
-            && (0..self.slots.len()).any(|v| self.area(v).is_some())
+            && (0..self.slots.len()).any(|v| self.area(v).is_some() && !self.is_boosted(v))
     }
 
     /// The VMM has just injected an interrupt into vCPU `vcpu`.

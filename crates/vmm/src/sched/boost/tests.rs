@@ -132,8 +132,13 @@ fn boosting_too_often_throttles_for_the_cooldown() {
     let (_tid, done, t) = vcpu_thread(&b);
     b.register(0, AREA, 1);
     for _ in 0..3 {
+        assert!(b.boosts_interrupts(), "an unboosted vCPU to boost");
         b.on_interrupt(0);
         assert!(b.is_boosted(0));
+        assert!(
+            !b.boosts_interrupts(),
+            "every vCPU boosted: an interrupt source need not read its route"
+        );
         b.unboost_call(0);
     }
     b.on_interrupt(0);
