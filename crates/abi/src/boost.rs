@@ -19,8 +19,9 @@
 //!   [`crate::control::op::BOOST_UNBOOST`]. With the bit clear the guest
 //!   makes no call, so the common path costs no exit;
 //! - a quiet unboost: when the host offers to keep boosts across short
-//!   gaps ([`BoostArea::keep_us`] non-zero) and the guest's announced
-//!   `wake_at` is due within that many microseconds, the guest bumps
+//!   gaps ([`BoostArea::keep_us`] non-zero) and either the guest's
+//!   announced `wake_at` is due within that many microseconds or its vCPU
+//!   is about to halt (a halted vCPU holds no host CPU), the guest bumps
 //!   [`BoostArea::quiet_unboosts`] instead of calling; the monitor, at its
 //!   next look, keeps the boost across the gap or ends it as the call
 //!   would have. A shared-page write, no exit.
@@ -74,8 +75,8 @@ pub struct BoostArea {
     /// Host: [`status`] bits.
     pub status: AtomicU32,
     /// Host: while [`status::BOOSTED`] shows, the longest gap (us) to an
-    /// announced wake-up across which the guest may end its boost quietly
-    /// (0: always make the unboost call).
+    /// announced wake-up across which the guest may end its boost quietly,
+    /// as it may when its vCPU halts (0: always make the unboost call).
     pub keep_us: AtomicU32,
     /// Guest: TSC deadline of the next real-time wake-up here (0 = none).
     pub wake_at: AtomicU64,

@@ -132,8 +132,11 @@ pub(crate) struct BoostHostArgs {
     /// The guest's unboost call keeps the boost when its next announced
     /// real-time wake-up is due within this many microseconds and, even if
     /// the vCPU ran flat out until then, the boost would stay within half
-    /// of --boost-max-ms of CPU (0: never; at most 100000).
-    #[arg(long, default_value_t = 0)]
+    /// of --boost-max-ms of CPU; while non-zero, the guest's unboost is a
+    /// write to its boost area (no exit) where this covers its next
+    /// wake-up or its vCPU halts (0: never keep, always call; at most
+    /// 100000).
+    #[arg(long, default_value_t = hover_vmm::config::boost::DEFAULT_KEEP_US)]
     pub(crate) boost_keep_us: u64,
 }
 

@@ -52,7 +52,7 @@ fn config(
         ..Default::default()
     };
     tweak(&mut boost);
-    VmConfig {
+    let mut c = VmConfig {
         machine: MachineConfig {
             vcpus,
             cmdline: cmdline.into(),
@@ -60,7 +60,12 @@ fn config(
             ..Default::default()
         },
         ..VmConfig::default()
-    }
+    };
+    // Most tests here are about the unboost call, which the default keep
+    // offer turns into quiet unboosts the monitor settles in its own time;
+    // the tests of the offer set it.
+    c.host.boost_tuning.keep_us = 0;
+    c
 }
 
 /// The scheduling policy of this process's thread named `name`, if any.

@@ -51,9 +51,9 @@ pub struct BoostBench {
     pub hogs: usize,
     /// Bytes the serial-line test sends per run (0: no serial test).
     pub uart_count: u64,
-    /// Dynamic boosting with this host's tuning too: `keep`
-    /// (`--boost-keep-us`), `contended` (`--boost-when contended`),
-    /// `keep-contended` (both).
+    /// Dynamic boosting with other host tuning too: `no-keep`
+    /// (`--boost-keep-us 0`), `keep` (`--boost-keep-us`), `contended`
+    /// (`--boost-when contended`), `keep-contended` (both).
     pub variants: Vec<String>,
     /// The `keep` variant's `--boost-keep-us`.
     pub keep_us: u64,
@@ -92,10 +92,10 @@ const MODES: [(&str, &[&str]); 3] = [
     ("static", &["--vcpu-rt"]),
 ];
 
-/// The modes a run compares: vanilla, dynamic and static, then each of
-/// `b.variants` (dynamic boosting with this host's tuning: `keep` for
-/// `--boost-keep-us`, `contended` for `--boost-when contended`,
-/// `keep-contended` for both).
+/// The modes a run compares: vanilla, dynamic (the defaults) and static,
+/// then each of `b.variants` (dynamic boosting with other host tuning:
+/// `no-keep` for `--boost-keep-us 0`, `keep` for `--boost-keep-us`,
+/// `contended` for `--boost-when contended`, `keep-contended` for both).
 fn modes(b: &BoostBench) -> Vec<(String, Vec<String>)> {
     let mut m: Vec<(String, Vec<String>)> = MODES
         .iter()
@@ -110,6 +110,7 @@ fn modes(b: &BoostBench) -> Vec<(String, Vec<String>)> {
     };
     for v in &b.variants {
         match v.as_str() {
+            "no-keep" => m.push(("dynamic, keep 0".into(), dynamic(&["--boost-keep-us", "0"]))),
             "keep" => m.push((
                 format!("dynamic, keep {} us", b.keep_us),
                 dynamic(&["--boost-keep-us", &b.keep_us.to_string()]),
@@ -492,6 +493,27 @@ mod tests {
                 Test::Timer(1000)
             ]
         );
+    }
+
+    #[test]
+    fn each_variant_is_dynamic_boosting_with_its_own_tuning() {
+        let mut b = bench(vec![TestKind::Timer], 0);
+        b.variants = vec!["no-keep".into(), "keep".into()];
+        b.keep_us = 700;
+        let m = modes(&b);
+        let names: Vec<&str> = m.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "vanilla",
+                "dynamic",
+                "static",
+                "dynamic, keep 0",
+                "dynamic, keep 700 us"
+            ]
+        );
+        assert_eq!(m[3].1, ["--boost", "on", "--boost-keep-us", "0"]);
+        assert_eq!(m[4].1, ["--boost", "on", "--boost-keep-us", "700"]);
     }
 
     #[test]

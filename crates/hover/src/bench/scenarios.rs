@@ -174,11 +174,11 @@ pub(super) enum Scenario {
         /// Bytes the serial-line test sends per run, one interrupt each (0: no serial test).
         #[arg(long, default_value_t = 2000)]
         uart_count: u64,
-        /// Also dynamic boosting with this host's tuning, each a mode of
-        /// its own (comma-separated): keep (--boost-keep-us, see
-        /// --keep-us), contended (--boost-when contended), keep-contended
-        /// (both).
-        #[arg(long, value_delimiter = ',', value_parser = ["keep", "contended", "keep-contended"])]
+        /// Also dynamic boosting with other host tuning, each a mode of
+        /// its own (comma-separated): no-keep (--boost-keep-us 0: an
+        /// unboost call each time), keep (--boost-keep-us, see --keep-us),
+        /// contended (--boost-when contended), keep-contended (both).
+        #[arg(long, value_delimiter = ',', value_parser = ["no-keep", "keep", "contended", "keep-contended"])]
         variants: Vec<String>,
         /// The keep variant's --boost-keep-us.
         #[arg(long, default_value_t = 2000)]

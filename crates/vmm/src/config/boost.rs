@@ -258,7 +258,7 @@ impl FromStr for BoostWhen {
 
 /// How this host grants and keeps dynamic boosts (`--boost-when`,
 /// `--boost-keep-us`): the host's choice, never saved with a VM.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BoostTuning {
     /// When a boost is granted.
     pub when: BoostWhen,
@@ -267,12 +267,30 @@ pub struct BoostTuning {
     /// and, even if the vCPU ran flat out until then, the boost would stay
     /// within half of `--boost-max-ms` of CPU time: a periodic real-time
     /// task is not unboosted and boosted again around every short sleep,
-    /// and no kept boost is revoked by the throttle.
+    /// and no kept boost is revoked by the throttle. While non-zero, the
+    /// guest's unboost is quiet (a write the monitor settles, no exit)
+    /// where this covers its next wake-up or its vCPU halts.
     pub keep_us: u64,
 }
 
 /// The longest gap a boost is kept across, microseconds.
 pub const MAX_KEEP_US: u64 = 100_000;
+
+/// `--boost-keep-us` by default. Measured against 0 (docs/BENCHMARKS.md,
+/// 2026-11-26): the serial line on an idle host at vanilla's speed (0.9x
+/// without: an unboost call per interrupt), the host probe's worst case
+/// lower on a busy host, the timer's gain within the noise of 0's, and
+/// 20-50x fewer boosts.
+pub const DEFAULT_KEEP_US: u64 = 2000;
+
+impl Default for BoostTuning {
+    fn default() -> Self {
+        BoostTuning {
+            when: BoostWhen::default(),
+            keep_us: DEFAULT_KEEP_US,
+        }
+    }
+}
 
 impl BoostTuning {
     /// Every value in range, or a sentence naming the flag that is not.
