@@ -6,13 +6,14 @@
 //! tests of this file run one at a time.
 
 mod common;
+mod host_threads;
 
 use hover_vmm::config::MachineConfig;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::{boot, report};
+use host_threads::{policy_of, wait_for_fifo, Pinned, Spinner, Watcher};
 use hover_vmm::host::kvm_for_test;
 use hover_vmm::sched::boost::policy;
 use hover_vmm::sched::boost::{BoostConfig, BoostMode, BoostUpdate};
@@ -66,62 +67,6 @@ fn config(
     // the tests of the offer set it.
     c.host.boost_tuning.keep_us = 0;
     c
-}
-
-/// The scheduling policy of this process's thread named `name`, if any.
-fn policy_of(name: &str) -> Option<i32> {
-    for t in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
-        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        if comm.trim() == name {
-            let tid: i32 = t.file_name().to_str()?.parse().ok()?;
-            return policy::read(tid).ok().map(|p| p.policy);
-        }
-    }
-    None
-}
-
-/// Watches the policies of threads `names` while a VM runs: every change seen.
-struct Watcher {
-    stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<Vec<Vec<i32>>>,
-}
-
-impl Watcher {
-    fn start(names: &[&str]) -> Watcher {
-        let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let thread = std::thread::spawn(move || {
-            let mut seen = vec![Vec::new(); names.len()];
-            while !flag.load(Ordering::Relaxed) {
-                for (i, n) in names.iter().enumerate() {
-                    if let Some(p) = policy_of(n) {
-                        if seen[i].last() != Some(&p) {
-                            seen[i].push(p);
-                        }
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            seen
-        });
-        Watcher { stop, thread }
-    }
-
-    fn finish(self) -> Vec<Vec<i32>> {
-        self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().unwrap()
-    }
-}
-
-/// Wait up to 2 s for thread `name` to run SCHED_FIFO; `what` says what failed.
-fn wait_for_fifo(name: &str, what: &str) {
-    let t = Instant::now();
-    while policy_of(name) != Some(FIFO) {
-        // Bounded generously: a loaded host may not run the guest for seconds.
-        assert!(t.elapsed() < Duration::from_secs(20), "{name}: {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
 }
 
 fn run_ok(c: VmConfig) -> RunOutcome {
@@ -511,61 +456,6 @@ fn a_kept_boost_crosses_short_gaps_quietly_and_ends_before_the_throttle() {
         "no offer, no quiet unboost"
     );
     assert_eq!(s.quiet_unboosts, 0, "{s:?}");
-}
-
-/// This thread and the threads it starts (a VM's) run on one CPU only,
-/// until dropped.
-struct Pinned(libc::cpu_set_t);
-
-impl Pinned {
-    /// Pin to the first CPU this thread may use; `None` if that fails.
-    fn to_one() -> Option<Pinned> {
-        // SAFETY: plain affinity calls on this thread with valid sets.
-        unsafe {
-            let mut old: libc::cpu_set_t = std::mem::zeroed();
-            if libc::sched_getaffinity(0, std::mem::size_of_val(&old), &mut old) != 0 {
-                return None;
-            }
-            let cpu = (0..libc::CPU_SETSIZE as usize).find(|&c| libc::CPU_ISSET(c, &old))?;
-            let mut one: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut one);
-            (libc::sched_setaffinity(0, std::mem::size_of_val(&one), &one) == 0)
-                .then_some(Pinned(old))
-        }
-    }
-}
-
-impl Drop for Pinned {
-    fn drop(&mut self) {
-        // SAFETY: as above, the set saved before.
-        unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&self.0), &self.0) };
-    }
-}
-
-/// A thread spinning on the CPU it was started on, stopped when dropped
-/// (a failing test leaves no CPU busy).
-struct Spinner(Arc<AtomicBool>, Option<std::thread::JoinHandle<()>>);
-
-impl Spinner {
-    fn start() -> Spinner {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let t = std::thread::spawn(move || {
-            while !flag.load(Ordering::Relaxed) {
-                std::hint::spin_loop();
-            }
-        });
-        Spinner(stop, Some(t))
-    }
-}
-
-impl Drop for Spinner {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-        if let Some(t) = self.1.take() {
-            let _ = t.join();
-        }
-    }
 }
 
 /// `--boost-when contended`: a vCPU thread that certainly waits for its CPU
