@@ -33,6 +33,9 @@ struct Local {
     critical: AtomicU32,
     /// Unboost calls made.
     unboost_calls: AtomicU64,
+    /// The area's `boosts` at this vCPU's last unboost (call or quiet): a
+    /// boost the host granted after the guest last looked is unanswered.
+    answered: AtomicU64,
 }
 
 static AREAS: [Area; MAX_VCPUS] = [const { Area::new() }; MAX_VCPUS];
@@ -42,6 +45,7 @@ static LOCAL: [Local; MAX_VCPUS] = [const {
         enabled: AtomicBool::new(false),
         critical: AtomicU32::new(0),
         unboost_calls: AtomicU64::new(0),
+        answered: AtomicU64::new(0),
     }
 }; MAX_VCPUS];
 
@@ -81,6 +85,9 @@ fn maybe_unboost(cpu: usize, area: &Area, halts: bool) {
     if area.request.load(Ordering::SeqCst) == 0
         && area.status.load(Ordering::SeqCst) & status::BOOSTED != 0
     {
+        LOCAL[cpu]
+            .answered
+            .store(area.boosts.load(Ordering::SeqCst), Ordering::Relaxed);
         let keep_us = area.keep_us.load(Ordering::SeqCst) as u64;
         let wake_at = area.wake_at.load(Ordering::SeqCst);
         let now = crate::kernel::clock::now();
@@ -116,6 +123,15 @@ pub fn sched_bits(irq: bool, rt: bool, halts: bool) {
         if new & !old == 0 {
             maybe_unboost(cpu, area, halts);
         }
+    } else if halts
+        && new == 0
+        && area.boosts.load(Ordering::SeqCst) != LOCAL[cpu].answered.load(Ordering::Relaxed)
+    {
+        // A boost granted after the bits last cleared (the host boosts an
+        // interrupt's vCPU just after injecting it, so the guest may have
+        // handled it and cleared its bit first): answer it before halting,
+        // or it would last until the next bits cleared.
+        maybe_unboost(cpu, area, halts);
     }
 }
 

@@ -277,8 +277,8 @@ pub struct BoostTuning {
 pub const MAX_KEEP_US: u64 = 100_000;
 
 /// `--boost-keep-us` by default. Measured against 0 (docs/BENCHMARKS.md,
-/// 2026-11-26): the serial line on an idle host at vanilla's speed (0.9x
-/// without: an unboost call per interrupt), the host probe's worst case
+/// 2026-11-26): the serial line on an idle host at 0.95x vanilla's speed
+/// (0.77-0.91x without, in three runs: an unboost call per interrupt), the host probe's worst case
 /// lower on a busy host, the timer's gain within the noise of 0's, and
 /// 20-50x fewer boosts.
 pub const DEFAULT_KEEP_US: u64 = 2000;

@@ -41,7 +41,7 @@ struct Timers {
 struct Shared {
     timers: Mutex<Timers>,
     changed: Condvar,
-    /// Boosts the destination vCPU before each injection (dynamic boosting).
+    /// Boosts the destination vCPU just after each injection (dynamic boosting).
     booster: Option<Arc<Booster>>,
 }
 

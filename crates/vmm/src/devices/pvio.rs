@@ -121,7 +121,7 @@ pub struct PvioDevice {
     thread: Mutex<Option<JoinHandle<()>>>,
     start_tx: Mutex<Option<Sender<Start>>>,
     stop: AtomicBool,
-    /// Boosts the submitting vCPU before its completion interrupt.
+    /// Boosts the submitting vCPU with (just after) its completion interrupt.
     booster: Option<Arc<crate::sched::boost::Booster>>,
     requests: AtomicU64,
     /// Completion interrupts skipped: the guest was polling for them.

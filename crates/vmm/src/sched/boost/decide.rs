@@ -162,7 +162,7 @@ mod tests {
     }
 
     #[test]
-    fn a_boosted_thread_stays_contended_while_boosted() {
+    fn a_thread_boosted_throughout_stays_contended() {
         let t0 = Instant::now();
         let ms = |n| t0 + Duration::from_millis(n);
         let mut c = Contention::default();

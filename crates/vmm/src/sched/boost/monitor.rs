@@ -152,7 +152,9 @@ fn run(b: &Booster, stop: &(Mutex<bool>, Condvar)) {
             // the monitor decides: look within a quarter of the CPU-time
             // limit, so a boost the decision will not keep has used at most
             // that much more (a kept one still ends well before the throttle).
-            if b.is_boosted(v) && tuning.keep_us != 0 {
+            // Whether or not one is boosted now: boosts granted between
+            // passes (interrupts, exits) do not wake the monitor.
+            if tuning.keep_us != 0 {
                 next = next.min(now + Duration::from_nanos(max_cpu_ns / 4));
             }
         }
