@@ -161,13 +161,20 @@ mod tests {
         assert!(c.saw(us(1000), 48_000, None));
     }
 
-    #[test]
-    fn a_thread_boosted_throughout_stays_contended() {
+    /// A thread seen waiting 100 us in its first millisecond (a sample at
+    /// 0 and 1 ms), and the clock of those samples in milliseconds.
+    fn waited_in_the_first_ms() -> (Contention, impl Fn(u64) -> Instant) {
         let t0 = Instant::now();
-        let ms = |n| t0 + Duration::from_millis(n);
+        let ms = move |n| t0 + Duration::from_millis(n);
         let mut c = Contention::default();
         c.saw(ms(0), 0, None);
         assert!(c.saw(ms(1), 100_000, None), "it waited");
+        (c, ms)
+    }
+
+    #[test]
+    fn a_thread_boosted_throughout_stays_contended() {
+        let (mut c, ms) = waited_in_the_first_ms();
         // Boosted from here on: no more waiting, for far longer than HOLD.
         for t in (2..1000).step_by(50) {
             assert!(
@@ -186,11 +193,8 @@ mod tests {
 
     #[test]
     fn a_thread_boosted_briefly_at_each_sample_is_not_held_contended() {
-        let t0 = Instant::now();
-        let ms = |n| t0 + Duration::from_millis(n);
-        let mut c = Contention::default();
-        c.saw(ms(0), 0, None);
-        assert!(c.saw(ms(1), 100_000, None), "one wait, at start-up");
+        // One wait, at start-up.
+        let (mut c, ms) = waited_in_the_first_ms();
         // From here boosted for each interrupt, so boosted at each sample,
         // but each boost began after the sample before: no more waits.
         let mut contended_at = Vec::new();
