@@ -270,8 +270,12 @@ pub const WORKLOADS: &[WorkloadSpec] = &[
     },
     WorkloadSpec {
         name: "exception",
-        help: "test: vCPU 0 executes ud2; the guest must print the exception and exit with code 19",
-        params: &[],
+        help: "test: vCPU 0 raises an exception (`ud2`, or reads an unmapped address); the guest must print it and exit with code 19",
+        params: &[ParamSpec {
+            name: "kind",
+            help: "ud (invalid opcode) or pf (a page fault in preemptible code)",
+            kind: ParamKind::Choice { values: &["ud", "pf"] },
+        }],
     },
     WorkloadSpec {
         name: "panic",

@@ -207,6 +207,35 @@ fn guest_exception_is_printed_and_exits_with_its_code() {
     );
 }
 
+/// A page fault in preemptible task code goes first to the runtime (the
+/// path async "page not present" takes), which must hand it back to be
+/// reported with its own frame, not park the task or retry for ever.
+#[test]
+fn guest_page_fault_in_preemptible_code_is_reported_with_its_frame() {
+    if !kvm_for_test("guest_page_fault_in_preemptible_code_is_reported_with_its_frame") {
+        return;
+    }
+    let (result, console) = boot(VmConfig {
+        machine: MachineConfig {
+            cmdline: "workload=exception kind=pf".into(),
+            ..Default::default()
+        },
+        ..VmConfig::default()
+    });
+    let o = result.unwrap_or_else(|e| panic!("{e}\nconsole:\n{console}"));
+    assert_eq!(o.exit_code, exit_code::EXCEPTION, "console:\n{console}");
+    let unmapped = (hover_abi::layout::MAX_MAPPED_GIB + 1) << 30;
+    assert!(
+        console.contains("unhandled exception #PF page fault (vector 14) on vCPU 0"),
+        "console:\n{console}"
+    );
+    // A user-mode read of a page not present; CR2 is the address read.
+    assert!(
+        console.contains("error code 0x4,") && console.contains(&format!("cr2 {unmapped:#x},")),
+        "console:\n{console}"
+    );
+}
+
 #[test]
 fn guest_panic_is_printed_and_exits_with_its_code() {
     if !kvm_for_test("guest_panic_is_printed_and_exits_with_its_code") {

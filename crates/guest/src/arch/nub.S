@@ -133,15 +133,16 @@ irq_device:                         /* rax = vector (pushed rax is the original)
     EOI
     /* fall through */
 
-/* Preempt if the interrupted code is CPL3 and preemptible: leave its RIP in
+/* Preempt if the interrupted code is preemptible: leave its RIP in
  * resume_rip and return into hover_preempt_entry (switch.S) instead, which
  * steps over the red zone, saves the rest at native speed and reschedules.
  * Otherwise ask for a reschedule at the next preemption point and return.
+ * The frame's privilege needs no test: interrupts reach CPL0 code only at
+ * nub_halt's hlt (every gate clears IF), and the runtime halts only with
+ * preemption off (nub.rs), so preempt_count alone says "not here".
  * (The image is linked low, so the entry's address is a 32-bit immediate.)
  * A macro, so that the async-PF ready handler has it without a jump. */
 .macro IRQ_TAIL
-    testb $3, 32(%rsp)
-    jz 1f
     cmpq $0, %gs:{off_preempt_count}
     jne 1f
     movq $1, %gs:{off_preempt_count}
@@ -163,22 +164,21 @@ irq_tail:
     IRQ_TAIL
 
 /* #PF: an async "page not present" from KVM (the area's flags say so, CR2
- * holds the token) or a real fault. KVM sends not-present only to CPL3 code
- * (no SEND_ALWAYS) with interrupts on, so the frame is always CPL3's.
- * Preemptible code is parked: the token goes to the preemption path, which
- * the return is redirected to (as irq_tail does); the runtime clears the
- * flags and counts it there, at native speed. Non-preemptible code just
- * returns: the access faults again, and KVM, seeing a fault for a page
- * already being fetched, halts the vCPU until the page is there (the seed's
- * rule for non-preemptible contexts).
+ * holds the token) or a real fault. Preemptible code is redirected into the
+ * preemption path as irq_tail does, with CR2 for it and preempt_count = 2
+ * ("from a #PF"): the runtime tells async from real by the flags there, at
+ * native speed, clears them and parks the task; a real fault it returns to
+ * with preemption off, so that the access faults again and takes the path
+ * below. Non-preemptible code: an async "not present" just returns (the
+ * access faults again, and KVM, seeing a fault for a page already being
+ * fetched, halts the vCPU until the page is there: the seed's rule for
+ * non-preemptible contexts); a real fault is reported.
  * Stack: 0 error, 8 rip, 16 cs, 24 rflags, 32 rsp, 40 ss. */
     .global hover_page_fault
 hover_page_fault:
-    cmpl $0, %gs:{off_apf_flags}
-    je 3f
     cmpq $0, %gs:{off_preempt_count}
     jne 2f
-    movq $1, %gs:{off_preempt_count}
+    movq $2, %gs:{off_preempt_count}
     mov %rax, (%rsp)                /* the error code's slot keeps rax */
     mov %cr2, %rax
     mov %rax, %gs:{off_apf_park_token}
@@ -187,7 +187,9 @@ hover_page_fault:
     movq $hover_preempt_entry, 8(%rsp)
     pop %rax
     iretq
-2:  movl $0, %gs:{off_apf_flags}
+2:  cmpl $0, %gs:{off_apf_flags}
+    je 3f
+    movl $0, %gs:{off_apf_flags}
     incq %gs:{off_apf_not_present}
     incq %gs:{off_apf_sync}
     add $8, %rsp                    /* error code */

@@ -108,8 +108,18 @@ pub fn wrmsr(msr: u32, value: u64) {
 }
 
 /// Halt until the next interrupt has been handled, unless a reschedule is
-/// already due.
+/// already due. Only with preemption off: the nub's interrupt tail does not
+/// test the privilege of the frame it redirects, and `hlt` is the one CPL0
+/// instruction interrupts can reach (`nub.S`, `IRQ_TAIL`).
 pub fn halt() {
+    debug_assert!(
+        crate::arch::percpu::cpu_index().is_none()
+            || crate::arch::percpu::this_cpu()
+                .preempt_count
+                .load(core::sync::atomic::Ordering::Relaxed)
+                != 0,
+        "halting with preemption on"
+    );
     call(Op::Halt, 0, 0);
 }
 

@@ -122,7 +122,12 @@ pub fn exit(code: u32) -> ! {
         arg1: 0,
     };
     send(&mut req);
-    // The monitor stops every vCPU on EXIT; if it does not, do not run on.
+    // The monitor stops every vCPU on EXIT; if it does not, do not run on
+    // (halting needs preemption off; before the per-CPU area exists there
+    // is no preemption).
+    if crate::arch::percpu::cpu_index().is_some() {
+        crate::kernel::sync::preempt_disable();
+    }
     loop {
         crate::arch::nub::halt();
     }

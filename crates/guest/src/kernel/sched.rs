@@ -6,7 +6,7 @@
 //! halted, sends it a reschedule IPI. Switches happen in [`schedule`], always
 //! with `preempt_count == 1`: voluntarily (yield, sleep, wait, exit) or from
 //! the timer through `hover_preempt_entry` (`arch/switch.S`), which the
-//! nub's interrupt tail redirects a preemptible CPL3 task to.
+//! nub's interrupt tail redirects a preemptible task to.
 
 use core::arch::global_asm;
 use core::cell::UnsafeCell;
@@ -406,22 +406,31 @@ extern "C" fn task_start(id: usize) -> ! {
     exit_current()
 }
 
-/// Called by `hover_preempt_entry` with `preempt_count == 1`: after a tick
-/// or interrupt (a reschedule is due), or after an async "page not present"
-/// (then with its token, and the task parks).
+/// Called by `hover_preempt_entry` after a tick or interrupt (a reschedule
+/// is due; `preempt_count == 1`) or a #PF in preemptible code
+/// (`preempt_count == 2`, the faulting address or async token in
+/// `apf_park_token`).
 extern "C" fn preempt_irq() {
     let pc = this_cpu();
-    // The area's flags are 1 here only after the nub redirected a "page
-    // not present" (it leaves them for us to clear at native speed);
-    // cleared whatever the token, so a later real #PF is never read as
-    // async (a host whose KVM can issue token 0 would otherwise leave them).
-    pc.apf_area.flags.store(0, Ordering::Relaxed);
-    let token = pc.apf_park_token.swap(0, Ordering::Relaxed);
-    if token != 0 {
-        apf::park_faulted(pc, token as u32);
-    } else {
-        pc.need_resched.store(1, Ordering::Relaxed);
+    let from_fault = pc.preempt_count.swap(1, Ordering::Relaxed) == 2;
+    if from_fault {
+        let token = pc.apf_park_token.swap(0, Ordering::Relaxed);
+        // The area's flags are 1 only while KVM delivers a "page not
+        // present" (the nub leaves them for us to clear at native speed).
+        if pc.apf_area.flags.swap(0, Ordering::Relaxed) == 0 {
+            // A real page fault: back to the access with preemption off,
+            // where it faults again and the nub reports it with its frame.
+            return;
+        }
+        if token != 0 {
+            apf::park_faulted(pc, token as u32);
+            reschedule();
+            return;
+        }
+        // Token 0: a KVM older than 5.17 (docs/ABI.md); the access waits
+        // for the page when it faults again.
     }
+    pc.need_resched.store(1, Ordering::Relaxed);
     reschedule();
 }
 
