@@ -1,6 +1,7 @@
 //! Guest RAM: its layout in guest-physical space and its backing (anonymous
 //! memory by default, a memfd on request so another process can map it).
 
+pub mod aio;
 pub mod host_writes;
 pub mod paged;
 pub mod store;

@@ -11,10 +11,11 @@
 //! - a page evicted earlier is read back from the page store (after the
 //!   configured extra latency, which models a slower device);
 //! - before bringing a page in over the budget, the worker evicts the oldest
-//!   resident page (FIFO): `UFFDIO_MOVE` takes it out of guest RAM atomically
-//!   (any access from then on faults and waits), its content is written to
-//!   the store and the moved page is dropped. A store error puts the page
-//!   back and stops the VM: no access is ever served wrong data.
+//!   resident pages (FIFO), a batch at a time (`evict`): `UFFDIO_MOVE` takes
+//!   each out of guest RAM atomically (any access from then on faults and
+//!   waits), the batch is written to the store with one submission and the
+//!   moved pages are dropped. A store error puts the pages back and stops
+//!   the VM: no access is ever served wrong data.
 //!
 //! Page states: ABSENT (never touched) -> FETCHING -> RESIDENT -> EVICTING ->
 //! STORED -> FETCHING -> ... A fault that arrives while its page is being
@@ -39,6 +40,7 @@ use super::GuestRam;
 use workers::{fault_loop, start_workers, RawEventFd};
 
 mod delay;
+mod evict;
 mod place;
 mod prefetch;
 mod source;
@@ -46,6 +48,7 @@ mod stats;
 mod workers;
 mod zeroed;
 
+use evict::{Evictor, EVICT_BATCH};
 use zeroed::zeroed;
 
 pub use place::Placer;
@@ -263,82 +266,8 @@ impl Shared {
         }
     }
 
-    /// Evict the oldest resident page into `staging`. `false`: nothing more
-    /// can be evicted now.
-    fn evict_one(&self, staging: u64) -> bool {
-        let Some(store) = &self.store else {
-            return false;
-        };
-        let Some(v) = self
-            .fifo
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop_front()
-        else {
-            return false;
-        };
-        let v = v as usize;
-        let st = &self.states[v];
-        if st
-            .compare_exchange(RESIDENT, EVICTING, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
-            return true;
-        }
-        let host = self.host_of(v);
-        if let Err(e) = self.uffd.move_pages(staging, host, PAGE_SIZE) {
-            // EBUSY/EAGAIN: the page is briefly pinned or shared; try others.
-            st.store(RESIDENT, Ordering::Release);
-            self.fifo
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push_back(v as u32);
-            self.retries.fetch_add(1, Ordering::Relaxed);
-            return matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::EAGAIN));
-        }
-        // SAFETY: staging is this worker's page-aligned staging page, which
-        // now holds the moved page.
-        let page = unsafe { std::slice::from_raw_parts(staging as *const u8, PAGE_SIZE as usize) };
-        self.crcs[v].store(crc32fast::hash(page), Ordering::Release);
-        // SAFETY: as above.
-        if let Err(e) = unsafe { store.write_raw(v as u64, staging as *const u8) } {
-            // Put the page back: its only copy is in staging.
-            let back = self.uffd.move_pages(host, staging, PAGE_SIZE);
-            st.store(RESIDENT, Ordering::Release);
-            self.fifo
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push_back(v as u32);
-            let gpa = self.gpa_of(v);
-            self.fail(match back {
-                Ok(()) => format!("page store write of guest page {gpa:#x} failed: {e}"),
-                Err(b) => format!("page store write of guest page {gpa:#x} failed ({e}) and restoring it failed ({b})"),
-            });
-            return false;
-        }
-        // SAFETY: staging is our own mapping; its page was just written out.
-        unsafe {
-            libc::madvise(
-                staging as *mut libc::c_void,
-                PAGE_SIZE as usize,
-                libc::MADV_DONTNEED,
-            )
-        };
-        self.stored[v].store(true, Ordering::Release);
-        self.resident.fetch_sub(1, Ordering::AcqRel);
-        self.evictions.fetch_add(1, Ordering::Relaxed);
-        if st.swap(STORED, Ordering::AcqRel) & WANTED != 0
-            && st
-                .compare_exchange(STORED, FETCHING, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-        {
-            self.enqueue(v, Instant::now());
-        }
-        true
-    }
-
     /// Bring `page` in (it is FETCHING and ours).
-    fn fetch(&self, page: usize, since: Instant, buf: &mut PageBuf, staging: u64) {
+    fn fetch(&self, page: usize, since: Instant, buf: &mut PageBuf, ev: &Evictor) {
         // Count the page before making room for it: fetches running at
         // once each see the others' pages, so together they evict enough
         // (checking first and counting after, two workers could both find
@@ -350,7 +279,7 @@ impl Shared {
         let mut attempts = 0;
         while self.resident.load(Ordering::Acquire) > self.budget
             && attempts < MAX_EVICT_ATTEMPTS
-            && self.evict_one(staging)
+            && self.evict_batch(ev)
         {
             attempts += 1;
         }
@@ -461,8 +390,8 @@ impl Pager {
         } else {
             None
         };
-        // One staging page per worker, registered too (UFFDIO_MOVE's destination must be).
-        let staging_len = WORKERS * PAGE_SIZE as usize;
+        // A batch of staging pages per worker, registered too (UFFDIO_MOVE's destination must be).
+        let staging_len = WORKERS * EVICT_BATCH * PAGE_SIZE as usize;
         // SAFETY: a fresh anonymous mapping, checked below.
         let staging = unsafe {
             libc::mmap(

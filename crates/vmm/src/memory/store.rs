@@ -5,10 +5,13 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use hover_abi::layout::PAGE_SIZE;
+
+use super::aio::Aio;
 
 /// A page-aligned page buffer, as O_DIRECT requires.
 #[repr(C, align(4096))]
@@ -202,6 +205,26 @@ impl PageStore {
         // SAFETY: guaranteed by the caller.
         let page = unsafe { std::slice::from_raw_parts(src, PAGE_SIZE as usize) };
         self.file.write_all_at(page, index * PAGE_SIZE)
+    }
+
+    /// Write a batch of pages, each `(slot, page)`: through `aio` when
+    /// given (the batch submitted at once), else one `pwrite` each. One
+    /// result per page, in order.
+    ///
+    /// # Safety
+    /// Each page must point to a readable, page-aligned 4 KiB page that
+    /// stays valid and unchanged until this returns.
+    pub unsafe fn write_batch(&self, aio: Option<&Aio>, pages: &[(u64, *const u8)]) -> Vec<io::Result<()>> {
+        match aio {
+            Some(aio) => {
+                let at: Vec<(u64, *const u8)> =
+                    pages.iter().map(|&(slot, src)| (slot * PAGE_SIZE, src)).collect();
+                // SAFETY: guaranteed by the caller.
+                unsafe { aio.write_pages(self.file.as_raw_fd(), &at) }
+            }
+            // SAFETY: guaranteed by the caller.
+            None => pages.iter().map(|&(slot, src)| unsafe { self.write_raw(slot, src) }).collect(),
+        }
     }
 }
 

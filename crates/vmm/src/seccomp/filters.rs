@@ -173,6 +173,11 @@ fn allow_list(kind: Kind) -> Vec<Allow> {
                 // A page that keeps faulting though placed: what the
                 // kernel holds there goes into the failure message.
                 libc::SYS_mincore,
+                // Batched store writes (memory/aio.rs).
+                libc::SYS_io_setup,
+                libc::SYS_io_submit,
+                libc::SYS_io_getevents,
+                libc::SYS_io_destroy,
             ]));
         }
         Kind::Io => {

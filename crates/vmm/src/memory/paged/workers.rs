@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use hover_abi::layout::PAGE_SIZE;
 
+use super::evict::{Evictor, EVICT_BATCH};
 use super::{PageBuf, Shared, WORKERS};
 
 /// A page that faults this many times in a row, with no other fault
@@ -132,6 +133,7 @@ const PAGER_NICE: i32 = -10;
 
 pub(super) fn worker_loop(sh: Arc<Shared>, staging: u64) {
     raise_priority();
+    let evictor = Evictor::new(staging);
     // Sleeps model device latency; Linux's default 50 us timer slack would add to each.
     // SAFETY: PR_SET_TIMERSLACK takes a plain integer and affects only this thread.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
@@ -150,14 +152,14 @@ pub(super) fn worker_loop(sh: Arc<Shared>, staging: u64) {
             }
         };
         let _busy = sh.busy.read().unwrap_or_else(|p| p.into_inner());
-        sh.fetch(item.0 as usize, item.1, &mut buf, staging);
+        sh.fetch(item.0 as usize, item.1, &mut buf, &evictor);
     }
 }
 
 #[derive(Clone, Copy)]
 pub(super) struct RawEventFd(pub(super) i32);
 
-/// The fetch workers, each with its own staging page, joined when dropped
+/// The fetch workers, each with its own staging pages, joined when dropped
 /// (after `stop`; also if the fault thread unwinds, so that none outlives
 /// the staging pages).
 pub(super) struct Workers(pub(super) Vec<JoinHandle<()>>);
@@ -182,7 +184,7 @@ pub(super) fn start_workers(
     let mut workers = Workers(Vec::with_capacity(WORKERS));
     for i in 0..WORKERS {
         let w = sh.clone();
-        let page = staging + i as u64 * PAGE_SIZE;
+        let page = staging + (i * EVICT_BATCH) as u64 * PAGE_SIZE;
         match crate::seccomp::spawn_member(
             crate::seccomp::Kind::Pager,
             format!("pager-{i}"),

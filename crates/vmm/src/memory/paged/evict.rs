@@ -1,0 +1,172 @@
+//! Making room: evicting the oldest resident pages to the page store, a
+//! batch at a time.
+//!
+//! A page leaves guest RAM by `UFFDIO_MOVE` into one of the fetch worker's
+//! staging pages (atomic: any access from then on faults and waits), is
+//! written to the store, and its staging page is dropped. Done one page at
+//! a time, each eviction cost a store write of its own (on a virtio disk,
+//! a device notification and a completion interrupt each) and a TLB
+//! shootdown to drop the staging page. A batch of [`EVICT_BATCH`] pages is
+//! written with one submission (`aio`, where the kernel has it) and its
+//! staging pages dropped with one `madvise`. A store error puts the pages
+//! back and stops the VM: no access is ever served wrong data.
+
+use std::io;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use hover_abi::layout::PAGE_SIZE;
+
+use super::{Shared, EVICTING, FETCHING, RESIDENT, STORED, WANTED};
+use crate::memory::aio::Aio;
+
+/// Pages a worker evicts at once when it needs room: the store writes of a
+/// batch share one submission. (The budget is then undershot by up to this
+/// many pages per worker until the next fetches fill it.)
+pub const EVICT_BATCH: usize = 16;
+
+/// A fetch worker's means of making room: its [`EVICT_BATCH`] staging
+/// pages (registered with the pager's userfaultfd, as `UFFDIO_MOVE`'s
+/// destination must be) and its AIO context, if the kernel gave one.
+pub(super) struct Evictor {
+    staging: u64,
+    aio: Option<Aio>,
+}
+
+impl Evictor {
+    /// Staging pages at `staging` ([`EVICT_BATCH`] of them).
+    pub(super) fn new(staging: u64) -> Self {
+        let aio = Aio::new(EVICT_BATCH)
+            .inspect_err(|e| tracing::debug!("no AIO for the pager ({e}): one store write per page"))
+            .ok();
+        Evictor { staging, aio }
+    }
+
+    fn slot(&self, i: usize) -> u64 {
+        self.staging + i as u64 * PAGE_SIZE
+    }
+}
+
+impl Shared {
+    /// Evict up to [`EVICT_BATCH`] of the oldest resident pages through
+    /// `ev`. `false`: nothing more can be evicted now.
+    pub(super) fn evict_batch(&self, ev: &Evictor) -> bool {
+        let Some(store) = &self.store else {
+            return false;
+        };
+        let (moved, more) = self.take_victims(ev);
+        if moved.is_empty() {
+            return more;
+        }
+        for &(v, slot) in &moved {
+            // SAFETY: `slot` is a staging page of this worker, holding the
+            // page just moved there.
+            let page = unsafe { std::slice::from_raw_parts(slot as *const u8, PAGE_SIZE as usize) };
+            self.crcs[v].store(crc32fast::hash(page), Ordering::Release);
+        }
+        let pages: Vec<(u64, *const u8)> =
+            moved.iter().map(|&(v, slot)| (v as u64, slot as *const u8)).collect();
+        // SAFETY: each source is a staging page holding a moved page; they
+        // stay mapped and untouched until the batch is written.
+        let results = unsafe { store.write_batch(ev.aio.as_ref(), &pages) };
+        let mut failure = None;
+        for (&(v, slot), result) in moved.iter().zip(results) {
+            match result {
+                Ok(()) => self.stored_out(v),
+                Err(e) => {
+                    let f = self.put_back(v, slot, e);
+                    failure.get_or_insert(f);
+                }
+            }
+        }
+        // SAFETY: our own staging pages; their pages are written out or
+        // were moved back.
+        unsafe {
+            libc::madvise(
+                ev.staging as *mut libc::c_void,
+                moved.len() * PAGE_SIZE as usize,
+                libc::MADV_DONTNEED,
+            )
+        };
+        if let Some(f) = failure {
+            self.fail(f);
+            return false;
+        }
+        more
+    }
+
+    /// Move up to a batch of the FIFO's oldest resident pages into `ev`'s
+    /// staging pages: `(page, staging page)` each, and whether more may be
+    /// evicted after them.
+    fn take_victims(&self, ev: &Evictor) -> (Vec<(usize, u64)>, bool) {
+        let mut moved = Vec::with_capacity(EVICT_BATCH);
+        // Pages briefly unmovable (EBUSY) go back to the FIFO's end; a
+        // bound on tries keeps a FIFO of only such pages from spinning.
+        for _ in 0..2 * EVICT_BATCH {
+            if moved.len() == EVICT_BATCH {
+                break;
+            }
+            let Some(v) = self.fifo.lock().unwrap_or_else(|p| p.into_inner()).pop_front() else {
+                return (moved, false);
+            };
+            let v = v as usize;
+            let st = &self.states[v];
+            if st
+                .compare_exchange(RESIDENT, EVICTING, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                continue;
+            }
+            let slot = ev.slot(moved.len());
+            if let Err(e) = self.uffd.move_pages(slot, self.host_of(v), PAGE_SIZE) {
+                st.store(RESIDENT, Ordering::Release);
+                self.fifo
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push_back(v as u32);
+                self.retries.fetch_add(1, Ordering::Relaxed);
+                if !matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::EAGAIN)) {
+                    return (moved, false);
+                }
+                continue;
+            }
+            moved.push((v, slot));
+        }
+        (moved, true)
+    }
+
+    /// Page `v` is in the store: count it out, and fetch it again at once
+    /// if a fault wanted it meanwhile.
+    fn stored_out(&self, v: usize) {
+        self.stored[v].store(true, Ordering::Release);
+        self.resident.fetch_sub(1, Ordering::AcqRel);
+        self.evictions.fetch_add(1, Ordering::Relaxed);
+        let st = &self.states[v];
+        if st.swap(STORED, Ordering::AcqRel) & WANTED != 0
+            && st
+                .compare_exchange(STORED, FETCHING, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            self.enqueue(v, Instant::now());
+        }
+    }
+
+    /// The store write of page `v` failed with `e`: put the page back into
+    /// guest RAM from `slot` (its only copy); the failure to report.
+    fn put_back(&self, v: usize, slot: u64, e: io::Error) -> String {
+        let host = self.host_of(v);
+        let back = self.uffd.move_pages(host, slot, PAGE_SIZE);
+        self.states[v].store(RESIDENT, Ordering::Release);
+        self.fifo
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_back(v as u32);
+        let gpa = self.gpa_of(v);
+        match back {
+            Ok(()) => format!("page store write of guest page {gpa:#x} failed: {e}"),
+            Err(b) => format!(
+                "page store write of guest page {gpa:#x} failed ({e}) and restoring it failed ({b})"
+            ),
+        }
+    }
+}
