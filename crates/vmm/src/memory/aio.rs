@@ -92,7 +92,12 @@ impl Aio {
     }
 
     /// One chunk of at most `depth` pages; `out[i]` is page `i`'s result.
-    unsafe fn write_chunk(&self, fd: RawFd, chunk: &[(u64, *const u8)], out: &mut [io::Result<()>]) {
+    unsafe fn write_chunk(
+        &self,
+        fd: RawFd,
+        chunk: &[(u64, *const u8)],
+        out: &mut [io::Result<()>],
+    ) {
         let mut cbs: Vec<IoCb> = chunk
             .iter()
             .enumerate()
@@ -126,7 +131,9 @@ impl Aio {
                     continue;
                 }
                 for o in &mut out[submitted..] {
-                    *o = Err(io::Error::from_raw_os_error(e.raw_os_error().unwrap_or(libc::EIO)));
+                    *o = Err(io::Error::from_raw_os_error(
+                        e.raw_os_error().unwrap_or(libc::EIO),
+                    ));
                 }
                 break;
             }
@@ -177,7 +184,12 @@ impl Aio {
                 n if n == PAGE_SIZE as i64 => Ok(()),
                 n if n < 0 => Err(io::Error::from_raw_os_error(-n as i32)),
                 // A short write: finish it as `write_all_at` would.
-                n => finish(fd, offset + n as u64, src.wrapping_add(n as usize), PAGE_SIZE as usize - n as usize),
+                n => finish(
+                    fd,
+                    offset + n as u64,
+                    src.wrapping_add(n as usize),
+                    PAGE_SIZE as usize - n as usize,
+                ),
             };
         }
     }
@@ -245,7 +257,12 @@ mod tests {
         let pages: Vec<(u64, *const u8)> = slots
             .iter()
             .enumerate()
-            .map(|(i, &s)| (s * PAGE_SIZE, bufs.bytes()[i * PAGE_SIZE as usize..].as_ptr()))
+            .map(|(i, &s)| {
+                (
+                    s * PAGE_SIZE,
+                    bufs.bytes()[i * PAGE_SIZE as usize..].as_ptr(),
+                )
+            })
             .collect();
         // SAFETY: every source is a page of `bufs`, alive until the end.
         let results = unsafe { aio.write_pages(file.as_raw_fd(), &pages) };
@@ -266,8 +283,14 @@ mod tests {
         // Read-only: every write fails with EBADF.
         let file = std::fs::File::open("/dev/null").unwrap();
         let bufs = PageBufs::new(2);
-        let pages: Vec<(u64, *const u8)> =
-            (0..2).map(|i| (i * PAGE_SIZE, bufs.bytes()[(i * PAGE_SIZE) as usize..].as_ptr())).collect();
+        let pages: Vec<(u64, *const u8)> = (0..2)
+            .map(|i| {
+                (
+                    i * PAGE_SIZE,
+                    bufs.bytes()[(i * PAGE_SIZE) as usize..].as_ptr(),
+                )
+            })
+            .collect();
         // SAFETY: as above.
         let results = unsafe { aio.write_pages(file.as_raw_fd(), &pages) };
         assert_eq!(results.len(), 2);

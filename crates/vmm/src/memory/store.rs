@@ -214,16 +214,25 @@ impl PageStore {
     /// # Safety
     /// Each page must point to a readable, page-aligned 4 KiB page that
     /// stays valid and unchanged until this returns.
-    pub unsafe fn write_batch(&self, aio: Option<&Aio>, pages: &[(u64, *const u8)]) -> Vec<io::Result<()>> {
+    pub unsafe fn write_batch(
+        &self,
+        aio: Option<&Aio>,
+        pages: &[(u64, *const u8)],
+    ) -> Vec<io::Result<()>> {
         match aio {
             Some(aio) => {
-                let at: Vec<(u64, *const u8)> =
-                    pages.iter().map(|&(slot, src)| (slot * PAGE_SIZE, src)).collect();
+                let at: Vec<(u64, *const u8)> = pages
+                    .iter()
+                    .map(|&(slot, src)| (slot * PAGE_SIZE, src))
+                    .collect();
                 // SAFETY: guaranteed by the caller.
                 unsafe { aio.write_pages(self.file.as_raw_fd(), &at) }
             }
             // SAFETY: guaranteed by the caller.
-            None => pages.iter().map(|&(slot, src)| unsafe { self.write_raw(slot, src) }).collect(),
+            None => pages
+                .iter()
+                .map(|&(slot, src)| unsafe { self.write_raw(slot, src) })
+                .collect(),
         }
     }
 }

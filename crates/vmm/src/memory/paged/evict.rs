@@ -37,7 +37,9 @@ impl Evictor {
     /// Staging pages at `staging` ([`EVICT_BATCH`] of them).
     pub(super) fn new(staging: u64) -> Self {
         let aio = Aio::new(EVICT_BATCH)
-            .inspect_err(|e| tracing::debug!("no AIO for the pager ({e}): one store write per page"))
+            .inspect_err(|e| {
+                tracing::debug!("no AIO for the pager ({e}): one store write per page")
+            })
             .ok();
         Evictor { staging, aio }
     }
@@ -64,8 +66,10 @@ impl Shared {
             let page = unsafe { std::slice::from_raw_parts(slot as *const u8, PAGE_SIZE as usize) };
             self.crcs[v].store(crc32fast::hash(page), Ordering::Release);
         }
-        let pages: Vec<(u64, *const u8)> =
-            moved.iter().map(|&(v, slot)| (v as u64, slot as *const u8)).collect();
+        let pages: Vec<(u64, *const u8)> = moved
+            .iter()
+            .map(|&(v, slot)| (v as u64, slot as *const u8))
+            .collect();
         // SAFETY: each source is a staging page holding a moved page; they
         // stay mapped and untouched until the batch is written.
         let results = unsafe { store.write_batch(ev.aio.as_ref(), &pages) };
@@ -106,7 +110,12 @@ impl Shared {
             if moved.len() == EVICT_BATCH {
                 break;
             }
-            let Some(v) = self.fifo.lock().unwrap_or_else(|p| p.into_inner()).pop_front() else {
+            let Some(v) = self
+                .fifo
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pop_front()
+            else {
                 return (moved, false);
             };
             let v = v as usize;
