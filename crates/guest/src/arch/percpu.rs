@@ -116,7 +116,7 @@ pub struct PerCpu {
     /// Non-zero while the idle loop is about to halt or halted.
     pub halted: AtomicU64,
     /// Where the code the nub redirected to `hover_preempt_entry` was
-    /// interrupted (valid while `preempt_count` is 1 from that redirect,
+    /// interrupted (valid while `preempt_count` is 1, or 2 after a #PF, from that redirect,
     /// until the entry has pushed it).
     pub resume_rip: AtomicU64,
 

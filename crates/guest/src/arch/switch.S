@@ -31,7 +31,8 @@ hover_task_trampoline:
 
 /* Where the nub's interrupt tail sends a preempted task: RSP and every
  * register as the interrupted code left them, its RIP in PerCpu.resume_rip,
- * preempt_count = 1 (so no other redirect overwrites it). Step over its
+ * preempt_count = 1 (2 after a #PF; either way no other redirect
+ * overwrites it). Step over its
  * 128-byte red zone (lea: the flags stay), push the RIP as a return
  * address, save everything it may have live (flags, all GPRs, x87 and SSE
  * state), let the scheduler switch, restore, and return past the red zone

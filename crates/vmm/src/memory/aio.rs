@@ -54,7 +54,8 @@ const IOCB_CMD_PWRITE: u16 = 1;
 
 /// An AIO context for up to `depth` requests in flight.
 pub struct Aio {
-    ctx: libc::c_ulong,
+    /// 0 once destroyed after a failure (then pages are written one by one).
+    ctx: std::cell::Cell<libc::c_ulong>,
     depth: usize,
 }
 
@@ -70,12 +71,17 @@ impl Aio {
         if r < 0 {
             return Err(io::Error::last_os_error());
         }
-        Ok(Aio { ctx, depth })
+        Ok(Aio {
+            ctx: std::cell::Cell::new(ctx),
+            depth,
+        })
     }
 
     /// Write each page of `pages` (`(file offset, source)`) to `fd`, at
     /// most `depth` requests at a time; one result per page, in order.
-    /// Returns only when no request is in flight.
+    /// Pages the kernel does not take (`io_submit` fails, e.g. EAGAIN) and
+    /// short writes are written with `pwrite`. Returns only when no request
+    /// is in flight.
     ///
     /// # Safety
     /// Each source must point to a readable, page-aligned 4 KiB page that
@@ -85,6 +91,10 @@ impl Aio {
         for chunk in pages.chunks(self.depth) {
             let first = results.len();
             results.extend(chunk.iter().map(|_| Ok(())));
+            if self.ctx.get() == 0 {
+                sync_writes(fd, chunk, &mut results[first..]);
+                continue;
+            }
             // SAFETY: passed on from the caller.
             unsafe { self.write_chunk(fd, chunk, &mut results[first..]) };
         }
@@ -120,7 +130,7 @@ impl Aio {
             let r = unsafe {
                 libc::syscall(
                     libc::SYS_io_submit,
-                    self.ctx,
+                    self.ctx.get(),
                     (ptrs.len() - submitted) as libc::c_long,
                     ptrs[submitted..].as_mut_ptr(),
                 )
@@ -130,17 +140,17 @@ impl Aio {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
-                for o in &mut out[submitted..] {
-                    *o = Err(io::Error::from_raw_os_error(
-                        e.raw_os_error().unwrap_or(libc::EIO),
-                    ));
-                }
+                // (EAGAIN: no room for the requests just now.) The rest
+                // one write at a time, whose own errors then count.
+                tracing::debug!(
+                    "io_submit failed ({e}): writing {} pages one at a time",
+                    ptrs.len() - submitted
+                );
+                sync_writes(fd, &chunk[submitted..], &mut out[submitted..]);
                 break;
             }
             if r == 0 {
-                for o in &mut out[submitted..] {
-                    *o = Err(io::Error::other("io_submit took no request"));
-                }
+                sync_writes(fd, &chunk[submitted..], &mut out[submitted..]);
                 break;
             }
             submitted += r as usize;
@@ -154,7 +164,7 @@ impl Aio {
             let r = unsafe {
                 libc::syscall(
                     libc::SYS_io_getevents,
-                    self.ctx,
+                    self.ctx.get(),
                     want,
                     want,
                     events[reaped..].as_mut_ptr(),
@@ -167,9 +177,10 @@ impl Aio {
                     continue;
                 }
                 // Cannot happen with these arguments; the requests are
-                // still ours: wait for them as the kernel's io_destroy does.
+                // still ours: io_destroy waits for them. Later batches are
+                // written one page at a time.
                 // SAFETY: the context is ours; it is not used again.
-                unsafe { libc::syscall(libc::SYS_io_destroy, self.ctx) };
+                unsafe { libc::syscall(libc::SYS_io_destroy, self.ctx.replace(0)) };
                 for o in out.iter_mut() {
                     *o = Err(io::Error::other(format!("io_getevents failed: {e}")));
                 }
@@ -183,34 +194,40 @@ impl Aio {
             out[i] = match ev.res {
                 n if n == PAGE_SIZE as i64 => Ok(()),
                 n if n < 0 => Err(io::Error::from_raw_os_error(-n as i32)),
-                // A short write: finish it as `write_all_at` would.
-                n => finish(
-                    fd,
-                    offset + n as u64,
-                    src.wrapping_add(n as usize),
-                    PAGE_SIZE as usize - n as usize,
-                ),
+                // A short write: the whole page again (the file may be
+                // O_DIRECT: offsets and lengths stay page-aligned).
+                _ => write_page(fd, offset, src),
             };
         }
     }
 }
 
-/// Write the rest of a page after a short write.
-fn finish(fd: RawFd, offset: u64, src: *const u8, len: usize) -> io::Result<()> {
+/// Write one page with `pwrite` (all of it, as `write_all_at` does).
+fn write_page(fd: RawFd, offset: u64, src: *const u8) -> io::Result<()> {
     use std::os::unix::fs::FileExt;
     // SAFETY: borrowed for this call only: ManuallyDrop keeps the fd open.
     let file = std::mem::ManuallyDrop::new(unsafe {
         <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd)
     });
-    // SAFETY: the rest of the caller's page.
-    let rest = unsafe { std::slice::from_raw_parts(src, len) };
-    file.write_all_at(rest, offset)
+    // SAFETY: the caller's page (`write_pages`' contract).
+    let page = unsafe { std::slice::from_raw_parts(src, PAGE_SIZE as usize) };
+    file.write_all_at(page, offset)
+}
+
+/// Write `pages` one at a time; `out[i]` is page `i`'s result.
+fn sync_writes(fd: RawFd, pages: &[(u64, *const u8)], out: &mut [io::Result<()>]) {
+    for (o, &(offset, src)) in out.iter_mut().zip(pages) {
+        *o = write_page(fd, offset, src);
+    }
 }
 
 impl Drop for Aio {
     fn drop(&mut self) {
-        // SAFETY: the context is ours; nothing is in flight between calls.
-        unsafe { libc::syscall(libc::SYS_io_destroy, self.ctx) };
+        let ctx = self.ctx.get();
+        if ctx != 0 {
+            // SAFETY: the context is ours; nothing is in flight between calls.
+            unsafe { libc::syscall(libc::SYS_io_destroy, ctx) };
+        }
     }
 }
 
@@ -272,6 +289,42 @@ mod tests {
         for (i, &s) in slots.iter().enumerate() {
             file.read_exact_at(&mut page, s * PAGE_SIZE).unwrap();
             assert!(page.iter().all(|&b| b == i as u8 + 1), "slot {s}");
+        }
+    }
+
+    #[test]
+    fn without_its_context_a_batch_is_written_one_page_at_a_time() {
+        let Some(aio) = aio_for_test() else {
+            return;
+        };
+        // As after an io_getevents failure: the context destroyed.
+        // SAFETY: our own context, not used again.
+        unsafe { libc::syscall(libc::SYS_io_destroy, aio.ctx.replace(0)) };
+        let path = std::env::temp_dir().join(format!("hover-aio-sync-{}", std::process::id()));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let mut bufs = PageBufs::new(2);
+        bufs.bytes_mut().fill(0x5a);
+        let pages: Vec<(u64, *const u8)> = (0..2)
+            .map(|i| {
+                (
+                    (3 - i) * PAGE_SIZE,
+                    bufs.bytes()[(i * PAGE_SIZE) as usize..].as_ptr(),
+                )
+            })
+            .collect();
+        // SAFETY: every source is a page of `bufs`, alive until the end.
+        let results = unsafe { aio.write_pages(file.as_raw_fd(), &pages) };
+        assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+        let mut page = vec![0u8; PAGE_SIZE as usize];
+        for slot in [2u64, 3] {
+            file.read_exact_at(&mut page, slot * PAGE_SIZE).unwrap();
+            assert!(page.iter().all(|&b| b == 0x5a), "slot {slot}");
         }
     }
 

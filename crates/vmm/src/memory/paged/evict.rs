@@ -74,24 +74,30 @@ impl Shared {
         // stay mapped and untouched until the batch is written.
         let results = unsafe { store.write_batch(ev.aio.as_ref(), &pages) };
         let mut failure = None;
+        let mut stranded = false;
         for (&(v, slot), result) in moved.iter().zip(results) {
             match result {
                 Ok(()) => self.stored_out(v),
                 Err(e) => {
-                    let f = self.put_back(v, slot, e);
+                    let (f, back) = self.put_back(v, slot, e);
+                    stranded |= !back;
                     failure.get_or_insert(f);
                 }
             }
         }
-        // SAFETY: our own staging pages; their pages are written out or
-        // were moved back.
-        unsafe {
-            libc::madvise(
-                ev.staging as *mut libc::c_void,
-                moved.len() * PAGE_SIZE as usize,
-                libc::MADV_DONTNEED,
-            )
-        };
+        // A page that could not be moved back has its only copy in its
+        // staging page: keep them all (the VM stops; nothing reuses them).
+        if !stranded {
+            // SAFETY: our own staging pages; their pages are written out
+            // or were moved back.
+            unsafe {
+                libc::madvise(
+                    ev.staging as *mut libc::c_void,
+                    moved.len() * PAGE_SIZE as usize,
+                    libc::MADV_DONTNEED,
+                )
+            };
+        }
         if let Some(f) = failure {
             self.fail(f);
             return false;
@@ -161,8 +167,9 @@ impl Shared {
     }
 
     /// The store write of page `v` failed with `e`: put the page back into
-    /// guest RAM from `slot` (its only copy); the failure to report.
-    fn put_back(&self, v: usize, slot: u64, e: io::Error) -> String {
+    /// guest RAM from `slot` (its only copy); the failure to report, and
+    /// whether the page is back.
+    fn put_back(&self, v: usize, slot: u64, e: io::Error) -> (String, bool) {
         let host = self.host_of(v);
         let back = self.uffd.move_pages(host, slot, PAGE_SIZE);
         self.states[v].store(RESIDENT, Ordering::Release);
@@ -172,9 +179,10 @@ impl Shared {
             .push_back(v as u32);
         let gpa = self.gpa_of(v);
         match back {
-            Ok(()) => format!("page store write of guest page {gpa:#x} failed: {e}"),
-            Err(b) => format!(
-                "page store write of guest page {gpa:#x} failed ({e}) and restoring it failed ({b})"
+            Ok(()) => (format!("page store write of guest page {gpa:#x} failed: {e}"), true),
+            Err(b) => (
+                format!("page store write of guest page {gpa:#x} failed ({e}) and restoring it failed ({b})"),
+                false,
             ),
         }
     }
