@@ -239,6 +239,19 @@ mod tests {
     use super::*;
     use crate::memory::store::PageBufs;
 
+    /// A new file in the temporary directory, already unlinked.
+    fn unlinked_file(tag: &str) -> std::fs::File {
+        let path = std::env::temp_dir().join(format!("{tag}-{}", std::process::id()));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        file
+    }
+
     /// A context, or `None` (skipped, with the reason) where the kernel
     /// has no AIO; under `CI` that fails instead.
     fn aio_for_test() -> Option<Aio> {
@@ -257,14 +270,7 @@ mod tests {
         let Some(aio) = aio_for_test() else {
             return;
         };
-        let path = std::env::temp_dir().join(format!("hover-aio-test-{}", std::process::id()));
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .unwrap();
-        std::fs::remove_file(&path).unwrap();
+        let file = unlinked_file("hover-aio-test");
         let mut bufs = PageBufs::new(6);
         for (i, b) in bufs.bytes_mut().chunks_mut(PAGE_SIZE as usize).enumerate() {
             b.fill(i as u8 + 1);
@@ -300,14 +306,7 @@ mod tests {
         // As after an io_getevents failure: the context destroyed.
         // SAFETY: our own context, not used again.
         unsafe { libc::syscall(libc::SYS_io_destroy, aio.ctx.replace(0)) };
-        let path = std::env::temp_dir().join(format!("hover-aio-sync-{}", std::process::id()));
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .unwrap();
-        std::fs::remove_file(&path).unwrap();
+        let file = unlinked_file("hover-aio-sync");
         let mut bufs = PageBufs::new(2);
         bufs.bytes_mut().fill(0x5a);
         let pages: Vec<(u64, *const u8)> = (0..2)
