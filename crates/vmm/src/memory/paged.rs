@@ -230,6 +230,16 @@ impl Shared {
         (self.on_failure)(msg);
     }
 
+    /// `page` is (again) in guest RAM: mark it and queue it for eviction
+    /// at the FIFO's end.
+    fn now_resident(&self, page: usize) {
+        self.states[page].store(RESIDENT, Ordering::Release);
+        self.fifo
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_back(page as u32);
+    }
+
     /// A fault on `page`: fetch it unless that is under way already.
     /// `true`: the page was resident by the pager's account (the faulting
     /// thread is woken to find it).
@@ -304,11 +314,7 @@ impl Shared {
             .copy(self.host_of(page), buf.0.as_ptr(), PAGE_SIZE)
         {
             Ok(_) => {
-                self.states[page].store(RESIDENT, Ordering::Release);
-                self.fifo
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push_back(page as u32);
+                self.now_resident(page);
             }
             Err(e) => {
                 self.resident.fetch_sub(1, Ordering::AcqRel);

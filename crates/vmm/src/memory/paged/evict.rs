@@ -134,11 +134,7 @@ impl Shared {
             }
             let slot = ev.slot(moved.len());
             if let Err(e) = self.uffd.move_pages(slot, self.host_of(v), PAGE_SIZE) {
-                st.store(RESIDENT, Ordering::Release);
-                self.fifo
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push_back(v as u32);
+                self.now_resident(v);
                 self.retries.fetch_add(1, Ordering::Relaxed);
                 if !matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::EAGAIN)) {
                     return (moved, false);
@@ -172,11 +168,7 @@ impl Shared {
     fn put_back(&self, v: usize, slot: u64, e: io::Error) -> (String, bool) {
         let host = self.host_of(v);
         let back = self.uffd.move_pages(host, slot, PAGE_SIZE);
-        self.states[v].store(RESIDENT, Ordering::Release);
-        self.fifo
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push_back(v as u32);
+        self.now_resident(v);
         let gpa = self.gpa_of(v);
         match back {
             Ok(()) => (format!("page store write of guest page {gpa:#x} failed: {e}"), true),
