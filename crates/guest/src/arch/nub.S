@@ -67,10 +67,11 @@ nub_wrmsr:                          /* rdi = msr, rsi = value */
  * idle loop's last look and the hlt (sti delays interrupts by one insn). */
 nub_halt:
     cmpq $0, %gs:{off_need_resched}
-    jne 1f
+    jne nub_halt_woken
     sti
     hlt
-1:  iretq
+nub_halt_woken:                     /* the RIP of every interrupt taken at hlt */
+    iretq
 
 nub_set_deadline:                   /* rdi = TSC deadline (0 disarms) */
     mov %rdi, %gs:{off_armed_deadline}
@@ -86,13 +87,58 @@ nub_triple_fault:                   /* no IDT + an exception = shutdown */
     ud2
 
 /* ---- interrupts -------------------------------------------------------
- * Each handler saves rax, rcx, rdx, acknowledges the interrupt, records
- * what the runtime must do, and leaves through irq_tail. Stack in irq_tail:
- * 0 rdx, 8 rcx, 16 rax, 24 rip, 32 cs, 40 rflags, 48 rsp, 56 ss.
+ * Every handler has three paths. In preemptible code (preempt_count 0) it
+ * takes the count, keeps rax, rcx, rdx in PerCpu.irq_saved, does its work
+ * and returns into hover_irq_entry (switch.S) with rax = the interrupted
+ * RIP; the entry takes the registers back, steps over the red zone, saves
+ * the rest at native speed and reschedules. At nub_halt's hlt it only does
+ * its work: the nub call clobbers rax, rcx and rdx anyway, and every caller
+ * of halt schedules when it returns. Elsewhere (the runtime's critical
+ * sections) it saves them on the stack, does its work, asks for a
+ * reschedule at the next preemption point and returns: irq_saved is not
+ * touched there, since an interrupt can come before the entry has taken
+ * it. The frame's privilege needs no test: interrupts reach CPL0 code only
+ * at nub_halt's hlt (every gate clears IF), and the runtime halts only
+ * with preemption off (nub.rs), so preempt_count alone says "not here".
+ * Slow-path stack: 0 rdx, 8 rcx, 16 rax, 24 rip, 32 cs, ...
  * Every instruction here costs ~1 us (emulated): the counts matter. */
 
-/* x2APIC end-of-interrupt. (KVM's PV EOI would save the write, but this
- * host's KVM never sets its flag: measured, docs/ABI.md.) */
+.macro IRQ_ENTER slow
+    cmpq $0, %gs:{off_preempt_count}
+    jne \slow
+    movq $1, %gs:{off_preempt_count}
+    mov %rax, %gs:{off_irq_rax}
+    mov %rcx, %gs:{off_irq_rcx}
+    mov %rdx, %gs:{off_irq_rdx}
+.endm
+
+/* (The image is linked low, so the entry's address is a 32-bit immediate.) */
+.macro IRQ_REDIRECT
+    mov (%rsp), %rax
+    movq $hover_irq_entry, (%rsp)
+    iretq
+.endm
+
+/* Not preemptible: at nub_halt's hlt (the frame's RIP at \rip(%rsp)) go
+ * to \halted, otherwise save rax, rcx, rdx on the stack. */
+.macro IRQ_SLOW_ENTER halted, rip=0
+    cmpq $nub_halt_woken, \rip(%rsp)
+    je \halted
+    push %rax
+    push %rcx
+    push %rdx
+.endm
+
+.macro IRQ_SLOW_EXIT
+    movq $1, %gs:{off_need_resched}
+    pop %rdx
+    pop %rcx
+    pop %rax
+    iretq
+.endm
+
+/* x2APIC end-of-interrupt; leaves eax = edx = 0. (KVM's PV EOI would save
+ * the write, but this host's KVM never sets its flag: measured, docs/ABI.md.) */
 .macro EOI
     mov $0x80b, %ecx
     xor %eax, %eax
@@ -100,11 +146,8 @@ nub_triple_fault:                   /* no IDT + an exception = shutdown */
     wrmsr
 .endm
 
-    .global hover_timer_irq
-hover_timer_irq:                    /* tick or sleeper deadline: rearm a tick ahead */
-    push %rax
-    push %rcx
-    push %rdx
+/* Tick or sleeper deadline: count it, EOI, rearm a tick ahead. */
+.macro TIMER_WORK
     incq %gs:{off_ticks}
     EOI
     rdtsc
@@ -116,76 +159,72 @@ hover_timer_irq:                    /* tick or sleeper deadline: rearm a tick ah
     shr $32, %rdx
     mov $0x6e0, %ecx
     wrmsr
-    jmp irq_tail
+.endm
+
+    .global hover_timer_irq
+hover_timer_irq:
+    IRQ_ENTER 1f
+    TIMER_WORK
+    IRQ_REDIRECT
+1:  IRQ_SLOW_ENTER 2f
+    TIMER_WORK
+    IRQ_SLOW_EXIT
+2:  TIMER_WORK
+    iretq
 
     .global hover_resched_irq
 hover_resched_irq:                  /* another vCPU queued a task here */
-    push %rax
-    push %rcx
-    push %rdx
+    IRQ_ENTER 1f
     EOI
-    jmp irq_tail
+    IRQ_REDIRECT
+1:  IRQ_SLOW_ENTER 2f
+    EOI
+    IRQ_SLOW_EXIT
+2:  EOI
+    iretq
 
-irq_device:                         /* rax = vector (pushed rax is the original) */
+irq_device:                         /* stack: the vector (from its stub), the frame */
+    IRQ_ENTER 1f
+    pop %rax
+    lock btsq %rax, %gs:{off_pending_irqs}
+    EOI
+    IRQ_REDIRECT
+1:  cmpq $nub_halt_woken, 8(%rsp)
+    je 2f
+    xchg %rax, (%rsp)               /* the vector's slot keeps rax */
     push %rcx
     push %rdx
     lock btsq %rax, %gs:{off_pending_irqs}
     EOI
-    /* fall through */
-
-/* Preempt if the interrupted code is preemptible: leave its RIP in
- * resume_rip and return into hover_preempt_entry (switch.S) instead, which
- * steps over the red zone, saves the rest at native speed and reschedules.
- * Otherwise ask for a reschedule at the next preemption point and return.
- * The frame's privilege needs no test: interrupts reach CPL0 code only at
- * nub_halt's hlt (every gate clears IF), and the runtime halts only with
- * preemption off (nub.rs), so preempt_count alone says "not here".
- * (The image is linked low, so the entry's address is a 32-bit immediate.)
- * A macro, so that the async-PF ready handler has it without a jump. */
-.macro IRQ_TAIL
-    cmpq $0, %gs:{off_preempt_count}
-    jne 1f
-    movq $1, %gs:{off_preempt_count}
-    mov 24(%rsp), %rax
-    mov %rax, %gs:{off_resume_rip}
-    movq $hover_preempt_entry, 24(%rsp)
-    pop %rdx
-    pop %rcx
-    pop %rax
+    IRQ_SLOW_EXIT
+2:  pop %rax
+    lock btsq %rax, %gs:{off_pending_irqs}
+    EOI
     iretq
-1:  movq $1, %gs:{off_need_resched}
-    pop %rdx
-    pop %rcx
-    pop %rax
-    iretq
-.endm
-
-irq_tail:
-    IRQ_TAIL
 
 /* #PF: an async "page not present" from KVM (the area's flags say so, CR2
- * holds the token) or a real fault. Preemptible code is redirected into the
- * preemption path as irq_tail does, with CR2 for it and preempt_count = 2
- * ("from a #PF"): the runtime tells async from real by the flags there, at
- * native speed, clears them and parks the task; a real fault it returns to
- * with preemption off, so that the access faults again and takes the path
- * below. Non-preemptible code: an async "not present" just returns (the
- * access faults again, and KVM, seeing a fault for a page already being
- * fetched, halts the vCPU until the page is there: the seed's rule for
- * non-preemptible contexts); a real fault is reported.
+ * holds the token) or a real fault. Preemptible code is redirected as an
+ * interrupt is, into hover_fault_entry with preempt_count = 2 ("from a
+ * #PF"), rax kept in irq_saved and CR2 in apf_park_token: the runtime tells
+ * async from real by the flags there, at native speed, clears them and
+ * parks the task; a real fault it returns to with preemption off, so that
+ * the access faults again and takes the path below. Non-preemptible code:
+ * an async "not present" just returns (the access faults again, and KVM,
+ * seeing a fault for a page already being fetched, halts the vCPU until
+ * the page is there: the seed's rule for non-preemptible contexts); a real
+ * fault is reported.
  * Stack: 0 error, 8 rip, 16 cs, 24 rflags, 32 rsp, 40 ss. */
     .global hover_page_fault
 hover_page_fault:
     cmpq $0, %gs:{off_preempt_count}
     jne 2f
     movq $2, %gs:{off_preempt_count}
-    mov %rax, (%rsp)                /* the error code's slot keeps rax */
+    mov %rax, %gs:{off_irq_rax}
     mov %cr2, %rax
     mov %rax, %gs:{off_apf_park_token}
     mov 8(%rsp), %rax
-    mov %rax, %gs:{off_resume_rip}
-    movq $hover_preempt_entry, 8(%rsp)
-    pop %rax
+    movq $hover_fault_entry, 8(%rsp)
+    add $8, %rsp                    /* error code */
     iretq
 2:  cmpl $0, %gs:{off_apf_flags}
     je 3f
@@ -197,25 +236,66 @@ hover_page_fault:
 3:  pushq $14                       /* a real page fault */
     jmp exc_common
 
-/* "Page ready": queue the token for the runtime and clear its slot, EOI,
- * acknowledge (KVM writes the next token only into a cleared slot, and
- * delivers one queued meanwhile only after the ACK), then as any
- * interrupt. The ring's byte index wraps by itself (256 entries). */
-    .global hover_apf_ready
-hover_apf_ready:
-    push %rax
-    push %rcx
-    push %rdx
+/* "Page ready": take the token and clear its slot, EOI, acknowledge (KVM
+ * writes the next token only into a cleared slot, and delivers one queued
+ * meanwhile only after the ACK). Preemptible code hands the token to the
+ * runtime in apf_ready_one with the redirect. So does the case that is
+ * common when pages come fast: the ready was pending while the nub
+ * redirected the page's "not present", and KVM delivers it at the first
+ * instruction of hover_fault_entry (rax = the task's RIP, its RAX in
+ * irq_saved, preempt_count 2, apf_ready_one empty: the scheduler empties
+ * it before preemption is on again); the handler keeps RIP, RCX and RDX
+ * there too and returns into hover_saved_entry. Otherwise the token goes
+ * into the per-CPU ring, whose byte index wraps by itself (256 entries),
+ * with nothing to save where the interrupted code keeps nothing in those
+ * registers: nub_halt's hlt, and the first instruction of
+ * hover_saved_entry (the next ready, delivered right after the last ACK,
+ * comes there). */
+.macro READY_TAKE
     movl %gs:{off_apf_token}, %eax
     movl $0, %gs:{off_apf_token}
+.endm
+
+.macro READY_TO_RING
+    READY_TAKE
     movzbl %gs:{off_apf_ready_head}, %ecx
     mov %eax, %gs:{off_apf_ready_ring}(,%rcx,4)
     incb %gs:{off_apf_ready_head}
-    EOI                             /* leaves eax = edx = 0 */
+.endm
+
+.macro EOI_ACK
+    EOI
     mov ${msr_apf_ack}, %ecx
     inc %eax
     wrmsr
-    IRQ_TAIL
+.endm
+
+    .global hover_apf_ready
+hover_apf_ready:
+    IRQ_ENTER 1f
+    READY_TAKE
+    mov %eax, %gs:{off_apf_ready_one}
+    EOI_ACK
+    IRQ_REDIRECT
+1:  cmpq $hover_fault_entry, (%rsp)
+    jne 2f
+    mov %rax, %gs:{off_irq_rip}
+    mov %rcx, %gs:{off_irq_rcx}
+    mov %rdx, %gs:{off_irq_rdx}
+    READY_TAKE
+    mov %eax, %gs:{off_apf_ready_one}
+    EOI_ACK
+    movq $hover_saved_entry, (%rsp)
+    iretq
+2:  cmpq $hover_saved_entry, (%rsp)
+    je 3f
+    IRQ_SLOW_ENTER 3f
+    READY_TO_RING
+    EOI_ACK
+    IRQ_SLOW_EXIT
+3:  READY_TO_RING
+    EOI_ACK
+    iretq
 
     .align 16
     .global hover_device_stubs
@@ -223,8 +303,7 @@ hover_device_stubs:                 /* 16 bytes per vector from DEVICE_BASE */
     .set vec, {device_base}
     .rept {device_count}
     .align 16
-    push %rax
-    mov $vec, %eax
+    pushq $vec
     jmp irq_device
     .set vec, vec + 1
     .endr

@@ -51,7 +51,11 @@ global_asm!(
     off_apf_ready_ring = const offset_of!(PerCpu, apf_ready_ring),
     off_apf_ready_head = const offset_of!(PerCpu, apf_ready_head),
     off_apf_not_present = const offset_of!(PerCpu, apf_not_present),
-    off_resume_rip = const offset_of!(PerCpu, resume_rip),
+    off_irq_rax = const offset_of!(PerCpu, irq_saved),
+    off_irq_rcx = const offset_of!(PerCpu, irq_saved) + 8,
+    off_irq_rdx = const offset_of!(PerCpu, irq_saved) + 16,
+    off_irq_rip = const offset_of!(PerCpu, irq_saved) + 24,
+    off_apf_ready_one = const offset_of!(PerCpu, apf_ready_one),
     off_apf_sync = const offset_of!(PerCpu, apf_sync),
     msr_apf_ack = const hover_abi::pv::MSR_KVM_ASYNC_PF_ACK,
     device_base = const vectors::DEVICE_BASE,
@@ -110,7 +114,7 @@ pub fn wrmsr(msr: u32, value: u64) {
 /// Halt until the next interrupt has been handled, unless a reschedule is
 /// already due. Only with preemption off: the nub's interrupt tail does not
 /// test the privilege of the frame it redirects, and `hlt` is the one CPL0
-/// instruction interrupts can reach (`nub.S`, `IRQ_TAIL`).
+/// instruction interrupts can reach (`nub.S`, "interrupts").
 pub fn halt() {
     debug_assert!(
         crate::arch::percpu::cpu_index().is_none()

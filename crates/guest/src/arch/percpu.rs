@@ -115,10 +115,13 @@ pub struct PerCpu {
     pub deadline_writes: AtomicU64,
     /// Non-zero while the idle loop is about to halt or halted.
     pub halted: AtomicU64,
-    /// Where the code the nub redirected to `hover_preempt_entry` was
-    /// interrupted (valid while `preempt_count` is 1, or 2 after a #PF, from that redirect,
-    /// until the entry has pushed it).
-    pub resume_rip: AtomicU64,
+    /// RAX, RCX, RDX and RIP of the code the nub redirected into one of the
+    /// entries of `arch/switch.S` (which of them each entry takes there is
+    /// said in switch.S), as it left them: written only on a redirect
+    /// (`preempt_count` 0 -> 1 or 2, or a "page ready" at
+    /// `hover_fault_entry`), taken back by the entry before preemption is on
+    /// again.
+    pub irq_saved: [AtomicU64; 4],
 
     /// Index of the running task (see `sched`).
     pub current: AtomicUsize,
@@ -127,6 +130,9 @@ pub struct PerCpu {
     /// A "page not present" token (KVM never issues 0) from the nub's #PF
     /// handler for the preemption path to park the task on; 0: none.
     pub apf_park_token: AtomicU64,
+    /// A "page ready" token the nub handed over with a redirect (the vCPU
+    /// was in preemptible code; 0: none), taken by the scheduler.
+    pub apf_ready_one: AtomicU32,
     /// "Page ready" tokens written by the nub, consumed by the runtime.
     pub apf_ready_ring: [AtomicU32; APF_RING],
     /// Index of the next token the nub writes (wraps at 256).
@@ -168,10 +174,11 @@ const EMPTY: PerCpu = PerCpu {
     ticks: AtomicU64::new(0),
     deadline_writes: AtomicU64::new(0),
     halted: AtomicU64::new(0),
-    resume_rip: AtomicU64::new(0),
+    irq_saved: [const { AtomicU64::new(0) }; 4],
     current: AtomicUsize::new(0),
     pending_irqs: [const { AtomicU64::new(0) }; 4],
     apf_park_token: AtomicU64::new(0),
+    apf_ready_one: AtomicU32::new(0),
     apf_ready_ring: [const { AtomicU32::new(0) }; APF_RING],
     apf_ready_head: AtomicU8::new(0),
     apf_ready_tail: AtomicU8::new(0),

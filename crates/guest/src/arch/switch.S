@@ -29,18 +29,38 @@ hover_task_trampoline:
     call {task_start}
     ud2
 
-/* Where the nub's interrupt tail sends a preempted task: RSP and every
- * register as the interrupted code left them, its RIP in PerCpu.resume_rip,
- * preempt_count = 1 (2 after a #PF; either way no other redirect
- * overwrites it). Step over its
- * 128-byte red zone (lea: the flags stay), push the RIP as a return
- * address, save everything it may have live (flags, all GPRs, x87 and SSE
- * state), let the scheduler switch, restore, and return past the red zone
- * to the interrupted instruction. */
-    .global hover_preempt_entry
-hover_preempt_entry:
+/* Where the nub sends preemptible code it interrupted: hover_irq_entry
+ * after an interrupt (preempt_count 1), hover_fault_entry after a #PF
+ * (preempt_count 2, CR2 in apf_park_token), hover_saved_entry after a
+ * "page ready" that came at hover_fault_entry's first instruction (as after
+ * a #PF, with the ready's token in apf_ready_one). RSP, RFLAGS and the
+ * other registers are as the interrupted code left them. Its RIP is in RAX,
+ * its RAX, RCX and RDX in PerCpu.irq_saved (only RAX for
+ * hover_fault_entry); for hover_saved_entry all four are in irq_saved, so
+ * the nub saves nothing for a ready that comes there again. Nothing else
+ * writes irq_saved while preemption is off. Step over the 128-byte red
+ * zone (lea, mov, push and jmp leave the flags), push the RIP as a return
+ * address, take back the saved registers, save everything the code may
+ * have live (flags, all GPRs, x87 and SSE state), let the scheduler
+ * switch, restore, and return past the red zone to the interrupted
+ * instruction. */
+    .global hover_saved_entry
+hover_saved_entry:
     lea -128(%rsp), %rsp
-    pushq %gs:{off_resume_rip}
+    pushq %gs:{off_irq_rip}
+    jmp 2f
+    .global hover_irq_entry
+hover_irq_entry:
+    lea -128(%rsp), %rsp
+    push %rax
+2:  mov %gs:{off_irq_rcx}, %rcx
+    mov %gs:{off_irq_rdx}, %rdx
+    jmp 1f
+    .global hover_fault_entry
+hover_fault_entry:
+    lea -128(%rsp), %rsp
+    push %rax
+1:  mov %gs:{off_irq_rax}, %rax
     pushfq
     cld
     push %rax

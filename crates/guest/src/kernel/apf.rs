@@ -57,6 +57,9 @@ static WAITED: AtomicU64 = AtomicU64::new(0);
 static WAITS_DONE: AtomicU64 = AtomicU64::new(0);
 static WAITED_BASE: AtomicU64 = AtomicU64::new(0);
 static WAITS_DONE_BASE: AtomicU64 = AtomicU64::new(0);
+/// "Page ready" notifications the nub handed over with a redirect into
+/// the preemption path (the others went through the ring).
+static READY_REDIRECTED: AtomicU64 = AtomicU64::new(0);
 /// "Page ready" notifications that came before their task parked.
 static EARLY_READIES: AtomicU64 = AtomicU64::new(0);
 
@@ -230,56 +233,80 @@ fn park(token: u32) {
     sched::block();
 }
 
-/// Wake the tasks whose pages the nub has been told are ready (scheduler).
+/// Wake the tasks whose pages the nub has been told are ready (scheduler,
+/// `preempt_count == 1`, so the nub writes neither `apf_ready_one` nor the
+/// ring's slots behind `head` meanwhile).
 pub fn process_ready(pc: &PerCpu) {
+    let one = pc.apf_ready_one.load(Ordering::Relaxed);
     let head = pc.apf_ready_head.load(Ordering::Acquire);
     let mut tail = pc.apf_ready_tail.load(Ordering::Relaxed);
-    if tail == head {
+    if tail == head && one == 0 {
         return;
     }
-    pc.apf_ready
-        .fetch_add(u64::from(head.wrapping_sub(tail)), Ordering::Relaxed);
-    let mut wake = [0usize; MAX_TASKS];
-    let mut n = 0;
+    pc.apf_ready.fetch_add(
+        u64::from(head.wrapping_sub(tail)) + u64::from(one != 0),
+        Ordering::Relaxed,
+    );
+    let mut wake = Wakes {
+        tasks: [0; MAX_TASKS],
+        n: 0,
+    };
     {
         let mut w = WAITS[pc.index()].lock();
+        if one != 0 {
+            pc.apf_ready_one.store(0, Ordering::Relaxed);
+            READY_REDIRECTED.fetch_add(1, Ordering::Relaxed);
+            take_ready(&mut w, one, &mut wake);
+        }
         while tail != head {
             let token = pc.apf_ready_ring[usize::from(tail)].load(Ordering::Relaxed);
             tail = tail.wrapping_add(1);
-            if token == ASYNC_PF_BROADCAST_TOKEN {
-                for &(_, task, _) in &w.parked[..w.parked_len] {
-                    wake[n] = task;
-                    n += 1;
-                }
-                w.parked_len = 0;
-            } else if let Some(i) = w.parked[..w.parked_len]
-                .iter()
-                .position(|&(t, _, _)| t == token)
-            {
-                wake[n] = w.parked[i].1;
-                n += 1;
-                WAITED.fetch_add(clock::now() - w.parked[i].2, Ordering::Relaxed);
-                WAITS_DONE.fetch_add(1, Ordering::Relaxed);
-                let last = w.parked_len - 1;
-                w.parked[i] = w.parked[last];
-                w.parked_len = last;
-            } else {
-                // Ready before its not-present was handled (or for an access
-                // KVM resolved while the vCPU waited): keep the newest ones.
-                EARLY_READIES.fetch_add(1, Ordering::Relaxed);
-                if w.early_len == EARLY {
-                    w.early.copy_within(1.., 0);
-                    w.early_len -= 1;
-                }
-                let e = w.early_len;
-                w.early[e] = token;
-                w.early_len += 1;
-            }
+            take_ready(&mut w, token, &mut wake);
         }
     }
     pc.apf_ready_tail.store(tail, Ordering::Relaxed);
-    for &task in &wake[..n] {
+    for &task in &wake.tasks[..wake.n] {
         sched::wake(task);
+    }
+}
+
+/// Tasks to wake once `WAITS` is unlocked.
+struct Wakes {
+    tasks: [usize; MAX_TASKS],
+    n: usize,
+}
+
+/// One "page ready": the task parked on `token` (every parked task for the
+/// broadcast token) is to be woken; a token nobody waits on yet is kept.
+fn take_ready(w: &mut Waits, token: u32, wake: &mut Wakes) {
+    if token == ASYNC_PF_BROADCAST_TOKEN {
+        for &(_, task, _) in &w.parked[..w.parked_len] {
+            wake.tasks[wake.n] = task;
+            wake.n += 1;
+        }
+        w.parked_len = 0;
+    } else if let Some(i) = w.parked[..w.parked_len]
+        .iter()
+        .position(|&(t, _, _)| t == token)
+    {
+        wake.tasks[wake.n] = w.parked[i].1;
+        wake.n += 1;
+        WAITED.fetch_add(clock::now() - w.parked[i].2, Ordering::Relaxed);
+        WAITS_DONE.fetch_add(1, Ordering::Relaxed);
+        let last = w.parked_len - 1;
+        w.parked[i] = w.parked[last];
+        w.parked_len = last;
+    } else {
+        // Ready before its not-present was handled (or for an access KVM
+        // resolved while the vCPU waited): keep the newest ones.
+        EARLY_READIES.fetch_add(1, Ordering::Relaxed);
+        if w.early_len == EARLY {
+            w.early.copy_within(1.., 0);
+            w.early_len -= 1;
+        }
+        let e = w.early_len;
+        w.early[e] = token;
+        w.early_len += 1;
     }
 }
 
@@ -302,6 +329,10 @@ pub fn report(r: &mut Reports, vcpus: usize) {
     r.u64(
         format_args!("apf.ready"),
         sum(|p| p.apf_ready.load(Ordering::Relaxed)),
+    );
+    r.u64(
+        format_args!("apf.ready_redirected"),
+        READY_REDIRECTED.load(Ordering::Relaxed),
     );
     r.u64(
         format_args!("apf.sync_faults"),

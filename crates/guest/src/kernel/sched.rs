@@ -5,8 +5,9 @@
 //! and runs only there; waking a task queues it at home and, if that vCPU is
 //! halted, sends it a reschedule IPI. Switches happen in [`schedule`], always
 //! with `preempt_count == 1`: voluntarily (yield, sleep, wait, exit) or from
-//! the timer through `hover_preempt_entry` (`arch/switch.S`), which the
-//! nub's interrupt tail redirects a preemptible task to.
+//! an interrupt through `hover_irq_entry` (or a #PF through
+//! `hover_fault_entry`, `arch/switch.S`), which the nub redirects a
+//! preemptible task to.
 
 use core::arch::global_asm;
 use core::cell::UnsafeCell;
@@ -37,7 +38,10 @@ global_asm!(
     include_str!("../arch/switch.S"),
     task_start = sym task_start,
     preempt_irq = sym preempt_irq,
-    off_resume_rip = const core::mem::offset_of!(crate::arch::percpu::PerCpu, resume_rip),
+    off_irq_rax = const core::mem::offset_of!(crate::arch::percpu::PerCpu, irq_saved),
+    off_irq_rcx = const core::mem::offset_of!(crate::arch::percpu::PerCpu, irq_saved) + 8,
+    off_irq_rdx = const core::mem::offset_of!(crate::arch::percpu::PerCpu, irq_saved) + 16,
+    off_irq_rip = const core::mem::offset_of!(crate::arch::percpu::PerCpu, irq_saved) + 24,
     options(att_syntax)
 );
 
@@ -406,10 +410,10 @@ extern "C" fn task_start(id: usize) -> ! {
     exit_current()
 }
 
-/// Called by `hover_preempt_entry` after a tick or interrupt (a reschedule
-/// is due; `preempt_count == 1`) or a #PF in preemptible code
-/// (`preempt_count == 2`, the faulting address or async token in
-/// `apf_park_token`).
+/// Called by `hover_irq_entry` after a tick or interrupt (a reschedule is
+/// due; `preempt_count == 1`) or by `hover_fault_entry` after a #PF in
+/// preemptible code (`preempt_count == 2`, the faulting address or async
+/// token in `apf_park_token`).
 extern "C" fn preempt_irq() {
     let pc = this_cpu();
     let from_fault = pc.preempt_count.swap(1, Ordering::Relaxed) == 2;
