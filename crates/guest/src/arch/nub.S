@@ -93,7 +93,8 @@ nub_triple_fault:                   /* no IDT + an exception = shutdown */
  * RIP; the entry takes the registers back, steps over the red zone, saves
  * the rest at native speed and reschedules. At nub_halt's hlt it only does
  * its work: the nub call clobbers rax, rcx and rdx anyway, and every caller
- * of halt schedules when it returns. Elsewhere (the runtime's critical
+ * of halt schedules when it returns (but control.rs's exit loop, which
+ * halts for good). Elsewhere (the runtime's critical
  * sections) it saves them on the stack, does its work, asks for a
  * reschedule at the next preemption point and returns: irq_saved is not
  * touched there, since an interrupt can come before the entry has taken
@@ -243,8 +244,8 @@ hover_page_fault:
  * common when pages come fast: the ready was pending while the nub
  * redirected the page's "not present", and KVM delivers it at the first
  * instruction of hover_fault_entry (rax = the task's RIP, its RAX in
- * irq_saved, preempt_count 2, apf_ready_one empty: the scheduler empties
- * it before preemption is on again); the handler keeps RIP, RCX and RDX
+ * irq_saved, preempt_count 2, apf_ready_one empty: the runtime empties
+ * it before preemption is on again, preempt_irq included); the handler keeps RIP, RCX and RDX
  * there too and returns into hover_saved_entry. Otherwise the token goes
  * into the per-CPU ring, whose byte index wraps by itself (256 entries),
  * with nothing to save where the interrupted code keeps nothing in those

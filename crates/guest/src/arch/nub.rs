@@ -112,8 +112,8 @@ pub fn wrmsr(msr: u32, value: u64) {
 }
 
 /// Halt until the next interrupt has been handled, unless a reschedule is
-/// already due. Only with preemption off: the nub's interrupt tail does not
-/// test the privilege of the frame it redirects, and `hlt` is the one CPL0
+/// already due. Only with preemption off: the nub's interrupt handlers do
+/// not test the privilege of the frame they redirect, and `hlt` is the one CPL0
 /// instruction interrupts can reach (`nub.S`, "interrupts").
 pub fn halt() {
     debug_assert!(

@@ -131,7 +131,9 @@ pub struct PerCpu {
     /// handler for the preemption path to park the task on; 0: none.
     pub apf_park_token: AtomicU64,
     /// A "page ready" token the nub handed over with a redirect (the vCPU
-    /// was in preemptible code; 0: none), taken by the scheduler.
+    /// was in preemptible code, or at the first instruction of
+    /// `hover_fault_entry`; 0: none), taken by the scheduler before
+    /// preemption is on again.
     pub apf_ready_one: AtomicU32,
     /// "Page ready" tokens written by the nub, consumed by the runtime.
     pub apf_ready_ring: [AtomicU32; APF_RING],

@@ -34,11 +34,11 @@ hover_task_trampoline:
  * (preempt_count 2, CR2 in apf_park_token), hover_saved_entry after a
  * "page ready" that came at hover_fault_entry's first instruction (as after
  * a #PF, with the ready's token in apf_ready_one). RSP, RFLAGS and the
- * other registers are as the interrupted code left them. Its RIP is in RAX,
- * its RAX, RCX and RDX in PerCpu.irq_saved (only RAX for
+ * other registers are as the interrupted code left them. Its RIP is in RAX
+ * and its RAX, RCX and RDX in PerCpu.irq_saved (only RAX for
  * hover_fault_entry); for hover_saved_entry all four are in irq_saved, so
- * the nub saves nothing for a ready that comes there again. Nothing else
- * writes irq_saved while preemption is off. Step over the 128-byte red
+ * the nub saves nothing for a ready that comes there again. Only the
+ * redirect and that ready write irq_saved, before the entry runs. Step over the 128-byte red
  * zone (lea, mov, push and jmp leave the flags), push the RIP as a return
  * address, take back the saved registers, save everything the code may
  * have live (flags, all GPRs, x87 and SSE state), let the scheduler

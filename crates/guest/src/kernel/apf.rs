@@ -233,6 +233,12 @@ fn park(token: u32) {
     sched::block();
 }
 
+/// The nub has handed over "page ready" tokens the scheduler has not taken.
+pub fn ready_pending(pc: &PerCpu) -> bool {
+    pc.apf_ready_one.load(Ordering::Relaxed) != 0
+        || pc.apf_ready_head.load(Ordering::Acquire) != pc.apf_ready_tail.load(Ordering::Relaxed)
+}
+
 /// Wake the tasks whose pages the nub has been told are ready (scheduler,
 /// `preempt_count == 1`, so the nub writes neither `apf_ready_one` nor the
 /// ring's slots behind `head` meanwhile).

@@ -428,6 +428,14 @@ extern "C" fn preempt_irq() {
         }
         if token != 0 {
             apf::park_faulted(pc, token as u32);
+            // The nub may have handed over readies meanwhile (at the fault
+            // entry, in `apf_ready_one`, or at the next entry, in the ring)
+            // without asking for a reschedule; `park` does not switch when
+            // the page was already in. Take them now, in `schedule`, so
+            // `apf_ready_one` is empty before preemption is on again.
+            if apf::ready_pending(pc) {
+                pc.need_resched.store(1, Ordering::Relaxed);
+            }
             reschedule();
             return;
         }
