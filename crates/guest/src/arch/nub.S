@@ -94,13 +94,13 @@ nub_triple_fault:                   /* no IDT + an exception = shutdown */
  * the rest at native speed and reschedules. At nub_halt's hlt it only does
  * its work: the nub call clobbers rax, rcx and rdx anyway, and every caller
  * of halt schedules when it returns (but control.rs's exit loop, which
- * halts for good). Elsewhere (the runtime's critical
- * sections) it saves them on the stack, does its work, asks for a
- * reschedule at the next preemption point and returns: irq_saved is not
- * touched there, since an interrupt can come before the entry has taken
- * it. The frame's privilege needs no test: interrupts reach CPL0 code only
- * at nub_halt's hlt (every gate clears IF), and the runtime halts only
- * with preemption off (nub.rs), so preempt_count alone says "not here".
+ * halts for good). Elsewhere (the runtime's critical sections) it saves
+ * them on the stack, does its work, asks for a reschedule at the next
+ * preemption point and returns: irq_saved is not touched there, since an
+ * interrupt can come before the entry has taken it. The frame's privilege
+ * needs no test: interrupts reach CPL0 code only at nub_halt's hlt (every
+ * gate clears IF), and the runtime halts only with preemption off
+ * (nub.rs), so preempt_count alone says "not here".
  * Slow-path stack: 0 rdx, 8 rcx, 16 rax, 24 rip, 32 cs, ...
  * Every instruction here costs ~1 us (emulated): the counts matter. */
 
@@ -120,10 +120,10 @@ nub_triple_fault:                   /* no IDT + an exception = shutdown */
     iretq
 .endm
 
-/* Not preemptible: at nub_halt's hlt (the frame's RIP at \rip(%rsp)) go
- * to \halted, otherwise save rax, rcx, rdx on the stack. */
-.macro IRQ_SLOW_ENTER halted, rip=0
-    cmpq $nub_halt_woken, \rip(%rsp)
+/* Not preemptible: at nub_halt's hlt go to \halted, otherwise save rax,
+ * rcx, rdx on the stack. */
+.macro IRQ_SLOW_ENTER halted
+    cmpq $nub_halt_woken, (%rsp)
     je \halted
     push %rax
     push %rcx
