@@ -435,13 +435,17 @@ impl Running {
                 source,
             })?;
         let guest = Some(self.vm.ram.memory().clone());
-        let gov =
-            Governor::start(self.vm.fd.clone(), stats, budget_pct, guest).map_err(|source| {
-                Error::Host {
-                    what: "start the halt-poll governor",
-                    source,
-                }
-            })?;
+        // Without it (no sysfs), the governor starts with polling off.
+        let first = halt_poll::kvm_default_window().unwrap_or_else(|e| {
+            tracing::debug!("halt-poll governor starts at 0: KVM's default window: {e}");
+            0
+        });
+        let gov = Governor::start(self.vm.fd.clone(), stats, budget_pct, first, guest).map_err(
+            |source| Error::Host {
+                what: "start the halt-poll governor",
+                source,
+            },
+        )?;
         *self.governor_live.lock().unwrap_or_else(|p| p.into_inner()) =
             Some(Box::new(gov.report_source()));
         self.governor = Some(gov);

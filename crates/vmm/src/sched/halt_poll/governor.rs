@@ -110,11 +110,17 @@ fn guest_failed_ns(now: &guest_poll::GuestPoll, prev: &guest_poll::GuestPoll) ->
 
 impl Governor {
     /// Start governing `vm`, whose vCPUs' statistics are `stats`; with
-    /// `guest`, the VM's memory, whose halt-poll areas it reads.
+    /// `guest`, the VM's memory, whose halt-poll areas it reads. The window
+    /// is `first_ns` until the first period's histograms are in: KVM's
+    /// default window is what the VM would have polled for without a
+    /// governor, so starting there costs nothing against it (started with
+    /// polling off, a VM waited 100-200 ms, until the first decision, with
+    /// no polling at all).
     pub fn start(
         vm: Arc<VmFd>,
         stats: Vec<KvmStats>,
         budget_pct: f64,
+        first_ns: u64,
         guest: Option<GuestMemoryMmap>,
     ) -> std::io::Result<Governor> {
         let stop = Arc::new(AtomicBool::new(false));
@@ -129,7 +135,7 @@ impl Governor {
             move || {
                 let lock = || report2.lock().unwrap_or_else(|p| p.into_inner());
                 let started = Instant::now();
-                let mut window = 0u64;
+                let mut window = first_ns.min(MAX_WINDOW_NS);
                 if let Err(e) = set_window(&vm, window) {
                     tracing::warn!("halt-poll governor cannot set the window: {e}");
                     return;
