@@ -114,16 +114,22 @@ fn governor_adapts_under_io_and_stays_in_budget_when_idle() {
     );
     std::fs::remove_file(&f).unwrap();
     let g = busy.halt_poll.as_ref().expect("governor report");
-    // It starts at KVM's default window, and under I/O it keeps a window
-    // open at some decision (a change to one, or the default kept: the
-    // final window is written at every decision). Where it ends is not
+    // It starts at KVM's default window, judges the I/O, and keeps a window
+    // open at some decision (a change to one, or the default kept at every
+    // decision: then nothing changed after the start). Where it ends is not
     // asserted: seen in CI, an older model climbed to 8 ms and then closed
     // the window when the waste went over budget.
-    let default = hover_vmm::sched::halt_poll::kvm_default_window().unwrap_or(0);
-    assert_eq!(g.changes[0], (0, default), "{g:?}");
+    let default = hover_vmm::sched::halt_poll::kvm_default_window()
+        .unwrap_or(0)
+        .min(hover_vmm::sched::halt_poll::MAX_WINDOW_NS);
+    assert_eq!(
+        g.changes.first(),
+        Some(&(0, default)),
+        "the governor starts at KVM's default window: {g:?}"
+    );
+    assert!(g.decisions > 0, "the governor judged the I/O: {g:?}");
     assert!(
-        g.changes[1..].iter().any(|&(_, w)| w > 0)
-            || (g.changes.len() == 1 && default > 0 && g.final_window_ns == default),
+        g.changes.iter().skip(1).any(|&(_, w)| w > 0) || (g.changes.len() == 1 && default > 0),
         "the governor kept a window open under I/O: {g:?}"
     );
     assert!(
@@ -137,9 +143,13 @@ fn governor_adapts_under_io_and_stays_in_budget_when_idle() {
         None,
     );
     // The timer's wake-ups (200 ms) are beyond any window: the governor
-    // closes the default one and polls no more.
+    // closes the default one. (Not asserted: that it stays closed to the
+    // end; one quick wake-up in the last second could reopen it.)
     let g = idle.halt_poll.as_ref().expect("governor report");
-    assert_eq!(g.final_window_ns, 0, "{g:?}");
+    assert!(
+        g.changes.iter().skip(1).any(|&(_, w)| w == 0),
+        "the governor closed the window on an idle guest: {g:?}"
+    );
     let wall_ns = idle.timings.exit_us.saturating_sub(idle.timings.setup_us) as f64 * 1000.0;
     for (i, s) in idle.vcpu_stats.iter().enumerate() {
         let wasted = s["halt_poll_fail_ns"] as f64;

@@ -437,7 +437,9 @@ impl Running {
         let guest = Some(self.vm.ram.memory().clone());
         // Without it (no sysfs), the governor starts with polling off.
         let first = halt_poll::kvm_default_window().unwrap_or_else(|e| {
-            tracing::debug!("halt-poll governor starts at 0: KVM's default window: {e}");
+            tracing::warn!(
+                "halt-poll governor starts with polling off: cannot read KVM's default window: {e}"
+            );
             0
         });
         let gov = Governor::start(self.vm.fd.clone(), stats, budget_pct, first, guest).map_err(

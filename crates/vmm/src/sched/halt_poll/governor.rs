@@ -22,10 +22,14 @@ use crate::stats::KvmStats;
 pub struct GovernorReport {
     /// Budget, percent of a CPU per vCPU.
     pub budget_pct: f64,
-    /// Every change: (milliseconds since start, new window in ns).
+    /// The starting window and every change after it: (milliseconds
+    /// since start, window in ns).
     pub changes: Vec<(u64, u64)>,
     /// The window at the end.
     pub final_window_ns: u64,
+    /// Periods whose history held wake-ups, each one a decision (the
+    /// window set again, changed or not).
+    pub decisions: u64,
     /// The guest's own poll windows, per vCPU, at the last look (empty: the
     /// guest does not poll).
     pub guest_window_ns: Vec<u64>,
@@ -92,6 +96,29 @@ fn read_period(stats: &[KvmStats], seen: &mut [Option<Seen>], window: u64) -> Wa
     hist
 }
 
+/// Wake-ups the history must hold before the window may grow: a choice
+/// made on a handful (the first period of a run, the guest's boot, can
+/// hold that few) swings with each late one, and a larger window costs CPU
+/// at every later halt until the history outweighs it.
+const EVIDENCE: f64 = 32.0;
+
+/// The next window from the history's wake-ups, and whether they were
+/// judged at all. None (vCPUs running, or each in one long halt): nothing
+/// to judge a window by, keep it. Few: the window may shrink (an idle
+/// guest's rare long wake-ups close it) but not grow.
+fn decide(total: &WakeHist, budget_ns: f64, window: u64) -> (u64, bool) {
+    let n: f64 = total.iter().sum();
+    if n == 0.0 {
+        return (window, false);
+    }
+    let chosen = choose_window(total, budget_ns, MAX_WINDOW_NS);
+    if n < EVIDENCE {
+        (chosen.min(window), true)
+    } else {
+        (chosen, true)
+    }
+}
+
 /// Nanoseconds the guest spent in polls that found nothing since `prev`:
 /// each failed poll ran its vCPU's whole window.
 fn guest_failed_ns(now: &guest_poll::GuestPoll, prev: &guest_poll::GuestPoll) -> f64 {
@@ -111,7 +138,7 @@ fn guest_failed_ns(now: &guest_poll::GuestPoll, prev: &guest_poll::GuestPoll) ->
 impl Governor {
     /// Start governing `vm`, whose vCPUs' statistics are `stats`; with
     /// `guest`, the VM's memory, whose halt-poll areas it reads. The window
-    /// is `first_ns` until the first period's histograms are in: KVM's
+    /// is `first_ns` until the first period with wake-ups is in: KVM's
     /// default window is what the VM would have polled for without a
     /// governor, so starting there costs nothing against it (started with
     /// polling off, a VM waited 100-200 ms, until the first decision, with
@@ -140,11 +167,18 @@ impl Governor {
                     tracing::warn!("halt-poll governor cannot set the window: {e}");
                     return;
                 }
-                lock().changes.push((0, window));
+                {
+                    let mut r = lock();
+                    r.changes.push((0, window));
+                    r.final_window_ns = window;
+                }
                 let vcpus = stats.len() as u32;
                 let warned = AtomicBool::new(false);
                 let mut guest_prev = guest.as_ref().map(|m| guest_poll::read(m, vcpus, &warned));
                 let mut seen: Vec<Option<Seen>> = vec![None; stats.len()];
+                // The first readings are the baseline the first period is
+                // measured from (without it, that period would be empty).
+                read_period(&stats, &mut seen, window);
                 let mut periods: VecDeque<(WakeHist, f64)> = VecDeque::new();
                 while !stop2.load(Ordering::Acquire) {
                     thread::sleep(PERIOD);
@@ -176,7 +210,7 @@ impl Governor {
                     let budget_ns = budget_pct / 100.0 * span_ns;
                     // KVM's window gets what the guest's polling left.
                     let kvm_budget = (budget_ns - guest_total).max(0.0);
-                    let next = choose_window(&total, kvm_budget, MAX_WINDOW_NS);
+                    let (next, judged) = decide(&total, kvm_budget, window);
                     tracing::trace!(window, next, budget_ns, kvm_budget, "halt-poll governor");
                     if next != window {
                         if let Err(e) = set_window(&vm, next) {
@@ -189,6 +223,7 @@ impl Governor {
                         lock().changes.push((t, window));
                     }
                     let mut r = lock();
+                    r.decisions += u64::from(judged);
                     r.final_window_ns = window;
                     r.guest_window_ns = guest_windows;
                     r.guest_poll_cost_pct = if span_ns > 0.0 {
@@ -258,5 +293,24 @@ mod tests {
             vcpus: vec![v(110, 110, 200_000), v(9, 0, 50_000)],
         };
         assert_eq!(guest_failed_ns(&now, &prev), 4.0 * 50_000.0);
+    }
+
+    #[test]
+    fn few_wakeups_may_close_the_window_but_not_grow_it() {
+        let budget = 1e9;
+        // Nothing halted and woke: the window stays, and nothing is judged.
+        assert_eq!(decide(&[0.0; 64], budget, 200_000), (200_000, false));
+        // A handful of wake-ups at ~1 ms: not evidence enough to grow.
+        let mut few = [0f64; 64];
+        few[super::super::model::bucket(1_000_000)] = 5.0;
+        assert_eq!(decide(&few, budget, 200_000), (200_000, true));
+        // The same share over many wake-ups grows it.
+        let mut many = few;
+        many[super::super::model::bucket(1_000_000)] = 500.0;
+        assert_eq!(decide(&many, budget, 200_000), (1 << 20, true));
+        // A handful of long sleeps (an idle guest's timer) closes it.
+        let mut idle = [0f64; 64];
+        idle[super::super::model::bucket(200_000_000)] = 5.0;
+        assert_eq!(decide(&idle, budget, 200_000), (0, true));
     }
 }
