@@ -81,16 +81,9 @@ fn kvm_trace(wakeups: &[u64], max: u64) -> (Vec<u64>, Vec<u64>, Vec<u64>) {
 /// A generated trace: I/O completions (40%) 20-45 us after the halt, mixed
 /// with idle periods of 20-40 ms, from a fixed seed.
 fn wakeups() -> Vec<u64> {
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    let mut next = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    (0..20_000)
-        .map(|_| {
-            let r = next();
+    xorshift(0x2545_f491_4f6c_dd1d)
+        .take(20_000)
+        .map(|r| {
             if r % 10 < 4 {
                 20_000 + r / 10 % 25_000
             } else {
@@ -178,23 +171,24 @@ fn w_caught(wakeups: &[u64], w: u64) -> f64 {
 /// up to [65, 131) us), 1.5% of them later, 140-200 us; one halt in 20 an
 /// idle period of 20-40 ms.
 fn fast_device_wakeups() -> Vec<u64> {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    (0..20_000)
-        .map(|_| {
-            let r = next();
-            match r % 1000 {
-                0..=49 => 20_000_000 + r / 1000 % 20_000_000,
-                50..=64 => 140_000 + r / 1000 % 60_000,
-                _ => 40_000 + r / 1000 % 85_000,
-            }
+    xorshift(0x9e37_79b9_7f4a_7c15)
+        .take(20_000)
+        .map(|r| match r % 1000 {
+            0..=49 => 20_000_000 + r / 1000 % 20_000_000,
+            50..=64 => 140_000 + r / 1000 % 60_000,
+            _ => 40_000 + r / 1000 % 85_000,
         })
         .collect()
+}
+
+/// A fixed-seed xorshift64 sequence: traces that are the same every run.
+fn xorshift(seed: u64) -> impl Iterator<Item = u64> {
+    std::iter::successors(Some(seed), |&x| {
+        let x = x ^ (x << 13);
+        let x = x ^ (x >> 7);
+        Some(x ^ (x << 17))
+    })
+    .skip(1)
 }
 
 /// A sparse histogram as KVM's 64 buckets.
