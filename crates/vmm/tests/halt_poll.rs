@@ -143,11 +143,11 @@ fn governor_adapts_under_io_and_stays_in_budget_when_idle() {
         None,
     );
     // The timer's wake-ups (200 ms) are beyond any window: the governor
-    // closes the default one. (Not asserted: that it stays closed to the
+    // closes the default one (where KVM has one). (Not asserted: that it stays closed to the
     // end; one quick wake-up in the last second could reopen it.)
     let g = idle.halt_poll.as_ref().expect("governor report");
     assert!(
-        g.changes.iter().skip(1).any(|&(_, w)| w == 0),
+        default == 0 || g.changes.iter().skip(1).any(|&(_, w)| w == 0),
         "the governor closed the window on an idle guest: {g:?}"
     );
     let wall_ns = idle.timings.exit_us.saturating_sub(idle.timings.setup_us) as f64 * 1000.0;
