@@ -91,8 +91,10 @@ fn maybe_unboost(cpu: usize, area: &Area, halts: bool) {
         let keep_us = area.keep_us.load(Ordering::SeqCst) as u64;
         let wake_at = area.wake_at.load(Ordering::SeqCst);
         let now = crate::kernel::clock::now();
-        let wake_covered =
-            wake_at > now && wake_at - now <= crate::kernel::clock::ticks_for_us(keep_us);
+        // A deadline already past is covered: the task is about to run, and
+        // the host keeps a boost for a wake-up that is due.
+        let wake_covered = wake_at != 0
+            && wake_at.saturating_sub(now) <= crate::kernel::clock::ticks_for_us(keep_us);
         if keep_us != 0 && (halts || wake_covered) {
             area.quiet_unboosts.fetch_add(1, Ordering::SeqCst);
             return;

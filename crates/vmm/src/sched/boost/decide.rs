@@ -103,12 +103,17 @@ pub enum Keep {
 /// wake-up is announced and due within `keep_us`, and even a vCPU that
 /// ran flat out until then would stay within half of `max_ms` of CPU time
 /// for this boost, so a kept boost ends by a normal unboost long before
-/// the throttle could revoke it.
+/// the throttle could revoke it. A wake-up already past is due now: a
+/// guest running behind its real-time task (a loaded host) would otherwise
+/// be unboosted here only for the monitor to boost it again at its next
+/// look, as a late timer boost; the kept boost still ends one
+/// [`KEPT_GRACE`](super::KEPT_GRACE) after the deadline if the task does
+/// not run by then.
 pub fn keep(c: KeepCheck) -> Keep {
-    if c.keep_us == 0 || c.wake_at <= c.tsc {
+    if c.keep_us == 0 || c.wake_at == 0 {
         return Keep::NotNear;
     }
-    let due_us = (c.wake_at - c.tsc).saturating_mul(1000) / c.tsc_khz.max(1);
+    let due_us = c.wake_at.saturating_sub(c.tsc).saturating_mul(1000) / c.tsc_khz.max(1);
     if due_us > c.keep_us {
         return Keep::NotNear;
     }
@@ -117,6 +122,16 @@ pub fn keep(c: KeepCheck) -> Keep {
         true => Keep::Yes,
         false => Keep::OverBudget,
     }
+}
+
+/// Whether the monitor ends a kept boost whose wake-up (and grace) passed
+/// with no request set: only once its thread has had `grace` of CPU time
+/// since the boost was kept (`ran_ns`), time in which the guest could have
+/// taken the wake-up and did not. A thread the host kept off its CPU (a
+/// loaded or nested host) keeps the boost it was given for that very wait.
+/// Without a CPU clock (`None`) the wall-clock deadline alone decides.
+pub fn kept_boost_ends(ran_ns: Option<u64>, grace: Duration) -> bool {
+    ran_ns.is_none_or(|ran| ran >= grace.as_nanos() as u64)
 }
 
 #[cfg(test)]
@@ -253,7 +268,16 @@ mod tests {
                 tsc: u64::MAX,
                 ..check(400, 1)
             }),
-            Keep::NotNear
+            Keep::Yes,
+            "a wake-up already past is due now"
+        );
+        assert_eq!(
+            keep(KeepCheck {
+                tsc: u64::MAX,
+                ..check(400, 5001)
+            }),
+            Keep::OverBudget,
+            "and still within the budget only"
         );
         assert_eq!(
             keep(KeepCheck {
@@ -261,6 +285,20 @@ mod tests {
                 ..check(400, 1)
             }),
             Keep::NotNear
+        );
+    }
+
+    #[test]
+    fn a_kept_boost_ends_only_after_the_vcpu_had_the_cpu_to_take_its_wake_up() {
+        let grace = Duration::from_millis(1);
+        assert!(
+            !kept_boost_ends(Some(200_000), grace),
+            "kept off its CPU: 0.2 ms run since it was kept"
+        );
+        assert!(kept_boost_ends(Some(1_000_000), grace));
+        assert!(
+            kept_boost_ends(None, grace),
+            "no CPU clock: the deadline decides"
         );
     }
 

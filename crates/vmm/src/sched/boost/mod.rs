@@ -62,7 +62,9 @@ use policy::SchedParams;
 /// How long before an announced real-time wake-up the monitor boosts.
 pub const TIMER_LEAD: Duration = Duration::from_micros(100);
 /// How long past its announced wake-up a kept boost may wait for the
-/// guest's next unboost call before the monitor ends it.
+/// guest's next unboost call before the monitor ends it; and how much CPU
+/// time the vCPU must have had since the boost was kept, so a vCPU the
+/// host kept off its CPU is not unboosted for a wake-up it could not take.
 pub const KEPT_GRACE: Duration = Duration::from_millis(1);
 /// Area value meaning "none registered".
 const NO_AREA: u64 = u64::MAX;
@@ -89,10 +91,12 @@ struct SlotState {
     window: Option<(Instant, u32)>,
     stats: VcpuBoostStats,
     warned_bits: bool,
-    /// A kept boost's end (TSC): the announced wake-up and a grace; the
-    /// monitor unboosts a boost still kept past it with no request set
-    /// (a wake-up announced and then never taken).
-    kept_until: Option<u64>,
+    /// A kept boost's end (TSC: the announced wake-up and a grace) and the
+    /// thread's CPU time when it was kept; the monitor unboosts a boost
+    /// still kept past that end with no request set, once the thread has
+    /// had the grace in CPU time since (a wake-up announced and then never
+    /// taken, not one the host kept the vCPU from).
+    kept_until: Option<(u64, u64)>,
     /// The area's quiet-unboost count as this boost began (or as the last
     /// one was settled): only a count that moved during the boost ends it,
     /// never one from an earlier boost or from before the monitor looked.

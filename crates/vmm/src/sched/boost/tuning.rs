@@ -5,7 +5,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{decide, policy, BoostTuning, BoostWhen, Booster, SlotState};
+use super::{decide, policy, BoostTuning, BoostWhen, Booster, SlotState, KEPT_GRACE};
 
 /// The TSC now: the guest's TSC is the host's here (docs/ARCHITECTURE.md),
 /// so guest deadlines compare with it directly.
@@ -48,20 +48,31 @@ impl Booster {
 
     /// The monitor's check of a boosted vCPU: end a kept boost whose
     /// announced wake-up passed ([`KEPT_GRACE`] ago) with no request set
-    /// and no unboost call since.
+    /// and no unboost call since, once its thread has had [`KEPT_GRACE`]
+    /// of CPU time since the boost was kept ([`decide::kept_boost_ends`]).
     pub(super) fn expire_kept(&self, vcpu: usize, gpa: u64, tsc: u64) {
         let s = self.lock(vcpu);
-        if s.kept_until.is_some_and(|until| tsc > until) && self.requested(vcpu, gpa) == 0 {
+        let Some((until, cpu_at_keep)) = s.kept_until else {
+            return;
+        };
+        if tsc <= until || self.requested(vcpu, gpa) != 0 {
+            return;
+        }
+        let ran_ns = s
+            .tid
+            .and_then(|tid| policy::thread_cpu_ns(tid).ok())
+            .map(|cpu| cpu.saturating_sub(cpu_at_keep));
+        if decide::kept_boost_ends(ran_ns, KEPT_GRACE) {
             self.unboost_locked(s, vcpu, None);
         }
     }
 
     /// Whether the unboost call keeps vCPU `vcpu`'s boost (`s` its slot,
-    /// locked), and the wake-up it keeps it for: see [`decide::keep`]; and
-    /// under `--boost-when contended` only while the thread still counts
-    /// as contended.
-    pub(super) fn keeps(&self, vcpu: usize, gpa: u64, s: &SlotState) -> (decide::Keep, u64) {
-        let no = (decide::Keep::NotNear, 0);
+    /// locked), the wake-up it keeps it for and the thread's CPU time now:
+    /// see [`decide::keep`]; and under `--boost-when contended` only while
+    /// the thread still counts as contended.
+    pub(super) fn keeps(&self, vcpu: usize, gpa: u64, s: &SlotState) -> (decide::Keep, u64, u64) {
+        let no = (decide::Keep::NotNear, 0, 0);
         let tuning = self.tuning();
         let (Some((_, cpu0)), Some(tid)) = (s.since, s.tid) else {
             return no;
@@ -69,8 +80,8 @@ impl Booster {
         if tuning.keep_us == 0 || !self.worth_boosting(vcpu) {
             return no;
         }
-        let cpu_used_ns = match policy::thread_cpu_ns(tid) {
-            Ok(cpu) if cpu0 != u64::MAX => cpu.saturating_sub(cpu0),
+        let (cpu_now, cpu_used_ns) = match policy::thread_cpu_ns(tid) {
+            Ok(cpu) if cpu0 != u64::MAX => (cpu, cpu.saturating_sub(cpu0)),
             // No CPU clock: the limit cannot be checked, so never keep.
             _ => return no,
         };
@@ -83,6 +94,6 @@ impl Booster {
             cpu_used_ns,
             max_ms: self.config().max_ms,
         });
-        (decision, wake_at)
+        (decision, wake_at, cpu_now)
     }
 }

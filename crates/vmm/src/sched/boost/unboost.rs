@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use hover_abi::boost::{offset, status};
 use hover_abi::control::status as control_status;
 
+use super::tuning::host_tsc;
 use super::{decide, policy, BoostMode, Booster, SlotState, KEPT_GRACE};
 
 impl Booster {
@@ -63,12 +64,14 @@ impl Booster {
         if self.requested(vcpu, gpa) == 0 && self.mode() == BoostMode::Dynamic {
             let mut s = self.lock(vcpu);
             match self.keeps(vcpu, gpa, &s) {
-                (decide::Keep::Yes, wake_at) => {
+                (decide::Keep::Yes, wake_at, cpu_now) => {
                     s.stats.kept += 1;
                     let grace = KEPT_GRACE.as_micros() as u64 * self.tsc_khz() / 1000;
-                    s.kept_until = Some(wake_at.saturating_add(grace));
+                    // A wake-up already past is kept from now.
+                    let from = wake_at.max(host_tsc());
+                    s.kept_until = Some((from.saturating_add(grace), cpu_now));
                 }
-                (why, _) => {
+                (why, _, _) => {
                     if why == decide::Keep::OverBudget {
                         s.stats.budget_unboosts += 1;
                     }
