@@ -106,9 +106,9 @@ pub enum Keep {
 /// the throttle could revoke it. A wake-up already past is due now: a
 /// guest running behind its real-time task (a loaded host) would otherwise
 /// be unboosted here only for the monitor to boost it again at its next
-/// look, as a late timer boost; the kept boost still ends one
-/// [`KEPT_GRACE`](super::KEPT_GRACE) after the deadline if the task does
-/// not run by then.
+/// look, as a late timer boost; the kept boost still ends
+/// [`KEPT_GRACE`](super::KEPT_GRACE) after the keep if the task does not
+/// run by then ([`kept_boost_ends`]).
 pub fn keep(c: KeepCheck) -> Keep {
     if c.keep_us == 0 || c.wake_at == 0 {
         return Keep::NotNear;
@@ -124,14 +124,41 @@ pub fn keep(c: KeepCheck) -> Keep {
     }
 }
 
-/// Whether the monitor ends a kept boost whose wake-up (and grace) passed
-/// with no request set: only once its thread has had `grace` of CPU time
-/// since the boost was kept (`ran_ns`), time in which the guest could have
-/// taken the wake-up and did not. A thread the host kept off its CPU (a
-/// loaded or nested host) keeps the boost it was given for that very wait.
-/// Without a CPU clock (`None`) the wall-clock deadline alone decides.
-pub fn kept_boost_ends(ran_ns: Option<u64>, grace: Duration) -> bool {
-    ran_ns.is_none_or(|ran| ran >= grace.as_nanos() as u64)
+/// What the monitor knows when it checks a kept boost (no request set).
+#[derive(Clone, Copy, Debug)]
+pub struct KeptCheck {
+    /// The TSC now.
+    pub tsc: u64,
+    /// The kept boost's end: the wake-up (or the keep, for one already
+    /// past) and the grace, TSC.
+    pub until: u64,
+    /// CPU time the thread has had since the keep, ns (`None`: no CPU
+    /// clock).
+    pub ran_ns: Option<u64>,
+    /// [`KEPT_GRACE`](super::KEPT_GRACE).
+    pub grace: Duration,
+    /// How far past its end a kept boost lasts on a thread that has not
+    /// had `grace` of CPU: `--boost-max-ms`, in ticks.
+    pub cap_ticks: u64,
+}
+
+/// Whether the monitor ends a kept boost: its end has passed and its
+/// thread has had `grace` of CPU time since the keep, time in which the
+/// guest could have taken its wake-up and did not. A thread the host kept
+/// off its CPU (a loaded or nested host) keeps the boost it was given for
+/// that very wait, up to `cap_ticks` past the end, which also bounds a
+/// vCPU that halts for good with a boost kept (a halted thread, like a
+/// waiting one, uses no CPU). Without a CPU clock the end alone decides.
+pub fn kept_boost_ends(c: KeptCheck) -> bool {
+    if c.tsc <= c.until {
+        return false;
+    }
+    match c.ran_ns {
+        None => true,
+        Some(ran) => {
+            ran >= c.grace.as_nanos() as u64 || c.tsc > c.until.saturating_add(c.cap_ticks)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -274,10 +301,26 @@ mod tests {
         assert_eq!(
             keep(KeepCheck {
                 tsc: u64::MAX,
+                ..check(400, 5000)
+            }),
+            Keep::Yes,
+            "due now: the whole half of the limit is the budget"
+        );
+        assert_eq!(
+            keep(KeepCheck {
+                tsc: u64::MAX,
                 ..check(400, 5001)
             }),
             Keep::OverBudget,
             "and still within the budget only"
+        );
+        assert_eq!(
+            keep(KeepCheck {
+                wake_at: 1,
+                ..check(400, 1)
+            }),
+            Keep::Yes,
+            "a wake-up announced long past: due now"
         );
         assert_eq!(
             keep(KeepCheck {
@@ -289,16 +332,43 @@ mod tests {
     }
 
     #[test]
-    fn a_kept_boost_ends_only_after_the_vcpu_had_the_cpu_to_take_its_wake_up() {
-        let grace = Duration::from_millis(1);
+    fn a_kept_boost_ends_once_its_vcpu_had_the_cpu_or_at_the_cap() {
+        let c = KeptCheck {
+            tsc: 1001,
+            until: 1000,
+            ran_ns: Some(1_000_000),
+            grace: Duration::from_millis(1),
+            cap_ticks: 500,
+        };
+        assert!(kept_boost_ends(c), "ran its grace past the end: unanswered");
+        assert!(!kept_boost_ends(KeptCheck { tsc: 1000, ..c }), "at the end");
+        let starved = KeptCheck {
+            ran_ns: Some(200_000),
+            ..c
+        };
+        assert!(!kept_boost_ends(starved), "kept off its CPU: kept on");
+        assert!(!kept_boost_ends(KeptCheck {
+            tsc: 1500,
+            ..starved
+        }));
         assert!(
-            !kept_boost_ends(Some(200_000), grace),
-            "kept off its CPU: 0.2 ms run since it was kept"
+            kept_boost_ends(KeptCheck {
+                tsc: 1501,
+                ..starved
+            }),
+            "past the cap: ended, halted or not"
         );
-        assert!(kept_boost_ends(Some(1_000_000), grace));
         assert!(
-            kept_boost_ends(None, grace),
-            "no CPU clock: the deadline decides"
+            kept_boost_ends(KeptCheck { ran_ns: None, ..c }),
+            "no CPU clock: the end alone"
+        );
+        assert!(
+            !kept_boost_ends(KeptCheck {
+                tsc: u64::MAX,
+                until: u64::MAX - 1,
+                ..starved
+            }),
+            "no overflow"
         );
     }
 

@@ -63,8 +63,7 @@ use policy::SchedParams;
 pub const TIMER_LEAD: Duration = Duration::from_micros(100);
 /// How long past its announced wake-up a kept boost may wait for the
 /// guest's next unboost call before the monitor ends it; and how much CPU
-/// time the vCPU must have had since the boost was kept, so a vCPU the
-/// host kept off its CPU is not unboosted for a wake-up it could not take.
+/// time its thread must have had since the keep ([`decide::kept_boost_ends`]).
 pub const KEPT_GRACE: Duration = Duration::from_millis(1);
 /// Area value meaning "none registered".
 const NO_AREA: u64 = u64::MAX;
@@ -91,16 +90,24 @@ struct SlotState {
     window: Option<(Instant, u32)>,
     stats: VcpuBoostStats,
     warned_bits: bool,
-    /// A kept boost's end (TSC: the announced wake-up and a grace) and the
-    /// thread's CPU time when it was kept; the monitor unboosts a boost
-    /// still kept past that end with no request set, once the thread has
-    /// had the grace in CPU time since (a wake-up announced and then never
-    /// taken, not one the host kept the vCPU from).
-    kept_until: Option<(u64, u64)>,
+    /// A kept boost's end, which the monitor enforces: see [`Kept`].
+    kept: Option<Kept>,
     /// The area's quiet-unboost count as this boost began (or as the last
     /// one was settled): only a count that moved during the boost ends it,
     /// never one from an earlier boost or from before the monitor looked.
     quiet_seen: u64,
+}
+
+/// A kept boost's end: the monitor unboosts a boost still kept past it
+/// with no request set (a wake-up announced and then never taken), but
+/// not one the host kept from its CPU ([`decide::kept_boost_ends`]).
+#[derive(Clone, Copy, Debug)]
+struct Kept {
+    /// The announced wake-up (or the keep, for one already past) and
+    /// [`KEPT_GRACE`], TSC.
+    until: u64,
+    /// The thread's CPU time at the keep, ns.
+    cpu0: u64,
 }
 
 struct Slot {

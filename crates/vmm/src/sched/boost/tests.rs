@@ -354,3 +354,110 @@ fn the_monitor_finds_a_quiet_unboost_by_itself() {
     drop(done);
     t.join().unwrap();
 }
+
+/// A thread attached as vCPU 0 that, each time it is told, runs until it
+/// has used `ms` more of CPU time and says so; it ends as the sender drops.
+fn spinning_vcpu_thread(
+    b: &Arc<Booster>,
+    ms: u64,
+) -> (
+    mpsc::Sender<()>,
+    mpsc::Receiver<()>,
+    std::thread::JoinHandle<()>,
+) {
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let (ran_tx, ran_rx) = mpsc::channel();
+    let b2 = b.clone();
+    let t = std::thread::spawn(move || {
+        b2.attach(0);
+        let tid = policy::gettid();
+        while go_rx.recv().is_ok() {
+            let start = policy::thread_cpu_ns(tid).unwrap();
+            while policy::thread_cpu_ns(tid).unwrap() < start + ms * 1_000_000 {
+                std::hint::black_box(0u64);
+            }
+            ran_tx.send(()).unwrap();
+        }
+        b2.detach(0);
+    });
+    (go_tx, ran_rx, t)
+}
+
+#[test]
+fn a_kept_boost_outlasts_its_end_until_its_vcpu_had_the_cpu_to_take_it() {
+    if !may_boost() {
+        return;
+    }
+    let (b, mem) = keeping_booster(1000);
+    let (go, ran, t) = spinning_vcpu_thread(&b, 2);
+    while b.tid(0).is_none() {
+        std::thread::yield_now();
+    }
+    boosted_by_request(&b, &mem);
+    quiet(&mem, Some(50));
+    b.quiet_unboost(0, AREA);
+    let until = b.lock(0).kept.expect("kept across the gap").until;
+    b.expire_kept(0, AREA, until);
+    assert!(b.is_boosted(0), "at its end");
+    // Past its end, the thread not having run since the keep (the host
+    // kept it from its CPU, or it halted): kept on.
+    b.expire_kept(0, AREA, until + 1);
+    assert!(b.is_boosted(0), "no CPU since the keep: kept on");
+    // The thread runs 2 ms and still no request: unanswered.
+    go.send(()).unwrap();
+    ran.recv().unwrap();
+    b.expire_kept(0, AREA, until + 1);
+    assert!(!b.is_boosted(0), "had the CPU and took no wake-up: ended");
+    assert_eq!(
+        b.report().vcpus[0].unboosts,
+        0,
+        "the monitor's, not the guest's"
+    );
+    drop(go);
+    t.join().unwrap();
+}
+
+#[test]
+fn a_kept_boost_on_a_vcpu_without_the_cpu_ends_at_the_cap() {
+    if !may_boost() {
+        return;
+    }
+    let (b, mem) = keeping_booster(1000);
+    let (_tid, done, t) = vcpu_thread(&b);
+    boosted_by_request(&b, &mem);
+    quiet(&mem, Some(50));
+    b.quiet_unboost(0, AREA);
+    let until = b.lock(0).kept.unwrap().until;
+    // --boost-max-ms 1000 at the booster's 1e9 kHz: 1e12 ticks.
+    b.expire_kept(0, AREA, until + 1_000_000_000_000);
+    assert!(b.is_boosted(0), "at the cap");
+    b.expire_kept(0, AREA, until + 1_000_000_000_001);
+    assert!(!b.is_boosted(0), "past it");
+    drop(done);
+    t.join().unwrap();
+}
+
+#[test]
+fn a_wake_up_already_past_is_kept_from_now() {
+    if !may_boost() {
+        return;
+    }
+    let (b, mem) = keeping_booster(1000);
+    let (_tid, done, t) = vcpu_thread(&b);
+    boosted_by_request(&b, &mem);
+    // The guest, running behind, announces a wake-up long past.
+    quiet(&mem, None);
+    mem.write_obj(1u64, GuestAddress(AREA + offset::WAKE_AT))
+        .unwrap();
+    let before = super::tuning::host_tsc();
+    b.quiet_unboost(0, AREA);
+    assert!(b.is_boosted(0), "due now: kept");
+    assert_eq!(b.report().vcpus[0].kept, 1);
+    let until = b.lock(0).kept.unwrap().until;
+    assert!(
+        until > before,
+        "its end counts from the keep, not the wake-up"
+    );
+    drop(done);
+    t.join().unwrap();
+}

@@ -46,23 +46,27 @@ impl Booster {
         self.lock(vcpu).tid
     }
 
-    /// The monitor's check of a boosted vCPU: end a kept boost whose
-    /// announced wake-up passed ([`KEPT_GRACE`] ago) with no request set
-    /// and no unboost call since, once its thread has had [`KEPT_GRACE`]
-    /// of CPU time since the boost was kept ([`decide::kept_boost_ends`]).
+    /// The monitor's check of a boosted vCPU at `tsc`: end a kept boost
+    /// whose announced wake-up passed ([`KEPT_GRACE`] ago) with no request
+    /// set and no unboost call since, once its thread has had the CPU to
+    /// take the wake-up ([`decide::kept_boost_ends`]).
     pub(super) fn expire_kept(&self, vcpu: usize, gpa: u64, tsc: u64) {
         let s = self.lock(vcpu);
-        let Some((until, cpu_at_keep)) = s.kept_until else {
+        let Some(kept) = s.kept else {
             return;
         };
-        if tsc <= until || self.requested(vcpu, gpa) != 0 {
-            return;
-        }
         let ran_ns = s
             .tid
             .and_then(|tid| policy::thread_cpu_ns(tid).ok())
-            .map(|cpu| cpu.saturating_sub(cpu_at_keep));
-        if decide::kept_boost_ends(ran_ns, KEPT_GRACE) {
+            .map(|cpu| cpu.saturating_sub(kept.cpu0));
+        let ends = decide::kept_boost_ends(decide::KeptCheck {
+            tsc,
+            until: kept.until,
+            ran_ns,
+            grace: KEPT_GRACE,
+            cap_ticks: self.config().max_ms.saturating_mul(self.tsc_khz()),
+        });
+        if ends && self.requested(vcpu, gpa) == 0 {
             self.unboost_locked(s, vcpu, None);
         }
     }

@@ -11,7 +11,7 @@ use hover_abi::boost::{offset, status};
 use hover_abi::control::status as control_status;
 
 use super::tuning::host_tsc;
-use super::{decide, policy, BoostMode, Booster, SlotState, KEPT_GRACE};
+use super::{decide, policy, BoostMode, Booster, Kept, SlotState, KEPT_GRACE};
 
 impl Booster {
     /// The guest's `BOOST_UNBOOST` from vCPU `vcpu`: unboost unless a
@@ -69,7 +69,10 @@ impl Booster {
                     let grace = KEPT_GRACE.as_micros() as u64 * self.tsc_khz() / 1000;
                     // A wake-up already past is kept from now.
                     let from = wake_at.max(host_tsc());
-                    s.kept_until = Some((from.saturating_add(grace), cpu_now));
+                    s.kept = Some(Kept {
+                        until: from.saturating_add(grace),
+                        cpu0: cpu_now,
+                    });
                 }
                 (why, _, _) => {
                     if why == decide::Keep::OverBudget {
@@ -105,7 +108,7 @@ impl Booster {
             return;
         };
         self.slots[vcpu].boosted.store(false, Ordering::SeqCst);
-        s.kept_until = None;
+        s.kept = None;
         // The offer goes with the boost: a guest later boosted by a host
         // that reads no quiet unboosts (an older one, after a migration)
         // must not find it.
