@@ -55,6 +55,10 @@ impl Booster {
         let Some(kept) = s.kept else {
             return;
         };
+        // Most looks come before the end: no CPU clock read for those.
+        if tsc <= kept.until || self.requested(vcpu, gpa) != 0 {
+            return;
+        }
         let ran_ns = s
             .tid
             .and_then(|tid| policy::thread_cpu_ns(tid).ok())
@@ -66,7 +70,7 @@ impl Booster {
             grace: KEPT_GRACE,
             cap_ticks: self.config().max_ms.saturating_mul(self.tsc_khz()),
         });
-        if ends && self.requested(vcpu, gpa) == 0 {
+        if ends {
             self.unboost_locked(s, vcpu, None);
         }
     }
