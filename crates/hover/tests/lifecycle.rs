@@ -70,7 +70,9 @@ fn restored_workloads_finish_as_if_uninterrupted() {
     }
     let dir = Scratch::new("restored-workloads");
     let cases = [
-        ("memtouch", "workload=memtouch size=32M tasks=2 rounds=150"),
+        // Each runs well past the snapshot at 400 ms (memtouch: about 2.5 s
+        // on a fast host).
+        ("memtouch", "workload=memtouch size=32M tasks=2 rounds=1500"),
         ("spin", "workload=spin tasks=4 seconds=8"),
         ("timer", "workload=timer interval_us=1000 seconds=3"),
     ];
@@ -162,7 +164,9 @@ fn restore_prefetches_by_default_and_is_eager_without_userfaultfd() {
         return;
     }
     let dir = Scratch::new("restore-default");
-    let args = ["--cmdline", "workload=memtouch size=32M tasks=2 rounds=150"];
+    // Long enough (about 2.5 s on a fast host) that the snapshot at 400 ms
+    // always finds the guest running.
+    let args = ["--cmdline", "workload=memtouch size=32M tasks=2 rounds=1500"];
     let want = reference(&args);
     let snap = snapshot_midway(&dir, "memtouch", &args, Duration::from_millis(400));
     let restore_with = |extra: &[&str], refuse_uffd: bool| {
@@ -346,7 +350,9 @@ fn a_lazily_restored_vm_snapshots_pages_it_has_not_fetched() {
         return;
     }
     let dir = Scratch::new("resnapshot");
-    let args = ["--cmdline", "workload=memtouch size=32M tasks=2 rounds=150"];
+    // Long enough (about 2.5 s on a fast host) that the snapshot at 400 ms
+    // always finds the guest running.
+    let args = ["--cmdline", "workload=memtouch size=32M tasks=2 rounds=1500"];
     let want = reference(&args);
     let first = snapshot_midway(&dir, "first", &args, Duration::from_millis(400));
     // Restore lazily and snapshot again at once: most pages are still only

@@ -8,6 +8,10 @@
 //! CPUID, TSC rate, SREGS2, REGS, FPU, XSAVE, XCRS, MSRS, LAPIC, then
 //! TSC_DEADLINE again (KVM drops a deadline written before the LAPIC),
 //! events, MP state, debug registers.
+//!
+//! One field is adjusted on the way in: on an AMD host the task register
+//! is loaded as an available TSS (type 9) rather than the busy one (11)
+//! KVM reports there (see [`tss_type_for_host`]).
 
 use kvm_bindings::{
     kvm_cpuid_entry2, kvm_debugregs, kvm_fpu, kvm_lapic_state, kvm_mp_state, kvm_msr_entry,
@@ -20,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use vmm_sys_util::ioctl::{ioctl_with_mut_ref, ioctl_with_ref};
 
 use super::Vcpu;
+use crate::arch::x86_64::cpuid::host_is_amd;
 
 /// `KVM_GET_SREGS2`/`KVM_SET_SREGS2`, which kvm-ioctls lacks.
 mod sregs2 {
@@ -45,6 +50,30 @@ const PV_MSRS: [u32; 8] = [
     0x4b56_4d06,
     0x4b56_4d07,
 ];
+/// A 64-bit TSS descriptor type, available and busy.
+const TSS_AVAILABLE: u8 = 9;
+const TSS_BUSY: u8 = 11;
+
+/// The task register's type to load on this host: on AMD (`amd`), a
+/// saved busy TSS is loaded as available.
+///
+/// Why: SVM's VMCB does not keep the busy bit, so KVM's `svm_get_segment`
+/// always reports TR busy. Loaded back as busy, the hidden TR differs from
+/// the one the guest's own `ltr` left, and an emulated SVM (QEMU's TCG, the
+/// KVM lab's L1: docs/LAB.md) then refuses every CPL3 port access through
+/// the TSS's I/O bitmap with #GP, as its `check_io` requires type 9: the
+/// built-in guest's first report after a restore triple-faulted there. AMD
+/// hardware ignores the type in 64-bit mode (no task switches; the I/O
+/// check reads only the base and limit). On Intel, VM entry requires a
+/// busy TR, so it stays as saved.
+pub fn tss_type_for_host(saved: u8, amd: bool) -> u8 {
+    if amd && saved == TSS_BUSY {
+        TSS_AVAILABLE
+    } else {
+        saved
+    }
+}
+
 /// Size of the legacy `kvm_xsave` region, bytes.
 const XSAVE_LEGACY_BYTES: usize = 4096;
 
@@ -292,14 +321,19 @@ impl Vcpu {
                         "the state has SREGS2, which this host's KVM lacks".into(),
                     ));
                 }
-                let s2: kvm_sregs2 = pod_from(b, "SREGS2")?;
+                let mut s2: kvm_sregs2 = pod_from(b, "SREGS2")?;
+                s2.tr.type_ = tss_type_for_host(s2.tr.type_, host_is_amd());
                 // SAFETY: KVM_SET_SREGS2 reads a kvm_sregs2; the result is checked.
                 let rc = unsafe { ioctl_with_ref(fd, KVM_SET_SREGS2(), &s2) };
                 if rc < 0 {
                     return Err(kvm("KVM_SET_SREGS2")(kvm_ioctls::Error::last()));
                 }
             }
-            SpecialRegs::Sregs(r) => fd.set_sregs(r).map_err(kvm("KVM_SET_SREGS"))?,
+            SpecialRegs::Sregs(r) => {
+                let mut r = **r;
+                r.tr.type_ = tss_type_for_host(r.tr.type_, host_is_amd());
+                fd.set_sregs(&r).map_err(kvm("KVM_SET_SREGS"))?
+            }
         }
         fd.set_regs(&s.regs).map_err(kvm("KVM_SET_REGS"))?;
         fd.set_fpu(&pod_from::<kvm_fpu>(&s.fpu, "FPU state")?)
@@ -337,6 +371,16 @@ impl Vcpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_busy_tss_is_loaded_available_on_amd_only() {
+        assert_eq!(tss_type_for_host(TSS_BUSY, true), TSS_AVAILABLE);
+        assert_eq!(tss_type_for_host(TSS_BUSY, false), TSS_BUSY);
+        assert_eq!(tss_type_for_host(TSS_AVAILABLE, true), TSS_AVAILABLE);
+        assert_eq!(tss_type_for_host(TSS_AVAILABLE, false), TSS_AVAILABLE);
+        // Other types (a 16-bit TSS, garbage) are KVM's to judge.
+        assert_eq!(tss_type_for_host(3, true), 3);
+    }
 
     #[test]
     fn pod_round_trip_and_size_check() {

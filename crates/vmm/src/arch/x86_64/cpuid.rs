@@ -11,6 +11,18 @@ const ECX_X2APIC: u32 = 1 << 21;
 const ECX_TSC_DEADLINE: u32 = 1 << 24;
 const ECX_HYPERVISOR: u32 = 1 << 31;
 
+/// Whether this host's CPU is AMD's (or Hygon's, its licensee): KVM runs
+/// guests there through SVM, whose saved state differs in small ways from
+/// VMX's (see `vcpu::state`).
+pub fn host_is_amd() -> bool {
+    // SAFETY: CPUID leaf 0 exists on every x86_64 CPU and has no side effects.
+    #[allow(unused_unsafe)] // safe from Rust 1.94 on; unsafe before
+    let r = unsafe { std::arch::x86_64::__cpuid(0) };
+    let vendor = [r.ebx, r.edx, r.ecx];
+    let bytes: Vec<u8> = vendor.iter().flat_map(|w| w.to_le_bytes()).collect();
+    bytes == b"AuthenticAMD" || bytes == b"HygonGenuine"
+}
+
 /// Adjust KVM's supported CPUID for vCPU `index`, withholding the KVM PV
 /// features in `pv_withheld` (CPUID 0x4000_0001 EAX bits).
 pub fn for_vcpu(supported: &CpuId, index: u32, pv_withheld: u32) -> CpuId {

@@ -1,0 +1,53 @@
+# The built-in guest's own workloads on the L1's hardware-style KVM
+# (crates/hover/tests/lab.rs asserts each line this marks).
+. /lab/lib.sh
+H="timeout 300 hover"
+
+check hello $H run --console off
+check spin-2-vcpus $H run --vcpus 2 --cmdline "workload=spin seconds=1" --console off
+# Under a budget smaller than the touched memory, with async PF: the guest
+# must park tasks on "page not present" (the stats say how many).
+check memtouch-budget-apf sh -c '
+    timeout 300 hover run --memory 128M --memory-budget 32M --async-pf on --cmdline "workload=memtouch size=48M" --console off --stats > /tmp/mt.out 2>&1 || { cat /tmp/mt.out; exit 1; }
+    n=$(awk "/apf.parked =/ {s += \$NF} END {print s+0}" /tmp/mt.out); echo "LAB: memtouch parked $n"; [ "$n" -gt 0 ]'
+
+# start_kvstore SECONDS: a kvstore guest with an API socket at /tmp/a.sock.
+start_kvstore() {
+    rm -f /tmp/a.sock
+    $H run --vcpus 1 --api-socket /tmp/a.sock --cmdline "workload=kvstore wss=16M rate=2000 seconds=$1" --console off > /tmp/run.out 2>&1 &
+    wait_for /tmp/a.sock
+}
+ended_ok() { # the run's output says the guest exited with code 0
+    wait "$1"; rc=$?
+    grep -q "guest exited with code 0" "$2" && [ $rc = 0 ] || { tail -15 "$2"; false; }
+}
+
+start_kvstore 6
+sleep 1
+check pause-resume sh -c 'timeout 60 hover ctl --api-socket /tmp/a.sock pause > /dev/null &&
+    timeout 60 hover ctl --api-socket /tmp/a.sock get | grep -q paused && sleep 1 &&
+    timeout 60 hover ctl --api-socket /tmp/a.sock resume > /dev/null'
+check pause-resume-guest-ends ended_ok $! /tmp/run.out
+
+for mode in eager lazy prefetch; do
+    rm -f /tmp/vm.snap
+    start_kvstore 8
+    sleep 1
+    $H ctl --api-socket /tmp/a.sock snapshot /tmp/vm.snap --stop > /tmp/snap.out 2>&1
+    wait
+    check "restore-$mode" sh -c "timeout 300 hover restore /tmp/vm.snap --memory-restore $mode --console off > /tmp/r.out 2>&1 || { tail -15 /tmp/r.out; exit 1; }; grep -q 'guest exited with code 0' /tmp/r.out"
+done
+
+for mode in precopy postcopy; do
+    rm -f /tmp/in.sock
+    $H receive --listen unix:/tmp/in.sock --console off > /tmp/recv.out 2>&1 &
+    recv=$!
+    wait_for /tmp/in.sock
+    start_kvstore 8
+    src=$!
+    sleep 1
+    check "migrate-$mode" sh -c "timeout 300 hover ctl --api-socket /tmp/a.sock migrate --to unix:/tmp/in.sock --mode $mode --verify > /tmp/mig.out 2>&1 || { cat /tmp/mig.out; exit 1; }"
+    wait $src
+    check "migrate-$mode-guest-ends" ended_ok $recv /tmp/recv.out
+done
+exit $FAILED

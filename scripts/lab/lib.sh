@@ -1,0 +1,14 @@
+# Helpers for lab scenarios (sourced inside the L1).
+# mark TEXT: a line the host side prints and tests read.
+mark() { echo "LAB: $*"; }
+FAILED=0
+# check NAME COMMAND...: run it, mark "ok NAME" or "FAIL NAME (exit N)".
+check() {
+    name=$1; shift
+    if "$@"; then mark "ok $name"; else mark "FAIL $name (exit $?)"; FAILED=1; fi
+}
+# wait_for PATH [TENTHS]: until the path exists (an API socket).
+wait_for() {
+    i=0; while [ ! -e "$1" ] && [ $i -lt "${2:-600}" ]; do sleep 0.1; i=$((i+1)); done
+    [ -e "$1" ]
+}
