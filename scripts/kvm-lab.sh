@@ -190,7 +190,7 @@ boot_l1() { # SERIAL-ARGS...
         -accel tcg -cpu max -smp 2 -m "${LAB_MEM:-3G}" -nodefaults -no-reboot -display none \
         -device isa-debug-exit,iobase=0xf4,iosize=0x04 \
         -kernel "$LAB/l1/vmlinuz" -initrd "$WORK/l1.cpio" \
-        -append "console=ttyS0 panic=-1 quiet mitigations=off lab.timeout=${LAB_TIMEOUT:-600}" "$@"
+        -append "console=ttyS0 panic=-1 loglevel=4 mitigations=off lab.timeout=${LAB_TIMEOUT:-600}" "$@"
 }
 
 run() { # SCENARIO

@@ -115,10 +115,10 @@ fn level(name: Option<&str>) -> Result<&'static str, String> {
 /// Send log lines to `l.log_path` (appended; created if missing) at its
 /// level, in its format.
 pub fn set_firecracker_logger(l: &Logger) -> Result<(), String> {
+    // Checked before the file is opened: a bad level creates nothing.
+    let filter = filter(l.level.as_deref(), l.module.as_deref())?;
     let file = hover_vmm::firecracker::open_log(std::path::Path::new(&l.log_path))
         .map_err(|e| format!("log_path {}: cannot open it: {e}", l.log_path))?;
-    // Checked before the file takes the lines: a bad level changes nothing.
-    let filter = filter(l.level.as_deref(), l.module.as_deref())?;
     *FILE.lock().unwrap_or_else(|p| p.into_inner()) = Some(file);
     reload(filter, false, l.show_level, l.show_log_origin)
 }

@@ -166,7 +166,10 @@ fn restore_prefetches_by_default_and_is_eager_without_userfaultfd() {
     let dir = Scratch::new("restore-default");
     // Long enough (about 2.5 s on a fast host) that the snapshot at 400 ms
     // always finds the guest running.
-    let args = ["--cmdline", "workload=memtouch size=32M tasks=2 rounds=1500"];
+    let args = [
+        "--cmdline",
+        "workload=memtouch size=32M tasks=2 rounds=1500",
+    ];
     let want = reference(&args);
     let snap = snapshot_midway(&dir, "memtouch", &args, Duration::from_millis(400));
     let restore_with = |extra: &[&str], refuse_uffd: bool| {
@@ -352,7 +355,10 @@ fn a_lazily_restored_vm_snapshots_pages_it_has_not_fetched() {
     let dir = Scratch::new("resnapshot");
     // Long enough (about 2.5 s on a fast host) that the snapshot at 400 ms
     // always finds the guest running.
-    let args = ["--cmdline", "workload=memtouch size=32M tasks=2 rounds=1500"];
+    let args = [
+        "--cmdline",
+        "workload=memtouch size=32M tasks=2 rounds=1500",
+    ];
     let want = reference(&args);
     let first = snapshot_midway(&dir, "first", &args, Duration::from_millis(400));
     // Restore lazily and snapshot again at once: most pages are still only

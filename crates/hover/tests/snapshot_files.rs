@@ -16,7 +16,9 @@ use hover_vmm::state::VmState;
 /// A real snapshot of a running guest.
 fn good_snapshot(dir: &Scratch) -> PathBuf {
     let vm = Vm::spawn(
-        &["run", "--cmdline", "workload=memtouch size=8M rounds=400"],
+        // Long enough (seconds) that the snapshot at 300 ms always finds it
+        // running; the snapshot ends it.
+        &["run", "--cmdline", "workload=memtouch size=8M rounds=20000"],
         &dir.path("vm.sock"),
     );
     std::thread::sleep(Duration::from_millis(300));

@@ -4,6 +4,8 @@
 use std::io;
 use std::path::Path;
 
+pub mod files;
+pub mod socket;
 pub mod watchdog;
 
 /// Block SIGXFSZ in the calling thread (and so in every thread it starts

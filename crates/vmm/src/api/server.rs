@@ -4,14 +4,13 @@
 //! stale socket of a killed VM is replaced, anything else refused; removed
 //! when the server stops, if the path still names it.
 
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::http::{self, HttpServer};
 use super::{ApiError, LiveSources, Routes};
+use crate::host::socket::bind_private;
 use crate::vm::Controller;
 
 /// Remove `path` if it is a socket nobody listens on (left by a VM that was
@@ -138,19 +137,16 @@ impl ApiServer {
         // to replace anything that appeared there meanwhile.
         remove_stale_staging(path);
         let staging = staging_path(path);
-        let (listener, bound_at) = match staging.as_deref().map(|s| (UnixListener::bind(s), s)) {
+        // Only the owner may steer the VM: the socket is 0600 from the
+        // moment it exists (no window before a chmod).
+        let (listener, bound_at) = match staging.as_deref().map(|s| (bind_private(s), s)) {
             Some((Ok(l), s)) => (l, s),
             // No room for a private name (socket paths are short): bind in place.
-            _ => (UnixListener::bind(path).map_err(bind)?, path),
+            _ => (bind_private(path).map_err(bind)?, path),
         };
         let unbind = || {
             let _ = std::fs::remove_file(bound_at);
         };
-        // Only the owner may steer the VM.
-        if let Err(e) = std::fs::set_permissions(bound_at, std::fs::Permissions::from_mode(0o600)) {
-            unbind();
-            return Err(bind(e));
-        }
         // The server's threads (accepting, one per connection: outside
         // input) are started from a thread under the API's seccomp filter,
         // and inherit it.

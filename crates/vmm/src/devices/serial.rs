@@ -9,7 +9,6 @@
 //! until the vCPU halts: the serial line measured twice as slow with any
 //! boosting (docs/BENCHMARKS.md). `KVM_IRQ_LINE` injects in the caller.
 
-use std::fs::File;
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -205,7 +204,10 @@ impl ConsoleSink {
             ConsoleTarget::Stdout => Some(Box::new(io::stdout())),
             ConsoleTarget::Stderr => Some(Box::new(io::stderr())),
             ConsoleTarget::Off => None,
-            ConsoleTarget::File(p) => Some(Box::new(File::create(p)?)),
+            ConsoleTarget::File(p) => Some(Box::new(crate::host::files::open_output(
+                p,
+                crate::host::files::Existing::Truncate,
+            )?)),
             ConsoleTarget::Buffer(b) => Some(Box::new(BufferWriter(b.clone()))),
         };
         Ok(ConsoleSink {

@@ -353,18 +353,11 @@ impl Setup {
     }
 }
 
-/// Open a log or metrics file as Firecracker does: read-write and
-/// non-blocking, so a named pipe nobody reads yet neither blocks the open
-/// nor, once full, the writers (a line that does not fit is dropped); a
-/// regular file is appended to (created if missing).
+/// Open a log or metrics file as Firecracker does (appended to; a named
+/// pipe nobody reads yet does not block), with Hover's rules for files it
+/// writes ([`crate::host::files::open_output`]).
 pub fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .read(true)
-        .append(true)
-        .create(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
+    crate::host::files::open_output(path, crate::host::files::Existing::Append)
 }
 
 /// Check a machine configuration against what Hover offers.

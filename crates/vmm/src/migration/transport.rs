@@ -206,53 +206,6 @@ pub enum Listener {
     Unix(UnixListener, PathBuf, crate::signals::RemoveOnSignal),
 }
 
-/// Listen on a Unix socket at `p` whose file is the owner's only, whatever
-/// the umask: Linux creates the file with the socket's own mode (less the
-/// umask), so setting that mode before `bind` leaves no moment when the
-/// file is more open. (Changing the umask instead would touch every thread.)
-fn bind_private(p: &std::path::Path) -> io::Result<UnixListener> {
-    use std::os::fd::{FromRawFd, OwnedFd};
-    use std::os::unix::ffi::OsStrExt;
-    let bytes = p.as_os_str().as_bytes();
-    // SAFETY: a plain zeroed C struct.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    if bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!(
-                "{}: too long for a Unix socket (at most 107 bytes)",
-                p.display()
-            ),
-        ));
-    }
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
-        *d = *s as libc::c_char;
-    }
-    let os = |rc: libc::c_int| {
-        if rc < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(rc)
-        }
-    };
-    // SAFETY: creating a socket; the descriptor is owned at once.
-    let fd = os(unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) })?;
-    // SAFETY: `fd` is a fresh descriptor nobody else owns.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: calls on our own descriptor with a valid address of its length.
-    unsafe {
-        os(libc::fchmod(fd, 0o600))?;
-        os(libc::bind(
-            fd,
-            (&addr as *const libc::sockaddr_un).cast(),
-            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
-        ))?;
-        os(libc::listen(fd, 128))?;
-    }
-    Ok(UnixListener::from(sock))
-}
-
 impl Listener {
     /// Listen at `addr` (a Unix path must not exist yet); a Unix socket's
     /// file is 0600.
@@ -267,8 +220,9 @@ impl Listener {
                     ));
                 }
                 {
-                    let (l, guard) =
-                        crate::signals::create_removed_on_signal(p.clone(), || bind_private(p))?;
+                    let (l, guard) = crate::signals::create_removed_on_signal(p.clone(), || {
+                        crate::host::socket::bind_private(p)
+                    })?;
                     Listener::Unix(l, p.clone(), guard)
                 }
             }
