@@ -297,11 +297,21 @@ struct RunArgs {
     #[arg(long, default_value_t = 1000)]
     boost_poll_us: u64,
     /// The guest: `builtin` or the path of an x86_64 ELF executable.
-    #[arg(long, default_value = "builtin")]
+    #[arg(long, default_value = "builtin", conflicts_with = "kernel")]
     guest: String,
-    /// Guest command line, e.g. "workload=hello".
-    #[arg(long, default_value = hover_vmm::config::DEFAULT_CMDLINE)]
-    cmdline: String,
+    /// Boot a Linux kernel instead: a bzImage or an uncompressed x86-64
+    /// ELF vmlinux (boot protocol 2.12 or later). `--cmdline` is then the
+    /// kernel's command line.
+    #[arg(long, value_name = "PATH", conflicts_with = "boot")]
+    kernel: Option<std::path::PathBuf>,
+    /// The initramfs for `--kernel`.
+    #[arg(long, value_name = "PATH", requires = "kernel")]
+    initrd: Option<std::path::PathBuf>,
+    /// Guest command line: for the built-in guest its workload, e.g.
+    /// "workload=hello" (the default); for `--kernel` the kernel's command
+    /// line (default "console=ttyS0 reboot=k panic=-1").
+    #[arg(long)]
+    cmdline: Option<String>,
     /// How the boot vCPU enters the image: `hover` (Hover's 64-bit entry,
     /// every vCPU) or `pvh` (the image's PVH 32-bit entry, as QEMU boots it;
     /// ACPI tables list every vCPU and the guest starts the others).
@@ -532,12 +542,21 @@ fn run(args: RunArgs) -> ExitCode {
             BackendArg::Anon => MemoryBackend::Anonymous,
             BackendArg::Memfd => MemoryBackend::Memfd,
         },
-        guest: if args.guest == "builtin" {
-            GuestImage::Builtin
-        } else {
-            GuestImage::Path(args.guest.into())
+        cmdline: args.cmdline.unwrap_or_else(|| {
+            if args.kernel.is_some() {
+                hover_vmm::boot::linux::DEFAULT_CMDLINE.into()
+            } else {
+                hover_vmm::config::DEFAULT_CMDLINE.into()
+            }
+        }),
+        guest: match args.kernel {
+            Some(kernel) => GuestImage::Linux(hover_vmm::boot::linux::LinuxBoot {
+                kernel,
+                initrd: args.initrd,
+            }),
+            None if args.guest == "builtin" => GuestImage::Builtin,
+            None => GuestImage::Path(args.guest.into()),
         },
-        cmdline: args.cmdline,
         boot: match args.boot {
             BootArg::Hover => hover_vmm::config::BootProtocol::Hover,
             BootArg::Pvh => hover_vmm::config::BootProtocol::Pvh,

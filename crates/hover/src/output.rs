@@ -38,6 +38,10 @@ pub fn print_summary(o: &RunOutcome) {
             "hover: guest exited with code {} (from vCPU {vcpu})",
             o.exit_code
         ),
+        (EndReason::Reboot, _) => out!(
+            w,
+            "hover: the guest rebooted; the VM ended (start it again to boot anew)"
+        ),
         (EndReason::Shutdown, _) => out!(w, "hover: the VM was shut down through its API"),
         (EndReason::Signal, _) => out!(
             w,

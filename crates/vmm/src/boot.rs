@@ -12,6 +12,8 @@ use vm_memory::{Bytes, GuestAddress};
 use crate::config::GuestImage;
 use crate::memory::{ram_ranges, GuestRam};
 
+pub mod linux;
+
 /// The built-in guest (crates/guest), embedded at build time.
 pub static BUILTIN_GUEST: &[u8] = include_bytes!(env!("HOVER_GUEST_ELF"));
 
@@ -90,6 +92,7 @@ pub fn read_image(image: &GuestImage) -> Result<ImageBytes, ImageError> {
         }),
         GuestImage::Path(p) => read_file(p),
         GuestImage::Loaded(name) => Err(ImageError::NotOnDisk(name.clone())),
+        GuestImage::Linux(l) => Err(ImageError::NotOnDisk(l.kernel.display().to_string())),
     }
 }
 

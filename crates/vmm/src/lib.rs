@@ -85,6 +85,9 @@ pub enum Error {
     /// The guest image cannot be booted.
     #[error(transparent)]
     Image(#[from] boot::ImageError),
+    /// A Linux kernel or initrd was refused.
+    #[error(transparent)]
+    Linux(Box<boot::linux::LinuxError>),
     /// /dev/kvm cannot be opened.
     #[error("cannot open /dev/kvm: {0} (is KVM available and are you allowed to use it?)")]
     KvmUnavailable(kvm_ioctls::Error),
@@ -148,6 +151,7 @@ impl Error {
             self,
             Error::Config(_)
                 | Error::Image(_)
+                | Error::Linux(_)
                 | Error::Pager(memory::paged::PagerError::Store(_))
                 | Error::Api(api::ApiError::Exists(_) | api::ApiError::Bind { .. })
                 | Error::Snapshot(_)

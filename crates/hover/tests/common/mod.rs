@@ -4,6 +4,7 @@
 #![allow(dead_code)] // not every test file uses every helper
 
 pub mod firecracker;
+pub mod lab;
 pub mod migrate;
 pub mod proxy;
 

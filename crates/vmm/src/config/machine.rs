@@ -34,6 +34,17 @@ pub enum GuestImage {
     /// An external image already in guest memory (a restored or received
     /// VM): its file name, for people; nothing is opened.
     Loaded(String),
+    /// A Linux kernel and its initrd, read at boot. In a restored or
+    /// received VM only their file names are left (nothing is opened).
+    Linux(crate::boot::linux::LinuxBoot),
+}
+
+impl GuestImage {
+    /// Whether this is a Linux kernel (booted through the Linux boot
+    /// protocol, with ACPI tables and the legacy devices Linux expects).
+    pub fn is_linux(&self) -> bool {
+        matches!(self, GuestImage::Linux(_))
+    }
 }
 
 /// How a guest image is saved: its kind and, for an external one, only its
@@ -43,6 +54,17 @@ pub enum GuestImage {
 enum SavedGuest {
     Builtin,
     External(String),
+    Linux {
+        kernel: String,
+        initrd: Option<String>,
+    },
+}
+
+/// A path's file name, for a saved VM.
+fn file_name(p: &std::path::Path) -> String {
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 impl From<GuestImage> for SavedGuest {
@@ -55,6 +77,10 @@ impl From<GuestImage> for SavedGuest {
                     .unwrap_or_default(),
             ),
             GuestImage::Loaded(n) => SavedGuest::External(n),
+            GuestImage::Linux(l) => SavedGuest::Linux {
+                kernel: file_name(&l.kernel),
+                initrd: l.initrd.as_deref().map(file_name),
+            },
         }
     }
 }
@@ -64,6 +90,12 @@ impl From<SavedGuest> for GuestImage {
         match g {
             SavedGuest::Builtin => GuestImage::Builtin,
             SavedGuest::External(n) => GuestImage::Loaded(n),
+            SavedGuest::Linux { kernel, initrd } => {
+                GuestImage::Linux(crate::boot::linux::LinuxBoot {
+                    kernel: kernel.into(),
+                    initrd: initrd.map(Into::into),
+                })
+            }
         }
     }
 }

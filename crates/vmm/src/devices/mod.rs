@@ -1,4 +1,6 @@
-//! Devices on the I/O port bus: the serial console and the control port.
+//! Devices on the I/O port bus: the serial console, the control port, and
+//! for Linux guests the ACPI power-management port (power-off and reset)
+//! and the keyboard controller's reset line.
 
 pub mod control;
 pub mod gate;
@@ -9,6 +11,8 @@ pub mod serial;
 
 use hover_abi::control::CONTROL_PORT;
 
+use crate::arch::x86_64::acpi::{pm_request, PmRequest, ACPI_PM_PORT};
+
 use control::{ControlAction, ControlDevice};
 use serial::SerialConsole;
 
@@ -16,6 +20,11 @@ use serial::SerialConsole;
 pub const COM1_BASE: u16 = 0x3f8;
 /// Number of COM1 registers.
 pub const COM1_LEN: u16 = 8;
+/// The i8042 keyboard controller's data and command/status ports.
+const I8042_DATA: u16 = 0x60;
+const I8042_COMMAND: u16 = 0x64;
+/// The i8042 command that pulses the CPU's reset line (Linux's `reboot=k`).
+const I8042_RESET: u8 = 0xfe;
 
 /// The VM's devices, shared by all vCPU threads.
 pub struct Devices {
@@ -32,6 +41,8 @@ pub enum PortAction {
     Continue,
     /// The guest asked to power off with this code.
     Exit(u32),
+    /// The guest asked to reset the machine (ACPI reset register, i8042).
+    Reboot,
 }
 
 impl Devices {
@@ -41,6 +52,14 @@ impl Devices {
             if let Some(&byte) = data.first() {
                 self.serial.write((port - COM1_BASE) as u8, byte);
             }
+        } else if port == ACPI_PM_PORT && data.len() == 1 {
+            match pm_request(data[0]) {
+                PmRequest::PowerOff => return PortAction::Exit(0),
+                PmRequest::Reset => return PortAction::Reboot,
+                PmRequest::Ignored => {}
+            }
+        } else if port == I8042_COMMAND && data.first() == Some(&I8042_RESET) {
+            return PortAction::Reboot;
         } else if port == CONTROL_PORT && data.len() == 4 {
             let gpa = u32::from_le_bytes([data[0], data[1], data[2], data[3]]);
             if let ControlAction::Exit(code) = self.control.handle(vcpu, gpa as u64) {
@@ -63,6 +82,10 @@ impl Devices {
             if let Some(b) = data.first_mut() {
                 *b = self.serial.read((port - COM1_BASE) as u8);
             }
+        } else if port == I8042_COMMAND || port == I8042_DATA || port == ACPI_PM_PORT {
+            // The controller is idle (its buffers empty: a reset command is
+            // taken at once); the PM port's sleep status reads as not waking.
+            data.fill(0);
         } else if port == CONTROL_PORT && data.len() == 4 {
             data.copy_from_slice(&hover_abi::control::CONTROL_ABI_REVISION.to_le_bytes());
         } else {

@@ -1,6 +1,7 @@
 //! Files Hover writes for its user (logs, metrics, the guest console):
 //! created 0600, never through a symbolic link, and only regular files or
-//! named pipes, never a device, a socket or a file of procfs or sysfs.
+//! named pipes, never a device, a socket or a file of procfs or sysfs; and
+//! files it reads as input, bounded and through the descriptor it checked.
 
 use std::fs::File;
 use std::io;
@@ -94,6 +95,41 @@ pub fn open_output(path: &Path, existing: Existing) -> io::Result<File> {
     Ok(file)
 }
 
+/// Read a file Hover takes as input (a kernel, an initrd) once, through
+/// the descriptor it checked: opened without blocking (a named pipe swapped
+/// in cannot hang the open), it must be a regular file of at most `max`
+/// bytes (what the format allows: a kernel within guest memory), so
+/// `/dev/zero`, a FIFO or a sparse file of a terabyte is refused at once
+/// without reading it.
+pub fn read_input(path: &Path, max: u64) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file: give the file itself",
+        ));
+    }
+    if meta.len() > max {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} is larger than the {} it must fit in",
+                crate::config::size_text(meta.len()),
+                crate::config::size_text(max)
+            ),
+        ));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    // Bounded even if the file grows meanwhile.
+    (&mut file).take(max).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,6 +201,27 @@ mod tests {
                 ),
             }
         }
+    }
+
+    #[test]
+    fn inputs_are_regular_files_within_their_bound() {
+        let d = dir("input");
+        let p = d.join("k");
+        std::fs::write(&p, [1u8; 100]).unwrap();
+        assert_eq!(read_input(&p, 100).unwrap().len(), 100);
+        let e = read_input(&p, 99).unwrap_err();
+        assert!(e.to_string().contains("larger than"), "{e}");
+        for dev in ["/dev/zero", "/tmp"] {
+            let e = read_input(Path::new(dev), 1 << 30).unwrap_err();
+            assert!(e.to_string().contains("not a regular file"), "{dev}: {e}");
+        }
+        let fifo = d.join("pipe");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = read_input(&fifo, 1 << 20).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]

@@ -109,6 +109,11 @@ pub enum VcpuEvent {
         /// The exit code.
         code: u32,
     },
+    /// The guest asked to reset the machine.
+    Reboot {
+        /// The vCPU that asked.
+        vcpu: usize,
+    },
     /// The guest crashed.
     Crash(GuestCrash),
     /// A KVM call failed on the host side.
@@ -136,6 +141,13 @@ pub enum Entry {
         entry: u64,
         /// Guest-physical address of the start-info page.
         start_info: u64,
+    },
+    /// The Linux boot protocol's 64-bit entry, with RSI = `zero_page`.
+    Linux {
+        /// The kernel's 64-bit entry point.
+        entry: u64,
+        /// Guest-physical address of the zero page (`struct boot_params`).
+        zero_page: u64,
     },
 }
 
@@ -210,6 +222,13 @@ impl Vcpu {
                 entry: at,
                 start_info,
             } => (entry::pvh_sregs(sregs), entry::pvh_regs(at, start_info)),
+            Entry::Linux {
+                entry: at,
+                zero_page,
+            } => (
+                entry::linux_sregs(sregs, self.index),
+                entry::linux_regs(at, zero_page, self.index),
+            ),
         };
         self.fd.set_sregs(&sregs).map_err(KvmOp::SetSregs.err())?;
         self.fd.set_regs(&regs).map_err(KvmOp::SetRegs.err())?;

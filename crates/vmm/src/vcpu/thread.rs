@@ -237,6 +237,7 @@ impl Drop for VcpuHandle {
 enum Next {
     Resume,
     Exit(u32),
+    Reboot,
     Crash(String),
     /// KVM_EXIT_INTERNAL_ERROR: the suberror is read from the run structure.
     InternalError,
@@ -375,6 +376,7 @@ impl VcpuThread {
                 })),
             },
             Next::Exit(code) => self.end(VcpuEvent::Exit { vcpu, code }),
+            Next::Reboot => self.end(VcpuEvent::Reboot { vcpu }),
             Next::Crash(reason) => {
                 let registers = self.vcpu.dump();
                 self.end(VcpuEvent::Crash(GuestCrash {
@@ -417,6 +419,7 @@ fn dispatch(vcpu: usize, exit: VcpuExit<'_>, devices: &Devices) -> Next {
         VcpuExit::IoOut(port, data) => match devices.port_write(vcpu, port, data) {
             PortAction::Continue => Next::Resume,
             PortAction::Exit(code) => Next::Exit(code),
+            PortAction::Reboot => Next::Reboot,
         },
         VcpuExit::IoIn(port, data) => {
             devices.port_read(port, data);

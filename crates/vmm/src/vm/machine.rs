@@ -69,6 +69,15 @@ impl Machine {
         fd.set_tss_address(KVM_TSS_ADDRESS)
             .map_err(KvmOp::SetTssAddress.err())?;
         fd.create_irq_chip().map_err(KvmOp::CreateIrqchip.err())?;
+        if config.machine.guest.is_linux() {
+            // Linux calibrates against the PIT and routes its timer through
+            // it at boot; the built-in guest keeps time by the LAPIC alone.
+            let pit = kvm_bindings::kvm_pit_config {
+                flags: kvm_bindings::KVM_PIT_SPEAKER_DUMMY,
+                ..Default::default()
+            };
+            fd.create_pit2(pit).map_err(KvmOp::CreateIrqchip.err())?;
+        }
         if config.machine.halt_poll != HaltPoll::KvmDefault && !halt_poll::supported(&fd) {
             return Err(ConfigError::HaltPollUnsupported.into());
         }

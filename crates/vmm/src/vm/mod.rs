@@ -8,6 +8,7 @@ mod destination;
 mod device_manager;
 mod dirty_log;
 mod hot_set;
+mod linux;
 mod machine;
 mod outcome;
 mod persist;
@@ -104,6 +105,9 @@ impl Vm {
     pub fn new(config: &VmConfig) -> Result<Vm, Error> {
         let created_at = Instant::now();
         config.validate()?;
+        if let crate::config::GuestImage::Linux(boot) = &config.machine.guest {
+            return Vm::new_linux(config, boot, created_at);
+        }
         let image = boot::read_image(&config.machine.guest)?;
         let layout = boot::inspect(&image)?;
         boot::check_fits(&image, &layout, config.machine.memory)?;

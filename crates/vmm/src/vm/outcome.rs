@@ -55,6 +55,9 @@ pub struct MemoryUsage {
 pub enum EndReason {
     /// The guest powered off.
     PowerOff,
+    /// The guest reset the machine (Linux's `reboot`): Hover ends the VM,
+    /// as Firecracker does; whoever runs it starts it again.
+    Reboot,
     /// The API asked the VM to shut down.
     Shutdown,
     /// The VMM was sent SIGTERM or SIGINT (the exit code is 128 + its number).

@@ -25,6 +25,7 @@ const MSR_IA32_TSC: u32 = 0x10;
 /// How a run ended, before it is turned into an outcome or an error.
 enum End {
     PowerOff { vcpu: usize, code: u32 },
+    Reboot { vcpu: usize },
     Crash(GuestCrash),
     Failed(kvm_ioctls::Error),
     Pager(String),
@@ -194,6 +195,7 @@ impl Vm {
         let end = end?;
         let (ended, exit_code, exit_vcpu) = match end {
             End::PowerOff { vcpu, code } => (EndReason::PowerOff, code, Some(vcpu)),
+            End::Reboot { vcpu } => (EndReason::Reboot, 0, Some(vcpu)),
             End::Shutdown => (EndReason::Shutdown, 0, None),
             End::Signal(s) => (
                 EndReason::Signal,
@@ -310,6 +312,7 @@ impl Running {
                 VmEvent::Vcpu(VcpuEvent::Exit { vcpu, code }) => {
                     return Ok(End::PowerOff { vcpu, code })
                 }
+                VmEvent::Vcpu(VcpuEvent::Reboot { vcpu }) => return Ok(End::Reboot { vcpu }),
                 VmEvent::Vcpu(VcpuEvent::Crash(c)) => return Ok(End::Crash(c)),
                 VmEvent::Vcpu(VcpuEvent::Failed { error, .. }) => return Ok(End::Failed(error)),
                 VmEvent::Vcpu(VcpuEvent::Panicked { vcpu }) => return Ok(End::VcpuGone(vcpu)),

@@ -75,6 +75,26 @@ pub fn regs(entry: u64, index: u32) -> kvm_regs {
     }
 }
 
+/// Special registers for the Linux boot protocol's 64-bit entry: long mode
+/// with the boot page tables (every RAM page identity-mapped), flat CPL0
+/// segments, and only PAE in CR4 (the kernel sets the rest itself).
+pub fn linux_sregs(s: kvm_sregs, index: u32) -> kvm_sregs {
+    let mut s = sregs(s, index);
+    s.cr4 = hover_abi::boot::cr::CR4_PAE;
+    s
+}
+
+/// General registers for the Linux 64-bit entry at `entry`: RSI = the zero page.
+pub fn linux_regs(entry: u64, zero_page: u64, index: u32) -> kvm_regs {
+    kvm_regs {
+        rip: entry,
+        rsi: zero_page,
+        rsp: boot_stack_top(index),
+        rflags: 0x2,
+        ..Default::default()
+    }
+}
+
 /// Special registers for the PVH entry (Xen's PVH boot ABI): 32-bit
 /// protected mode, paging off, flat 4 GiB code and data segments at CPL0,
 /// a 32-bit TSS; the guest builds long mode itself.

@@ -540,6 +540,7 @@ impl Running {
         while let Ok(e) = self.vm.events_rx.try_recv() {
             match e {
                 VmEvent::Vcpu(VcpuEvent::Exit { .. })
+                | VmEvent::Vcpu(VcpuEvent::Reboot { .. })
                 | VmEvent::Vcpu(VcpuEvent::Crash(_))
                 | VmEvent::Vcpu(VcpuEvent::Failed { .. })
                 | VmEvent::Vcpu(VcpuEvent::Panicked { .. })

@@ -1,0 +1,30 @@
+//! A stock Linux kernel under Hover on hardware-style KVM, in the KVM lab
+//! (`scripts/lab/linux.sh`: Debian's 6.1 cloud kernel with a busybox
+//! initramfs; `common::lab` says how a scenario runs).
+
+mod common;
+
+use common::lab::{assert_ok, Cell};
+
+static RUN: Cell = Cell::new();
+
+#[test]
+fn a_linux_guest_boots_to_its_init_and_prints_a_line() {
+    assert_ok(&RUN, "linux", "boot", "linux-boots-to-init");
+}
+
+#[test]
+fn a_linux_guest_sees_two_cpus() {
+    assert_ok(&RUN, "linux", "cpus", "linux-sees-2-cpus");
+}
+
+#[test]
+fn poweroff_in_the_guest_ends_the_run_with_power_off_and_exit_0() {
+    assert_ok(&RUN, "linux", "poweroff", "linux-poweroff-ends-power-off");
+    assert_ok(&RUN, "linux", "poweroff", "linux-poweroff-exit-0");
+}
+
+#[test]
+fn reboot_in_the_guest_ends_the_run_with_reboot() {
+    assert_ok(&RUN, "linux", "reboot", "linux-reboot-ends-reboot");
+}
