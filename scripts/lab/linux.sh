@@ -16,5 +16,18 @@ check linux-poweroff-exit-0 grep -q '"exit_code": *0' /tmp/boot.json
 timeout 300 hover run $K --vcpus 1 --cmdline "$CL lab.then=reboot" --console file:/tmp/reboot.log --json > /tmp/reboot.json 2> /tmp/reboot.err
 echo "LAB: reboot exit $?"
 check linux-reboot-ends-reboot grep -q '"ended": *"reboot"' /tmp/reboot.json
-[ $FAILED = 0 ] || { tail -40 /tmp/boot.log; cat /tmp/boot.err; }
+# Disks: one the guest reads (the host wrote "HOSTPATTERN" at 4 KiB) and
+# writes ("GUESTWROTE" at 8 KiB, flushed), one read-only; and entropy.
+dd if=/dev/zero of=/tmp/d0.img bs=1M count=1 2>/dev/null
+printf HOSTPATTERN | dd of=/tmp/d0.img bs=4096 seek=1 conv=notrunc 2>/dev/null
+dd if=/dev/zero of=/tmp/d1.img bs=64k count=1 2>/dev/null
+timeout 300 hover run $K --vcpus 1 --disk /tmp/d0.img --disk /tmp/d1.img,readonly,id=ro --cmdline "$CL lab.disks=1" --console file:/tmp/disk.log --json > /tmp/disk.json 2> /tmp/disk.err
+echo "LAB: disk run exit $?"
+grep -a "GUEST:" /tmp/disk.log | sed 's/^/LAB: /'
+tail -3 /tmp/disk.err | sed 's/^/LAB: stderr: /'
+check linux-reads-a-disk-the-host-wrote grep -q "GUEST: read HOSTPATTERN" /tmp/disk.log
+check linux-writes-a-disk-the-host-reads sh -c '[ "$(dd if=/tmp/d0.img bs=4096 skip=2 count=1 2>/dev/null | head -c 10)" = GUESTWROTE ]'
+check linux-readonly-disk-refuses-writes sh -c 'grep -q "GUEST: ro-write refused" /tmp/disk.log && grep -q "vdb ro=1" /tmp/disk.log && [ "$(od -An -tx1 -N1 /tmp/d1.img | tr -d " ")" = 00 ]'
+check linux-gets-entropy grep -q "GUEST: rng virtio_rng.0 [0-9a-f]\{32\}" /tmp/disk.log
+[ $FAILED = 0 ] || { tail -40 /tmp/boot.log; cat /tmp/boot.err; tail -40 /tmp/disk.log; }
 exit $FAILED

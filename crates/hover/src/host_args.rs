@@ -186,6 +186,7 @@ pub(crate) fn host_config(
             when: boost.boost_when,
             keep_us: boost.boost_keep_us,
         },
+        disk_paths: Vec::new(),
     }
 }
 

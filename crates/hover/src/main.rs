@@ -307,6 +307,14 @@ struct RunArgs {
     /// The initramfs for `--kernel`.
     #[arg(long, value_name = "PATH", requires = "kernel")]
     initrd: Option<std::path::PathBuf>,
+    /// A virtio disk for `--kernel`: `PATH[,readonly][,id=ID]` (a raw image
+    /// file or a block device; ids default to disk0, disk1, ... in order;
+    /// the guest sees vda, vdb, ...). Repeatable.
+    #[arg(long, value_name = "PATH[,readonly][,id=ID]", value_parser = parse::parse_disk, requires = "kernel")]
+    disk: Vec<parse::DiskArg>,
+    /// A virtio entropy device for `--kernel` (entropy from the host's getrandom).
+    #[arg(long, value_enum, default_value = "on")]
+    rng: OnOff,
     /// Guest command line: for the built-in guest its workload, e.g.
     /// "workload=hello" (the default); for `--kernel` the kernel's command
     /// line (default "console=ttyS0 reboot=k panic=-1").
@@ -585,11 +593,23 @@ fn run(args: RunArgs) -> ExitCode {
             max_rate: args.boost_max_rate,
             poll_us: args.boost_poll_us,
         },
+        disks: Vec::new(),
+        rng: true,
     };
-    let config = VmConfig {
-        machine,
-        host: host_config(&args.out, &args.files, &args.guard, &args.boost_host),
-    };
+    let mut machine = machine;
+    machine.rng = args.rng == OnOff::On;
+    machine.disks = args
+        .disk
+        .iter()
+        .enumerate()
+        .map(|(i, d)| hover_vmm::devices::virtio::block::DiskConfig {
+            id: d.id.clone().unwrap_or_else(|| format!("disk{i}")),
+            readonly: d.readonly,
+        })
+        .collect();
+    let mut host = host_config(&args.out, &args.files, &args.guard, &args.boost_host);
+    host.disk_paths = args.disk.iter().map(|d| d.path.clone()).collect();
+    let config = VmConfig { machine, host };
     finish(
         Vm::new(&config).and_then(run_vm),
         args.out.json,

@@ -11,6 +11,43 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     })
 }
 
+/// A `--disk` value: `PATH[,readonly][,id=ID]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiskArg {
+    /// The image file or block device.
+    pub path: std::path::PathBuf,
+    /// Read-only for the guest.
+    pub readonly: bool,
+    /// The id given, if any.
+    pub id: Option<String>,
+}
+
+/// Parse `PATH[,readonly][,id=ID]`.
+pub fn parse_disk(s: &str) -> Result<DiskArg, String> {
+    let mut parts = s.split(',');
+    let path = parts.next().unwrap_or_default();
+    if path.is_empty() {
+        return Err("give the disk's path first: PATH[,readonly][,id=ID]".into());
+    }
+    let mut disk = DiskArg {
+        path: path.into(),
+        readonly: false,
+        id: None,
+    };
+    for p in parts {
+        match p.split_once('=') {
+            None if p == "readonly" => disk.readonly = true,
+            Some(("id", id)) => disk.id = Some(id.to_string()),
+            _ => {
+                return Err(format!(
+                "'{p}': a disk takes readonly and id=ID after its path (PATH[,readonly][,id=ID])"
+            ))
+            }
+        }
+    }
+    Ok(disk)
+}
+
 /// A duration such as `0`, `500ns`, `100us`, `2ms`, `1.5ms`, `1s` or
 /// `10m` (at most an hour).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {

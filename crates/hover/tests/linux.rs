@@ -28,3 +28,38 @@ fn poweroff_in_the_guest_ends_the_run_with_power_off_and_exit_0() {
 fn reboot_in_the_guest_ends_the_run_with_reboot() {
     assert_ok(&RUN, "linux", "reboot", "linux-reboot-ends-reboot");
 }
+
+#[test]
+fn a_linux_guest_reads_a_disk_the_host_wrote() {
+    assert_ok(
+        &RUN,
+        "linux",
+        "disk read",
+        "linux-reads-a-disk-the-host-wrote",
+    );
+}
+
+#[test]
+fn a_linux_guest_writes_a_disk_the_host_then_reads() {
+    assert_ok(
+        &RUN,
+        "linux",
+        "disk write",
+        "linux-writes-a-disk-the-host-reads",
+    );
+}
+
+#[test]
+fn a_readonly_disk_refuses_the_guests_writes() {
+    assert_ok(
+        &RUN,
+        "linux",
+        "readonly",
+        "linux-readonly-disk-refuses-writes",
+    );
+}
+
+#[test]
+fn a_linux_guest_gets_entropy_from_virtio_rng() {
+    assert_ok(&RUN, "linux", "rng", "linux-gets-entropy");
+}

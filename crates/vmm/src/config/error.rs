@@ -9,6 +9,9 @@ use super::machine::MAX_MEMORY;
 /// A configuration value out of range. Each message names the value and what is accepted.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ConfigError {
+    /// The virtio devices asked for cannot be given.
+    #[error("{0}")]
+    Devices(String),
     /// vCPU count outside 1..=MAX.
     #[error("--vcpus {given} is out of range: a VM needs 1 to {max} vCPUs")]
     Vcpus {

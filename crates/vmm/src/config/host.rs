@@ -118,6 +118,9 @@ pub struct HostConfig {
     /// When dynamic boosts are granted and kept (`--boost-when`,
     /// `--boost-keep-us`).
     pub boost_tuning: super::boost::BoostTuning,
+    /// Each of the machine's disks' file (raw image or block device), in
+    /// the order of `MachineConfig::disks`.
+    pub disk_paths: Vec<PathBuf>,
 }
 
 impl HostConfig {

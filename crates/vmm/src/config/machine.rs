@@ -158,6 +158,14 @@ pub struct MachineConfig {
     pub dirty_ring: Option<u32>,
     /// vCPU priority boosting (`--boost`, `--vcpu-rt`), as last set.
     pub boost: BoostConfig,
+    /// A Linux guest's virtio disks (`--disk`), in order; their files are
+    /// the host's (`HostConfig::disk_paths`). Not saved yet: a Linux
+    /// guest cannot be snapshotted or migrated yet.
+    #[serde(skip)]
+    pub disks: Vec<crate::devices::virtio::block::DiskConfig>,
+    /// Whether a Linux guest gets a virtio entropy device (default on).
+    #[serde(skip)]
+    pub rng: bool,
 }
 
 impl Default for MachineConfig {
@@ -176,11 +184,46 @@ impl Default for MachineConfig {
             guest_poll_max_ns: hover_abi::haltpoll::DEFAULT_POLL_NS,
             dirty_ring: None,
             boost: BoostConfig::default(),
+            disks: Vec::new(),
+            rng: true,
         }
     }
 }
 
 impl MachineConfig {
+    /// The virtio devices a Linux guest gets: its disks, then the entropy
+    /// device; each needs an interrupt line, and a disk id is unique and
+    /// fits the 20 bytes of virtio-blk's get-id.
+    fn check_devices(&self) -> Result<(), ConfigError> {
+        let devices = self.disks.len() + usize::from(self.rng && self.guest.is_linux());
+        if !self.disks.is_empty() && !self.guest.is_linux() {
+            return Err(ConfigError::Devices(
+                "--disk needs --kernel: the built-in guest has no virtio drivers".into(),
+            ));
+        }
+        let max = crate::devices::virtio::MAX_DEVICES;
+        if devices > max {
+            return Err(ConfigError::Devices(format!(
+                "{devices} virtio devices, more than the {max} interrupt lines Hover gives them"
+            )));
+        }
+        for (i, d) in self.disks.iter().enumerate() {
+            if d.id.is_empty() || d.id.len() > 20 || !d.id.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(ConfigError::Devices(format!(
+                    "disk id {:?}: give 1 to 20 printable characters",
+                    d.id
+                )));
+            }
+            if self.disks[..i].iter().any(|o| o.id == d.id) {
+                return Err(ConfigError::Devices(format!(
+                    "disk id {} is given twice: each disk needs an id of its own",
+                    d.id
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Check every value that can be checked without KVM or the image.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let max = MAX_VCPUS as u32;
@@ -210,6 +253,7 @@ impl MachineConfig {
         if self.guest == GuestImage::Builtin {
             super::check_builtin_cmdline(&self.cmdline)?;
         }
+        self.check_devices()?;
         if let Some(n) = self.dirty_ring {
             if !n.is_power_of_two() || !(256..=65536).contains(&n) {
                 return Err(ConfigError::DirtyRing(n));

@@ -8,6 +8,7 @@ pub mod limits;
 pub mod msi;
 pub mod pvio;
 pub mod serial;
+pub mod virtio;
 
 use hover_abi::control::CONTROL_PORT;
 
@@ -32,6 +33,8 @@ pub struct Devices {
     pub serial: SerialConsole,
     /// The control port.
     pub control: ControlDevice,
+    /// Virtio devices on the MMIO bus (Linux guests).
+    pub virtio: Vec<virtio::VirtioSlot>,
 }
 
 /// What a vCPU should do after a port access.
@@ -46,6 +49,28 @@ pub enum PortAction {
 }
 
 impl Devices {
+    /// Handle a read in MMIO space: whether a device claimed it.
+    pub fn mmio_read(&self, addr: u64, data: &mut [u8]) -> bool {
+        match self.virtio.iter().find(|d| d.claims(addr)) {
+            Some(d) => {
+                d.read(addr, data);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Handle a write in MMIO space: whether a device claimed it.
+    pub fn mmio_write(&self, addr: u64, data: &[u8]) -> bool {
+        match self.virtio.iter().find(|d| d.claims(addr)) {
+            Some(d) => {
+                d.write(addr, data);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Handle `out` to `port` from vCPU `vcpu`.
     pub fn port_write(&self, vcpu: usize, port: u16, data: &[u8]) -> PortAction {
         if (COM1_BASE..COM1_BASE + COM1_LEN).contains(&port) {

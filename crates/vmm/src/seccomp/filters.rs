@@ -15,10 +15,11 @@ use seccompiler::{
 use super::{Kind, Mode};
 
 /// Every kind, for checking that all filters compile.
-pub const KINDS: [Kind; 10] = [
+pub const KINDS: [Kind; 11] = [
     Kind::Vcpu,
     Kind::Pager,
     Kind::Io,
+    Kind::Virtio,
     Kind::Api,
     Kind::Governor,
     Kind::Boost,
@@ -235,6 +236,20 @@ fn allow_list(kind: Kind) -> Vec<Allow> {
             // opened once, read again at offset 0 each poll.
             v.push(open_read_only());
             v.push((libc::SYS_pread64, Vec::new()));
+        }
+        Kind::Virtio => {
+            // Its eventfds (epoll, read), disks (positional reads and
+            // writes, fdatasync); entropy comes from getrandom (base).
+            v.extend(any(&[
+                libc::SYS_epoll_wait,
+                libc::SYS_epoll_pwait,
+                libc::SYS_read,
+                libc::SYS_pread64,
+                libc::SYS_pwrite64,
+                libc::SYS_preadv,
+                libc::SYS_pwritev,
+                libc::SYS_fdatasync,
+            ]));
         }
         Kind::Timer => {
             v.push(ioctl_types(&[KVM]));

@@ -54,6 +54,8 @@ pub enum Kind {
     Pager,
     /// The paravirtual I/O device's thread.
     Io,
+    /// The virtio devices' I/O thread (Linux guests).
+    Virtio,
     /// The API server and its request threads.
     Api,
     /// The halt-polling governor.
@@ -80,6 +82,7 @@ impl Kind {
             Kind::Vcpu => "vcpu",
             Kind::Pager => "pager",
             Kind::Io => "io",
+            Kind::Virtio => "virtio",
             Kind::Api => "api",
             Kind::Governor => "governor",
             Kind::Boost => "boost",

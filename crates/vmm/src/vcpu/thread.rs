@@ -426,12 +426,16 @@ fn dispatch(vcpu: usize, exit: VcpuExit<'_>, devices: &Devices) -> Next {
             Next::Resume
         }
         VcpuExit::MmioRead(addr, data) => {
-            tracing::debug!(vcpu, "read of unclaimed MMIO address {addr:#x}");
-            data.fill(0xff);
+            if !devices.mmio_read(addr, data) {
+                tracing::debug!(vcpu, "read of unclaimed MMIO address {addr:#x}");
+                data.fill(0xff);
+            }
             Next::Resume
         }
-        VcpuExit::MmioWrite(addr, _) => {
-            tracing::debug!(vcpu, "write to unclaimed MMIO address {addr:#x} ignored");
+        VcpuExit::MmioWrite(addr, data) => {
+            if !devices.mmio_write(addr, data) {
+                tracing::debug!(vcpu, "write to unclaimed MMIO address {addr:#x} ignored");
+            }
             Next::Resume
         }
         VcpuExit::Shutdown => Next::Crash("a triple fault (KVM_EXIT_SHUTDOWN)".into()),

@@ -4,16 +4,23 @@
 //! injector behind the control port, and the record of what they write
 //! into guest memory (a migration sends those pages again).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use kvm_ioctls::VmFd;
+use kvm_ioctls::{IoEventAddress, VmFd};
+use virtio_bindings::virtio_mmio::VIRTIO_MMIO_QUEUE_NOTIFY;
+use vmm_sys_util::eventfd::EventFd;
 
 use super::persist::{LoadError, Persist};
-use crate::config::VmConfig;
+use crate::config::{ConfigError, VmConfig};
 use crate::devices::control::ControlDevice;
 use crate::devices::msi::MsiInjector;
 use crate::devices::pvio::PvioDevice;
 use crate::devices::serial::{ConsoleSink, IrqTrigger, LineBoost, SerialConsole};
+use crate::devices::virtio::block::{open_disk, Block};
+use crate::devices::virtio::io_thread::{IoThread, Served};
+use crate::devices::virtio::mmio::MmioTransport;
+use crate::devices::virtio::rng::Rng;
+use crate::devices::virtio::{self, VirtioDevice, VirtioSlot};
 use crate::devices::Devices;
 use crate::memory::host_writes::{GuestWriter, HostWrites};
 use crate::memory::GuestRam;
@@ -32,6 +39,10 @@ pub(crate) struct DeviceManager {
     pub(crate) pvio: Arc<PvioDevice>,
     /// Every guest page the devices and monitors wrote, while recording.
     pub(crate) host_writes: Arc<HostWrites>,
+    /// The virtio devices' I/O thread (Linux guests with devices).
+    _virtio_io: Option<IoThread>,
+    /// Whether the guest is Linux (its state cannot be saved yet).
+    linux: bool,
 }
 
 impl DeviceManager {
@@ -80,19 +91,93 @@ impl DeviceManager {
             .with_limits(config.host.limits)
             .with_pvio(pvio.clone())
             .with_booster(booster.clone());
+        let (virtio, virtio_io) = virtio_devices(fd, ram, config)?;
         let devices = DeviceManager {
-            bus: Arc::new(Devices { serial, control }),
+            bus: Arc::new(Devices {
+                serial,
+                control,
+                virtio,
+            }),
             pvio,
             host_writes,
+            _virtio_io: virtio_io,
+            linux: config.machine.guest.is_linux(),
         };
         Ok((devices, booster))
     }
+}
+
+/// A Linux guest's virtio devices (its disks, then the entropy device, as
+/// `virtio::device_count` and the DSDT number them), each with its
+/// notification ioeventfds and irqfd, and the I/O thread serving them.
+fn virtio_devices(
+    fd: &Arc<VmFd>,
+    ram: &GuestRam,
+    config: &VmConfig,
+) -> Result<(Vec<VirtioSlot>, Option<IoThread>), Error> {
+    let m = &config.machine;
+    if virtio::device_count(m) == 0 {
+        return Ok((Vec::new(), None));
+    }
+    let mut devices: Vec<Box<dyn VirtioDevice>> = Vec::new();
+    for (disk, path) in m.disks.iter().zip(&config.host.disk_paths) {
+        let (file, size) = open_disk(path, disk.readonly)
+            .map_err(|why| ConfigError::Devices(format!("--disk {}: {why}", path.display())))?;
+        devices.push(Box::new(Block::new(disk.clone(), path.clone(), file, size)));
+    }
+    if m.rng {
+        devices.push(Box::<Rng>::default());
+    }
+    let host = |what: &'static str| move |e: std::io::Error| Error::Host { what, source: e };
+    let kvm = |what: &'static str| {
+        move |e: kvm_ioctls::Error| Error::Host {
+            what,
+            source: std::io::Error::from_raw_os_error(e.errno()),
+        }
+    };
+    let (mut slots, mut served) = (Vec::new(), Vec::new());
+    for (i, device) in devices.into_iter().enumerate() {
+        let (base, gsi) = (virtio::window(i), virtio::gsi(i));
+        let transport = MmioTransport::new(device, ram.memory().clone());
+        let queues = transport.queue_count();
+        let transport = Arc::new(Mutex::new(transport));
+        let mut notify = Vec::new();
+        let mut theirs = Vec::new();
+        for q in 0..queues {
+            let e = EventFd::new(libc::EFD_NONBLOCK).map_err(host("make an eventfd"))?;
+            let at = IoEventAddress::Mmio(base + u64::from(VIRTIO_MMIO_QUEUE_NOTIFY));
+            fd.register_ioevent(&e, &at, q as u32)
+                .map_err(kvm("register a virtio queue's ioeventfd"))?;
+            theirs.push(e.try_clone().map_err(host("clone an eventfd"))?);
+            notify.push(e);
+        }
+        let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(host("make an eventfd"))?;
+        fd.register_irqfd(&irq, gsi)
+            .map_err(kvm("register a virtio device's irqfd"))?;
+        slots.push(VirtioSlot {
+            base,
+            transport: transport.clone(),
+            notify: theirs,
+        });
+        served.push(Served {
+            transport,
+            notify,
+            irq,
+        });
+    }
+    let io = IoThread::start(served).map_err(host("start the virtio I/O thread"))?;
+    Ok((slots, Some(io)))
 }
 
 impl Persist for DeviceManager {
     type State = DevicesState;
 
     fn save(&self) -> Result<DevicesState, String> {
+        if self.linux {
+            return Err(
+                "a Linux guest's state cannot be saved yet (its devices, PIT and clock are not in the snapshot format): snapshots and migration are for the built-in guest for now".into(),
+            );
+        }
         Ok(DevicesState {
             serial: self.bus.serial.state(),
             control: self.bus.control.state(),

@@ -27,7 +27,8 @@ impl Vm {
         let mem = m.ram.memory();
         tables::write_page_tables(mem, m.ram.end())?;
         tables::write_descriptor_tables(mem, config.machine.vcpus)?;
-        let rsdp = acpi::write_linux_tables(mem, config.machine.vcpus)?;
+        let virtio = crate::devices::virtio::device_count(&config.machine);
+        let rsdp = acpi::write_linux_tables(mem, config.machine.vcpus, virtio)?;
         let entry = linux::load(mem, m.ram.size(), boot, &config.machine.cmdline, rsdp)
             .map_err(|e| Error::Linux(Box::new(e)))?;
         let tsc_khz = m.vcpus[0]

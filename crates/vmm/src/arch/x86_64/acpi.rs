@@ -132,8 +132,9 @@ pub fn pm_request(value: u8) -> PmRequest {
     }
 }
 
-/// The DSDT's body (AML): COM1 and the S5 sleep type.
-fn dsdt_body() -> Vec<u8> {
+/// The DSDT's body (AML): COM1, `virtio` virtio-mmio devices (`LNRO0005`,
+/// their windows and interrupt lines), and the S5 sleep type.
+fn dsdt_body(virtio: usize) -> Vec<u8> {
     use acpi_tables::{aml, Aml};
     let mut body = Vec::new();
     let io = aml::IO::new(COM1_PORT, COM1_PORT, 1, 8);
@@ -144,10 +145,33 @@ fn dsdt_body() -> Vec<u8> {
     let uid = aml::Name::new("_UID".into(), &aml::ZERO);
     let crs = aml::Name::new("_CRS".into(), &crs);
     let com1 = aml::Device::new("COM1".into(), vec![&hid, &uid, &crs]);
-    aml::Scope::new("_SB_".into(), vec![&com1]).to_aml_bytes(&mut body);
+    let mut sb = Vec::new();
+    com1.to_aml_bytes(&mut sb);
+    for i in 0..virtio {
+        let base = crate::devices::virtio::window(i) as u32;
+        let gsi = crate::devices::virtio::gsi(i);
+        let mem = aml::Memory32Fixed::new(true, base, crate::devices::virtio::MMIO_WINDOW as u32);
+        let irq = aml::Interrupt::new(true, true, false, false, gsi);
+        let crs = aml::ResourceTemplate::new(vec![&mem, &irq]);
+        let hid = aml::Name::new("_HID".into(), &"LNRO0005");
+        let uid = aml::Name::new("_UID".into(), &(i as u32));
+        let crs = aml::Name::new("_CRS".into(), &crs);
+        aml::Device::new(format!("V{i:03}").as_str().into(), vec![&hid, &uid, &crs])
+            .to_aml_bytes(&mut sb);
+    }
+    aml::Scope::new("_SB_".into(), vec![&RawAml(sb)]).to_aml_bytes(&mut body);
     let s5 = aml::Package::new(vec![&S5_TYPE, &aml::ZERO, &aml::ZERO, &aml::ZERO]);
     aml::Name::new("_S5_".into(), &s5).to_aml_bytes(&mut body);
     body
+}
+
+/// AML already built, placed as it is.
+struct RawAml(Vec<u8>);
+
+impl acpi_tables::Aml for RawAml {
+    fn to_aml_bytes(&self, sink: &mut dyn acpi_tables::AmlSink) {
+        sink.vec(&self.0);
+    }
 }
 
 /// A hardware-reduced FADT pointing at `dsdt`, its sleep and reset
@@ -178,12 +202,17 @@ fn fadt(dsdt: u64) -> Vec<u8> {
     out
 }
 
-/// Write a Linux guest's tables for `vcpus` vCPUs at [`LINUX_TABLES_GPA`]:
-/// RSDP, XSDT (FADT, MADT), the FADT (hardware-reduced: power-off and
-/// reset through [`ACPI_PM_PORT`]), the DSDT (COM1, `_S5_`) and the MADT
+/// Write a Linux guest's tables for `vcpus` vCPUs and `virtio` virtio-mmio
+/// devices at [`LINUX_TABLES_GPA`]: RSDP, XSDT (FADT, MADT), the FADT
+/// (hardware-reduced: power-off and reset through [`ACPI_PM_PORT`]), the
+/// DSDT (COM1, each virtio device, `_S5_`) and the MADT
 /// (every vCPU, the IOAPIC). Stock distribution kernels find devices and
 /// CPUs this way (they have no MP-table parser). Returns the RSDP's address.
-pub fn write_linux_tables(mem: &GuestMemoryMmap, vcpus: u32) -> Result<u64, GuestMemoryError> {
+pub fn write_linux_tables(
+    mem: &GuestMemoryMmap,
+    vcpus: u32,
+    virtio: usize,
+) -> Result<u64, GuestMemoryError> {
     debug_assert!(vcpus <= u8::MAX as u32);
     let base = LINUX_TABLES_GPA;
     let xsdt_at = base + 0x40;
@@ -197,7 +226,7 @@ pub fn write_linux_tables(mem: &GuestMemoryMmap, vcpus: u32) -> Result<u64, Gues
     );
     let fadt = fadt(dsdt_at);
     let madt = madt(vcpus);
-    let dsdt = table(b"DSDT", 2, &dsdt_body());
+    let dsdt = table(b"DSDT", 2, &dsdt_body(virtio));
     debug_assert!(fadt_at + fadt.len() as u64 <= madt_at);
     debug_assert!(madt_at + madt.len() as u64 <= dsdt_at);
     mem.write_slice(&rsdp_at(xsdt_at), GuestAddress(base))?;
@@ -236,7 +265,7 @@ mod tests {
     #[test]
     fn a_linux_guest_finds_every_table_and_each_checksum_adds_up() {
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
-        let rsdp = write_linux_tables(&mem, 2).unwrap();
+        let rsdp = write_linux_tables(&mem, 2, 3).unwrap();
         assert_eq!(rsdp, LINUX_TABLES_GPA);
         let read = |at: u64, len: usize| {
             let mut b = vec![0u8; len];
@@ -268,6 +297,11 @@ mod tests {
         assert_eq!(&dsdt[..4], b"DSDT");
         let has = |needle: &[u8]| dsdt.windows(needle.len()).any(|w| w == needle);
         assert!(has(b"COM1") && has(b"_S5_") && has(b"_CRS"));
+        assert!(
+            has(b"V000") && has(b"V002") && !has(b"V003"),
+            "three virtio devices"
+        );
+        assert!(has(b"LNRO0005"));
         // The sleep control register (GAS at 244) is the PM port, in I/O space.
         assert_eq!(fadt[244], 1);
         assert_eq!(

@@ -1,0 +1,417 @@
+//! virtio-blk on a raw image file or a block device: read, write, flush
+//! (`fdatasync`: a write the guest flushed is on the disk), get-id. A
+//! read-only disk is opened read-only and answers writes with IOERR. Each
+//! request is checked against the disk's end and served in bounded pieces,
+//! so a driver's request (however long its buffers claim to be) can touch
+//! only its own buffers and the disk's own bytes.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use virtio_bindings::virtio_blk::{
+    VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP,
+    VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT,
+};
+use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
+use virtio_queue::desc::split::Descriptor;
+use virtio_queue::{DescriptorChain, Queue, QueueT, Reader, Writer};
+use vm_memory::{ByteValued, GuestMemoryMmap};
+
+use super::{read_config_bytes, VirtioDevice, F_VERSION_1};
+
+/// Bytes per sector, as virtio-blk counts.
+pub const SECTOR: u64 = 512;
+/// The queue's size.
+const QUEUE_SIZE: u16 = 256;
+/// The most bytes copied at once (a request is served in such pieces).
+const CHUNK: usize = 64 << 10;
+/// A get-id answer's length.
+const ID_BYTES: usize = 20;
+
+/// What a disk is to the VM (saved with it): its id, size and whether it
+/// is read-only. Its path is the host's (never saved).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskConfig {
+    /// The id the guest reads (get-id, at most 20 bytes), unique in the VM.
+    pub id: String,
+    /// Whether the guest may write.
+    pub readonly: bool,
+}
+
+/// The request header every request starts with.
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C)]
+struct RequestHeader {
+    kind: u32,
+    _reserved: u32,
+    sector: u64,
+}
+
+// SAFETY: plain integers, no padding (4 + 4 + 8 bytes).
+unsafe impl ByteValued for RequestHeader {}
+
+/// Why a disk could not be opened.
+pub fn open_disk(path: &Path, readonly: bool) -> Result<(File, u64), String> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
+    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    let kind = meta.file_type();
+    if !kind.is_file() && !kind.is_block_device() {
+        return Err("not a regular file or a block device: give a raw disk image".into());
+    }
+    if !readonly && kind.is_file() && meta.permissions().mode() & 0o222 == 0 {
+        return Err("is a read-only file: add ,readonly to give it read-only".into());
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(!readonly)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    let size =
+        std::io::Seek::seek(&mut file, std::io::SeekFrom::End(0)).map_err(|e| e.to_string())?;
+    if size < SECTOR {
+        return Err(format!(
+            "is {size} bytes: a disk holds at least one 512-byte sector"
+        ));
+    }
+    Ok((file, size))
+}
+
+/// A virtio block device on an open disk.
+pub struct Block {
+    config: DiskConfig,
+    path: PathBuf,
+    file: File,
+    /// Whole sectors the disk holds.
+    sectors: u64,
+    buf: Vec<u8>,
+    complained: bool,
+}
+
+impl Block {
+    /// The device for `file` (`size` bytes, opened as `config` says).
+    pub fn new(config: DiskConfig, path: PathBuf, file: File, size: u64) -> Block {
+        Block {
+            config,
+            path,
+            file,
+            sectors: size / SECTOR,
+            buf: vec![0; CHUNK],
+            complained: false,
+        }
+    }
+
+    fn complain(&mut self, why: &str) {
+        if !self.complained {
+            tracing::warn!("virtio block {}: {why}", self.config.id);
+            self.complained = true;
+        }
+    }
+
+    /// Serve one request; the bytes written into the driver's buffers.
+    fn serve(&mut self, chain: DescriptorChain<&GuestMemoryMmap>, mem: &GuestMemoryMmap) -> u32 {
+        let (Ok(mut reader), Ok(mut writer)) =
+            (Reader::new(mem, chain.clone()), Writer::new(mem, chain))
+        else {
+            self.complain("a request whose buffers are outside guest memory or loop");
+            return 0;
+        };
+        let header: RequestHeader = match reader.read_obj() {
+            Ok(h) => h,
+            Err(_) => {
+                self.complain("a request shorter than its header");
+                return 0;
+            }
+        };
+        // The status byte is the last writable byte; what is before it is data.
+        let Some(data_len) = writer.available_bytes().checked_sub(1) else {
+            self.complain("a request with no room for its status");
+            return 0;
+        };
+        let Ok(mut status) = writer.split_at(data_len) else {
+            return 0;
+        };
+        let (code, written) = match header.kind {
+            VIRTIO_BLK_T_IN => self.read(header.sector, &mut writer),
+            VIRTIO_BLK_T_OUT => self.write(header.sector, &mut reader),
+            VIRTIO_BLK_T_FLUSH => match self.file.sync_data() {
+                Ok(()) => (VIRTIO_BLK_S_OK, 0),
+                Err(e) => {
+                    self.complain(&format!("flush of {}: {e}", self.path.display()));
+                    (VIRTIO_BLK_S_IOERR, 0)
+                }
+            },
+            VIRTIO_BLK_T_GET_ID => {
+                let mut id = [0u8; ID_BYTES];
+                let n = self.config.id.len().min(ID_BYTES);
+                id[..n].copy_from_slice(&self.config.id.as_bytes()[..n]);
+                let n = writer.available_bytes().min(ID_BYTES);
+                match writer.write_all(&id[..n]) {
+                    Ok(()) => (VIRTIO_BLK_S_OK, n),
+                    Err(_) => (VIRTIO_BLK_S_IOERR, 0),
+                }
+            }
+            _ => (VIRTIO_BLK_S_UNSUPP, 0),
+        };
+        match status.write_all(&[code as u8]) {
+            Ok(()) => (written + 1) as u32,
+            Err(_) => written as u32,
+        }
+    }
+
+    /// The byte range of `len` bytes from `sector`, if all of it is on the disk.
+    fn range(&self, sector: u64, len: usize) -> Option<u64> {
+        let start = sector.checked_mul(SECTOR)?;
+        let end = start.checked_add(len as u64)?;
+        (end <= self.sectors * SECTOR).then_some(start)
+    }
+
+    fn read(&mut self, sector: u64, to: &mut Writer<'_>) -> (u32, usize) {
+        let len = to.available_bytes();
+        let Some(mut at) = self.range(sector, len) else {
+            self.complain(&format!(
+                "a read of {len} bytes at sector {sector}, past the disk's end"
+            ));
+            return (VIRTIO_BLK_S_IOERR, 0);
+        };
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(CHUNK);
+            if self.file.read_exact_at(&mut self.buf[..n], at).is_err()
+                || to.write_all(&self.buf[..n]).is_err()
+            {
+                return (VIRTIO_BLK_S_IOERR, done);
+            }
+            done += n;
+            at += n as u64;
+        }
+        (VIRTIO_BLK_S_OK, done)
+    }
+
+    fn write(&mut self, sector: u64, from: &mut Reader<'_>) -> (u32, usize) {
+        if self.config.readonly {
+            return (VIRTIO_BLK_S_IOERR, 0);
+        }
+        let len = from.available_bytes();
+        let Some(mut at) = self.range(sector, len) else {
+            self.complain(&format!(
+                "a write of {len} bytes at sector {sector}, past the disk's end"
+            ));
+            return (VIRTIO_BLK_S_IOERR, 0);
+        };
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(CHUNK);
+            if from.read_exact(&mut self.buf[..n]).is_err()
+                || self.file.write_all_at(&self.buf[..n], at).is_err()
+            {
+                return (VIRTIO_BLK_S_IOERR, 0);
+            }
+            done += n;
+            at += n as u64;
+        }
+        (VIRTIO_BLK_S_OK, 0)
+    }
+}
+
+impl VirtioDevice for Block {
+    fn device_id(&self) -> u32 {
+        VIRTIO_ID_BLOCK
+    }
+
+    fn name(&self) -> String {
+        format!("block {}", self.config.id)
+    }
+
+    fn features(&self) -> u64 {
+        let ro = if self.config.readonly {
+            1 << VIRTIO_BLK_F_RO
+        } else {
+            0
+        };
+        F_VERSION_1 | (1 << VIRTIO_BLK_F_FLUSH) | ro
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &[QUEUE_SIZE]
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        // struct virtio_blk_config starts with the capacity in sectors.
+        read_config_bytes(&self.sectors.to_le_bytes(), offset, data)
+    }
+
+    fn process(&mut self, _: usize, queue: &mut Queue, mem: &GuestMemoryMmap) -> bool {
+        let mut used = false;
+        while let Some(chain) = queue.pop_descriptor_chain(mem) {
+            let head = chain.head_index();
+            let len = self.serve(chain, mem);
+            if queue.add_used(mem, head, len).is_err() {
+                self.complain("its used ring could not be written");
+                return used;
+            }
+            used = true;
+        }
+        used
+    }
+}
+
+/// Descriptors of one request, for tests (here and the fuzz target).
+#[doc(hidden)]
+pub fn request_descriptors(
+    header_at: u64,
+    data_at: u64,
+    data_len: u32,
+    data_writable: bool,
+    status_at: u64,
+) -> Vec<Descriptor> {
+    use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+    let (next, write) = (VRING_DESC_F_NEXT as u16, VRING_DESC_F_WRITE as u16);
+    vec![
+        Descriptor::new(header_at, 16, next, 1),
+        Descriptor::new(
+            data_at,
+            data_len,
+            next | if data_writable { write } else { 0 },
+            2,
+        ),
+        Descriptor::new(status_at, 1, write, 0),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use virtio_queue::mock::MockSplitQueue;
+    use vm_memory::{Bytes, GuestAddress};
+
+    fn mem() -> GuestMemoryMmap {
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap()
+    }
+
+    fn disk(name: &str, sectors: u64, readonly: bool) -> (Block, PathBuf) {
+        let p = std::env::temp_dir().join(format!("hover-blk-{name}-{}", std::process::id()));
+        let bytes: Vec<u8> = (0..sectors * SECTOR).map(|i| (i / SECTOR) as u8).collect();
+        std::fs::write(&p, bytes).unwrap();
+        let (f, size) = open_disk(&p, readonly).unwrap();
+        let cfg = DiskConfig {
+            id: "disk0".into(),
+            readonly,
+        };
+        (Block::new(cfg, p.clone(), f, size), p)
+    }
+
+    /// Run one request (header at 0x10000, data at 0x20000, status at
+    /// 0x30000) through a queue at 0x1000: (status, used length).
+    fn run(
+        b: &mut Block,
+        m: &GuestMemoryMmap,
+        kind: u32,
+        sector: u64,
+        len: u32,
+        data_writable: bool,
+    ) -> (u8, u32) {
+        let vq = MockSplitQueue::new(m, 16);
+        let hdr = RequestHeader {
+            kind,
+            _reserved: 0,
+            sector,
+        };
+        m.write_obj(hdr, GuestAddress(0x10000)).unwrap();
+        m.write_obj(0xffu8, GuestAddress(0x30000)).unwrap();
+        let descs = request_descriptors(0x10000, 0x20000, len, data_writable, 0x30000);
+        let raw: Vec<virtio_queue::desc::RawDescriptor> =
+            descs.into_iter().map(Into::into).collect();
+        vq.build_desc_chain(&raw).unwrap();
+        let mut q: Queue = vq.create_queue().unwrap();
+        assert!(b.process(0, &mut q, m));
+        let used_len: u32 = m.read_obj(GuestAddress(vq.used_addr().0 + 8)).unwrap();
+        (m.read_obj(GuestAddress(0x30000)).unwrap(), used_len)
+    }
+
+    #[test]
+    fn reads_writes_flushes_and_get_id_do_what_the_spec_says() {
+        let m = mem();
+        let (mut b, p) = disk("rw", 8, false);
+        assert_eq!(run(&mut b, &m, VIRTIO_BLK_T_IN, 3, 1024, true), (0, 1025));
+        let mut got = [0u8; 1024];
+        m.read_slice(&mut got, GuestAddress(0x20000)).unwrap();
+        assert!(got[..512].iter().all(|&x| x == 3) && got[512..].iter().all(|&x| x == 4));
+        m.write_slice(&[0xab; 512], GuestAddress(0x20000)).unwrap();
+        assert_eq!(run(&mut b, &m, VIRTIO_BLK_T_OUT, 7, 512, false), (0, 1));
+        assert_eq!(run(&mut b, &m, VIRTIO_BLK_T_FLUSH, 0, 0, false).0, 0);
+        let on_disk = std::fs::read(&p).unwrap();
+        assert!(on_disk[7 * 512..].iter().all(|&x| x == 0xab));
+        assert!(
+            on_disk[6 * 512..7 * 512].iter().all(|&x| x == 6),
+            "nothing else changed"
+        );
+        assert_eq!(run(&mut b, &m, VIRTIO_BLK_T_GET_ID, 0, 20, true), (0, 21));
+        let mut id = [0u8; 5];
+        m.read_slice(&mut id, GuestAddress(0x20000)).unwrap();
+        assert_eq!(&id, b"disk0");
+        assert_eq!(
+            run(&mut b, &m, 99, 0, 16, true).0,
+            VIRTIO_BLK_S_UNSUPP as u8
+        );
+        std::fs::remove_file(p).unwrap();
+    }
+
+    #[test]
+    fn requests_past_the_end_and_writes_to_a_readonly_disk_fail_and_touch_nothing() {
+        let m = mem();
+        let (mut b, p) = disk("end", 4, false);
+        m.write_slice(&[0x5a; 1024], GuestAddress(0x20000)).unwrap();
+        assert_eq!(
+            run(&mut b, &m, VIRTIO_BLK_T_IN, 3, 1024, true).0,
+            VIRTIO_BLK_S_IOERR as u8
+        );
+        assert_eq!(
+            run(&mut b, &m, VIRTIO_BLK_T_OUT, 3, 1024, false).0,
+            VIRTIO_BLK_S_IOERR as u8
+        );
+        assert_eq!(
+            run(&mut b, &m, VIRTIO_BLK_T_IN, u64::MAX / 256, 512, true).0,
+            VIRTIO_BLK_S_IOERR as u8
+        );
+        let on_disk = std::fs::read(&p).unwrap();
+        assert!(
+            on_disk[3 * 512..].iter().all(|&x| x == 3),
+            "the last sector is unchanged"
+        );
+        std::fs::remove_file(p).unwrap();
+        let (mut ro, p) = disk("ro", 4, true);
+        assert_ne!(ro.features() & (1 << VIRTIO_BLK_F_RO), 0);
+        assert_eq!(
+            run(&mut ro, &m, VIRTIO_BLK_T_OUT, 0, 512, false).0,
+            VIRTIO_BLK_S_IOERR as u8
+        );
+        assert!(std::fs::read(&p).unwrap()[..512].iter().all(|&x| x == 0));
+        std::fs::remove_file(p).unwrap();
+    }
+
+    #[test]
+    fn disks_that_cannot_be_used_are_refused_with_the_reason() {
+        assert!(open_disk(Path::new("/tmp"), false)
+            .unwrap_err()
+            .contains("regular file"));
+        assert!(open_disk(Path::new("/nonexistent"), false)
+            .unwrap_err()
+            .contains("No such"));
+        let p = std::env::temp_dir().join(format!("hover-blk-ro-{}", std::process::id()));
+        std::fs::write(&p, [0u8; 512]).unwrap();
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o444)).unwrap();
+        assert!(open_disk(&p, false).unwrap_err().contains(",readonly"));
+        assert!(open_disk(&p, true).is_ok());
+        std::fs::write(std::env::temp_dir().join("hover-blk-empty"), b"").unwrap();
+        assert!(
+            open_disk(&std::env::temp_dir().join("hover-blk-empty"), true)
+                .unwrap_err()
+                .contains("at least one")
+        );
+        std::fs::remove_file(p).unwrap();
+    }
+}

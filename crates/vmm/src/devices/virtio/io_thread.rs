@@ -1,0 +1,108 @@
+//! The VM's virtio I/O thread: it waits on every queue's notification
+//! eventfd (written by KVM when the driver writes QueueNotify, through an
+//! ioeventfd: no exit to user space), serves the queue, and raises the
+//! device's interrupt through its irqfd. It runs under the `virtio`
+//! seccomp filter: it reads and writes disks and eventfds, and nothing else.
+
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::mmio::MmioTransport;
+
+/// One device as the I/O thread serves it.
+pub struct Served {
+    /// Its transport (shared with the vCPUs' register accesses).
+    pub transport: Arc<Mutex<MmioTransport>>,
+    /// One notification eventfd per queue.
+    pub notify: Vec<EventFd>,
+    /// Its interrupt (an irqfd on its IOAPIC pin).
+    pub irq: EventFd,
+}
+
+/// The running thread; stopped when dropped.
+pub struct IoThread {
+    stop: EventFd,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The token of the stop eventfd (device tokens are `device << 16 | queue`).
+const STOP: u64 = u64::MAX;
+
+impl IoThread {
+    /// Start serving `devices`.
+    pub fn start(devices: Vec<Served>) -> std::io::Result<IoThread> {
+        let epoll = Epoll::new()?;
+        let stop = EventFd::new(libc::EFD_NONBLOCK)?;
+        epoll.ctl(
+            ControlOperation::Add,
+            stop.as_raw_fd(),
+            EpollEvent::new(EventSet::IN, STOP),
+        )?;
+        for (d, dev) in devices.iter().enumerate() {
+            for (q, fd) in dev.notify.iter().enumerate() {
+                let token = ((d as u64) << 16) | q as u64;
+                epoll.ctl(
+                    ControlOperation::Add,
+                    fd.as_raw_fd(),
+                    EpollEvent::new(EventSet::IN, token),
+                )?;
+            }
+        }
+        let thread =
+            crate::seccomp::spawn(crate::seccomp::Kind::Virtio, "virtio".into(), move || {
+                serve(&epoll, &devices)
+            })?;
+        Ok(IoThread {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+fn serve(epoll: &Epoll, devices: &[Served]) {
+    let mut events = vec![EpollEvent::default(); 32];
+    loop {
+        let n = match epoll.wait(-1, &mut events) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                tracing::error!("virtio I/O thread: epoll failed: {e}; devices stop");
+                return;
+            }
+        };
+        for ev in &events[..n] {
+            let token = ev.data();
+            if token == STOP {
+                return;
+            }
+            let (d, q) = ((token >> 16) as usize, (token & 0xffff) as usize);
+            let Some(dev) = devices.get(d) else { continue };
+            // Clear the count first: a notification arriving while the
+            // queue is served wakes this loop again.
+            let _ = dev.notify[q].read();
+            let interrupt = dev
+                .transport
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .process(q);
+            if interrupt {
+                if let Err(e) = dev.irq.write(1) {
+                    tracing::warn!("virtio I/O thread: interrupt not raised: {e}");
+                }
+            }
+        }
+    }
+}
+
+impl Drop for IoThread {
+    fn drop(&mut self) {
+        let _ = self.stop.write(1);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! Virtio devices for Linux guests, over virtio-mmio (virtio 1.x): the
+//! transport once ([`mmio`]), each device in a file of its own with its
+//! state beside it ([`block`], [`rng`]), and the I/O thread that serves
+//! their queues ([`io_thread`]): queue notifications reach it through
+//! ioeventfds (no exit to user space), interrupts leave through irqfds.
+//! Rings are walked by the `virtio-queue` crate (its descriptor chains stop
+//! at loops and at addresses outside guest memory).
+
+pub mod block;
+pub mod io_thread;
+pub mod mmio;
+pub mod rng;
+
+use virtio_queue::Queue;
+use vm_memory::GuestMemoryMmap;
+
+/// Where the first device's MMIO window is (in the MMIO hole below the
+/// IOAPIC), and each window's size.
+pub const MMIO_BASE: u64 = 0xd000_0000;
+/// One device's window.
+pub const MMIO_WINDOW: u64 = 0x1000;
+/// The first device's IOAPIC pin (0-4 are the PIT, keyboard, cascade and
+/// COM1/COM2 of the PC), one pin per device after it.
+pub const FIRST_GSI: u32 = 5;
+/// The IOAPIC's pins.
+const IOAPIC_PINS: u32 = 24;
+/// How many devices the interrupt lines allow.
+pub const MAX_DEVICES: usize = (IOAPIC_PINS - FIRST_GSI) as usize;
+
+/// Device `index`'s MMIO window.
+pub fn window(index: usize) -> u64 {
+    MMIO_BASE + index as u64 * MMIO_WINDOW
+}
+
+/// Device `index`'s interrupt line.
+pub fn gsi(index: usize) -> u32 {
+    FIRST_GSI + index as u32
+}
+
+/// How many virtio devices a machine has: its disks, then the entropy
+/// device (Linux guests only), in that order on the bus.
+pub fn device_count(m: &crate::config::MachineConfig) -> usize {
+    if !m.guest.is_linux() {
+        return 0;
+    }
+    m.disks.len() + usize::from(m.rng)
+}
+
+/// `VIRTIO_F_VERSION_1`: every Hover device is a modern (1.x) one.
+pub const F_VERSION_1: u64 = 1 << virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+
+/// A device on the MMIO bus: its window and transport, and the eventfds
+/// its queue notifications go to when they arrive as an exit (KVM's
+/// ioeventfds take them otherwise).
+pub struct VirtioSlot {
+    /// The window's first address.
+    pub base: u64,
+    /// The transport.
+    pub transport: std::sync::Arc<std::sync::Mutex<mmio::MmioTransport>>,
+    /// One eventfd per queue (the I/O thread waits on them).
+    pub notify: Vec<vmm_sys_util::eventfd::EventFd>,
+}
+
+impl VirtioSlot {
+    /// Whether `addr` is in this device's window.
+    pub fn claims(&self, addr: u64) -> bool {
+        (self.base..self.base + MMIO_WINDOW).contains(&addr)
+    }
+
+    /// A read in its window.
+    pub fn read(&self, addr: u64, data: &mut [u8]) {
+        self.transport
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .read(addr - self.base, data);
+    }
+
+    /// A write in its window; a queue notification is passed to the I/O thread.
+    pub fn write(&self, addr: u64, data: &[u8]) {
+        let notified = self
+            .transport
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .write(addr - self.base, data);
+        if let Some(q) = notified.and_then(|q| self.notify.get(q as usize)) {
+            let _ = q.write(1);
+        }
+    }
+}
+
+/// What a virtio device is to its transport.
+pub trait VirtioDevice: Send {
+    /// The virtio device id (2: block, 4: entropy, ...).
+    fn device_id(&self) -> u32;
+    /// A name for log lines ("block vda").
+    fn name(&self) -> String;
+    /// The features it offers ([`F_VERSION_1`] among them).
+    fn features(&self) -> u64;
+    /// The most entries each of its queues takes (one entry per queue).
+    fn queue_max_sizes(&self) -> &[u16];
+    /// Read its configuration space at `offset` (what lies past its end
+    /// reads as zeros).
+    fn read_config(&self, offset: u64, data: &mut [u8]);
+    /// Serve every request available on queue `index` of `mem`; whether
+    /// any buffer was returned to the driver (then it may be interrupted).
+    fn process(&mut self, index: usize, queue: &mut Queue, mem: &GuestMemoryMmap) -> bool;
+}
+
+/// Copy `config[offset..]` into `data`, zeros past its end.
+pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
+    data.fill(0);
+    let start = (offset as usize).min(config.len());
+    let end = (start + data.len()).min(config.len());
+    data[..end - start].copy_from_slice(&config[start..end]);
+}
