@@ -562,3 +562,75 @@ fn bench_boot_writes_its_table_and_json() {
     assert_eq!(v["samples"].as_array().map(|s| s.len()), Some(2));
     assert!(v["rows"][3]["summary"]["p50"].as_f64().unwrap() > 0.0);
 }
+
+/// A minimal bzImage header: boot protocol `version`, `xloadflags`.
+fn bzimage(version: u16, xloadflags: u16) -> Vec<u8> {
+    let mut b = vec![0u8; 5 * 512 + 4096];
+    b[0x1f1] = 4;
+    b[0x202..0x206].copy_from_slice(b"HdrS");
+    b[0x206..0x208].copy_from_slice(&version.to_le_bytes());
+    b[0x211] = 1;
+    b[0x214..0x218].copy_from_slice(&0x10_0000u32.to_le_bytes());
+    b[0x236..0x238].copy_from_slice(&xloadflags.to_le_bytes());
+    b[0x260..0x264].copy_from_slice(&(1u32 << 20).to_le_bytes());
+    b
+}
+
+#[test]
+fn linux_boot_refusals_are_one_line_and_exit_2_before_anything_starts() {
+    let dir = std::env::temp_dir().join(format!("hover-cli-linux-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = |name: &str, bytes: &[u8]| {
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let text_file = file("notes.txt", &b"not a kernel\n".repeat(100));
+    let old = file("old.bz", &bzimage(0x0206, 1));
+    let b32 = file("32bit.bz", &bzimage(0x020f, 0));
+    let good = file("good.bz", &bzimage(0x020f, 1));
+    let disk = file("disk.img", &[0u8; 4096]);
+    let ro = file("ro.img", &[0u8; 4096]);
+    std::fs::set_permissions(&ro, std::os::unix::fs::PermissionsExt::from_mode(0o444)).unwrap();
+    let d = dir.to_str().unwrap().to_string();
+    let (disk_a, disk_fast) = (format!("{disk},id=a"), format!("{disk},fast"));
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--kernel", &text_file], "neither a bzImage"),
+        (vec!["--kernel", &old], "2.12 or later"),
+        (vec!["--kernel", &b32], "32-bit-only"),
+        (vec!["--kernel", "/nonexistent/vmlinuz"], "No such file"),
+        (vec!["--kernel", &d], "not a regular file"),
+        (vec!["--kernel", "/dev/zero"], "not a regular file"),
+        (vec!["--kernel", &good, "--memory", "1M"], "too small"),
+        (vec!["--kernel", &good, "--initrd", "/dev/zero"], "--initrd"),
+        (vec!["--kernel", &good, "--disk", &d], "--disk"),
+        (
+            vec!["--kernel", &good, "--disk", "/nonexistent.img"],
+            "No such file",
+        ),
+        (vec!["--kernel", &good, "--disk", &ro], ",readonly"),
+        (
+            vec!["--kernel", &good, "--disk", &disk_a, "--disk", &disk_a],
+            "given twice",
+        ),
+        (
+            vec!["--kernel", &good, "--disk", &disk_fast],
+            "readonly and id=ID",
+        ),
+        (vec!["--disk", &disk], "--kernel"),
+        (vec!["--initrd", &disk], "--kernel"),
+        (
+            vec!["--kernel", &good, "--guest", "builtin"],
+            "cannot be used with",
+        ),
+    ];
+    for (args, want) in cases {
+        let mut a = vec!["run", "--console", "off"];
+        a.extend(args.iter().copied());
+        let out = hover(&a);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{a:?}: {err}");
+        assert!(err.contains(want), "{a:?}: wanted {want:?} in {err}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

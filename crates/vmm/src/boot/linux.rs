@@ -234,10 +234,142 @@ fn read(what: &'static str, path: &Path, max: u64) -> Result<Vec<u8>, LinuxError
     })
 }
 
-/// Load `boot` into `mem` (`memory` bytes of guest RAM) with `cmdline`,
-/// telling the kernel the ACPI tables are at `rsdp`. The files are read
-/// once, each bounded by guest memory, and every header is checked before
-/// guest memory is written.
+/// A kernel and initrd read and checked, ready to load: everything a
+/// boot can refuse is refused here, before a VM exists.
+pub struct LinuxImage {
+    path: PathBuf,
+    kernel: Vec<u8>,
+    initrd: Option<Vec<u8>>,
+    format: Format,
+    header: setup_header,
+    memory: u64,
+}
+
+impl LinuxImage {
+    /// Read `boot` for a guest of `memory` bytes and check it, and
+    /// `cmdline` against it. The files are read once, each bounded by
+    /// guest memory, through the descriptor checked.
+    pub fn read(boot: &LinuxBoot, memory: u64, cmdline: &str) -> Result<LinuxImage, LinuxError> {
+        let low = ram_low(memory);
+        let kernel = read("--kernel", &boot.kernel, low)?;
+        let initrd = match &boot.initrd {
+            Some(p) => Some(read("--initrd", p, low)?),
+            None => None,
+        };
+        let format = format(&boot.kernel, &kernel)?;
+        let header = match format {
+            Format::BzImage => {
+                let h = header(&boot.kernel, &kernel)?;
+                check_header(&boot.kernel, &h, low)?;
+                h
+            }
+            // A vmlinux has no setup header: the fields the kernel reads.
+            Format::Elf => setup_header {
+                boot_flag: 0xaa55,
+                header: HDRS,
+                version: MIN_PROTOCOL,
+                kernel_alignment: 0x100_0000,
+                cmdline_size: CMDLINE_MAX as u32,
+                initrd_addr_max: 0x7fff_ffff,
+                ..Default::default()
+            },
+        };
+        let max_cmdline = match header.cmdline_size {
+            0 => 255,
+            n => (n as usize).min(CMDLINE_MAX),
+        };
+        if cmdline.len() >= max_cmdline {
+            return Err(LinuxError::Cmdline {
+                len: cmdline.len(),
+                max: max_cmdline - 1,
+            });
+        }
+        if let Some(rd) = &initrd {
+            let (kernel_size, at) = (kernel.len() as u64, u64::from(header.initrd_addr_max));
+            if place_initrd(rd.len() as u64, KERNEL_GPA + kernel_size, low, at).is_none() {
+                return Err(too_small_for_initrd(rd.len()));
+            }
+        }
+        Ok(LinuxImage {
+            path: boot.kernel.clone(),
+            kernel,
+            initrd,
+            format,
+            header,
+            memory,
+        })
+    }
+
+    /// Load it into `mem` with `cmdline` (checked by [`LinuxImage::read`]),
+    /// telling the kernel the ACPI tables are at `rsdp`.
+    pub fn load(
+        &self,
+        mem: &GuestMemoryMmap,
+        cmdline: &str,
+        rsdp: u64,
+    ) -> Result<LinuxEntry, LinuxError> {
+        let low = ram_low(self.memory);
+        let kernel_err = |e: linux_loader::loader::Error| LinuxError::Kernel {
+            path: self.path.clone(),
+            reason: format!("cannot load it: {e}"),
+        };
+        let mut cursor = std::io::Cursor::new(&self.kernel[..]);
+        let at = Some(GuestAddress(KERNEL_GPA));
+        let (rip, kernel_end) = match self.format {
+            Format::BzImage => {
+                let r = BzImage::load(mem, at, &mut cursor, at).map_err(kernel_err)?;
+                (r.kernel_load.0 + ENTRY_64_OFFSET, r.kernel_end)
+            }
+            Format::Elf => {
+                let r = Elf::load(mem, None, &mut cursor, at).map_err(kernel_err)?;
+                (r.kernel_load.0, r.kernel_end)
+            }
+        };
+        let mut params = boot_params {
+            hdr: self.header,
+            ..Default::default()
+        };
+        params.hdr.type_of_loader = LOADER_UNDEFINED;
+        params.hdr.loadflags |= LOADED_HIGH;
+        params.hdr.code32_start = KERNEL_GPA as u32;
+        params.hdr.cmd_line_ptr = CMDLINE_GPA as u32;
+        params.hdr.cmdline_size = cmdline.len() as u32;
+        params.acpi_rsdp_addr = rsdp;
+        let write = |e: vm_memory::GuestMemoryError| LinuxError::TooLarge(e.to_string());
+        if let Some(initrd) = &self.initrd {
+            let addr_max = u64::from(params.hdr.initrd_addr_max);
+            let (at, len) = place_initrd(initrd.len() as u64, kernel_end, low, addr_max)
+                .ok_or_else(|| too_small_for_initrd(initrd.len()))?;
+            mem.write_slice(initrd, GuestAddress(at)).map_err(write)?;
+            params.hdr.ramdisk_image = at as u32;
+            params.hdr.ramdisk_size = len as u32;
+        }
+        let map = e820(self.memory);
+        params.e820_entries = map.len() as u8;
+        params.e820_table[..map.len()].copy_from_slice(&map);
+        let mut line = cmdline.as_bytes().to_vec();
+        line.push(0);
+        mem.write_slice(&line, GuestAddress(CMDLINE_GPA))
+            .map_err(write)?;
+        mem.write_obj(params, GuestAddress(ZERO_PAGE_GPA))
+            .map_err(write)?;
+        Ok(LinuxEntry {
+            rip,
+            zero_page: ZERO_PAGE_GPA,
+            kernel_end,
+        })
+    }
+}
+
+fn too_small_for_initrd(len: usize) -> LinuxError {
+    LinuxError::TooLarge(format!(
+        "--memory is too small for the kernel and its {} initrd",
+        crate::config::size_text(len as u64)
+    ))
+}
+
+/// Read, check and load `boot` into `mem` (`memory` bytes of guest RAM)
+/// with `cmdline`: [`LinuxImage::read`], then [`LinuxImage::load`].
 pub fn load(
     mem: &GuestMemoryMmap,
     memory: u64,
@@ -245,94 +377,7 @@ pub fn load(
     cmdline: &str,
     rsdp: u64,
 ) -> Result<LinuxEntry, LinuxError> {
-    let low = ram_low(memory);
-    let kernel = read("--kernel", &boot.kernel, low)?;
-    let initrd = match &boot.initrd {
-        Some(p) => Some(read("--initrd", p, low)?),
-        None => None,
-    };
-    let format = format(&boot.kernel, &kernel)?;
-    let header = match format {
-        Format::BzImage => {
-            let h = header(&boot.kernel, &kernel)?;
-            check_header(&boot.kernel, &h, low)?;
-            h
-        }
-        // A vmlinux has no setup header: the fields the kernel reads.
-        Format::Elf => setup_header {
-            boot_flag: 0xaa55,
-            header: HDRS,
-            version: MIN_PROTOCOL,
-            kernel_alignment: 0x100_0000,
-            cmdline_size: CMDLINE_MAX as u32,
-            initrd_addr_max: 0x7fff_ffff,
-            ..Default::default()
-        },
-    };
-    let max_cmdline = match header.cmdline_size {
-        0 => 255,
-        n => (n as usize).min(CMDLINE_MAX),
-    };
-    if cmdline.len() >= max_cmdline {
-        return Err(LinuxError::Cmdline {
-            len: cmdline.len(),
-            max: max_cmdline - 1,
-        });
-    }
-    let kernel_err = |e: linux_loader::loader::Error| LinuxError::Kernel {
-        path: boot.kernel.clone(),
-        reason: format!("cannot load it: {e}"),
-    };
-    let mut cursor = std::io::Cursor::new(&kernel[..]);
-    let at = Some(GuestAddress(KERNEL_GPA));
-    let (rip, kernel_end) = match format {
-        Format::BzImage => {
-            let r = BzImage::load(mem, at, &mut cursor, at).map_err(kernel_err)?;
-            (r.kernel_load.0 + ENTRY_64_OFFSET, r.kernel_end)
-        }
-        Format::Elf => {
-            let r = Elf::load(mem, None, &mut cursor, at).map_err(kernel_err)?;
-            (r.kernel_load.0, r.kernel_end)
-        }
-    };
-    let mut params = boot_params {
-        hdr: header,
-        ..Default::default()
-    };
-    params.hdr.type_of_loader = LOADER_UNDEFINED;
-    params.hdr.loadflags |= LOADED_HIGH;
-    params.hdr.code32_start = KERNEL_GPA as u32;
-    params.hdr.cmd_line_ptr = CMDLINE_GPA as u32;
-    params.hdr.cmdline_size = cmdline.len() as u32;
-    params.acpi_rsdp_addr = rsdp;
-    let write = |e: vm_memory::GuestMemoryError| LinuxError::TooLarge(e.to_string());
-    if let Some(initrd) = &initrd {
-        let addr_max = u64::from(params.hdr.initrd_addr_max);
-        let (at, len) =
-            place_initrd(initrd.len() as u64, kernel_end, low, addr_max).ok_or_else(|| {
-                LinuxError::TooLarge(format!(
-                    "--memory is too small for the kernel and its {} initrd",
-                    crate::config::size_text(initrd.len() as u64)
-                ))
-            })?;
-        mem.write_slice(initrd, GuestAddress(at)).map_err(write)?;
-        params.hdr.ramdisk_image = at as u32;
-        params.hdr.ramdisk_size = len as u32;
-    }
-    let map = e820(memory);
-    params.e820_entries = map.len() as u8;
-    params.e820_table[..map.len()].copy_from_slice(&map);
-    let mut line = cmdline.as_bytes().to_vec();
-    line.push(0);
-    mem.write_slice(&line, GuestAddress(CMDLINE_GPA))
-        .map_err(write)?;
-    mem.write_obj(params, GuestAddress(ZERO_PAGE_GPA))
-        .map_err(write)?;
-    Ok(LinuxEntry {
-        rip,
-        zero_page: ZERO_PAGE_GPA,
-        kernel_end,
-    })
+    LinuxImage::read(boot, memory, cmdline)?.load(mem, cmdline, rsdp)
 }
 
 /// Where an initrd of `len` bytes goes: as high as the protocol allows

@@ -23,13 +23,22 @@ impl Vm {
         boot: &LinuxBoot,
         created_at: Instant,
     ) -> Result<Vm, Error> {
+        // Everything a boot can refuse, before anything is built.
+        let image = linux::LinuxImage::read(boot, config.machine.memory, &config.machine.cmdline)
+            .map_err(|e| Error::Linux(Box::new(e)))?;
+        for (disk, path) in config.machine.disks.iter().zip(&config.host.disk_paths) {
+            crate::devices::virtio::block::open_disk(path, disk.readonly).map_err(|why| {
+                crate::config::ConfigError::Devices(format!("--disk {}: {why}", path.display()))
+            })?;
+        }
         let m = Machine::create(config)?;
         let mem = m.ram.memory();
         tables::write_page_tables(mem, m.ram.end())?;
         tables::write_descriptor_tables(mem, config.machine.vcpus)?;
         let virtio = crate::devices::virtio::device_count(&config.machine);
         let rsdp = acpi::write_linux_tables(mem, config.machine.vcpus, virtio)?;
-        let entry = linux::load(mem, m.ram.size(), boot, &config.machine.cmdline, rsdp)
+        let entry = image
+            .load(mem, &config.machine.cmdline, rsdp)
             .map_err(|e| Error::Linux(Box::new(e)))?;
         let tsc_khz = m.vcpus[0]
             .fd()
