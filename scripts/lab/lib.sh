@@ -9,6 +9,6 @@ check() {
 }
 # wait_for PATH [TENTHS]: until the path exists (an API socket).
 wait_for() {
-    i=0; while [ ! -e "$1" ] && [ $i -lt "${2:-600}" ]; do sleep 0.1; i=$((i+1)); done
+    _w=0; while [ ! -e "$1" ] && [ $_w -lt "${2:-600}" ]; do sleep 0.1; _w=$((_w+1)); done
     [ -e "$1" ]
 }

@@ -21,8 +21,13 @@ check linux-reboot-ends-reboot grep -q '"ended": *"reboot"' /tmp/reboot.json
 dd if=/dev/zero of=/tmp/d0.img bs=1M count=1 2>/dev/null
 printf HOSTPATTERN | dd of=/tmp/d0.img bs=4096 seek=1 conv=notrunc 2>/dev/null
 dd if=/dev/zero of=/tmp/d1.img bs=64k count=1 2>/dev/null
-timeout 300 hover run $K --vcpus 1 --disk /tmp/d0.img --disk /tmp/d1.img,readonly,id=ro --cmdline "$CL lab.disks=1" --console file:/tmp/disk.log --json > /tmp/disk.json 2> /tmp/disk.err
+rm -f /tmp/l.sock
+timeout 300 hover run $K --vcpus 1 --disk /tmp/d0.img --disk /tmp/d1.img,readonly,id=ro --cmdline "$CL lab.disks=1" --console file:/tmp/disk.log --json --api-socket /tmp/l.sock > /tmp/disk.json 2> /tmp/disk.err &
+wait_for /tmp/l.sock
+timeout 60 hover ctl --api-socket /tmp/l.sock --json get > /tmp/get.json 2>&1
+wait $!
 echo "LAB: disk run exit $?"
+check linux-get-shows-kernel-initrd-and-disks sh -c 'grep -q "\"kernel\": *\"vmlinuz\"" /tmp/get.json && grep -q "\"initrd\": *\"initrd\"" /tmp/get.json && grep -q "\"id\": *\"ro\"" /tmp/get.json && grep -q "\"kind\": *\"rng\"" /tmp/get.json || { cat /tmp/get.json; false; }'
 grep -a "GUEST:" /tmp/disk.log | sed 's/^/LAB: /'
 tail -3 /tmp/disk.err | sed 's/^/LAB: stderr: /'
 check linux-reads-a-disk-the-host-wrote grep -q "GUEST: read HOSTPATTERN" /tmp/disk.log

@@ -18,8 +18,8 @@ fn spin_runs_on_two_vcpus_on_hardware_kvm() {
 }
 
 #[test]
-fn memtouch_under_a_budget_parks_tasks_on_async_page_faults_on_hardware_kvm() {
-    assert_ok(&RUN, "builtin", "memtouch", "memtouch-budget-apf");
+fn memtouch_under_a_budget_is_paged_and_intact_on_hardware_kvm() {
+    assert_ok(&RUN, "builtin", "memtouch", "memtouch-budget");
 }
 
 #[test]

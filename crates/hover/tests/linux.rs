@@ -63,3 +63,13 @@ fn a_readonly_disk_refuses_the_guests_writes() {
 fn a_linux_guest_gets_entropy_from_virtio_rng() {
     assert_ok(&RUN, "linux", "rng", "linux-gets-entropy");
 }
+
+#[test]
+fn get_vm_shows_the_kernel_initrd_and_devices() {
+    assert_ok(
+        &RUN,
+        "linux",
+        "GET /vm",
+        "linux-get-shows-kernel-initrd-and-disks",
+    );
+}

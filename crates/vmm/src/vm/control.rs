@@ -217,6 +217,50 @@ pub struct VmInfo {
     pub restored_from: Option<String>,
     /// A live migration under way, if any.
     pub migration: Option<MigrationProgress>,
+    /// A Linux guest's virtio devices, in bus order (absent when none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<DeviceInfo>,
+}
+
+/// One virtio device, for `GET /vm`.
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceInfo {
+    /// `block` or `rng`.
+    pub kind: &'static str,
+    /// A disk's id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Whether a disk is read-only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub readonly: Option<bool>,
+    /// Its MMIO window's first address.
+    pub mmio_base: u64,
+    /// Its IOAPIC pin.
+    pub gsi: u32,
+}
+
+/// The virtio devices of `m`, in bus order.
+fn device_info(m: &crate::config::MachineConfig) -> Vec<DeviceInfo> {
+    use crate::devices::virtio;
+    if virtio::device_count(m) == 0 {
+        return Vec::new();
+    }
+    let disks = m
+        .disks
+        .iter()
+        .map(|d| ("block", Some(d.id.clone()), Some(d.readonly)));
+    let rng = m.rng.then_some(("rng", None, None));
+    disks
+        .chain(rng)
+        .enumerate()
+        .map(|(i, (kind, id, readonly))| DeviceInfo {
+            kind,
+            id,
+            readonly,
+            mmio_base: virtio::window(i),
+            gsi: virtio::gsi(i),
+        })
+        .collect()
 }
 
 /// The VM's status, shared with readers that must not wait for its loop.
@@ -335,6 +379,7 @@ impl Controller {
             config: s.config.clone(),
             restored_from: s.restored_from.clone(),
             migration: s.migration.clone(),
+            devices: device_info(&s.config),
         }
     }
 }

@@ -42,7 +42,9 @@ use crate::{Error, KvmOp};
 use hover_abi::layout::PAGE_SIZE;
 use hover_abi::pv::{FEATURE_ASYNC_PF, FEATURE_ASYNC_PF_INT};
 
-pub use control::{Command, CommandError, Controller, Lifecycle, Reply, SnapshotInfo, VmInfo};
+pub use control::{
+    Command, CommandError, Controller, DeviceInfo, Lifecycle, Reply, SnapshotInfo, VmInfo,
+};
 pub(crate) use control::{Status, VmEvent};
 pub use destination::ReceiveOptions;
 use device_manager::DeviceManager;
