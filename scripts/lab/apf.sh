@@ -7,7 +7,7 @@
 mount -t tracefs none /sys/kernel/tracing 2>/dev/null
 T=/sys/kernel/tracing
 echo 40000 > $T/buffer_size_kb
-for e in kvm_async_pf_not_present kvm_async_pf_ready kvm_async_pf_completed kvm_async_pf_repeated_fault kvm_try_async_get_page kvm_inj_virq kvm_inj_exception; do
+for e in kvm_async_pf_not_present kvm_async_pf_ready kvm_async_pf_completed kvm_async_pf_repeated_fault kvm_try_async_get_page kvm_inj_virq kvm_inj_exception kvm_exit kvm_msr; do
     echo 1 > $T/events/kvm/$e/enable 2>/dev/null || mark "no event $e"
 done
 n=0
@@ -28,7 +28,11 @@ while [ $n -lt 10 ]; do
         echo 0 > $T/tracing_on
         sed 's/^/LAB: out: /' /tmp/r.out | head -20
         for e in not_present ready completed repeated_fault try_async; do mark "count $e $(grep -c "kvm_async_pf_$e\|kvm_$e" $T/trace)"; done
-        grep -v "inj_virq: IRQ 0x40\|inj_virq: IRQ 0x41" $T/trace | tail -60 | sed 's/^/LAB: tr: /'
+        last=$(grep -n "kvm_async_pf_ready" $T/trace | tail -1 | cut -d: -f1)
+        mark "events after the last ready: $(tail -n +$last $T/trace | wc -l); exits by reason:"
+        tail -n +$last $T/trace | grep -o "reason [a-z_]*" | sort | uniq -c | sed 's/^/LAB: /'
+        tail -n +$((last - 30)) $T/trace | head -90 | sed 's/^/LAB: tr: /'
+        tail -15 $T/trace | sed 's/^/LAB: end: /'
         exit 1
     fi
 done

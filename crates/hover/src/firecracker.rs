@@ -139,6 +139,7 @@ pub(crate) fn firecracker(args: FirecrackerArgs) -> ExitCode {
             migration_key: args.files.migration_key,
             boost_tuning: Default::default(),
             disk_paths: Vec::new(),
+            taps: Vec::new(),
         },
         logger: args.log_path.map(|p| models::Logger {
             log_path: p.display().to_string(),

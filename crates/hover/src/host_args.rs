@@ -187,6 +187,7 @@ pub(crate) fn host_config(
             keep_us: boost.boost_keep_us,
         },
         disk_paths: Vec::new(),
+        taps: Vec::new(),
     }
 }
 

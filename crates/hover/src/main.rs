@@ -312,6 +312,12 @@ struct RunArgs {
     /// the guest sees vda, vdb, ...). Repeatable.
     #[arg(long, value_name = "PATH[,readonly][,id=ID]", value_parser = parse::parse_disk, requires = "kernel")]
     disk: Vec<parse::DiskArg>,
+    /// A virtio network card for `--kernel` on a tap device:
+    /// `tap=NAME[,mac=MAC]` (the tap is created if missing, which needs
+    /// CAP_NET_ADMIN; MACs default to 06:00:00:00:00:01, :02, ... in
+    /// order). Repeatable.
+    #[arg(long, value_name = "tap=NAME[,mac=MAC]", value_parser = parse::parse_net, requires = "kernel")]
+    net: Vec<parse::NetArg>,
     /// A virtio entropy device for `--kernel` (entropy from the host's getrandom).
     #[arg(long, value_enum, default_value = "on")]
     rng: OnOff,
@@ -594,6 +600,7 @@ fn run(args: RunArgs) -> ExitCode {
             poll_us: args.boost_poll_us,
         },
         disks: Vec::new(),
+        nets: Vec::new(),
         rng: true,
     };
     let mut machine = machine;
@@ -607,8 +614,19 @@ fn run(args: RunArgs) -> ExitCode {
             readonly: d.readonly,
         })
         .collect();
+    machine.nets = args
+        .net
+        .iter()
+        .enumerate()
+        .map(|(i, n)| hover_vmm::devices::virtio::net::NetConfig {
+            mac: n
+                .mac
+                .unwrap_or_else(|| hover_vmm::devices::virtio::net::default_mac(i)),
+        })
+        .collect();
     let mut host = host_config(&args.out, &args.files, &args.guard, &args.boost_host);
     host.disk_paths = args.disk.iter().map(|d| d.path.clone()).collect();
+    host.taps = args.net.iter().map(|n| n.tap.clone()).collect();
     let config = VmConfig { machine, host };
     finish(
         Vm::new(&config).and_then(run_vm),

@@ -48,6 +48,33 @@ pub fn parse_disk(s: &str) -> Result<DiskArg, String> {
     Ok(disk)
 }
 
+/// A `--net` value: `tap=NAME[,mac=MAC]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetArg {
+    /// The tap device.
+    pub tap: String,
+    /// The card's MAC, if given.
+    pub mac: Option<[u8; 6]>,
+}
+
+/// Parse `tap=NAME[,mac=MAC]`.
+pub fn parse_net(s: &str) -> Result<NetArg, String> {
+    let (mut tap, mut mac) = (None, None);
+    for p in s.split(',') {
+        match p.split_once('=') {
+            Some(("tap", name)) if !name.is_empty() => tap = Some(name.to_string()),
+            Some(("mac", m)) => mac = Some(hover_vmm::devices::virtio::net::parse_mac(m)?),
+            _ => {
+                return Err(format!(
+                    "'{p}': a card takes tap=NAME and mac=MAC (tap=NAME[,mac=MAC])"
+                ))
+            }
+        }
+    }
+    let tap = tap.ok_or("give the tap: tap=NAME[,mac=MAC]")?;
+    Ok(NetArg { tap, mac })
+}
+
 /// A duration such as `0`, `500ns`, `100us`, `2ms`, `1.5ms`, `1s` or
 /// `10m` (at most an hour).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {

@@ -73,3 +73,9 @@ fn get_vm_shows_the_kernel_initrd_and_devices() {
         "linux-get-shows-kernel-initrd-and-disks",
     );
 }
+
+#[test]
+fn a_linux_guest_pings_the_host_over_virtio_net_on_a_tap() {
+    assert_ok(&RUN, "linux", "net", "linux-pings-the-l1-over-virtio-net");
+    assert_ok(&RUN, "linux", "net", "linux-net-has-the-mac-given");
+}

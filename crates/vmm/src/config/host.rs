@@ -121,6 +121,9 @@ pub struct HostConfig {
     /// Each of the machine's disks' file (raw image or block device), in
     /// the order of `MachineConfig::disks`.
     pub disk_paths: Vec<PathBuf>,
+    /// Each of the machine's network cards' tap device, in the order of
+    /// `MachineConfig::nets`.
+    pub taps: Vec<String>,
 }
 
 impl HostConfig {

@@ -163,6 +163,10 @@ pub struct MachineConfig {
     /// guest cannot be snapshotted or migrated yet.
     #[serde(skip)]
     pub disks: Vec<crate::devices::virtio::block::DiskConfig>,
+    /// A Linux guest's virtio network cards (`--net`), in order; their taps
+    /// are the host's (`HostConfig::taps`). Not saved yet, as disks.
+    #[serde(skip)]
+    pub nets: Vec<crate::devices::virtio::net::NetConfig>,
     /// Whether a Linux guest gets a virtio entropy device (default on).
     #[serde(skip)]
     pub rng: bool,
@@ -185,6 +189,7 @@ impl Default for MachineConfig {
             dirty_ring: None,
             boost: BoostConfig::default(),
             disks: Vec::new(),
+            nets: Vec::new(),
             rng: true,
         }
     }
@@ -195,11 +200,20 @@ impl MachineConfig {
     /// device; each needs an interrupt line, and a disk id is unique and
     /// fits the 20 bytes of virtio-blk's get-id.
     fn check_devices(&self) -> Result<(), ConfigError> {
-        let devices = self.disks.len() + usize::from(self.rng && self.guest.is_linux());
-        if !self.disks.is_empty() && !self.guest.is_linux() {
+        let devices =
+            self.disks.len() + self.nets.len() + usize::from(self.rng && self.guest.is_linux());
+        let has_devices = !self.disks.is_empty() || !self.nets.is_empty();
+        if has_devices && !self.guest.is_linux() {
             return Err(ConfigError::Devices(
-                "--disk needs --kernel: the built-in guest has no virtio drivers".into(),
+                "--disk and --net need --kernel: the built-in guest has no virtio drivers".into(),
             ));
+        }
+        for (i, n) in self.nets.iter().enumerate() {
+            if self.nets[..i].iter().any(|o| o.mac == n.mac) {
+                return Err(ConfigError::Devices(
+                    "two --net cards with the same MAC: give each its own mac=".into(),
+                ));
+            }
         }
         let max = crate::devices::virtio::MAX_DEVICES;
         if devices > max {

@@ -225,9 +225,9 @@ pub struct VmInfo {
 /// One virtio device, for `GET /vm`.
 #[derive(Clone, Debug, Serialize)]
 pub struct DeviceInfo {
-    /// `block` or `rng`.
+    /// `block`, `net` or `rng`.
     pub kind: &'static str,
-    /// A disk's id.
+    /// A disk's id, a network card's MAC.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     /// Whether a disk is read-only.
@@ -249,8 +249,13 @@ fn device_info(m: &crate::config::MachineConfig) -> Vec<DeviceInfo> {
         .disks
         .iter()
         .map(|d| ("block", Some(d.id.clone()), Some(d.readonly)));
+    let nets = m.nets.iter().map(|n| {
+        let mac: Vec<String> = n.mac.iter().map(|b| format!("{b:02x}")).collect();
+        ("net", Some(mac.join(":")), None)
+    });
     let rng = m.rng.then_some(("rng", None, None));
     disks
+        .chain(nets)
         .chain(rng)
         .enumerate()
         .map(|(i, (kind, id, readonly))| DeviceInfo {

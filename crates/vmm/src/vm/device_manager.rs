@@ -19,6 +19,7 @@ use crate::devices::serial::{ConsoleSink, IrqTrigger, LineBoost, SerialConsole};
 use crate::devices::virtio::block::{open_disk, Block};
 use crate::devices::virtio::io_thread::{IoThread, Served};
 use crate::devices::virtio::mmio::MmioTransport;
+use crate::devices::virtio::net::{open_tap, Net};
 use crate::devices::virtio::rng::Rng;
 use crate::devices::virtio::{self, VirtioDevice, VirtioSlot};
 use crate::devices::Devices;
@@ -124,6 +125,10 @@ fn virtio_devices(
         let (file, size) = open_disk(path, disk.readonly)
             .map_err(|why| ConfigError::Devices(format!("--disk {}: {why}", path.display())))?;
         devices.push(Box::new(Block::new(disk.clone(), path.clone(), file, size)));
+    }
+    for (net, tap) in m.nets.iter().zip(&config.host.taps) {
+        let file = open_tap(tap).map_err(|why| ConfigError::Devices(format!("--net {why}")))?;
+        devices.push(Box::new(Net::new(net.clone(), tap.clone(), file)));
     }
     if m.rng {
         devices.push(Box::<Rng>::default());

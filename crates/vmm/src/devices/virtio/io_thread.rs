@@ -29,8 +29,10 @@ pub struct IoThread {
     thread: Option<JoinHandle<()>>,
 }
 
-/// The token of the stop eventfd (device tokens are `device << 16 | queue`).
+/// The token of the stop eventfd (device tokens are `device << 16 | queue`,
+/// a device's backend `device << 16 | BACKEND`).
 const STOP: u64 = u64::MAX;
+const BACKEND: u64 = 0xffff;
 
 impl IoThread {
     /// Start serving `devices`.
@@ -43,6 +45,21 @@ impl IoThread {
             EpollEvent::new(EventSet::IN, STOP),
         )?;
         for (d, dev) in devices.iter().enumerate() {
+            let backend = dev
+                .transport
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .backend_fd();
+            if let Some(fd) = backend {
+                epoll.ctl(
+                    ControlOperation::Add,
+                    fd,
+                    EpollEvent::new(
+                        EventSet::IN | EventSet::EDGE_TRIGGERED,
+                        ((d as u64) << 16) | BACKEND,
+                    ),
+                )?;
+            }
             for (q, fd) in dev.notify.iter().enumerate() {
                 let token = ((d as u64) << 16) | q as u64;
                 epoll.ctl(
@@ -81,14 +98,16 @@ fn serve(epoll: &Epoll, devices: &[Served]) {
             }
             let (d, q) = ((token >> 16) as usize, (token & 0xffff) as usize);
             let Some(dev) = devices.get(d) else { continue };
-            // Clear the count first: a notification arriving while the
-            // queue is served wakes this loop again.
-            let _ = dev.notify[q].read();
-            let interrupt = dev
-                .transport
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .process(q);
+            let mut transport = dev.transport.lock().unwrap_or_else(|p| p.into_inner());
+            let interrupt = if q as u64 == BACKEND {
+                transport.backend_event()
+            } else {
+                // Clear the count first: a notification arriving while the
+                // queue is served wakes this loop again.
+                let _ = dev.notify[q].read();
+                transport.process(q)
+            };
+            drop(transport);
             if interrupt {
                 if let Err(e) = dev.irq.write(1) {
                     tracing::warn!("virtio I/O thread: interrupt not raised: {e}");

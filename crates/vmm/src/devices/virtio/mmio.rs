@@ -293,6 +293,26 @@ impl MmioTransport {
         self.status = v | (self.status & VIRTIO_CONFIG_S_NEEDS_RESET);
     }
 
+    /// The device's backend descriptor, if it has one.
+    pub fn backend_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.device.backend_fd()
+    }
+
+    /// The device's backend became ready: whether the driver must be
+    /// interrupted.
+    pub fn backend_event(&mut self) -> bool {
+        let running = self.status & VIRTIO_CONFIG_S_DRIVER_OK != 0
+            && self.status & VIRTIO_CONFIG_S_NEEDS_RESET == 0;
+        if !running {
+            return false;
+        }
+        let used = self.device.backend_ready(&mut self.queues, &self.mem);
+        if used {
+            self.interrupt_status |= VIRTIO_MMIO_INT_VRING;
+        }
+        used
+    }
+
     /// Serve queue `index` (its notification arrived): whether the driver
     /// must be interrupted. Nothing is done for a device that is not
     /// running or a queue that is not ready (that is logged once).

@@ -9,6 +9,7 @@
 pub mod block;
 pub mod io_thread;
 pub mod mmio;
+pub mod net;
 pub mod rng;
 
 use virtio_queue::Queue;
@@ -37,13 +38,13 @@ pub fn gsi(index: usize) -> u32 {
     FIRST_GSI + index as u32
 }
 
-/// How many virtio devices a machine has: its disks, then the entropy
-/// device (Linux guests only), in that order on the bus.
+/// How many virtio devices a machine has: its disks, its network cards,
+/// then the entropy device (Linux guests only), in that order on the bus.
 pub fn device_count(m: &crate::config::MachineConfig) -> usize {
     if !m.guest.is_linux() {
         return 0;
     }
-    m.disks.len() + usize::from(m.rng)
+    m.disks.len() + m.nets.len() + usize::from(m.rng)
 }
 
 /// `VIRTIO_F_VERSION_1`: every Hover device is a modern (1.x) one.
@@ -104,6 +105,15 @@ pub trait VirtioDevice: Send {
     /// Serve every request available on queue `index` of `mem`; whether
     /// any buffer was returned to the driver (then it may be interrupted).
     fn process(&mut self, index: usize, queue: &mut Queue, mem: &GuestMemoryMmap) -> bool;
+    /// A host descriptor whose readiness the device serves (a tap), if any:
+    /// the I/O thread waits on it (edge-triggered) beside the queues.
+    fn backend_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+    /// Its backend became ready: whether any buffer was returned.
+    fn backend_ready(&mut self, _queues: &mut [Queue], _mem: &GuestMemoryMmap) -> bool {
+        false
+    }
 }
 
 /// Copy `config[offset..]` into `data`, zeros past its end.

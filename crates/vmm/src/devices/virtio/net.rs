@@ -1,0 +1,294 @@
+//! virtio-net on a tap device: frames the guest sends go to the tap as
+//! they are (the tap takes virtio's own 12-byte header, `IFF_VNET_HDR`),
+//! frames the tap has go into the guest's receive buffers. No offloads
+//! yet: the guest checksums and segments itself. The tap is opened by name
+//! (`TUNSETIFF`, which creates it if it does not exist; a tap another
+//! process holds is refused as busy).
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+
+use serde::{Deserialize, Serialize};
+use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
+use virtio_bindings::virtio_net::VIRTIO_NET_F_MAC;
+use virtio_queue::{Queue, QueueT, Reader, Writer};
+use vm_memory::GuestMemoryMmap;
+
+use super::{read_config_bytes, VirtioDevice, F_VERSION_1};
+
+/// Each queue's size.
+const QUEUE_SIZE: u16 = 256;
+/// virtio-net's header with VERSION_1 (`struct virtio_net_hdr_v1`).
+const HDR: usize = 12;
+/// The largest frame taken or given: an Ethernet frame of a 64 KiB packet.
+const MAX_FRAME: usize = HDR + 65550;
+const RX: usize = 0;
+const TX: usize = 1;
+
+/// What a network card is to the VM (saved with it): its MAC. The tap's
+/// name is the host's (never saved).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetConfig {
+    /// The card's MAC address.
+    pub mac: [u8; 6],
+}
+
+/// Parse `aa:bb:cc:dd:ee:ff`.
+pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+    let parts: Vec<&str> = s.split(':').collect();
+    let bad = || format!("mac={s}: give six hex bytes, e.g. 06:00:00:00:00:01");
+    if parts.len() != 6 {
+        return Err(bad());
+    }
+    let mut mac = [0u8; 6];
+    for (m, p) in mac.iter_mut().zip(parts) {
+        *m = u8::from_str_radix(p, 16).map_err(|_| bad())?;
+    }
+    if mac[0] & 1 != 0 {
+        return Err(format!("mac={s}: a multicast address cannot be a card's"));
+    }
+    Ok(mac)
+}
+
+/// The default MAC of card `index`: locally administered, unicast.
+pub fn default_mac(index: usize) -> [u8; 6] {
+    [0x06, 0, 0, 0, 0, index as u8 + 1]
+}
+
+const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+const TUNSETVNETHDRSZ: libc::c_ulong = 0x4004_54d8;
+const IFF_TAP: libc::c_short = 0x0002;
+const IFF_NO_PI: libc::c_short = 0x1000;
+const IFF_VNET_HDR: libc::c_short = 0x4000;
+
+/// `struct ifreq` as TUNSETIFF reads it: a name and flags.
+#[repr(C)]
+struct IfReq {
+    name: [u8; 16],
+    flags: libc::c_short,
+    _pad: [u8; 22],
+}
+
+/// Open the tap `name` (created if missing) for frames with virtio's
+/// 12-byte header, non-blocking.
+pub fn open_tap(name: &str) -> Result<File, String> {
+    if name.is_empty() || name.len() >= 16 || name.contains('/') {
+        return Err(format!("tap={name}: a device name of 1 to 15 characters"));
+    }
+    let path = std::ffi::CString::new("/dev/net/tun").expect("no NUL");
+    // SAFETY: opening a device node; the descriptor is owned at once.
+    let fd = unsafe {
+        libc::open(
+            path.as_ptr(),
+            libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(format!(
+            "cannot open /dev/net/tun: {} (is the tun module loaded?)",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: `fd` is a fresh descriptor nobody else owns.
+    let file = unsafe { File::from_raw_fd(fd) };
+    let mut req = IfReq {
+        name: [0; 16],
+        flags: IFF_TAP | IFF_NO_PI | IFF_VNET_HDR,
+        _pad: [0; 22],
+    };
+    req.name[..name.len()].copy_from_slice(name.as_bytes());
+    // SAFETY: TUNSETIFF reads an ifreq of this layout; the result is checked.
+    if unsafe { libc::ioctl(fd, TUNSETIFF as _, &mut req) } < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(match e.raw_os_error() {
+            Some(libc::EBUSY) => format!("tap={name}: busy (another process has it open)"),
+            Some(libc::EPERM) => {
+                format!("tap={name}: not allowed ({e}; CAP_NET_ADMIN, or a tap made for this user)")
+            }
+            Some(libc::EINVAL) => {
+                format!("tap={name}: {e} (is {name} a tun device rather than a tap?)")
+            }
+            _ => format!("tap={name}: {e}"),
+        });
+    }
+    let size: libc::c_int = HDR as libc::c_int;
+    // SAFETY: TUNSETVNETHDRSZ reads an int; the result is checked.
+    if unsafe { libc::ioctl(fd, TUNSETVNETHDRSZ as _, &size) } < 0 {
+        return Err(format!("tap={name}: {}", std::io::Error::last_os_error()));
+    }
+    Ok(file)
+}
+
+/// A virtio network card on a tap.
+pub struct Net {
+    config: NetConfig,
+    name: String,
+    tap: File,
+    buf: Vec<u8>,
+    /// A frame read from the tap that found no receive buffer yet.
+    pending: Option<usize>,
+    complained: bool,
+}
+
+impl Net {
+    /// The card `config` on the open tap `tap` (named `name`, for logs).
+    pub fn new(config: NetConfig, name: String, tap: File) -> Net {
+        Net {
+            config,
+            name,
+            tap,
+            buf: vec![0; MAX_FRAME],
+            pending: None,
+            complained: false,
+        }
+    }
+
+    fn complain(&mut self, why: &str) {
+        if !self.complained {
+            tracing::warn!("virtio net {}: {why}", self.name);
+            self.complained = true;
+        }
+    }
+
+    /// Send every frame the guest queued.
+    fn transmit(&mut self, queue: &mut Queue, mem: &GuestMemoryMmap) -> bool {
+        let mut used = false;
+        while let Some(chain) = queue.pop_descriptor_chain(mem) {
+            let head = chain.head_index();
+            match Reader::new(mem, chain) {
+                Ok(mut r) => {
+                    let n = r.available_bytes();
+                    if !(HDR..=MAX_FRAME).contains(&n) {
+                        self.complain(&format!(
+                            "a {n}-byte frame to send (12 to {MAX_FRAME} taken)"
+                        ));
+                    } else if r.read_exact(&mut self.buf[..n]).is_ok() {
+                        // A full tap (nobody reads it) drops the frame, as a wire would.
+                        let _ = self.tap.write(&self.buf[..n]);
+                    }
+                }
+                Err(_) => self.complain("a frame whose buffers are outside guest memory or loop"),
+            }
+            if queue.add_used(mem, head, 0).is_err() {
+                return used;
+            }
+            used = true;
+        }
+        used
+    }
+
+    /// Give the guest every frame the tap has, while it has buffers.
+    fn receive(&mut self, queue: &mut Queue, mem: &GuestMemoryMmap) -> bool {
+        let mut used = false;
+        loop {
+            let n = match self.pending.take() {
+                Some(n) => n,
+                None => match self.tap.read(&mut self.buf) {
+                    Ok(n) if n >= HDR => n,
+                    Ok(_) => continue,
+                    Err(_) => return used, // EAGAIN: drained (or the tap went away)
+                },
+            };
+            // No offloads: one buffer per frame, num_buffers = 1.
+            self.buf[10..12].copy_from_slice(&1u16.to_le_bytes());
+            let Some(chain) = queue.pop_descriptor_chain(mem) else {
+                self.pending = Some(n);
+                return used;
+            };
+            let head = chain.head_index();
+            let written = match Writer::new(mem, chain) {
+                Ok(mut w) if w.available_bytes() >= n => match w.write_all(&self.buf[..n]) {
+                    Ok(()) => n as u32,
+                    Err(_) => 0,
+                },
+                Ok(_) => {
+                    self.complain("a receive buffer smaller than a frame (frame dropped)");
+                    0
+                }
+                Err(_) => {
+                    self.complain("a receive buffer outside guest memory or looping");
+                    0
+                }
+            };
+            if queue.add_used(mem, head, written).is_err() {
+                return used;
+            }
+            used = true;
+        }
+    }
+}
+
+impl VirtioDevice for Net {
+    fn device_id(&self) -> u32 {
+        VIRTIO_ID_NET
+    }
+
+    fn name(&self) -> String {
+        format!("net {}", self.name)
+    }
+
+    fn features(&self) -> u64 {
+        F_VERSION_1 | (1 << VIRTIO_NET_F_MAC)
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &[QUEUE_SIZE, QUEUE_SIZE]
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        // struct virtio_net_config starts with the MAC.
+        read_config_bytes(&self.config.mac, offset, data)
+    }
+
+    fn process(&mut self, index: usize, queue: &mut Queue, mem: &GuestMemoryMmap) -> bool {
+        match index {
+            TX => self.transmit(queue, mem),
+            // New receive buffers: frames waiting for them go in now.
+            RX => self.receive(queue, mem),
+            _ => false,
+        }
+    }
+
+    fn backend_fd(&self) -> Option<RawFd> {
+        Some(self.tap.as_raw_fd())
+    }
+
+    fn backend_ready(&mut self, queues: &mut [Queue], mem: &GuestMemoryMmap) -> bool {
+        match queues.get_mut(RX) {
+            Some(q) if q.ready() => self.receive(q, mem),
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn macs_parse_and_bad_ones_are_refused() {
+        assert_eq!(
+            parse_mac("06:00:ac:10:00:02").unwrap(),
+            [6, 0, 0xac, 0x10, 0, 2]
+        );
+        for bad in [
+            "06:00:ac:10:00",
+            "zz:00:00:00:00:01",
+            "01:00:00:00:00:01",
+            "",
+        ] {
+            assert!(parse_mac(bad).is_err(), "{bad}");
+        }
+        assert_eq!(default_mac(0), [6, 0, 0, 0, 0, 1]);
+    }
+
+    #[test]
+    fn tap_names_are_checked_before_the_device_is_opened() {
+        assert!(open_tap("").unwrap_err().contains("1 to 15"));
+        assert!(open_tap("a-name-far-too-long")
+            .unwrap_err()
+            .contains("1 to 15"));
+        assert!(open_tap("../x").unwrap_err().contains("1 to 15"));
+    }
+}
