@@ -1,6 +1,6 @@
-# The reproducer of an open defect (docs/LAB.md, "Found in the lab"): the
-# built-in guest with async PF now and then hangs (a lazy restore) or
-# triple-faults (memtouch under a budget) on real KVM. Alternates the two
+# The reproducer of the lab's VINTR defect (docs/LAB.md, "Found in the
+# lab"): the built-in guest with async PF now and then hangs (a lazy
+# restore) or triple-faults (memtouch under a budget) under QEMU's TCG. Alternates the two
 # until one fails (at most 10 rounds), with KVM's async-PF tracepoints on,
 # and prints the trace's end for the failing run. Not in the test suite.
 . /lab/lib.sh

@@ -6,17 +6,16 @@ H="timeout 300 hover"
 check hello $H run --console off
 check spin-2-vcpus $H run --vcpus 2 --cmdline "workload=spin seconds=1" --console off
 # Under a budget smaller than the touched memory: the pager evicts and
-# brings pages back, and the guest's checksums hold. Without async PF here:
-# with it, the guest now and then triple-faults or hangs on this KVM (an
-# open defect; scripts/lab/apf.sh reproduces it, docs/LAB.md).
+# brings pages back, and the guest's checksums hold. Without async PF here,
+# for the lab's sake (see start_kvstore below).
 check memtouch-budget sh -c '
     timeout 300 hover run --memory 128M --memory-budget 32M --async-pf off --cmdline "workload=memtouch size=48M" --console off --stats > /tmp/mt.out 2>&1 || { tail -20 /tmp/mt.out; exit 1; }
     grep -q "guest exited with code 0" /tmp/mt.out && grep -E "evicted|pager:" /tmp/mt.out | head -2'
 
 # start_kvstore SECONDS: a kvstore guest with an API socket at /tmp/a.sock.
-# Without async PF: with it, a lazy restore hangs now and then on this KVM
-# (about 1 run in 7: a "page ready" whose interrupt is never taken; see
-# docs/LAB.md and scripts/lab/apf.sh), a defect still open.
+# Without async PF: with it, a lazy restore hangs now and then in the lab
+# (QEMU's TCG mishandles the interrupt window KVM opens for a "page ready";
+# docs/LAB.md, scripts/lab/apf.sh).
 start_kvstore() {
     rm -f /tmp/a.sock
     $H run --vcpus 1 --async-pf off --api-socket /tmp/a.sock --cmdline "workload=kvstore wss=16M rate=2000 seconds=$1" --console off > /tmp/run.out 2>&1 &

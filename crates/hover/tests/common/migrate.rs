@@ -53,6 +53,12 @@ pub fn finish(child: Child) -> (Option<i32>, serde_json::Value, String) {
 /// workload's deadline against a loaded host.
 #[allow(dead_code)] // not every test file uses every helper
 pub fn shut_down_receiver(child: Child, socket: &std::path::Path) -> serde_json::Value {
+    // The receiver publishes its API once the guest runs there, which can
+    // be a moment after the source has heard that it does.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !socket.exists() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     Vm {
         child: Some(child),
         socket: socket.into(),
