@@ -48,14 +48,7 @@ const ENTRY_64_OFFSET: u64 = 0x200;
 /// Where a bzImage's setup header starts.
 const HEADER_OFFSET: usize = 0x1f1;
 
-/// A Linux kernel to boot and its initrd.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LinuxBoot {
-    /// A bzImage or an x86-64 ELF vmlinux.
-    pub kernel: PathBuf,
-    /// An initramfs, if any.
-    pub initrd: Option<PathBuf>,
-}
+pub use crate::config::LinuxBoot;
 
 /// Why a kernel or initrd was refused.
 #[derive(Debug, thiserror::Error)]

@@ -36,7 +36,7 @@ pub enum GuestImage {
     Loaded(String),
     /// A Linux kernel and its initrd, read at boot. In a restored or
     /// received VM only their file names are left (nothing is opened).
-    Linux(crate::boot::linux::LinuxBoot),
+    Linux(super::devices::LinuxBoot),
 }
 
 impl GuestImage {
@@ -90,12 +90,10 @@ impl From<SavedGuest> for GuestImage {
         match g {
             SavedGuest::Builtin => GuestImage::Builtin,
             SavedGuest::External(n) => GuestImage::Loaded(n),
-            SavedGuest::Linux { kernel, initrd } => {
-                GuestImage::Linux(crate::boot::linux::LinuxBoot {
-                    kernel: kernel.into(),
-                    initrd: initrd.map(Into::into),
-                })
-            }
+            SavedGuest::Linux { kernel, initrd } => GuestImage::Linux(super::devices::LinuxBoot {
+                kernel: kernel.into(),
+                initrd: initrd.map(Into::into),
+            }),
         }
     }
 }
@@ -162,14 +160,19 @@ pub struct MachineConfig {
     /// the host's (`HostConfig::disk_paths`). Not saved yet: a Linux
     /// guest cannot be snapshotted or migrated yet.
     #[serde(skip)]
-    pub disks: Vec<crate::devices::virtio::block::DiskConfig>,
+    pub disks: Vec<super::devices::DiskConfig>,
     /// A Linux guest's virtio network cards (`--net`), in order; their taps
     /// are the host's (`HostConfig::taps`). Not saved yet, as disks.
     #[serde(skip)]
-    pub nets: Vec<crate::devices::virtio::net::NetConfig>,
+    pub nets: Vec<super::devices::NetConfig>,
     /// Whether a Linux guest gets a virtio entropy device (default on).
-    #[serde(skip)]
+    #[serde(skip, default = "rng_default")]
     pub rng: bool,
+}
+
+/// A Linux guest has an entropy device unless told otherwise.
+fn rng_default() -> bool {
+    true
 }
 
 impl Default for MachineConfig {
@@ -190,7 +193,7 @@ impl Default for MachineConfig {
             boost: BoostConfig::default(),
             disks: Vec::new(),
             nets: Vec::new(),
-            rng: true,
+            rng: rng_default(),
         }
     }
 }
@@ -215,7 +218,7 @@ impl MachineConfig {
                 ));
             }
         }
-        let max = crate::devices::virtio::MAX_DEVICES;
+        let max = super::devices::MAX_VIRTIO_DEVICES;
         if devices > max {
             return Err(ConfigError::Devices(format!(
                 "{devices} virtio devices, more than the {max} interrupt lines Hover gives them"

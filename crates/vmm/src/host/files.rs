@@ -118,9 +118,8 @@ pub fn read_input(path: &Path, max: u64) -> io::Result<Vec<u8>> {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!(
-                "{} is larger than the {} it must fit in",
-                crate::config::size_text(meta.len()),
-                crate::config::size_text(max)
+                "{} bytes, larger than the {max} bytes it must fit in",
+                meta.len()
             ),
         ));
     }

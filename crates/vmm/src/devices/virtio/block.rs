@@ -10,7 +10,6 @@ use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP,
     VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT,
@@ -31,15 +30,7 @@ const CHUNK: usize = 64 << 10;
 /// A get-id answer's length.
 const ID_BYTES: usize = 20;
 
-/// What a disk is to the VM (saved with it): its id, size and whether it
-/// is read-only. Its path is the host's (never saved).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DiskConfig {
-    /// The id the guest reads (get-id, at most 20 bytes), unique in the VM.
-    pub id: String,
-    /// Whether the guest may write.
-    pub readonly: bool,
-}
+pub use crate::config::DiskConfig;
 
 /// The request header every request starts with.
 #[derive(Clone, Copy, Debug, Default)]

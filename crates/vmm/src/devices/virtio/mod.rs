@@ -25,8 +25,9 @@ pub const MMIO_WINDOW: u64 = 0x1000;
 pub const FIRST_GSI: u32 = 5;
 /// The IOAPIC's pins.
 const IOAPIC_PINS: u32 = 24;
-/// How many devices the interrupt lines allow.
-pub const MAX_DEVICES: usize = (IOAPIC_PINS - FIRST_GSI) as usize;
+/// How many devices the interrupt lines allow (the configuration's limit).
+pub const MAX_DEVICES: usize = crate::config::MAX_VIRTIO_DEVICES;
+const _: () = assert!(MAX_DEVICES == (IOAPIC_PINS - FIRST_GSI) as usize);
 
 /// Device `index`'s MMIO window.
 pub fn window(index: usize) -> u64 {

@@ -9,7 +9,6 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 
-use serde::{Deserialize, Serialize};
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_bindings::virtio_net::VIRTIO_NET_F_MAC;
 use virtio_queue::{Queue, QueueT, Reader, Writer};
@@ -26,13 +25,7 @@ const MAX_FRAME: usize = HDR + 65550;
 const RX: usize = 0;
 const TX: usize = 1;
 
-/// What a network card is to the VM (saved with it): its MAC. The tap's
-/// name is the host's (never saved).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NetConfig {
-    /// The card's MAC address.
-    pub mac: [u8; 6],
-}
+pub use crate::config::NetConfig;
 
 /// Parse `aa:bb:cc:dd:ee:ff`.
 pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {

@@ -1,0 +1,38 @@
+//! What a Linux guest's kernel and devices are to the VM: the kernel and
+//! initrd to boot, each disk's id and read-only flag, each network card's
+//! MAC. The files and taps behind them are the host's (`HostConfig`).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// How many virtio devices a VM may have: one IOAPIC pin each, from pin 5
+/// (0-4 are the PC's timer, keyboard, cascade and serial lines) to 23.
+pub const MAX_VIRTIO_DEVICES: usize = 19;
+
+/// A Linux kernel to boot and its initrd.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LinuxBoot {
+    /// A bzImage or an x86-64 ELF vmlinux.
+    pub kernel: PathBuf,
+    /// An initramfs, if any.
+    pub initrd: Option<PathBuf>,
+}
+
+/// What a disk is to the VM (saved with it): its id, size and whether it
+/// is read-only. Its path is the host's (never saved).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskConfig {
+    /// The id the guest reads (get-id, at most 20 bytes), unique in the VM.
+    pub id: String,
+    /// Whether the guest may write.
+    pub readonly: bool,
+}
+
+/// What a network card is to the VM (saved with it): its MAC. The tap's
+/// name is the host's (never saved).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetConfig {
+    /// The card's MAC address.
+    pub mac: [u8; 6],
+}
