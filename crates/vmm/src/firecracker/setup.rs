@@ -406,7 +406,7 @@ fn check_kernel(path: &Path) -> Result<GuestImage, String> {
     head.truncate(n);
     if head.get(0x202..0x206) == Some(b"HdrS") {
         return Err(format!(
-            "kernel_image_path {shown} is a Linux bzImage: Hover boots an x86-64 ELF executable such as `hover guest-image` writes (Linux does not run on this host's KVM; docs/FIRECRACKER.md)"
+            "kernel_image_path {shown} is a Linux bzImage: the Firecracker API boots Hover's own guest for now, an x86-64 ELF executable such as `hover guest-image` writes; boot Linux with `hover run --kernel` (docs/FIRECRACKER.md)"
         ));
     }
     if !head.starts_with(b"\x7fELF") {
