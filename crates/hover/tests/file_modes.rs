@@ -5,12 +5,11 @@
 mod common;
 
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{hover_cmd, Scratch};
+use common::{hover_cmd_umask0, Scratch};
 use hover_vmm::api::ApiClient;
 use hover_vmm::host::kvm_for_test;
 
@@ -28,16 +27,12 @@ fn wait_for(p: &Path) {
 
 /// `hover ARGS` with umask 000.
 fn hover_umask0(args: &[&str]) -> std::process::Child {
-    let mut cmd = hover_cmd();
-    cmd.args(args).stdout(Stdio::null()).stderr(Stdio::piped());
-    // SAFETY: umask is async-signal-safe and touches only the child.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::umask(0);
-            Ok(())
-        });
-    }
-    cmd.spawn().unwrap()
+    hover_cmd_umask0()
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 #[test]

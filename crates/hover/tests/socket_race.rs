@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{hover_cmd, Scratch};
+use common::{hover_cmd_umask0, Scratch};
 use hover_vmm::host::kvm_for_test;
 
 const STARTS: usize = 100;
@@ -92,16 +92,12 @@ fn wait_for(p: &Path, child: &mut Child) -> bool {
 
 /// Start `args` (naming `sock`) under umask 000, wait for its socket, end it.
 fn start_and_end(args: &[&str], sock: &Path) {
-    let mut cmd = hover_cmd();
-    cmd.args(args).stdout(Stdio::null()).stderr(Stdio::null());
-    // SAFETY: umask is async-signal-safe and touches only the child.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::umask(0);
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().unwrap();
+    let mut child = hover_cmd_umask0()
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     assert!(wait_for(sock, &mut child), "{args:?}: no socket");
     let mode = std::fs::symlink_metadata(sock)
         .unwrap()

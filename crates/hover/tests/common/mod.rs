@@ -21,6 +21,22 @@ pub fn hover_cmd() -> Command {
     Command::new(env!("CARGO_BIN_EXE_hover"))
 }
 
+/// [`hover_cmd`] with the file-creation mask 000 in the child: what a
+/// careless parent hands down, under which Hover's files and sockets must
+/// still be the owner's only.
+pub fn hover_cmd_umask0() -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = hover_cmd();
+    // SAFETY: umask is async-signal-safe and touches only the child.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::umask(0);
+            Ok(())
+        });
+    }
+    cmd
+}
+
 /// Run hover to completion.
 pub fn hover(args: &[&str]) -> Output {
     hover_cmd().args(args).output().expect("hover runs")

@@ -361,18 +361,6 @@ fn too_small_for_initrd(len: usize) -> LinuxError {
     ))
 }
 
-/// Read, check and load `boot` into `mem` (`memory` bytes of guest RAM)
-/// with `cmdline`: [`LinuxImage::read`], then [`LinuxImage::load`].
-pub fn load(
-    mem: &GuestMemoryMmap,
-    memory: u64,
-    boot: &LinuxBoot,
-    cmdline: &str,
-    rsdp: u64,
-) -> Result<LinuxEntry, LinuxError> {
-    LinuxImage::read(boot, memory, cmdline)?.load(mem, cmdline, rsdp)
-}
-
 /// Where an initrd of `len` bytes goes: as high as the protocol allows
 /// (below `addr_max` and the end of low RAM), page-aligned, above the
 /// kernel's end. None: it does not fit.
@@ -385,6 +373,18 @@ fn place_initrd(len: u64, kernel_end: u64, ram_low: u64, addr_max: u64) -> Optio
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Read, check and load `boot` into `mem` (`memory` bytes of guest RAM)
+    /// with `cmdline`: [`LinuxImage::read`], then [`LinuxImage::load`].
+    fn load(
+        mem: &GuestMemoryMmap,
+        memory: u64,
+        boot: &LinuxBoot,
+        cmdline: &str,
+        rsdp: u64,
+    ) -> Result<LinuxEntry, LinuxError> {
+        LinuxImage::read(boot, memory, cmdline)?.load(mem, cmdline, rsdp)
+    }
 
     /// A minimal bzImage: a boot sector, 4 sectors of setup with a header
     /// of `version` and `xloadflags`, then `payload` bytes of kernel.
