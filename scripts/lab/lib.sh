@@ -12,3 +12,8 @@ wait_for() {
     _w=0; while [ ! -e "$1" ] && [ $_w -lt "${2:-600}" ]; do sleep 0.1; _w=$((_w+1)); done
     [ -e "$1" ]
 }
+# wait_for_text TEXT FILE [TENTHS]: until FILE holds TEXT (a guest's mark).
+wait_for_text() {
+    _w=0; while ! grep -qa "$1" "$2" 2>/dev/null && [ $_w -lt "${3:-600}" ]; do sleep 0.1; _w=$((_w+1)); done
+    grep -qa "$1" "$2"
+}

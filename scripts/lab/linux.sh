@@ -34,17 +34,43 @@ check linux-reads-a-disk-the-host-wrote grep -q "GUEST: read HOSTPATTERN" /tmp/d
 check linux-writes-a-disk-the-host-reads sh -c '[ "$(dd if=/tmp/d0.img bs=4096 skip=2 count=1 2>/dev/null | head -c 10)" = GUESTWROTE ]'
 check linux-readonly-disk-refuses-writes sh -c 'grep -q "GUEST: ro-write refused" /tmp/disk.log && grep -q "vdb ro=1" /tmp/disk.log && [ "$(od -An -tx1 -N1 /tmp/d1.img | tr -d " ")" = 00 ]'
 check linux-gets-entropy grep -q "GUEST: rng virtio_rng.0 [0-9a-f]\{32\}" /tmp/disk.log
-# A network card on a tap Hover creates; the L1's side gets a link-local
-# address, and the guest pings it (nothing leaves the L1: it has no NIC).
+# A network card on a tap made beforehand (Hover opens taps, never makes
+# them); the L1's side gets a link-local address, and the guest pings it
+# (nothing leaves the L1: it has no NIC). A second VM on the same tap
+# while the first holds it is refused as busy.
+tunctl -t tap0 > /dev/null
+ip addr add 169.254.1.1/16 dev tap0 && ip link set tap0 up
 timeout 300 hover run $K --vcpus 1 --net tap=tap0,mac=06:00:ac:10:00:02 --rng off --cmdline "$CL lab.net=1" --console file:/tmp/net.log --json > /tmp/net.json 2> /tmp/net.err &
 hp=$!
-_n=0; while [ ! -e /sys/class/net/tap0 ] && [ $_n -lt 600 ]; do sleep 0.1; _n=$((_n+1)); done
-ip addr add 169.254.1.1/16 dev tap0 && ip link set tap0 up
+wait_for_text "GUEST: up" /tmp/net.log
+timeout 60 hover run $K --vcpus 1 --net tap=tap0 --console off > /dev/null 2> /tmp/busy.err
+busy=$?
 wait $hp
 echo "LAB: net run exit $?"
 grep -a "GUEST:" /tmp/net.log | sed 's/^/LAB: /'
 tail -3 /tmp/net.err | sed 's/^/LAB: stderr: /'
 check linux-pings-the-l1-over-virtio-net grep -q "GUEST: ping ok" /tmp/net.log
 check linux-net-has-the-mac-given grep -q "GUEST: eth0 06:00:ac:10:00:02" /tmp/net.log
+check linux-net-busy-tap-refused sh -c '[ '$busy' = 2 ] && grep -q "tap=tap0: busy" /tmp/busy.err || { cat /tmp/busy.err; false; }'
+timeout 60 hover run $K --vcpus 1 --net tap=tap9 --console off > /dev/null 2> /tmp/notap.err
+notap=$?
+check linux-net-missing-tap-refused sh -c '[ '$notap' = 2 ] && grep -q "tap=tap9: no such network device" /tmp/notap.err || { cat /tmp/notap.err; false; }'
+# --console stdio: what is typed reaches the guest's shell on ttyS0, and
+# Ctrl-A x ends the VM.
+rm -f /tmp/tty.in; mkfifo /tmp/tty.in
+timeout 300 hover run $K --vcpus 1 --rng off --cmdline "$CL lab.then=shell" --console stdio < /tmp/tty.in > /tmp/tty.log 2> /tmp/tty.err &
+hp=$!
+exec 3> /tmp/tty.in
+wait_for_text "GUEST: done, shell" /tmp/tty.log
+sleep 1
+printf 'echo typed-$((6*7))\n' >&3
+wait_for_text "typed-42" /tmp/tty.log 300
+printf '\001x' >&3
+exec 3>&-
+wait $hp
+tty=$?
+echo "LAB: stdio run exit $tty"
+check linux-console-stdio-reaches-the-shell grep -q "^typed-42" /tmp/tty.log
+check linux-console-ctrl-a-x-ends-the-vm sh -c '[ '$tty' = 0 ] && grep -q "shut down" /tmp/tty.log || { tail -5 /tmp/tty.log; cat /tmp/tty.err; false; }'
 [ $FAILED = 0 ] || { tail -40 /tmp/boot.log; cat /tmp/boot.err; tail -40 /tmp/disk.log; }
 exit $FAILED

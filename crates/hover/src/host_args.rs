@@ -13,16 +13,17 @@ use hover_vmm::config::{
     ConsoleTarget, GuestLimits, HostConfig, MigrationKey, PageStore, SeccompMode,
 };
 
-/// Parse a console target: `stdout`, `stderr`, `off`, or `file:PATH`.
+/// Parse a console target: `stdout`, `stderr`, `stdio`, `off`, or `file:PATH`.
 pub(crate) fn parse_console(s: &str) -> Result<ConsoleTarget, String> {
     match s {
         "stdout" => Ok(ConsoleTarget::Stdout),
+        "stdio" => Ok(ConsoleTarget::Stdio),
         "stderr" => Ok(ConsoleTarget::Stderr),
         "off" => Ok(ConsoleTarget::Off),
         _ => match s.strip_prefix("file:") {
             Some(path) if !path.is_empty() => Ok(ConsoleTarget::File(PathBuf::from(path))),
             _ => Err(format!(
-                "unknown console '{s}': use stdout, stderr, off or file:PATH"
+                "unknown console '{s}': use stdout, stderr, stdio, off or file:PATH"
             )),
         },
     }
@@ -150,8 +151,10 @@ pub(crate) struct RunOutput {
     /// exit.
     #[arg(long)]
     pub(crate) api_socket: Option<PathBuf>,
-    /// Where the guest console goes: stdout, stderr, off or file:PATH
-    /// [default: stdout, or stderr with --json].
+    /// Where the guest console goes: stdout, stderr, off, file:PATH, or
+    /// stdio (interactive: what is typed reaches the guest; a terminal is
+    /// put in raw mode until the VM ends; Ctrl-A x ends the VM, Ctrl-A
+    /// Ctrl-A types Ctrl-A) [default: stdout, or stderr with --json].
     #[arg(long, value_parser = parse_console)]
     pub(crate) console: Option<ConsoleTarget>,
     /// Print the outcome (exit code, reports, timings, memory) as JSON on stdout.
@@ -163,14 +166,18 @@ pub(crate) struct RunOutput {
     pub(crate) stats: bool,
 }
 
-/// This host's settings from its flags.
+/// This host's settings from its flags; flags that cannot go together
+/// are refused.
 pub(crate) fn host_config(
     out: &RunOutput,
     files: &HostFileArgs,
     guard: &GuardArgs,
     boost: &BoostHostArgs,
-) -> HostConfig {
-    HostConfig {
+) -> Result<HostConfig, String> {
+    if out.json && matches!(out.console, Some(ConsoleTarget::Stdio)) {
+        return Err("--console stdio puts the guest's console on standard output, where --json puts the outcome: use one of them (or --console file:PATH with --json)".into());
+    }
+    Ok(HostConfig {
         console: console_for(out.console.clone(), out.json),
         api_socket: out.api_socket.clone(),
         page_store: PageStore {
@@ -188,7 +195,7 @@ pub(crate) fn host_config(
         },
         disk_paths: Vec::new(),
         taps: Vec::new(),
-    }
+    })
 }
 
 /// The console: as given, else stdout (stderr with --json, whose stdout is

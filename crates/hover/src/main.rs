@@ -506,7 +506,10 @@ fn receive(args: ReceiveArgs) -> ExitCode {
         }
     };
     let opts = RestoreOptions {
-        host: host_config(&args.out, &args.files, &args.guard, &args.boost_host),
+        host: match host_config(&args.out, &args.files, &args.guard, &args.boost_host) {
+            Ok(h) => h,
+            Err(e) => return bad_input(&e),
+        },
         ..Default::default()
     };
     let announce = |at: &str| eprintln!("hover: waiting for a migrating VM on {at}");
@@ -535,7 +538,10 @@ fn restore(args: RestoreArgs) -> ExitCode {
             MemoryRestoreArg::Prefetch => MemoryRestore::Prefetch,
         },
         prefetch_rate: args.prefetch_rate,
-        host: host_config(&args.out, &args.files, &args.guard, &args.boost_host),
+        host: match host_config(&args.out, &args.files, &args.guard, &args.boost_host) {
+            Ok(h) => h,
+            Err(e) => return bad_input(&e),
+        },
     };
     finish(
         Vm::restore(&args.path, &opts).and_then(run_vm),
@@ -624,7 +630,10 @@ fn run(args: RunArgs) -> ExitCode {
                 .unwrap_or_else(|| hover_vmm::devices::virtio::net::default_mac(i)),
         })
         .collect();
-    let mut host = host_config(&args.out, &args.files, &args.guard, &args.boost_host);
+    let mut host = match host_config(&args.out, &args.files, &args.guard, &args.boost_host) {
+        Ok(h) => h,
+        Err(e) => return bad_input(&e),
+    };
     host.disk_paths = args.disk.iter().map(|d| d.path.clone()).collect();
     host.taps = args.net.iter().map(|n| n.tap.clone()).collect();
     let config = VmConfig { machine, host };
@@ -649,4 +658,10 @@ pub(crate) fn fail(e: &Error) -> ExitCode {
 pub(crate) fn die_on_broken_pipe() {
     // SAFETY: restoring a signal's default disposition is always sound.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}
+
+/// Refuse bad input: one line, exit 2.
+fn bad_input(why: &str) -> ExitCode {
+    eprintln!("hover: error: {why}");
+    ExitCode::from(EXIT_BAD_INPUT)
 }

@@ -42,7 +42,10 @@ pub fn print_summary(o: &RunOutcome) {
             w,
             "hover: the guest rebooted; the VM ended (start it again to boot anew)"
         ),
-        (EndReason::Shutdown, _) => out!(w, "hover: the VM was shut down through its API"),
+        (EndReason::Shutdown, _) => out!(
+            w,
+            "hover: the VM was shut down (through its API, or Ctrl-A x on its console)"
+        ),
         (EndReason::Signal, _) => out!(
             w,
             "hover: the VM was ended by {} (exit status {})",

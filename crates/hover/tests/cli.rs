@@ -617,6 +617,10 @@ fn linux_boot_refusals_are_one_line_and_exit_2_before_anything_starts() {
             vec!["--kernel", &good, "--disk", &disk_fast],
             "readonly and id=ID",
         ),
+        (
+            vec!["--kernel", &good, "--net", "tap=hvnosuchtap9"],
+            "no such network device",
+        ),
         (vec!["--disk", &disk], "--kernel"),
         (vec!["--initrd", &disk], "--kernel"),
         (

@@ -79,3 +79,25 @@ fn a_linux_guest_pings_the_host_over_virtio_net_on_a_tap() {
     assert_ok(&RUN, "linux", "net", "linux-pings-the-l1-over-virtio-net");
     assert_ok(&RUN, "linux", "net", "linux-net-has-the-mac-given");
 }
+
+#[test]
+fn a_tap_held_by_another_vm_or_missing_is_refused() {
+    assert_ok(&RUN, "linux", "busy tap", "linux-net-busy-tap-refused");
+    assert_ok(
+        &RUN,
+        "linux",
+        "missing tap",
+        "linux-net-missing-tap-refused",
+    );
+}
+
+#[test]
+fn console_stdio_types_to_a_linux_shell_and_ctrl_a_x_ends_the_vm() {
+    assert_ok(
+        &RUN,
+        "linux",
+        "stdio",
+        "linux-console-stdio-reaches-the-shell",
+    );
+    assert_ok(&RUN, "linux", "stdio", "linux-console-ctrl-a-x-ends-the-vm");
+}

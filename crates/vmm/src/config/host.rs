@@ -26,6 +26,10 @@ pub enum ConsoleTarget {
     Stdout,
     /// Standard error.
     Stderr,
+    /// Standard output, and standard input typed to the guest
+    /// ([`crate::devices::console_in`]: raw mode on a terminal, Ctrl-A x
+    /// ends the VM).
+    Stdio,
     /// Discarded.
     Off,
     /// A file, created or truncated.
@@ -39,6 +43,7 @@ impl fmt::Debug for ConsoleTarget {
         match self {
             ConsoleTarget::Stdout => f.write_str("stdout"),
             ConsoleTarget::Stderr => f.write_str("stderr"),
+            ConsoleTarget::Stdio => f.write_str("stdio"),
             ConsoleTarget::Off => f.write_str("off"),
             ConsoleTarget::File(p) => write!(f, "file:{}", p.display()),
             ConsoleTarget::Buffer(_) => f.write_str("buffer"),

@@ -2,6 +2,7 @@
 //! for Linux guests the ACPI power-management port (power-off and reset)
 //! and the keyboard controller's reset line.
 
+pub mod console_in;
 pub mod control;
 pub mod gate;
 pub mod limits;

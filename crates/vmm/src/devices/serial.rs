@@ -201,7 +201,7 @@ impl ConsoleSink {
     /// Open `target` (creating a file if asked).
     pub fn open(target: &ConsoleTarget) -> io::Result<Self> {
         let out: Option<Box<dyn Write + Send>> = match target {
-            ConsoleTarget::Stdout => Some(Box::new(io::stdout())),
+            ConsoleTarget::Stdout | ConsoleTarget::Stdio => Some(Box::new(io::stdout())),
             ConsoleTarget::Stderr => Some(Box::new(io::stderr())),
             ConsoleTarget::Off => None,
             ConsoleTarget::File(p) => Some(Box::new(crate::host::files::open_output(
@@ -354,6 +354,23 @@ impl SerialConsole {
     /// A guest read of register `offset`.
     pub fn read(&self, offset: u8) -> u8 {
         self.lock().read(offset)
+    }
+
+    /// Put `bytes` in the receive FIFO, as many as it has room for
+    /// (raising the receive interrupt if the guest enabled it); how many.
+    pub fn enqueue(&self, bytes: &[u8]) -> usize {
+        let mut uart = self.lock();
+        let room = uart.fifo_capacity().min(bytes.len());
+        if room == 0 {
+            return 0;
+        }
+        match uart.enqueue_raw_bytes(&bytes[..room]) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!("console input not delivered: {e}");
+                0
+            }
+        }
     }
 
     /// When the guest wrote its first console byte.

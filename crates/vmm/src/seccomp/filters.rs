@@ -15,12 +15,13 @@ use seccompiler::{
 use super::{Kind, Mode};
 
 /// Every kind, for checking that all filters compile.
-pub const KINDS: [Kind; 11] = [
+pub const KINDS: [Kind; 12] = [
     Kind::Vcpu,
     Kind::Pager,
     Kind::Io,
     Kind::Virtio,
     Kind::Api,
+    Kind::Console,
     Kind::Governor,
     Kind::Boost,
     Kind::Timer,
@@ -249,6 +250,19 @@ fn allow_list(kind: Kind) -> Vec<Allow> {
                 libc::SYS_preadv,
                 libc::SYS_pwritev,
                 libc::SYS_fdatasync,
+            ]));
+        }
+        Kind::Console => {
+            // Standard input and its stop eventfd (poll, read); the UART's
+            // interrupt (KVM_IRQ_LINE) and the boost it gives, as the
+            // timer's.
+            v.push(ioctl_types(&[KVM]));
+            v.extend(priorities());
+            v.extend(any(&[
+                libc::SYS_tgkill,
+                libc::SYS_poll,
+                libc::SYS_ppoll,
+                libc::SYS_read,
             ]));
         }
         Kind::Timer => {

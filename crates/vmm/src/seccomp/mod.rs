@@ -58,6 +58,8 @@ pub enum Kind {
     Virtio,
     /// The API server and its request threads.
     Api,
+    /// Feeds standard input to the serial console (`--console stdio`).
+    Console,
     /// The halt-polling governor.
     Governor,
     /// The boost monitor.
@@ -84,6 +86,7 @@ impl Kind {
             Kind::Io => "io",
             Kind::Virtio => "virtio",
             Kind::Api => "api",
+            Kind::Console => "console",
             Kind::Governor => "governor",
             Kind::Boost => "boost",
             Kind::Timer => "timer",

@@ -336,6 +336,13 @@ impl Controller {
         }
     }
 
+    /// Send `cmd` without waiting for its result (a console's Ctrl-A x:
+    /// the VM's loop may be busy with a command before it).
+    pub fn send(&self, cmd: Command) {
+        let (tx, _) = mpsc::channel();
+        let _ = self.tx.send(VmEvent::Command(cmd, tx));
+    }
+
     /// End the run for `signal`, without waiting (the signal watcher must
     /// not block). A command under way (a migration) finishes first: a
     /// post-copy destination still needs this VM's pages.

@@ -11,7 +11,8 @@ use virtio_bindings::virtio_mmio::VIRTIO_MMIO_QUEUE_NOTIFY;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::persist::{LoadError, Persist};
-use crate::config::{ConfigError, VmConfig};
+use crate::config::{ConfigError, ConsoleTarget, VmConfig};
+use crate::devices::console_in::ConsoleInput;
 use crate::devices::control::ControlDevice;
 use crate::devices::msi::MsiInjector;
 use crate::devices::pvio::PvioDevice;
@@ -44,6 +45,10 @@ pub(crate) struct DeviceManager {
     _virtio_io: Option<IoThread>,
     /// Whether the guest is Linux (its state cannot be saved yet).
     linux: bool,
+    /// Whether standard input is typed to the console (`--console stdio`).
+    stdio: bool,
+    /// The thread doing it, while the VM runs.
+    console_in: Option<ConsoleInput>,
 }
 
 impl DeviceManager {
@@ -103,8 +108,30 @@ impl DeviceManager {
             host_writes,
             _virtio_io: virtio_io,
             linux: config.machine.guest.is_linux(),
+            stdio: matches!(config.host.console, ConsoleTarget::Stdio),
+            console_in: None,
         };
         Ok((devices, booster))
+    }
+
+    /// With `--console stdio`, start typing standard input to COM1;
+    /// `quit` ends the VM (Ctrl-A x).
+    pub(crate) fn start_console_input(&mut self, quit: Box<dyn Fn() + Send>) -> Result<(), Error> {
+        if self.stdio && self.console_in.is_none() {
+            let input = ConsoleInput::start(libc::STDIN_FILENO, self.bus.clone(), quit).map_err(
+                |source| Error::Host {
+                    what: "read the console from standard input",
+                    source,
+                },
+            )?;
+            self.console_in = Some(input);
+        }
+        Ok(())
+    }
+
+    /// Stop reading standard input and give the terminal back its settings.
+    pub(crate) fn stop_console_input(&mut self) {
+        self.console_in = None;
     }
 }
 

@@ -137,7 +137,11 @@ impl Vm {
             what: "start the boost monitor",
             source,
         })?;
-        let spawned = r.spawn_vcpus();
+        let spawned = r.spawn_vcpus().and_then(|()| {
+            let c = r.vm.controller();
+            r.vm.devices
+                .start_console_input(Box::new(move || c.send(Command::Shutdown)))
+        });
         // A prefetching restore's loader begins once the vCPUs run.
         r.vm.begin_prefetch();
         // Every thread runs: from here this one is confined too.
@@ -177,6 +181,7 @@ impl Vm {
         let exited_at = Instant::now();
         r.set_state(Lifecycle::Exited, None);
         let cpu_us: Vec<u64> = r.vcpus.drain(..).map(|h| h.stop().unwrap_or(0)).collect();
+        r.vm.devices.stop_console_input();
         r.vm.booster.stop();
         // Before the pager stops: its fetches may wait on pages in flight.
         let postcopy = r.vm.postcopy_in.take().map(|p| p.finish());

@@ -2,8 +2,9 @@
 //! they are (the tap takes virtio's own 12-byte header, `IFF_VNET_HDR`),
 //! frames the tap has go into the guest's receive buffers. No offloads
 //! yet: the guest checksums and segments itself. The tap is opened by name
-//! (`TUNSETIFF`, which creates it if it does not exist; a tap another
-//! process holds is refused as busy).
+//! (`TUNSETIFF`); it must exist (Hover does not create network devices:
+//! who may use one, its addresses and bridge are the host's to set), and
+//! one another process holds is refused as busy.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -63,11 +64,19 @@ struct IfReq {
     _pad: [u8; 22],
 }
 
-/// Open the tap `name` (created if missing) for frames with virtio's
-/// 12-byte header, non-blocking.
+/// Open the existing tap `name` for frames with virtio's 12-byte header,
+/// non-blocking.
 pub fn open_tap(name: &str) -> Result<File, String> {
     if name.is_empty() || name.len() >= 16 || name.contains('/') {
         return Err(format!("tap={name}: a device name of 1 to 15 characters"));
+    }
+    let cname = std::ffi::CString::new(name)
+        .map_err(|_| format!("tap={name}: a device name of 1 to 15 characters"))?;
+    // SAFETY: reads a NUL-terminated name.
+    if unsafe { libc::if_nametoindex(cname.as_ptr()) } == 0 {
+        return Err(format!(
+            "tap={name}: no such network device (create the tap first, e.g. `ip tuntap add {name} mode tap user $USER`)"
+        ));
     }
     let path = std::ffi::CString::new("/dev/net/tun").expect("no NUL");
     // SAFETY: opening a device node; the descriptor is owned at once.
@@ -100,7 +109,7 @@ pub fn open_tap(name: &str) -> Result<File, String> {
                 format!("tap={name}: not allowed ({e}; CAP_NET_ADMIN, or a tap made for this user)")
             }
             Some(libc::EINVAL) => {
-                format!("tap={name}: {e} (is {name} a tun device rather than a tap?)")
+                format!("tap={name}: not a tap device ({e}): give a tap's name (`ip tuntap add {name} mode tap`)")
             }
             _ => format!("tap={name}: {e}"),
         });
