@@ -178,6 +178,8 @@ l1_initrd() { # SCENARIO
     guest_initrd "$s" "$r/lab/initrd"
     cp "$HERE/l1-init" "$r/init"; chmod +x "$r/init"
     cp "$HERE/lib.sh" "$r/lab/lib.sh"
+    # What the scenario's host-side step made (scripts/lab/SCENARIO.prep.sh).
+    [ -d "$WORK/files" ] && cp -r "$WORK/files/." "$r/lab/"
     if [ "$s" = shell ]; then : > "$r/lab/shell"; else cp "$HERE/$s.sh" "$r/lab/scenario.sh"; fi
     # Uncompressed: TCG would spend longer inflating it than copying it.
     (cd "$r" && find . | cpio -o -H newc 2>/dev/null) > "$WORK/l1.cpio"
@@ -196,11 +198,15 @@ boot_l1() { # SERIAL-ARGS...
 run() { # SCENARIO
     local s=$1
     ready
-    [ -f "$HERE/$s.sh" ] || die "no scenario $s (scripts/lab/*.sh: $(cd "$HERE" && ls *.sh | grep -v -e '^lib.sh$' -e '\.guest\.sh$' | sed 's/\.sh$//' | tr '\n' ' '))"
+    [ -f "$HERE/$s.sh" ] || die "no scenario $s (scripts/lab/*.sh: $(cd "$HERE" && ls *.sh | grep -v -e '^lib.sh$' -e '\.guest\.sh$' -e '\.prep\.sh$' | sed 's/\.sh$//' | tr '\n' ' '))"
     HOVER=${HOVER:-$ROOT/target/release/hover}
     [ -x "$HOVER" ] || die "no hover binary at $HOVER (cargo build --release -p hover, or set HOVER)"
     WORK=${LAB_OUT:-$LAB/runs/$s-$(date +%s)-$$}
     mkdir -p "$WORK"
+    if [ -f "$HERE/$s.prep.sh" ]; then
+        mkdir -p "$WORK/files"
+        bash "$HERE/$s.prep.sh" "$WORK/files" > "$WORK/prep.log" 2>&1 || { cat "$WORK/prep.log" >&2; die "$s.prep.sh failed"; }
+    fi
     l1_initrd "$s"
     local rc=0
     timeout --foreground -k 10 "${LAB_TIMEOUT:-600}" bash -c "$(declare -f boot_l1 QEMU_BIN); LAB='$LAB' WORK='$WORK' LAB_MEM='${LAB_MEM:-}' LAB_TIMEOUT='${LAB_TIMEOUT:-600}' boot_l1 -serial file:'$WORK/console.log' -monitor none" \

@@ -208,7 +208,7 @@ fn the_command_line_is_firecrackers_and_never_claims_to_be_it() {
     let cfg = dir.path("vm.json");
     std::fs::write(
         &cfg,
-        r#"{"boot-source": {"kernel_image_path": "x"}, "drives": [{"drive_id": "rootfs"}]}"#,
+        r#"{"boot-source": {"kernel_image_path": "x"}, "vsock": {"guest_cid": 3, "uds_path": "/tmp/v"}}"#,
     )
     .unwrap();
     let out = hover(&[
@@ -218,8 +218,29 @@ fn the_command_line_is_firecrackers_and_never_claims_to_be_it() {
         cfg.to_str().unwrap(),
     ]);
     assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("vsock"), "{}", text(&out.stderr));
+    // Drives go to a Linux guest only.
+    let image = common::firecracker::guest(&dir);
+    let disk = dir.path("disk.img");
+    std::fs::write(&disk, [0u8; 4096]).unwrap();
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"{{"boot-source": {{"kernel_image_path": "{}"}}, "drives": [{{"drive_id": "rootfs", "path_on_host": "{}", "is_root_device": true}}]}}"#,
+            image.display(),
+            disk.display()
+        ),
+    )
+    .unwrap();
+    let out = hover(&[
+        "firecracker",
+        "--no-api",
+        "--config-file",
+        cfg.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(
-        text(&out.stderr).contains("drives"),
+        text(&out.stderr).contains("need a Linux guest"),
         "{}",
         text(&out.stderr)
     );
@@ -284,4 +305,90 @@ fn a_vm_a_firecracker_client_started_migrates_with_hover_ctl() {
         o["ended"], "power_off",
         "the guest ran on to its verified end: {o}"
     );
+}
+
+#[test]
+fn drives_interfaces_and_entropy_are_checked_kept_and_shown_before_the_start() {
+    if !kvm_for_test("drives_interfaces_and_entropy_are_checked_kept_and_shown_before_the_start") {
+        return;
+    }
+    let dir = Scratch::new("fc-devices");
+    let image = guest(&dir);
+    let disk = dir.path("root.img");
+    std::fs::write(&disk, [0u8; 8192]).unwrap();
+    let fc = Fc::spawn(&dir, &[]);
+    let s = &fc.sock;
+    let drive = |id: &str, path: &std::path::Path, root: bool| {
+        format!(
+            r#"{{"drive_id": "{id}", "path_on_host": "{}", "is_root_device": {root}, "is_read_only": false}}"#,
+            path.display()
+        )
+    };
+    done(s, "PUT", "/drives/rootfs", &drive("rootfs", &disk, true));
+    refused(
+        s,
+        "PUT",
+        "/drives/data",
+        &drive("other", &disk, false),
+        "does not match",
+    );
+    refused(
+        s,
+        "PUT",
+        "/drives/data",
+        &drive("data", std::path::Path::new("/nonexistent.img"), false),
+        "path_on_host",
+    );
+    refused(
+        s,
+        "PUT",
+        "/drives/second",
+        &drive("second", &disk, true),
+        "root block device already exists",
+    );
+    refused(
+        s,
+        "PUT",
+        "/network-interfaces/eth0",
+        r#"{"iface_id": "eth0", "host_dev_name": "hvnosuchtap5"}"#,
+        "no such network device",
+    );
+    refused(
+        s,
+        "PUT",
+        "/entropy",
+        r#"{"rate_limiter": {"bandwidth": {"size": 1, "refill_time": 100}}}"#,
+        "rate limiters",
+    );
+    done(s, "PUT", "/entropy", "{}");
+    refused(
+        s,
+        "PATCH",
+        "/drives/rootfs",
+        r#"{"drive_id": "rootfs"}"#,
+        "PUT it again",
+    );
+    let (status, config) = req(s, "GET", "/vm/config", "");
+    assert_eq!(status, 200, "{config}");
+    let v: serde_json::Value = serde_json::from_str(&config).unwrap();
+    assert_eq!(v["drives"][0]["drive_id"], "rootfs", "{config}");
+    assert_eq!(v["drives"].as_array().unwrap().len(), 1, "{config}");
+    assert!(v["entropy"].is_object(), "{config}");
+    // Hover's own guest has no virtio drivers: the start is refused, and
+    // the server goes on configuring.
+    done(
+        s,
+        "PUT",
+        "/boot-source",
+        &format!(r#"{{"kernel_image_path": "{}"}}"#, image.display()),
+    );
+    refused(
+        s,
+        "PUT",
+        "/actions",
+        r#"{"action_type": "InstanceStart"}"#,
+        "need a Linux guest",
+    );
+    let (status, _) = req(s, "GET", "/", "");
+    assert_eq!(status, 200);
 }

@@ -104,7 +104,7 @@ fn out_of_order_and_malformed_requests_get_a_reason_and_change_nothing() {
         "PUT",
         "/boot-source",
         &format!(r#"{{"kernel_image_path": "{}"}}"#, notes.display()),
-        "not an ELF",
+        "neither a Linux kernel",
     );
     let bz = dir.path("bzImage");
     let mut b = vec![0u8; 1024];
@@ -115,7 +115,7 @@ fn out_of_order_and_malformed_requests_get_a_reason_and_change_nothing() {
         "PUT",
         "/boot-source",
         &format!(r#"{{"kernel_image_path": "{}"}}"#, bz.display()),
-        "bzImage",
+        "2.12 or later",
     );
     let with_initrd = format!(
         r#"{{"kernel_image_path": "{}", "initrd_path": "{}"}}"#,

@@ -1,13 +1,30 @@
 //! `hover firecracker` driven by the real Firecracker Go SDK (v1.0.0): the
 //! Go module in compat/firecracker-sdk, run with `go test` against this
-//! build's binary. Needs Go (`scripts/install-go.sh`, which `.ci/run`
-//! calls) and KVM; without Go the test fails under `CI` and is skipped
-//! with a printed reason otherwise.
+//! build's binary, and its Linux test compiled and run in the KVM lab
+//! (`scripts/lab/sdk.sh`). Needs Go (`scripts/install-go.sh`, which
+//! `.ci/run` calls) and KVM; without Go the tests fail under `CI` and are
+//! skipped with a printed reason otherwise.
+
+mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use common::lab::{assert_ok, Cell};
 use hover_vmm::host::kvm_for_test;
+
+static LAB: Cell = Cell::new();
+
+/// Go, or None (and a printed reason) where a test may be skipped.
+fn go_or_skip(test: &str) -> Option<PathBuf> {
+    let go = go();
+    if go.is_none() {
+        let why = "no `go` command (scripts/install-go.sh installs one)";
+        assert!(std::env::var_os("CI").is_none(), "{test}: {why}");
+        eprintln!("skipped {test}: {why}");
+    }
+    go
+}
 
 /// The `go` command: on PATH, or where the machine image keeps it.
 fn go() -> Option<PathBuf> {
@@ -27,10 +44,7 @@ fn the_go_sdk_starts_snapshots_resumes_loads_and_stops_hover() {
     if !kvm_for_test("the_go_sdk_starts_snapshots_resumes_loads_and_stops_hover") {
         return;
     }
-    let Some(go) = go() else {
-        let why = "no `go` command (scripts/install-go.sh installs one)";
-        assert!(std::env::var_os("CI").is_none(), "{why}");
-        eprintln!("skipped: {why}");
+    let Some(go) = go_or_skip("the_go_sdk_starts_snapshots_resumes_loads_and_stops_hover") else {
         return;
     };
     let module = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../compat/firecracker-sdk");
@@ -47,7 +61,7 @@ fn the_go_sdk_starts_snapshots_resumes_loads_and_stops_hover() {
     assert!(out.status.success(), "go test failed:\n{text}");
     for name in [
         "TestStartSnapshotResumeAndLoad",
-        "TestADriveIsRefused",
+        "TestADriveOnHoversOwnGuestIsRefused",
         "TestStopVMMEndsARunningVM",
     ] {
         assert!(
@@ -55,4 +69,17 @@ fn the_go_sdk_starts_snapshots_resumes_loads_and_stops_hover() {
             "{name} did not pass:\n{text}"
         );
     }
+}
+
+#[test]
+fn the_go_sdk_boots_linux_with_a_root_drive_in_the_lab() {
+    if go_or_skip("the_go_sdk_boots_linux_with_a_root_drive_in_the_lab").is_none() {
+        return;
+    }
+    assert_ok(
+        &LAB,
+        "sdk",
+        "the_go_sdk_boots_linux_with_a_root_drive_in_the_lab",
+        "sdk-boots-linux-with-a-root-drive",
+    );
 }

@@ -124,6 +124,46 @@ fn format(path: &Path, bytes: &[u8]) -> Result<Format, LinuxError> {
     ))
 }
 
+/// Whether `head` (a file's first 4 KiB) starts a Linux kernel: a bzImage,
+/// or an x86-64 ELF with a segment linked in the kernel's half of the
+/// address space (a vmlinux; Hover's own guests are linked low).
+pub fn is_linux_kernel(head: &[u8]) -> bool {
+    if head.len() >= 0x206 && u32_at(head, 0x202) == HDRS {
+        return true;
+    }
+    let elf64_x86 = head.len() >= 64
+        && head.starts_with(b"\x7fELF")
+        && head[4] == 2
+        && head[5] == 1
+        && u16_at(head, 18) == 62;
+    if !elf64_x86 {
+        return false;
+    }
+    let u64_at = |o: usize| {
+        head.get(o..o + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+    };
+    let (Some(phoff), phentsize, phnum) = (u64_at(32), u16_at(head, 54), u16_at(head, 56)) else {
+        return false;
+    };
+    (0..usize::from(phnum)).any(|i| {
+        let at = phoff as usize + i * usize::from(phentsize);
+        // PT_LOAD, and p_vaddr's top bit set.
+        head.get(at..at + 4) == Some(&1u32.to_le_bytes()[..])
+            && u64_at(at + 16).is_some_and(|v| v >> 63 == 1)
+    })
+}
+
+/// Check what a kernel's first bytes (`head`, at least 4 KiB or the whole
+/// file) say before it is read whole: its format, and a bzImage's boot
+/// protocol, entry and size against `memory` bytes of guest RAM.
+pub fn check_head(path: &Path, head: &[u8], memory: u64) -> Result<(), LinuxError> {
+    if format(path, head)? == Format::BzImage {
+        check_header(path, &header(path, head)?, ram_low(memory))?;
+    }
+    Ok(())
+}
+
 fn u16_at(b: &[u8], o: usize) -> u16 {
     u16::from_le_bytes([b[o], b[o + 1]])
 }
@@ -373,6 +413,42 @@ fn place_initrd(len: u64, kernel_end: u64, ram_low: u64, addr_max: u64) -> Optio
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An x86-64 ELF header with one PT_LOAD segment at `vaddr`.
+    fn elf_with_load_at(vaddr: u64) -> Vec<u8> {
+        let mut b = vec![0u8; 4096];
+        b[..4].copy_from_slice(b"\x7fELF");
+        b[4] = 2;
+        b[5] = 1;
+        b[16..18].copy_from_slice(&2u16.to_le_bytes());
+        b[18..20].copy_from_slice(&62u16.to_le_bytes());
+        b[32..40].copy_from_slice(&64u64.to_le_bytes());
+        b[54..56].copy_from_slice(&56u16.to_le_bytes());
+        b[56..58].copy_from_slice(&1u16.to_le_bytes());
+        b[64..68].copy_from_slice(&1u32.to_le_bytes());
+        b[80..88].copy_from_slice(&vaddr.to_le_bytes());
+        b
+    }
+
+    #[test]
+    fn linux_kernels_are_told_from_hovers_own_guests() {
+        assert!(is_linux_kernel(&bzimage(0x020f, 1, 1 << 20, 4096)));
+        assert!(is_linux_kernel(&elf_with_load_at(0xffff_ffff_8100_0000)));
+        assert!(!is_linux_kernel(&elf_with_load_at(0x40_0000)));
+        assert!(!is_linux_kernel(&crate::boot::BUILTIN_GUEST[..4096]));
+        assert!(!is_linux_kernel(b"\x7fELF"));
+        assert!(!is_linux_kernel(&[0u8; 4096]));
+    }
+
+    #[test]
+    fn a_kernels_head_is_checked_before_it_is_read_whole() {
+        let p = Path::new("k");
+        check_head(p, &bzimage(0x020f, 1, 1 << 20, 0), 256 << 20).unwrap();
+        let old = check_head(p, &bzimage(0x0206, 1, 1 << 20, 0), 256 << 20).unwrap_err();
+        assert!(old.to_string().contains("2.12"), "{old}");
+        let big = check_head(p, &bzimage(0x020f, 1, 64 << 20, 0), 32 << 20).unwrap_err();
+        assert!(big.to_string().contains("too small"), "{big}");
+    }
 
     /// Read, check and load `boot` into `mem` (`memory` bytes of guest RAM)
     /// with `cmdline`: [`LinuxImage::read`], then [`LinuxImage::load`].

@@ -12,6 +12,7 @@
 //! by the caller's thread in [`serve`] (`setup.rs`), which then runs the
 //! VM; once it runs, requests go to the VM's controller (`runtime.rs`).
 
+mod devices;
 mod metrics;
 pub mod models;
 mod runtime;
@@ -300,13 +301,16 @@ pub(crate) fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, An
 }
 
 /// Firecracker's endpoints Hover answers: (method, path).
-pub const ENDPOINTS: [(&str, &str); 13] = [
+pub const ENDPOINTS: [(&str, &str); 16] = [
     ("GET", "/"),
     ("GET", "/version"),
     ("GET", "/machine-config"),
     ("PUT", "/machine-config"),
     ("PATCH", "/machine-config"),
     ("PUT", "/boot-source"),
+    ("PUT", "/drives/{drive_id}"),
+    ("PUT", "/network-interfaces/{iface_id}"),
+    ("PUT", "/entropy"),
     ("PUT", "/actions"),
     ("PATCH", "/vm"),
     ("GET", "/vm/config"),
@@ -318,16 +322,27 @@ pub const ENDPOINTS: [(&str, &str); 13] = [
 
 /// Firecracker's device endpoints, refused whatever the method: (path or
 /// prefix of `path/ID`, what it is).
-pub const DEVICES: [(&str, &str); 8] = [
-    ("/drives", "block devices (drives)"),
-    ("/network-interfaces", "network interfaces"),
+pub const DEVICES: [(&str, &str); 5] = [
     ("/vsock", "vsock devices"),
     ("/balloon", "a balloon device"),
     ("/mmds", "MMDS (the metadata service)"),
-    ("/entropy", "an entropy device"),
     ("/cpu-config", "custom CPU templates"),
     ("/hotplug", "hot-plugging"),
 ];
+
+/// Whether `method path` is one of [`ENDPOINTS`] (`{...}` in an endpoint
+/// stands for one non-empty path segment).
+fn is_endpoint(method: &str, path: &str) -> bool {
+    ENDPOINTS.iter().any(|&(m, p)| {
+        m == method
+            && match p.split_once('{') {
+                Some((prefix, _)) => path
+                    .strip_prefix(prefix)
+                    .is_some_and(|id| !id.is_empty() && !id.contains('/')),
+                None => p == path,
+            }
+    })
+}
 
 /// The refusal for a device Hover does not have, if `path` names one.
 fn refused_device(path: &str) -> Option<Answer> {
@@ -336,9 +351,7 @@ fn refused_device(path: &str) -> Option<Answer> {
         .find(|(p, _)| path == *p || path.strip_prefix(p).is_some_and(|r| r.starts_with('/')))?;
     Some(fault(
         400,
-        format!(
-            "Hover has no {what}: its guests keep their data in memory and reach the host through Hover's paravirtual I/O device (docs/FIRECRACKER.md)"
-        ),
+        format!("Hover has no {what} (docs/FIRECRACKER.md lists what it answers)"),
     ))
 }
 
@@ -349,7 +362,15 @@ fn handle(shared: &Shared, req: &http::Request) -> Answer {
     if let Some(refused) = refused_device(path) {
         return refused;
     }
-    if !ENDPOINTS.contains(&(method, path)) {
+    if method == "PATCH"
+        && (path.starts_with("/drives/") || path.starts_with("/network-interfaces/"))
+    {
+        return fault(
+            400,
+            "Hover does not change a drive or network interface once configured (no rate limiters, no new path_on_host): PUT it again before the start",
+        );
+    }
+    if !is_endpoint(method, path) {
         if crate::api::Endpoint::is_hover_path(path) {
             return match shared.slot.routes() {
                 Some(routes) => routes.handle(req),

@@ -61,14 +61,74 @@ pub struct MachineConfigurationPatch {
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct BootSource {
-    /// The guest image: an x86-64 ELF executable.
+    /// The guest: a Linux kernel (bzImage or x86-64 vmlinux), or Hover's
+    /// own guest (an x86-64 ELF executable).
     pub kernel_image_path: String,
     /// The guest's command line.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_args: Option<String>,
-    /// An initrd (refused: Hover's guests have none).
+    /// A Linux kernel's initramfs (refused with Hover's own guest).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initrd_path: Option<String>,
+}
+
+/// `PUT /drives/{drive_id}`: a virtio-blk disk of a Linux guest.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Drive {
+    /// The disk's id (the guest reads it through get-id).
+    pub drive_id: String,
+    /// The raw image file or block device.
+    pub path_on_host: String,
+    /// The guest's root file system: the first disk (`/dev/vda`), named
+    /// on the command line (`root=/dev/vda rw`, or `ro`).
+    pub is_root_device: bool,
+    /// Read-only for the guest (opened read-only).
+    #[serde(default)]
+    pub is_read_only: bool,
+    /// The root partition's unique id (`root=PARTUUID=...`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partuuid: Option<String>,
+    /// `Unsafe` or `Writeback`: Hover honours every flush either way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_type: Option<String>,
+    /// `Sync` or `Async`: Hover's disks are served on the VM's I/O thread.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_engine: Option<String>,
+    /// Rate limits (refused: Hover has none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limiter: Option<serde_json::Value>,
+    /// A vhost-user socket (refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket: Option<String>,
+}
+
+/// `PUT /network-interfaces/{iface_id}`: a virtio-net card on a tap.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkInterface {
+    /// The interface's id.
+    pub iface_id: String,
+    /// The existing tap device the card sends and receives through.
+    pub host_dev_name: String,
+    /// The card's MAC (default: Hover's `06:00:00:00:00:NN` by order).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_mac: Option<String>,
+    /// Receive rate limits (refused: Hover has none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rx_rate_limiter: Option<serde_json::Value>,
+    /// Transmit rate limits (refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tx_rate_limiter: Option<serde_json::Value>,
+}
+
+/// `PUT /entropy`: a virtio-rng device.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EntropyDevice {
+    /// Rate limits (refused: Hover has none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limiter: Option<serde_json::Value>,
 }
 
 /// `PUT /actions`.
@@ -193,12 +253,12 @@ pub struct FullVmConfiguration {
     /// The metrics.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics: Option<Metrics>,
-    /// Block devices (none: Hover has none; refused if given).
+    /// Block devices (a Linux guest's).
     #[serde(default)]
-    pub drives: Vec<serde_json::Value>,
-    /// Network interfaces (none; refused if given).
+    pub drives: Vec<Drive>,
+    /// Network interfaces (a Linux guest's).
     #[serde(rename = "network-interfaces", default)]
-    pub network_interfaces: Vec<serde_json::Value>,
+    pub network_interfaces: Vec<NetworkInterface>,
     /// vsock (refused if given).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vsock: Option<serde_json::Value>,
@@ -208,26 +268,20 @@ pub struct FullVmConfiguration {
     /// MMDS (refused if given).
     #[serde(rename = "mmds-config", skip_serializing_if = "Option::is_none")]
     pub mmds_config: Option<serde_json::Value>,
-    /// Entropy device (refused if given).
+    /// Entropy device (a Linux guest's).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub entropy: Option<serde_json::Value>,
+    pub entropy: Option<EntropyDevice>,
 }
 
 impl FullVmConfiguration {
     /// The first device in it that Hover does not have, if any.
     pub fn device_refused(&self) -> Option<&'static str> {
-        if !self.drives.is_empty() {
-            Some("drives")
-        } else if !self.network_interfaces.is_empty() {
-            Some("network-interfaces")
-        } else if self.vsock.is_some() {
+        if self.vsock.is_some() {
             Some("vsock")
         } else if self.balloon.is_some() {
             Some("balloon")
         } else if self.mmds_config.is_some() {
             Some("mmds-config")
-        } else if self.entropy.is_some() {
-            Some("entropy")
         } else {
             None
         }

@@ -6,13 +6,15 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::devices::LinuxDevices;
 use super::models::{
-    BootSource, FullVmConfiguration, InstanceActionInfo, InstanceInfo, Logger,
-    MachineConfiguration, MachineConfigurationPatch, Metrics, SnapshotLoadParams,
+    BootSource, Drive, EntropyDevice, FullVmConfiguration, InstanceActionInfo, InstanceInfo,
+    Logger, MachineConfiguration, MachineConfigurationPatch, Metrics, NetworkInterface,
+    SnapshotLoadParams,
 };
 use super::{done, fault, ok, parse, FirecrackerError, LoggerHook, Shared};
 use crate::api::http::Answer;
-use crate::config::{GuestImage, HostConfig, MachineConfig, VmConfig};
+use crate::config::{GuestImage, HostConfig, LinuxBoot, MachineConfig, VmConfig};
 use crate::vm::{MemoryRestore, RestoreOptions, Vm};
 
 /// What a request led to.
@@ -35,6 +37,8 @@ pub(super) struct Setup {
     host: HostConfig,
     machine: MachineConfiguration,
     boot: Option<(BootSource, GuestImage)>,
+    /// A Linux guest's drives, network interfaces and entropy device.
+    devices: LinuxDevices,
     /// Whether anything but the logger and metrics was configured (a
     /// snapshot load is refused then, as Firecracker refuses it).
     configured: bool,
@@ -49,6 +53,7 @@ impl Setup {
             host,
             machine: MachineConfiguration::default(),
             boot: None,
+            devices: LinuxDevices::default(),
             configured: false,
             signalled: None,
         };
@@ -61,6 +66,9 @@ impl Setup {
         let mut c = self.shared.config.lock().unwrap_or_else(|p| p.into_inner());
         c.machine_config = Some(self.machine.clone());
         c.boot_source = self.boot.as_ref().map(|(b, _)| b.clone());
+        c.drives = self.devices.drives.clone();
+        c.network_interfaces = self.devices.nets.clone();
+        c.entropy = self.devices.entropy.clone();
     }
 
     /// Answer one request before the start.
@@ -88,6 +96,20 @@ impl Setup {
             ("PUT", "/machine-config") => self.put_machine(body),
             ("PATCH", "/machine-config") => self.patch_machine(body),
             ("PUT", "/boot-source") => self.put_boot(body),
+            ("PUT", "/entropy") => match parse::<EntropyDevice>(body) {
+                Ok(e) => self.device(|d| d.put_entropy(e)),
+                Err(a) => a,
+            },
+            ("PUT", p) if p.starts_with("/drives/") => match parse::<Drive>(body) {
+                Ok(d) => self.device(|s| s.put_drive(&p["/drives/".len()..], d)),
+                Err(a) => a,
+            },
+            ("PUT", p) if p.starts_with("/network-interfaces/") => {
+                match parse::<NetworkInterface>(body) {
+                    Ok(n) => self.device(|s| s.put_net(&p["/network-interfaces/".len()..], n)),
+                    Err(a) => a,
+                }
+            }
             ("PUT", "/logger") => match parse::<Logger>(body) {
                 Ok(l) => self
                     .logger(&l, set_logger)
@@ -140,21 +162,43 @@ impl Setup {
         done()
     }
 
+    /// Configure a device with `put`: 204, or 400 with its refusal.
+    fn device(&mut self, put: impl FnOnce(&mut LinuxDevices) -> Result<(), String>) -> Answer {
+        match put(&mut self.devices) {
+            Ok(()) => {
+                self.configured = true;
+                self.publish();
+                done()
+            }
+            Err(e) => fault(400, e),
+        }
+    }
+
     fn put_boot(&mut self, body: &[u8]) -> Answer {
         let b = match parse::<BootSource>(body) {
             Ok(b) => b,
             Err(a) => return a,
         };
-        if b.initrd_path.is_some() {
-            return fault(
-                400,
-                "Hover boots no initrd: its guest is one x86-64 ELF executable (`hover guest-image`); drop initrd_path",
-            );
-        }
-        let image = match check_kernel(Path::new(&b.kernel_image_path)) {
+        let mut image = match check_kernel(
+            Path::new(&b.kernel_image_path),
+            self.machine.mem_size_mib << 20,
+        ) {
             Ok(i) => i,
             Err(e) => return fault(400, e),
         };
+        match (&mut image, &b.initrd_path) {
+            (GuestImage::Linux(boot), Some(initrd)) => match check_initrd(Path::new(initrd)) {
+                Ok(()) => boot.initrd = Some(initrd.into()),
+                Err(e) => return fault(400, e),
+            },
+            (_, Some(_)) => {
+                return fault(
+                    400,
+                    "initrd_path is for a Linux kernel: Hover's own guest is one x86-64 ELF executable (`hover guest-image`) with no initrd; drop initrd_path",
+                )
+            }
+            _ => {}
+        }
         if let (GuestImage::Builtin, Some(args)) = (&image, &b.boot_args) {
             // The built-in guest's command line, checked as `hover run` checks it.
             let m = MachineConfig {
@@ -231,7 +275,16 @@ impl Setup {
         let Some((boot, image)) = &self.boot else {
             return Err("Cannot start microvm without kernel configuration.".into());
         };
-        let config = VmConfig {
+        let linux = image.is_linux();
+        if !linux && !self.devices.is_empty() {
+            return Err("drives, network interfaces and entropy devices need a Linux guest: kernel_image_path is Hover's own guest, which has no virtio drivers".into());
+        }
+        let default_cmdline = if linux {
+            crate::boot::linux::DEFAULT_CMDLINE
+        } else {
+            crate::config::DEFAULT_CMDLINE
+        };
+        let mut config = VmConfig {
             machine: MachineConfig {
                 vcpus: self.machine.vcpu_count,
                 memory: self.machine.mem_size_mib << 20,
@@ -239,11 +292,14 @@ impl Setup {
                 cmdline: boot
                     .boot_args
                     .clone()
-                    .unwrap_or_else(|| crate::config::DEFAULT_CMDLINE.into()),
+                    .unwrap_or_else(|| default_cmdline.into()),
                 ..MachineConfig::default()
             },
             host: self.host.clone(),
         };
+        if linux {
+            self.devices.apply(&mut config.machine, &mut config.host);
+        }
         Vm::new(&config).map_err(|e| format!("Cannot start the microVM: {e}"))
     }
 
@@ -339,6 +395,23 @@ impl Setup {
                 return Err(bad("machine-config", a));
             }
         }
+        for d in file.drives {
+            let id = d.drive_id.clone();
+            self.devices.put_drive(&id, d).map_err(|e| {
+                FirecrackerError::Config(format!("--config-file: drives: {id}: {e}"))
+            })?;
+        }
+        for n in file.network_interfaces {
+            let id = n.iface_id.clone();
+            self.devices.put_net(&id, n).map_err(|e| {
+                FirecrackerError::Config(format!("--config-file: network-interfaces: {id}: {e}"))
+            })?;
+        }
+        if let Some(e) = file.entropy {
+            self.devices
+                .put_entropy(e)
+                .map_err(|e| FirecrackerError::Config(format!("--config-file: entropy: {e}")))?;
+        }
         let Some(b) = file.boot_source else {
             return Err(FirecrackerError::Config(
                 "--config-file: missing \"boot-source\" (the guest image to boot)".into(),
@@ -387,41 +460,61 @@ fn check_machine(m: &MachineConfiguration) -> Result<(), String> {
     Ok(())
 }
 
-/// Check that `path` is a guest Hover boots: the built-in guest's bytes
-/// (then its command line is checked as `hover run` checks it), or an
-/// x86-64 ELF executable.
-fn check_kernel(path: &Path) -> Result<GuestImage, String> {
+/// Check that `path` is a guest Hover boots: a Linux kernel (a bzImage or
+/// an x86-64 vmlinux; its header checked against `memory` bytes of RAM
+/// now, the whole file when the microVM starts), the built-in guest's
+/// bytes (its command line is then checked as `hover run` checks it), or
+/// another x86-64 ELF executable of Hover's own kind.
+fn check_kernel(path: &Path, memory: u64) -> Result<GuestImage, String> {
     let shown = path.display();
     let meta = std::fs::metadata(path).map_err(|e| format!("kernel_image_path {shown}: {e}"))?;
     if !meta.is_file() {
         return Err(format!(
-            "kernel_image_path {shown} is not a regular file: give the guest image's file"
+            "kernel_image_path {shown} is not a regular file: give a Linux kernel (bzImage or vmlinux) or Hover's guest image"
         ));
     }
-    let mut f = std::fs::File::open(path).map_err(|e| format!("kernel_image_path {shown}: {e}"))?;
-    let mut head = vec![0u8; 0x210];
-    let n = f
-        .read(&mut head)
+    let f = std::fs::File::open(path).map_err(|e| format!("kernel_image_path {shown}: {e}"))?;
+    let mut head = Vec::with_capacity(4096);
+    f.take(4096)
+        .read_to_end(&mut head)
         .map_err(|e| format!("kernel_image_path {shown}: {e}"))?;
-    head.truncate(n);
-    if head.get(0x202..0x206) == Some(b"HdrS") {
-        return Err(format!(
-            "kernel_image_path {shown} is a Linux bzImage: the Firecracker API boots Hover's own guest for now, an x86-64 ELF executable such as `hover guest-image` writes; boot Linux with `hover run --kernel` (docs/FIRECRACKER.md)"
-        ));
+    if crate::boot::linux::is_linux_kernel(&head) {
+        crate::boot::linux::check_head(path, &head, memory)
+            .map_err(|e| format!("kernel_image_path: {e}"))?;
+        return Ok(GuestImage::Linux(LinuxBoot {
+            kernel: path.into(),
+            initrd: None,
+        }));
     }
     if !head.starts_with(b"\x7fELF") {
         return Err(format!(
-            "kernel_image_path {shown} is not an ELF file: Hover boots an x86-64 ELF executable such as `hover guest-image` writes"
+            "kernel_image_path {shown} is neither a Linux kernel (bzImage or x86-64 vmlinux) nor an ELF executable of Hover's guest (`hover guest-image`)"
         ));
     }
-    let bytes = std::fs::read(path).map_err(|e| format!("kernel_image_path {shown}: {e}"))?;
-    if bytes == crate::boot::BUILTIN_GUEST {
-        return Ok(GuestImage::Builtin);
+    if meta.len() == crate::boot::BUILTIN_GUEST.len() as u64 {
+        let bytes = std::fs::read(path).map_err(|e| format!("kernel_image_path {shown}: {e}"))?;
+        if bytes == crate::boot::BUILTIN_GUEST {
+            return Ok(GuestImage::Builtin);
+        }
     }
     let image = GuestImage::Path(path.into());
     let img = crate::boot::read_image(&image).map_err(|e| format!("kernel_image_path: {e}"))?;
     crate::boot::inspect(&img).map_err(|e| format!("kernel_image_path: {e}"))?;
     Ok(image)
+}
+
+/// Check that an initrd is a regular file that can be read (its size
+/// against guest memory is checked at the start).
+fn check_initrd(path: &Path) -> Result<(), String> {
+    let shown = path.display();
+    let meta = std::fs::metadata(path).map_err(|e| format!("initrd_path {shown}: {e}"))?;
+    if !meta.is_file() {
+        return Err(format!(
+            "initrd_path {shown} is not a regular file: give the initramfs's file"
+        ));
+    }
+    std::fs::File::open(path).map_err(|e| format!("initrd_path {shown}: {e}"))?;
+    Ok(())
 }
 
 /// Check that `mem` is the memory file `snapshot/create` wrote beside
@@ -484,21 +577,33 @@ mod tests {
     }
 
     #[test]
-    fn kernels_hover_cannot_boot_are_named() {
+    fn kernels_are_told_apart_and_those_hover_cannot_boot_are_named() {
         let dir = std::env::temp_dir().join(format!("hover-fc-kernel-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
+        let mem = 128 << 20;
         let bz = dir.join("bzImage");
-        let mut b = vec![0u8; 0x300];
+        let mut b = vec![0u8; 0x1000];
+        b[0x1f1] = 4;
         b[0x202..0x206].copy_from_slice(b"HdrS");
         std::fs::write(&bz, &b).unwrap();
-        assert!(check_kernel(&bz).unwrap_err().contains("bzImage"));
+        assert!(check_kernel(&bz, mem).unwrap_err().contains("2.12"));
+        b[0x206..0x208].copy_from_slice(&0x020fu16.to_le_bytes());
+        b[0x236] = 1;
+        b[0x260..0x264].copy_from_slice(&(1u32 << 20).to_le_bytes());
+        std::fs::write(&bz, &b).unwrap();
+        assert!(matches!(check_kernel(&bz, mem), Ok(GuestImage::Linux(l)) if l.kernel == bz));
         let txt = dir.join("notes.txt");
         std::fs::write(&txt, b"hello").unwrap();
-        assert!(check_kernel(&txt).unwrap_err().contains("not an ELF"));
-        assert!(check_kernel(&dir.join("missing")).is_err());
+        assert!(check_kernel(&txt, mem)
+            .unwrap_err()
+            .contains("neither a Linux kernel"));
+        assert!(check_kernel(&dir.join("missing"), mem).is_err());
         let builtin = dir.join("guest.elf");
         std::fs::write(&builtin, crate::boot::BUILTIN_GUEST).unwrap();
-        assert!(matches!(check_kernel(&builtin), Ok(GuestImage::Builtin)));
+        assert!(matches!(
+            check_kernel(&builtin, mem),
+            Ok(GuestImage::Builtin)
+        ));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

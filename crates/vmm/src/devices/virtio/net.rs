@@ -64,20 +64,27 @@ struct IfReq {
     _pad: [u8; 22],
 }
 
-/// Open the existing tap `name` for frames with virtio's 12-byte header,
-/// non-blocking.
-pub fn open_tap(name: &str) -> Result<File, String> {
+/// Check that network device `name` exists (Hover opens taps, never
+/// makes them).
+pub fn check_tap_exists(name: &str) -> Result<(), String> {
+    let bad = || format!("tap={name}: a device name of 1 to 15 characters");
     if name.is_empty() || name.len() >= 16 || name.contains('/') {
-        return Err(format!("tap={name}: a device name of 1 to 15 characters"));
+        return Err(bad());
     }
-    let cname = std::ffi::CString::new(name)
-        .map_err(|_| format!("tap={name}: a device name of 1 to 15 characters"))?;
+    let cname = std::ffi::CString::new(name).map_err(|_| bad())?;
     // SAFETY: reads a NUL-terminated name.
     if unsafe { libc::if_nametoindex(cname.as_ptr()) } == 0 {
         return Err(format!(
             "tap={name}: no such network device (create the tap first, e.g. `ip tuntap add {name} mode tap user $USER`)"
         ));
     }
+    Ok(())
+}
+
+/// Open the existing tap `name` for frames with virtio's 12-byte header,
+/// non-blocking.
+pub fn open_tap(name: &str) -> Result<File, String> {
+    check_tap_exists(name)?;
     let path = std::ffi::CString::new("/dev/net/tun").expect("no NUL");
     // SAFETY: opening a device node; the descriptor is owned at once.
     let fd = unsafe {
