@@ -9,7 +9,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 SECONDS_EACH=${1:-60}
-TARGETS=${TARGETS:-"elf cmdline api_body snapshot migration_stream guest_records"}
+TARGETS=${TARGETS:-"elf cmdline api_body snapshot migration_stream guest_records virtio_block virtio_mmio"}
 command -v cargo-fuzz > /dev/null || { echo "fuzz.sh: needs cargo-fuzz (cargo install cargo-fuzz)"; exit 2; }
 # Built once, then run directly: editing the sources meanwhile does not
 # change the binaries under test.

@@ -12,6 +12,9 @@ use std::sync::Arc;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::boot::{self, ImageBytes};
+use crate::config::DiskConfig;
+use crate::devices::virtio::block::Block;
+use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::control::ControlDevice;
 use crate::memory::host_writes::{GuestWriter, HostWrites};
 use crate::migration::page_lists;
@@ -151,4 +154,97 @@ pub fn guest_records(data: &[u8]) {
         booster.on_exit(i % 2);
     }
     let _ = dev.reports();
+}
+
+/// Guest RAM of the virtio targets, and the disk under their block device.
+const VIRTIO_RAM: usize = 64 << 10;
+const VIRTIO_DISK: u64 = 64 << 10;
+
+/// A virtio-blk device (read-only if asked) on a 64 KiB memfd disk, its
+/// transport over 64 KiB of guest RAM holding `data`.
+fn block_transport(data: &[u8], readonly: bool) -> Option<MmioTransport> {
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), VIRTIO_RAM)]).ok()?;
+    let n = data.len().min(VIRTIO_RAM);
+    mem.write_slice(&data[..n], GuestAddress(0)).ok()?;
+    let disk = crate::memory::memfd(VIRTIO_DISK).ok()?;
+    let config = DiskConfig {
+        id: "fuzz".into(),
+        readonly,
+    };
+    let block = Block::new(config, "fuzz.img".into(), disk, VIRTIO_DISK);
+    Some(MmioTransport::new(Box::new(block), mem))
+}
+
+fn mmio_write(t: &mut MmioTransport, reg: u32, v: u32) {
+    t.write(reg.into(), &v.to_le_bytes());
+}
+
+/// The virtio-blk request path: a driver that sets the device up by the
+/// book (queue 0 of 16: descriptors at 0x1000, available ring at 0x2000,
+/// used ring at 0x3000) in guest memory that is `data` (the rings, the
+/// descriptors, the requests and their buffers are all fuzzed), then
+/// notifies the queue a few times. The first byte's low bit makes the disk
+/// read-only.
+pub fn virtio_block(data: &[u8]) {
+    use virtio_bindings::virtio_config::*;
+    use virtio_bindings::virtio_mmio::*;
+    let readonly = data.first().is_some_and(|b| b & 1 == 1);
+    let Some(mut t) = block_transport(data, readonly) else {
+        return;
+    };
+    let (ack, drv, fok, dok) = (
+        VIRTIO_CONFIG_S_ACKNOWLEDGE,
+        VIRTIO_CONFIG_S_DRIVER,
+        VIRTIO_CONFIG_S_FEATURES_OK,
+        VIRTIO_CONFIG_S_DRIVER_OK,
+    );
+    mmio_write(&mut t, VIRTIO_MMIO_STATUS, ack);
+    mmio_write(&mut t, VIRTIO_MMIO_STATUS, ack | drv);
+    mmio_write(&mut t, VIRTIO_MMIO_DRIVER_FEATURES_SEL, 1);
+    mmio_write(&mut t, VIRTIO_MMIO_DRIVER_FEATURES, 1);
+    mmio_write(&mut t, VIRTIO_MMIO_STATUS, ack | drv | fok);
+    mmio_write(&mut t, VIRTIO_MMIO_QUEUE_SEL, 0);
+    mmio_write(&mut t, VIRTIO_MMIO_QUEUE_NUM, 16);
+    mmio_write(&mut t, VIRTIO_MMIO_QUEUE_DESC_LOW, 0x1000);
+    mmio_write(&mut t, VIRTIO_MMIO_QUEUE_AVAIL_LOW, 0x2000);
+    mmio_write(&mut t, VIRTIO_MMIO_QUEUE_USED_LOW, 0x3000);
+    mmio_write(&mut t, VIRTIO_MMIO_QUEUE_READY, 1);
+    mmio_write(&mut t, VIRTIO_MMIO_STATUS, ack | drv | fok | dok);
+    for _ in 0..3 {
+        t.process(0);
+    }
+}
+
+/// The virtio-mmio transport's registers in any order: `data` is guest
+/// memory (64 KiB) and, read 6 bytes at a time, a sequence of accesses to a
+/// virtio-blk device's window: a kind byte (write 4 bytes, read 4 bytes,
+/// write 1 or 2 bytes, or serve queue 0), a register byte (times 4: the
+/// registers and the config space) and a 32-bit value.
+pub fn virtio_mmio(data: &[u8]) {
+    let Some(mut t) = block_transport(data, false) else {
+        return;
+    };
+    for op in data.chunks_exact(6).take(256) {
+        let offset = u64::from(op[1]) * 4 % 0x200;
+        let v = [op[2], op[3], op[4], op[5]];
+        match op[0] % 5 {
+            0 => {
+                t.write(offset, &v);
+            }
+            1 => {
+                let mut b = [0u8; 4];
+                t.read(offset, &mut b);
+            }
+            2 => {
+                t.write(offset, &v[..1]);
+            }
+            3 => {
+                t.write(offset, &v[..2]);
+            }
+            _ => {
+                t.process(usize::from(op[2] & 1));
+                let _ = t.status();
+            }
+        }
+    }
 }

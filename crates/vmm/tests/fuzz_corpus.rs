@@ -6,13 +6,15 @@ use std::path::Path;
 
 type Entry = fn(&[u8]);
 
-const TARGETS: [(&str, Entry); 6] = [
+const TARGETS: [(&str, Entry); 8] = [
     ("elf", hover_vmm::fuzzing::elf),
     ("cmdline", hover_vmm::fuzzing::cmdline),
     ("api_body", hover_vmm::fuzzing::api_body),
     ("snapshot", hover_vmm::fuzzing::snapshot),
     ("migration_stream", hover_vmm::fuzzing::migration_stream),
     ("guest_records", hover_vmm::fuzzing::guest_records),
+    ("virtio_block", hover_vmm::fuzzing::virtio_block),
+    ("virtio_mmio", hover_vmm::fuzzing::virtio_mmio),
 ];
 
 #[test]

@@ -105,16 +105,16 @@ impl Block {
     /// Serve one request; the bytes written into the driver's buffers.
     fn serve(&mut self, chain: DescriptorChain<&GuestMemoryMmap>, mem: &GuestMemoryMmap) -> u32 {
         let (Ok(mut reader), Ok(mut writer)) =
-            (Reader::new(mem, chain.clone()), Writer::new(mem, chain))
+            (Reader::new(mem, chain.clone()), Writer::new(mem, chain.clone()))
         else {
             self.complain("a request whose buffers are outside guest memory or loop");
-            return 0;
+            return fail_in_last_byte(chain, mem);
         };
         let header: RequestHeader = match reader.read_obj() {
             Ok(h) => h,
             Err(_) => {
                 self.complain("a request shorter than its header");
-                return 0;
+                return fail_in_last_byte(chain, mem);
             }
         };
         // The status byte is the last writable byte; what is before it is data.
@@ -205,6 +205,25 @@ impl Block {
             at += n as u64;
         }
         (VIRTIO_BLK_S_OK, 0)
+    }
+}
+
+/// A request that cannot be served: IOERR in its status byte (the last
+/// byte of its last descriptor, if the device may write it and it is in
+/// guest memory), so the driver does not read success in whatever the
+/// byte held; the bytes written (1 or 0).
+fn fail_in_last_byte(chain: DescriptorChain<&GuestMemoryMmap>, mem: &GuestMemoryMmap) -> u32 {
+    use vm_memory::{Bytes, GuestAddress};
+    let Some(last) = chain.last() else {
+        return 0;
+    };
+    if !last.is_write_only() || last.len() == 0 {
+        return 0;
+    }
+    let at = last.addr().0.checked_add(u64::from(last.len()) - 1);
+    match at.map(|a| mem.write_obj(VIRTIO_BLK_S_IOERR as u8, GuestAddress(a))) {
+        Some(Ok(())) => 1,
+        _ => 0,
     }
 }
 
@@ -381,6 +400,80 @@ mod tests {
             VIRTIO_BLK_S_IOERR as u8
         );
         assert!(std::fs::read(&p).unwrap()[..512].iter().all(|&x| x == 0));
+        std::fs::remove_file(p).unwrap();
+    }
+
+    /// Run the chain `raw` (a read of sector 0 whose header is at 0x10000)
+    /// and return guest RAM before and after, and where the used ring is.
+    fn run_raw(
+        b: &mut Block,
+        raw: &[virtio_queue::desc::RawDescriptor],
+    ) -> (Vec<u8>, Vec<u8>, u64) {
+        let m = mem();
+        let vq = MockSplitQueue::new(&m, 16);
+        let hdr = RequestHeader {
+            kind: VIRTIO_BLK_T_IN,
+            _reserved: 0,
+            sector: 0,
+        };
+        m.write_obj(hdr, GuestAddress(0x10000)).unwrap();
+        vq.build_desc_chain(raw).unwrap();
+        let mut q: Queue = vq.create_queue().unwrap();
+        let mut before = vec![0u8; 1 << 20];
+        m.read_slice(&mut before, GuestAddress(0)).unwrap();
+        b.process(0, &mut q, &m);
+        let mut after = vec![0u8; 1 << 20];
+        m.read_slice(&mut after, GuestAddress(0)).unwrap();
+        (before, after, vq.used_addr().0)
+    }
+
+    /// The bytes of `before` and `after` that differ outside the used
+    /// ring at `used` and the ranges `allowed`.
+    fn changed_outside(before: &[u8], after: &[u8], used: u64, allowed: &[(u64, u64)]) -> usize {
+        let used = (used, used + 4 + 8 * 16);
+        (0..before.len())
+            .filter(|&i| before[i] != after[i])
+            .filter(|&i| {
+                let a = i as u64;
+                !std::iter::once(&used)
+                    .chain(allowed)
+                    .any(|&(s, e)| a >= s && a < e)
+            })
+            .count()
+    }
+
+    #[test]
+    fn descriptor_loops_and_buffers_outside_ram_fail_and_touch_nothing_else() {
+        use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+        let (next, write) = (VRING_DESC_F_NEXT as u16, VRING_DESC_F_WRITE as u16);
+        let (mut b, p) = disk("bad", 4, false);
+        // A loop: header -> data -> header -> ...; no status descriptor.
+        let looped: Vec<virtio_queue::desc::RawDescriptor> = vec![
+            Descriptor::new(0x10000, 16, next, 1).into(),
+            Descriptor::new(0x20000, 512, next | write, 0).into(),
+        ];
+        let (before, after, used) = run_raw(&mut b, &looped);
+        assert_eq!(changed_outside(&before, &after, used, &[(0x20000, 0x20200)]), 0);
+        // A data buffer past the end of guest RAM (1 MiB): the request
+        // fails with IOERR in its status byte, and nothing else changes.
+        let outside: Vec<virtio_queue::desc::RawDescriptor> =
+            request_descriptors(0x10000, 2 << 20, 512, true, 0x30000)
+                .into_iter()
+                .map(Into::into)
+                .collect();
+        let (before, after, used) = run_raw(&mut b, &outside);
+        assert_eq!(after[0x30000], VIRTIO_BLK_S_IOERR as u8);
+        assert_eq!(changed_outside(&before, &after, used, &[(0x30000, 0x30001)]), 0);
+        // A read whose buffer is longer than the disk holds past its
+        // sector: IOERR, and the buffer is left as it was.
+        let long: Vec<virtio_queue::desc::RawDescriptor> =
+            request_descriptors(0x10000, 0x20000, 8 * 512, true, 0x30000)
+                .into_iter()
+                .map(Into::into)
+                .collect();
+        let (before, after, used) = run_raw(&mut b, &long);
+        assert_eq!(after[0x30000], VIRTIO_BLK_S_IOERR as u8);
+        assert_eq!(changed_outside(&before, &after, used, &[(0x30000, 0x30001)]), 0);
         std::fs::remove_file(p).unwrap();
     }
 
