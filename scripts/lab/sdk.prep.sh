@@ -1,5 +1,6 @@
 # On the host, before the L1 is built (scripts/kvm-lab.sh runs it with the
-# folder whose files land in the L1's /lab): the Firecracker Go SDK test
+# folder whose files land in the L1's /lab, and the one for the guest's
+# initramfs): the Firecracker Go SDK test
 # (compat/firecracker-sdk) compiled into one static binary.
 set -eu
 out=$1

@@ -113,7 +113,8 @@ pub(crate) fn firecracker(args: FirecrackerArgs) -> ExitCode {
     }
     let config_file = match &args.config_file {
         None => None,
-        Some(p) => match std::fs::read(p) {
+        // A few KiB of JSON: a megabyte is ample, and /dev/zero is refused.
+        Some(p) => match hover_vmm::host::files::read_input(p, 1 << 20) {
             Err(e) => return bad(format!("--config-file {}: {e}", p.display())),
             Ok(bytes) => match serde_json::from_slice::<models::FullVmConfiguration>(&bytes) {
                 Ok(c) => Some(c),

@@ -96,10 +96,17 @@ pub fn read_image(image: &GuestImage) -> Result<ImageBytes, ImageError> {
     }
 }
 
+/// The largest guest image read (Hover's guests are small static
+/// executables: the built-in one is well under a MiB); a larger file is
+/// refused before it is read.
+pub const MAX_GUEST_IMAGE: u64 = 64 << 20;
+
 fn read_file(path: &Path) -> Result<ImageBytes, ImageError> {
-    let bytes = std::fs::read(path).map_err(|source| ImageError::Read {
-        path: path.into(),
-        source,
+    let bytes = crate::host::files::read_input(path, MAX_GUEST_IMAGE).map_err(|source| {
+        ImageError::Read {
+            path: path.into(),
+            source,
+        }
     })?;
     Ok(ImageBytes {
         name: path.display().to_string(),

@@ -13,9 +13,9 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::boot::{self, ImageBytes};
 use crate::config::DiskConfig;
+use crate::devices::control::ControlDevice;
 use crate::devices::virtio::block::Block;
 use crate::devices::virtio::mmio::MmioTransport;
-use crate::devices::control::ControlDevice;
 use crate::memory::host_writes::{GuestWriter, HostWrites};
 use crate::migration::page_lists;
 use crate::migration::wire::{self, FrameReader, Kind};

@@ -8,6 +8,10 @@ use std::path::Path;
 
 /// Fewest bytes of secret a key file holds.
 pub const MIN_SECRET: usize = 32;
+/// Fewest different byte values a secret holds: a simple test that it was
+/// not typed or padded (`hover migration-key` writes 64 hex digits, all
+/// 16 of them almost surely there).
+pub const MIN_DISTINCT: usize = 8;
 /// Most bytes a key file may hold (it is a secret, not a document).
 const MAX_KEY_FILE: u64 = 4096;
 const KEY_CONTEXT: &str = "hover 2026-11-25 migration pre-shared key";
@@ -25,13 +29,21 @@ impl std::fmt::Debug for MigrationKey {
 
 impl MigrationKey {
     /// A key from `secret` (surrounding white space does not count): at
-    /// least [`MIN_SECRET`] bytes.
+    /// least [`MIN_SECRET`] bytes, of at least [`MIN_DISTINCT`] values.
     pub fn from_secret(secret: &[u8]) -> Result<MigrationKey, String> {
         let s = secret.trim_ascii();
         if s.len() < MIN_SECRET {
             return Err(format!(
                 "holds {} bytes of secret; a migration key needs at least {MIN_SECRET} (`hover migration-key FILE` makes one)",
                 s.len()
+            ));
+        }
+        let mut seen = [false; 256];
+        s.iter().for_each(|&b| seen[usize::from(b)] = true);
+        let distinct = seen.iter().filter(|&&x| x).count();
+        if distinct < MIN_DISTINCT {
+            return Err(format!(
+                "its secret has only {distinct} different byte values, too few to be random: make a key with `hover migration-key FILE`"
             ));
         }
         Ok(MigrationKey(blake3::derive_key(KEY_CONTEXT, s)))
@@ -51,6 +63,11 @@ impl MigrationKey {
             .map_err(|e| format!("migration key {shown}: {e}"))?;
         if !m.is_file() {
             return Err(format!("migration key {shown}: not a regular file"));
+        }
+        if let Some(fs) = crate::host::files::pseudo_fs(&f) {
+            return Err(format!(
+                "migration key {shown}: a file of {fs}, not a key (`hover migration-key FILE` makes one)"
+            ));
         }
         // SAFETY: geteuid cannot fail.
         let me = unsafe { libc::geteuid() };
@@ -133,8 +150,12 @@ mod tests {
         // Too short a secret.
         std::fs::write(&q, "short\n").unwrap();
         assert!(MigrationKey::load(&q).unwrap_err().contains("at least 32"));
-        // Not a regular file.
+        // Not a regular file; a file of procfs; a secret of one byte.
         assert!(MigrationKey::load(&dir).unwrap_err().contains("regular"));
+        let environ = MigrationKey::load(Path::new("/proc/self/environ")).unwrap_err();
+        assert!(environ.contains("procfs"), "{environ}");
+        std::fs::write(&q, "0".repeat(64)).unwrap();
+        assert!(MigrationKey::load(&q).unwrap_err().contains("too few"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -467,15 +467,12 @@ fn check_machine(m: &MachineConfiguration) -> Result<(), String> {
 /// another x86-64 ELF executable of Hover's own kind.
 fn check_kernel(path: &Path, memory: u64) -> Result<GuestImage, String> {
     let shown = path.display();
-    let meta = std::fs::metadata(path).map_err(|e| format!("kernel_image_path {shown}: {e}"))?;
-    if !meta.is_file() {
-        return Err(format!(
-            "kernel_image_path {shown} is not a regular file: give a Linux kernel (bzImage or vmlinux) or Hover's guest image"
-        ));
-    }
-    let f = std::fs::File::open(path).map_err(|e| format!("kernel_image_path {shown}: {e}"))?;
+    let (mut f, meta) = crate::host::files::open_input(path).map_err(|e| {
+        format!("kernel_image_path {shown}: {e} (give a Linux kernel, bzImage or vmlinux, or Hover's guest image)")
+    })?;
     let mut head = Vec::with_capacity(4096);
-    f.take(4096)
+    (&mut f)
+        .take(4096)
         .read_to_end(&mut head)
         .map_err(|e| format!("kernel_image_path {shown}: {e}"))?;
     if crate::boot::linux::is_linux_kernel(&head) {
@@ -492,7 +489,10 @@ fn check_kernel(path: &Path, memory: u64) -> Result<GuestImage, String> {
         ));
     }
     if meta.len() == crate::boot::BUILTIN_GUEST.len() as u64 {
-        let bytes = std::fs::read(path).map_err(|e| format!("kernel_image_path {shown}: {e}"))?;
+        let mut bytes = head;
+        f.take(meta.len())
+            .read_to_end(&mut bytes)
+            .map_err(|e| format!("kernel_image_path {shown}: {e}"))?;
         if bytes == crate::boot::BUILTIN_GUEST {
             return Ok(GuestImage::Builtin);
         }
@@ -522,12 +522,11 @@ fn check_initrd(path: &Path) -> Result<(), String> {
 /// names, so `mem` must be that file (the same inode) or a copy of it.
 fn same_snapshot(snap: &Path, mem: &Path) -> Result<(), String> {
     use std::os::unix::fs::{FileExt, MetadataExt};
-    let meta = |p: &Path, what: &str| match std::fs::metadata(p) {
-        Ok(m) if m.is_file() => Ok(m),
-        Ok(_) => Err(format!("{what} {}: not a regular file", p.display())),
-        Err(e) => Err(format!("{what} {}: {e}", p.display())),
+    let open = |p: &Path, what: &str| {
+        crate::host::files::open_input(p).map_err(|e| format!("{what} {}: {e}", p.display()))
     };
-    let (s, m) = (meta(snap, "snapshot_path")?, meta(mem, "mem_file_path")?);
+    let ((snap_file, s), (mem_file, m)) =
+        (open(snap, "snapshot_path")?, open(mem, "mem_file_path")?);
     if (s.dev(), s.ino()) == (m.dev(), m.ino()) {
         return Ok(());
     }
@@ -544,14 +543,13 @@ fn same_snapshot(snap: &Path, mem: &Path) -> Result<(), String> {
         return Err(differs());
     }
     let tail = s.len().min(1 << 18);
-    let read = |p: &Path| -> Result<Vec<u8>, String> {
-        let f = std::fs::File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
+    let read = |f: &std::fs::File, p: &Path| -> Result<Vec<u8>, String> {
         let mut buf = vec![0u8; tail as usize];
         f.read_exact_at(&mut buf, s.len() - tail)
             .map_err(|e| format!("{}: {e}", p.display()))?;
         Ok(buf)
     };
-    if read(snap)? != read(mem)? {
+    if read(&snap_file, snap)? != read(&mem_file, mem)? {
         return Err(differs());
     }
     Ok(())

@@ -67,23 +67,11 @@ pub fn open_output(path: &Path, existing: Existing) -> io::Result<File> {
             format!("is {what}: give a regular file or a named pipe"),
         ));
     }
-    // SAFETY: a zeroed statfs filled by fstatfs on our own descriptor.
-    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above; the result is checked.
-    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) } == 0 {
-        let pseudo = match fs.f_type as i64 {
-            PROC_SUPER_MAGIC => Some("procfs"),
-            SYSFS_MAGIC => Some("sysfs"),
-            DEBUGFS_MAGIC => Some("debugfs"),
-            CGROUP2_SUPER_MAGIC => Some("cgroupfs"),
-            _ => None,
-        };
-        if let Some(fs) = pseudo {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("is a file of {fs}: give a regular file or a named pipe"),
-            ));
-        }
+    if let Some(fs) = pseudo_fs(&file) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("is a file of {fs}: give a regular file or a named pipe"),
+        ));
     }
     if existing == Existing::Truncate && kind.is_file() {
         file.set_len(0)?;
@@ -95,15 +83,30 @@ pub fn open_output(path: &Path, existing: Existing) -> io::Result<File> {
     Ok(file)
 }
 
-/// Read a file Hover takes as input (a kernel, an initrd) once, through
-/// the descriptor it checked: opened without blocking (a named pipe swapped
-/// in cannot hang the open), it must be a regular file of at most `max`
-/// bytes (what the format allows: a kernel within guest memory), so
-/// `/dev/zero`, a FIFO or a sparse file of a terabyte is refused at once
-/// without reading it.
-pub fn read_input(path: &Path, max: u64) -> io::Result<Vec<u8>> {
-    use std::io::Read;
-    let mut file = std::fs::OpenOptions::new()
+/// The pseudo file system `file` is on (procfs, sysfs, debugfs,
+/// cgroupfs), if it is on one: its files are not Hover's inputs or outputs.
+pub fn pseudo_fs(file: &File) -> Option<&'static str> {
+    // SAFETY: a zeroed statfs filled by fstatfs on our own descriptor.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; the result is checked.
+    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) } != 0 {
+        return None;
+    }
+    match fs.f_type as i64 {
+        PROC_SUPER_MAGIC => Some("procfs"),
+        SYSFS_MAGIC => Some("sysfs"),
+        DEBUGFS_MAGIC => Some("debugfs"),
+        CGROUP2_SUPER_MAGIC => Some("cgroupfs"),
+        _ => None,
+    }
+}
+
+/// Open a file Hover takes as input, and check it through the descriptor
+/// opened: without blocking (a named pipe swapped in cannot hang the
+/// open), a regular file, not one of procfs or sysfs. Its metadata comes
+/// with it, so its size is known before a byte is read.
+pub fn open_input(path: &Path) -> io::Result<(File, std::fs::Metadata)> {
+    let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(path)?;
@@ -114,6 +117,23 @@ pub fn read_input(path: &Path, max: u64) -> io::Result<Vec<u8>> {
             "not a regular file: give the file itself",
         ));
     }
+    if let Some(fs) = pseudo_fs(&file) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("a file of {fs}, not an input Hover takes"),
+        ));
+    }
+    Ok((file, meta))
+}
+
+/// Read a file Hover takes as input (a kernel, an initrd, a guest image, a
+/// configuration file) once, through the descriptor it checked
+/// ([`open_input`]): a regular file of at most `max` bytes (what the
+/// format allows: a kernel within guest memory), so `/dev/zero`, a FIFO or
+/// a sparse file of a terabyte is refused at once without reading it.
+pub fn read_input(path: &Path, max: u64) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let (file, meta) = open_input(path)?;
     if meta.len() > max {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -125,7 +145,7 @@ pub fn read_input(path: &Path, max: u64) -> io::Result<Vec<u8>> {
     }
     let mut bytes = Vec::with_capacity(meta.len() as usize);
     // Bounded even if the file grows meanwhile.
-    (&mut file).take(max).read_to_end(&mut bytes)?;
+    file.take(max).read_to_end(&mut bytes)?;
     Ok(bytes)
 }
 

@@ -55,12 +55,19 @@ pub fn open_disk(path: &Path, readonly: bool) -> Result<(File, u64), String> {
     if !readonly && kind.is_file() && meta.permissions().mode() & 0o222 == 0 {
         return Err("is a read-only file: add ,readonly to give it read-only".into());
     }
+    // Non-blocking, and the type checked again on the descriptor: a named
+    // pipe swapped in after the check above neither hangs the open nor
+    // becomes a disk.
     let mut file = std::fs::OpenOptions::new()
         .read(true)
         .write(!readonly)
-        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
         .map_err(|e| e.to_string())?;
+    let opened = file.metadata().map_err(|e| e.to_string())?.file_type();
+    if !opened.is_file() && !opened.is_block_device() {
+        return Err("not a regular file or a block device: give a raw disk image".into());
+    }
     let size =
         std::io::Seek::seek(&mut file, std::io::SeekFrom::End(0)).map_err(|e| e.to_string())?;
     if size < SECTOR {
@@ -104,9 +111,10 @@ impl Block {
 
     /// Serve one request; the bytes written into the driver's buffers.
     fn serve(&mut self, chain: DescriptorChain<&GuestMemoryMmap>, mem: &GuestMemoryMmap) -> u32 {
-        let (Ok(mut reader), Ok(mut writer)) =
-            (Reader::new(mem, chain.clone()), Writer::new(mem, chain.clone()))
-        else {
+        let (Ok(mut reader), Ok(mut writer)) = (
+            Reader::new(mem, chain.clone()),
+            Writer::new(mem, chain.clone()),
+        ) else {
             self.complain("a request whose buffers are outside guest memory or loop");
             return fail_in_last_byte(chain, mem);
         };
@@ -453,7 +461,10 @@ mod tests {
             Descriptor::new(0x20000, 512, next | write, 0).into(),
         ];
         let (before, after, used) = run_raw(&mut b, &looped);
-        assert_eq!(changed_outside(&before, &after, used, &[(0x20000, 0x20200)]), 0);
+        assert_eq!(
+            changed_outside(&before, &after, used, &[(0x20000, 0x20200)]),
+            0
+        );
         // A data buffer past the end of guest RAM (1 MiB): the request
         // fails with IOERR in its status byte, and nothing else changes.
         let outside: Vec<virtio_queue::desc::RawDescriptor> =
@@ -463,7 +474,10 @@ mod tests {
                 .collect();
         let (before, after, used) = run_raw(&mut b, &outside);
         assert_eq!(after[0x30000], VIRTIO_BLK_S_IOERR as u8);
-        assert_eq!(changed_outside(&before, &after, used, &[(0x30000, 0x30001)]), 0);
+        assert_eq!(
+            changed_outside(&before, &after, used, &[(0x30000, 0x30001)]),
+            0
+        );
         // A read whose buffer is longer than the disk holds past its
         // sector: IOERR, and the buffer is left as it was.
         let long: Vec<virtio_queue::desc::RawDescriptor> =
@@ -473,7 +487,10 @@ mod tests {
                 .collect();
         let (before, after, used) = run_raw(&mut b, &long);
         assert_eq!(after[0x30000], VIRTIO_BLK_S_IOERR as u8);
-        assert_eq!(changed_outside(&before, &after, used, &[(0x30000, 0x30001)]), 0);
+        assert_eq!(
+            changed_outside(&before, &after, used, &[(0x30000, 0x30001)]),
+            0
+        );
         std::fs::remove_file(p).unwrap();
     }
 

@@ -1,0 +1,118 @@
+//! Files Hover reads as input are read once, with a bound, through the
+//! descriptor it checked (docs/RELIABILITY.md): `/dev/zero`, a 1 GiB
+//! sparse file, a named pipe and a file of procfs are refused with a
+//! reason, as guest images, kernels, initrds, configuration files, migration
+//! keys and snapshot paths, on the command line and through the
+//! Firecracker API, without reading them (a hang would be the test
+//! binary's watchdog's to report).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::firecracker::{refused, Fc};
+use common::{hover, text, Scratch};
+
+/// A 1 GiB file with no data in it, a named pipe, and a text file.
+fn awkward_files(dir: &Scratch) -> (PathBuf, PathBuf) {
+    let sparse = dir.path("sparse.img");
+    std::fs::File::create(&sparse)
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    let fifo = dir.path("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo reads a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    (sparse, fifo)
+}
+
+fn refused_with(args: &[&str], want: &str) {
+    let out = hover(args);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert!(err.contains(want), "{args:?}: wanted {want:?} in {err}");
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn guest_images_kernels_and_initrds_that_cannot_be_read_whole_are_refused() {
+    let dir = Scratch::new("inputs-cli");
+    let (sparse, fifo) = awkward_files(&dir);
+    let run = |extra: &[&str], want: &str| {
+        let mut a = vec!["run", "--console", "off"];
+        a.extend_from_slice(extra);
+        refused_with(&a, want);
+    };
+    run(&["--guest", "/dev/zero"], "not a regular file");
+    run(&["--guest", s(&fifo)], "not a regular file");
+    run(&["--guest", s(&sparse)], "larger than");
+    run(&["--guest", "/proc/self/status"], "procfs");
+    run(&["--kernel", s(&fifo)], "not a regular file");
+    run(&["--kernel", s(&sparse)], "larger than");
+    refused_with(
+        &["firecracker", "--no-api", "--config-file", "/dev/zero"],
+        "not a regular file",
+    );
+    refused_with(
+        &["firecracker", "--no-api", "--config-file", s(&fifo)],
+        "not a regular file",
+    );
+    refused_with(
+        &[
+            "run",
+            "--migration-key",
+            "/proc/self/environ",
+            "--console",
+            "off",
+        ],
+        "procfs",
+    );
+}
+
+#[test]
+fn the_firecracker_api_refuses_such_files_and_keeps_answering() {
+    let dir = Scratch::new("inputs-fc");
+    let (sparse, fifo) = awkward_files(&dir);
+    let fc = Fc::spawn(&dir, &[]);
+    let boot = |kernel: &Path| format!(r#"{{"kernel_image_path": "{}"}}"#, kernel.display());
+    refused(
+        &fc.sock,
+        "PUT",
+        "/boot-source",
+        &boot(&fifo),
+        "not a regular file",
+    );
+    refused(
+        &fc.sock,
+        "PUT",
+        "/boot-source",
+        &boot(Path::new("/dev/zero")),
+        "not a regular file",
+    );
+    refused(
+        &fc.sock,
+        "PUT",
+        "/boot-source",
+        &boot(&sparse),
+        "neither a Linux kernel",
+    );
+    let load = format!(
+        r#"{{"snapshot_path": "{}", "mem_file_path": "{}"}}"#,
+        fifo.display(),
+        fifo.display()
+    );
+    refused(
+        &fc.sock,
+        "PUT",
+        "/snapshot/load",
+        &load,
+        "not a regular file",
+    );
+    // Still answering.
+    let (status, _) = common::firecracker::req(&fc.sock, "GET", "/", "");
+    assert_eq!(status, 200);
+}
