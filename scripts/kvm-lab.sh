@@ -165,6 +165,7 @@ guest_initrd() { # SCENARIO OUT
     mkdir -p "$r/mods"; cp "$LAB/guest/mods/"*.ko "$r/mods/"
     cp "$HERE/guest-init" "$r/init"; chmod +x "$r/init"
     [ -f "$HERE/$1.guest.sh" ] && cp "$HERE/$1.guest.sh" "$r/guest.sh"
+    [ -d "$WORK/guest-files" ] && cp -r "$WORK/guest-files/." "$r/"
     (cd "$r" && find . | cpio -o -H newc 2>/dev/null) > "$2"
 }
 
@@ -192,7 +193,7 @@ boot_l1() { # SERIAL-ARGS...
         -accel tcg -cpu max -smp 2 -m "${LAB_MEM:-3G}" -nodefaults -no-reboot -display none \
         -device isa-debug-exit,iobase=0xf4,iosize=0x04 -d cpu_reset,guest_errors -D "$WORK/qemu-cpu.log" \
         -kernel "$LAB/l1/vmlinuz" -initrd "$WORK/l1.cpio" \
-        -append "console=ttyS0 panic=-1 loglevel=4 mitigations=off lab.timeout=${LAB_TIMEOUT:-600}" "$@"
+        -append "console=ttyS0 panic=-1 loglevel=4 mitigations=off lab.timeout=${LAB_TIMEOUT:-600} ${LAB_APPEND:-}" "$@"
 }
 
 run() { # SCENARIO
@@ -204,8 +205,8 @@ run() { # SCENARIO
     WORK=${LAB_OUT:-$LAB/runs/$s-$(date +%s)-$$}
     mkdir -p "$WORK"
     if [ -f "$HERE/$s.prep.sh" ]; then
-        mkdir -p "$WORK/files"
-        bash "$HERE/$s.prep.sh" "$WORK/files" > "$WORK/prep.log" 2>&1 || { cat "$WORK/prep.log" >&2; die "$s.prep.sh failed"; }
+        mkdir -p "$WORK/files" "$WORK/guest-files"
+        bash "$HERE/$s.prep.sh" "$WORK/files" "$WORK/guest-files" > "$WORK/prep.log" 2>&1 || { cat "$WORK/prep.log" >&2; die "$s.prep.sh failed"; }
     fi
     l1_initrd "$s"
     local rc=0
