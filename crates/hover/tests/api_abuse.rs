@@ -182,3 +182,50 @@ fn abusive_clients_never_end_the_vm() {
     assert!(answered, "the API answers again after the flood");
     vm.shut_down();
 }
+
+#[test]
+fn sixteen_clients_trickling_requests_do_not_keep_a_seventeenth_out() {
+    if hold_connections_if_asked() {
+        return;
+    }
+    if !kvm_for_test("sixteen_clients_trickling_requests_do_not_keep_a_seventeenth_out") {
+        return;
+    }
+    let dir = Scratch::new("api-trickle");
+    let vm = Vm::spawn(
+        &["run", "--cmdline", "workload=spin tasks=2 seconds=600"],
+        &dir.path("vm.sock"),
+    );
+    // Each trickler is served once (so the server holds its connection),
+    // then sends its next request a byte at a time, never finishing.
+    let mut tricklers = Vec::new();
+    for _ in 0..16 {
+        let mut s = UnixStream::connect(&vm.socket).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        s.write_all(b"GET /vm HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut head = [0u8; 12];
+        s.read_exact(&mut head).unwrap();
+        assert_eq!(&head, b"HTTP/1.1 200");
+        s.write_all(b"GET /vm HTTP/1.1\r\n").unwrap();
+        tricklers.push(s);
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let trickle = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for s in &mut tricklers {
+                    let _ = s.write_all(b"X");
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        })
+    };
+    for i in 0..10 {
+        let r = vm.api().call("GET", "/vm", None).expect("the API answers");
+        assert_eq!(r.status, 200, "poll {i}: {}", r.body);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    trickle.join().unwrap();
+    vm.shut_down();
+}

@@ -3,8 +3,12 @@
 //!
 //! Every resource a client can claim has a bound checked before it is
 //! taken: at most [`Limits::connections`] connections are served at once
-//! (one thread each; a connection over the bound is answered 503 and
-//! closed, so the VM never notices); a request's head is read into a
+//! (one thread each). When all are taken, a new client is not turned away
+//! while one of them is only waiting for or reading a request: the one
+//! open longest of those is closed to make room (so clients that hold
+//! connections, idle or trickling requests, cannot keep others out); only
+//! when every connection is having a request answered is the newcomer
+//! answered 503 and closed (the VM never notices); a request's head is read into a
 //! buffer of at most [`Limits::header`] bytes (431 past it); a body is
 //! read only when its `Content-Length` is within [`Limits::body`] (413
 //! otherwise, and the connection is closed without reading or draining
@@ -69,18 +73,49 @@ pub type Answer = (u16, &'static str, String);
 /// Answers requests; called on the connection's thread.
 pub type Handler = Arc<dyn Fn(&Request) -> Answer + Send + Sync>;
 
+/// One live connection, as the acceptor and `stop` see it.
+struct Open {
+    stream: UnixStream,
+    since: Instant,
+    /// A request of it is being answered (it is not closed to make room).
+    busy: Arc<AtomicBool>,
+    /// Closed to make room; its thread is leaving.
+    evicted: bool,
+}
+
 /// The live connections, so that stopping can close them, and their
 /// threads, so that stopping can join them.
 #[derive(Default)]
 struct Connections {
-    open: Mutex<HashMap<u64, UnixStream>>,
+    open: Mutex<HashMap<u64, Open>>,
     gone: Condvar,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Connections {
+    /// Connections counted against the bound (not those closed to make room).
     fn count(&self) -> usize {
-        self.open.lock().unwrap_or_else(|p| p.into_inner()).len()
+        let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        open.values().filter(|o| !o.evicted).count()
+    }
+
+    /// Close the connection open longest of those not having a request
+    /// answered; whether there was one.
+    fn evict_one(&self) -> bool {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let oldest = open
+            .values_mut()
+            .filter(|o| !o.evicted && !o.busy.load(Ordering::Acquire))
+            .min_by_key(|o| o.since);
+        match oldest {
+            Some(o) => {
+                // Its thread's read ends; it leaves the table as it returns.
+                let _ = o.stream.shutdown(std::net::Shutdown::Both);
+                o.evicted = true;
+                true
+            }
+            None => false,
+        }
     }
 }
 
@@ -140,10 +175,10 @@ impl HttpServer {
             .open
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        for s in open.values() {
+        for o in open.values() {
             // Ends a read in progress; an answer being written goes out first
             // (the write side stays open until its thread closes it).
-            let _ = s.shutdown(std::net::Shutdown::Read);
+            let _ = o.stream.shutdown(std::net::Shutdown::Read);
         }
         let until = Instant::now() + grace;
         while !open.is_empty() {
@@ -234,7 +269,8 @@ impl Acceptor {
                 }
             };
             warned_full = false;
-            if self.connections.count() >= self.limits.connections {
+            if self.connections.count() >= self.limits.connections && !self.connections.evict_one()
+            {
                 refuse_busy(stream);
                 continue;
             }
@@ -243,15 +279,25 @@ impl Acceptor {
                 refuse_busy(stream);
                 continue;
             };
+            let busy = Arc::new(AtomicBool::new(false));
             self.connections
                 .open
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .insert(id, kept);
+                .insert(
+                    id,
+                    Open {
+                        stream: kept,
+                        since: Instant::now(),
+                        busy: busy.clone(),
+                        evicted: false,
+                    },
+                );
             let conn = Connection {
                 stream,
                 limits: self.limits,
                 handler: self.handler.clone(),
+                busy,
             };
             let connections = self.connections.clone();
             let spawned = std::thread::Builder::new()
@@ -281,7 +327,7 @@ impl Acceptor {
                     .unwrap_or_else(|p| p.into_inner())
                     .remove(&id)
                 {
-                    refuse_busy(s);
+                    refuse_busy(s.stream);
                 }
             }
         }
@@ -401,6 +447,8 @@ struct Connection {
     stream: UnixStream,
     limits: Limits,
     handler: Handler,
+    /// Set while a request is answered.
+    busy: Arc<AtomicBool>,
 }
 
 impl Connection {
@@ -421,8 +469,11 @@ impl Connection {
                     return;
                 }
             };
+            self.busy.store(true, Ordering::Release);
             let answer = (self.handler)(&request);
-            if !self.send(answer, close) || close {
+            let sent = self.send(answer, close);
+            self.busy.store(false, Ordering::Release);
+            if !sent || close {
                 return;
             }
         }

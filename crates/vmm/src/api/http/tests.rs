@@ -72,29 +72,93 @@ fn an_oversized_head_gets_431() {
 }
 
 #[test]
-fn connections_over_the_bound_get_503_and_the_server_recovers() {
+fn a_full_server_closes_its_oldest_waiting_connection_for_a_newcomer() {
     let limits = Limits {
         connections: 2,
         ..Limits::default()
     };
     let (path, s) = server(limits);
-    let held: Vec<_> = (0..2)
-        .map(|_| UnixStream::connect(&path).unwrap())
-        .collect();
-    // Both are being served once the server counts them.
+    // Two clients hold every slot: one idle, one trickling a request.
+    let mut idle = UnixStream::connect(&path).unwrap();
     let until = Instant::now() + Duration::from_secs(10);
+    while s.connections() < 1 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut trickling = UnixStream::connect(&path).unwrap();
+    trickling.write_all(b"GET /slow HTTP/1.1\r\n").unwrap();
     while s.connections() < 2 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let out = exchange(&path, b"GET /new HTTP/1.1\r\nConnection: close\r\n\r\n");
+    assert!(out.contains("GET /new 0"), "{out}");
+    // The oldest (the idle one) was closed for it; the trickler still holds.
+    idle.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut b = [0u8; 1];
+    assert_eq!(
+        idle.read(&mut b).unwrap_or(0),
+        0,
+        "the idle connection was closed"
+    );
+    trickling.write_all(b"\r\n").unwrap();
+    trickling
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut answer = [0u8; 15];
+    trickling.read_exact(&mut answer).unwrap();
+    assert_eq!(&answer, b"HTTP/1.1 200 OK");
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn connections_all_answering_turn_a_newcomer_away_with_503_and_the_server_recovers() {
+    let limits = Limits {
+        connections: 2,
+        ..Limits::default()
+    };
+    static N: AtomicU64 = AtomicU64::new(0);
+    let path = std::env::temp_dir().join(format!(
+        "hover-http-busy-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_file(&path);
+    // A handler that holds its request until released: both slots answering.
+    let gate = Arc::new((Mutex::new(false), Condvar::new()));
+    let entered = Arc::new(AtomicU64::new(0));
+    let (g, e) = (gate.clone(), entered.clone());
+    let handler: Handler = Arc::new(move |r: &Request| {
+        e.fetch_add(1, Ordering::SeqCst);
+        let (lock, cv) = &*g;
+        let mut open = lock.lock().unwrap();
+        while !*open {
+            open = cv.wait(open).unwrap();
+        }
+        (200, "text/plain", r.target.clone())
+    });
+    let s = HttpServer::start(UnixListener::bind(&path).unwrap(), limits, handler).unwrap();
+    let held: Vec<_> = (0..2)
+        .map(|i| {
+            let mut c = UnixStream::connect(&path).unwrap();
+            c.write_all(format!("GET /held{i} HTTP/1.1\r\nConnection: close\r\n\r\n").as_bytes())
+                .unwrap();
+            c
+        })
+        .collect();
+    let until = Instant::now() + Duration::from_secs(10);
+    while entered.load(Ordering::SeqCst) < 2 && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(5));
     }
     let out = exchange(&path, b"GET / HTTP/1.1\r\n\r\n");
     assert!(out.starts_with("HTTP/1.1 503"), "{out}");
+    *gate.0.lock().unwrap() = true;
+    gate.1.notify_all();
     drop(held);
-    let until = Instant::now() + Duration::from_secs(10);
     while s.connections() > 0 && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(5));
     }
     let out = exchange(&path, b"GET /again HTTP/1.1\r\nConnection: close\r\n\r\n");
-    assert!(out.contains("GET /again 0"), "{out}");
+    assert!(out.contains("/again"), "{out}");
     let _ = std::fs::remove_file(path);
 }
 
