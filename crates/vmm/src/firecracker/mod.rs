@@ -355,6 +355,29 @@ fn refused_device(path: &str) -> Option<Answer> {
     ))
 }
 
+/// The answer to a query made before the start, from what the configuring
+/// thread published (None: not such a query).
+fn query_before_start(shared: &Shared, method: &str, path: &str) -> Option<Answer> {
+    if method != "GET" {
+        return None;
+    }
+    let config = || shared.config.lock().unwrap_or_else(|p| p.into_inner());
+    Some(match path {
+        "/" => ok(&models::InstanceInfo {
+            app_name: "Hover",
+            id: shared.id.clone(),
+            state: "Not started",
+            vmm_version: version(),
+        }),
+        "/version" => ok(&models::FirecrackerVersion {
+            firecracker_version: version(),
+        }),
+        "/machine-config" => ok(&config().machine_config),
+        "/vm/config" => ok(&*config()),
+        _ => return None,
+    })
+}
+
 /// Answer one request (on a server thread).
 fn handle(shared: &Shared, req: &http::Request) -> Answer {
     let path = req.target.split('?').next().unwrap_or(&req.target);
@@ -389,10 +412,14 @@ fn handle(shared: &Shared, req: &http::Request) -> Answer {
             ),
         );
     }
-    let mut phase = shared.phase.lock().unwrap_or_else(|p| p.into_inner());
-    if *phase == Phase::Started {
-        drop(phase);
+    if *shared.phase.lock().unwrap_or_else(|p| p.into_inner()) == Phase::Started {
         return runtime::handle(shared, method, path, &req.body);
+    }
+    // Queries before the start answer from what is published, so they
+    // never wait behind a start or load under way; no lock is held while
+    // a request waits for the thread that configures.
+    if let Some(answer) = query_before_start(shared, method, path) {
+        return answer;
     }
     let (reply, answer) = mpsc::channel();
     let sent = shared
@@ -411,8 +438,7 @@ fn handle(shared: &Shared, req: &http::Request) -> Answer {
     match answer.recv() {
         Ok(Outcome::Answer(a)) => a,
         Ok(Outcome::Starting) => {
-            *phase = Phase::Started;
-            drop(phase);
+            *shared.phase.lock().unwrap_or_else(|p| p.into_inner()) = Phase::Started;
             match shared.slot.wait() {
                 Waited::Running(_) | Waited::Ended => done(),
                 Waited::Closed => fault(
@@ -423,5 +449,60 @@ fn handle(shared: &Shared, req: &http::Request) -> Answer {
         }
         // The VM started from another request, or a signal ended the wait.
         Err(_) => fault(400, "the VMM is no longer configuring a microVM"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server's shared state whose configuring thread never answers (a
+    /// start that is stuck), and the receiving end it never reads.
+    fn stuck() -> (Arc<Shared>, Receiver<Msg>) {
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared {
+            id: "stuck".into(),
+            phase: Mutex::new(Phase::Configuring),
+            to_setup: Mutex::new(tx),
+            config: Mutex::new(FullVmConfiguration {
+                machine_config: Some(models::MachineConfiguration::default()),
+                ..FullVmConfiguration::default()
+            }),
+            slot: ApiSlot::default(),
+            metrics: Mutex::default(),
+        });
+        (shared, rx)
+    }
+
+    fn get(path: &str) -> http::Request {
+        http::Request {
+            method: "GET".into(),
+            target: path.into(),
+            body: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn queries_are_answered_while_the_configuring_thread_is_busy() {
+        let (shared, _rx) = stuck();
+        // A request the configuring thread would answer waits for it, on
+        // its own thread, holding nothing the queries need.
+        let s = shared.clone();
+        let _waiting = std::thread::spawn(move || {
+            handle(
+                &s,
+                &http::Request {
+                    method: "PUT".into(),
+                    target: "/actions".into(),
+                    body: br#"{"action_type": "InstanceStart"}"#.to_vec(),
+                },
+            )
+        });
+        for path in ["/", "/version", "/machine-config", "/vm/config"] {
+            let (status, _, body) = handle(&shared, &get(path));
+            assert_eq!(status, 200, "{path}: {body}");
+        }
+        let (_, _, body) = handle(&shared, &get("/"));
+        assert!(body.contains("Not started") && body.contains("stuck"), "{body}");
     }
 }

@@ -8,11 +8,10 @@ use std::sync::Arc;
 
 use super::devices::LinuxDevices;
 use super::models::{
-    BootSource, Drive, EntropyDevice, FullVmConfiguration, InstanceActionInfo, InstanceInfo,
-    Logger, MachineConfiguration, MachineConfigurationPatch, Metrics, NetworkInterface,
-    SnapshotLoadParams,
+    BootSource, Drive, EntropyDevice, FullVmConfiguration, InstanceActionInfo, Logger,
+    MachineConfiguration, MachineConfigurationPatch, Metrics, NetworkInterface, SnapshotLoadParams,
 };
-use super::{done, fault, ok, parse, FirecrackerError, LoggerHook, Shared};
+use super::{done, fault, parse, FirecrackerError, LoggerHook, Shared};
 use crate::api::http::Answer;
 use crate::config::{GuestImage, HostConfig, LinuxBoot, MachineConfig, VmConfig};
 use crate::vm::{MemoryRestore, RestoreOptions, Vm};
@@ -80,19 +79,8 @@ impl Setup {
         set_logger: &mut LoggerHook,
     ) -> Step {
         let answer = match (method, path) {
-            ("GET", "/") => ok(&InstanceInfo {
-                app_name: "Hover",
-                id: self.shared.id.clone(),
-                state: "Not started",
-                vmm_version: super::version(),
-            }),
-            ("GET", "/version") => ok(&super::models::FirecrackerVersion {
-                firecracker_version: super::version(),
-            }),
-            ("GET", "/machine-config") => ok(&self.machine),
-            ("GET", "/vm/config") => {
-                ok(&*self.shared.config.lock().unwrap_or_else(|p| p.into_inner()))
-            }
+            // Queries are answered by the server's threads from what
+            // `publish` shows (`super::query_before_start`).
             ("PUT", "/machine-config") => self.put_machine(body),
             ("PATCH", "/machine-config") => self.patch_machine(body),
             ("PUT", "/boot-source") => self.put_boot(body),
