@@ -511,3 +511,47 @@ fn dirty_log_tracks_without_sending_and_refuses_bad_requests() {
     assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(outcome["ended"], "shutdown");
 }
+
+#[test]
+fn commands_during_a_migration_are_answered_at_once_with_409() {
+    if !kvm_for_test("commands_during_a_migration_are_answered_at_once_with_409") {
+        return;
+    }
+    let dir = Scratch::new("api-migrating");
+    let vm = Vm::spawn(
+        &["run", "--cmdline", "workload=spin tasks=1 seconds=600"],
+        &dir.path("vm.sock"),
+    );
+    // A destination that takes the connection and says nothing: the
+    // migration is under way (in its opening) until the test closes it.
+    let dest = dir.path("dest.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&dest).unwrap();
+    let api = vm.api();
+    let body = format!(r#"{{"to": "unix:{}"}}"#, dest.display());
+    let migrating = std::thread::spawn(move || api.call("PUT", "/vm/migrate", Some(&body)));
+    let (conn, _) = listener.accept().unwrap();
+    for (method, path, body) in [
+        ("PUT", "/vm/pause", None),
+        ("PUT", "/vm/shutdown", None),
+        (
+            "PUT",
+            "/vm/snapshot",
+            Some(r#"{"path": "/tmp/never.snap"}"#),
+        ),
+    ] {
+        let r = vm.api().call(method, path, body).unwrap();
+        assert_eq!(r.status, 409, "{path}: {}", r.body);
+        assert!(
+            r.body.contains("migration is under way"),
+            "{path}: {}",
+            r.body
+        );
+    }
+    drop(conn);
+    let r = migrating.join().unwrap().unwrap();
+    assert_eq!(r.status, 502, "{}", r.body);
+    // The migration over, commands are taken again.
+    let r = vm.api().call("PUT", "/vm/pause", None).unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    vm.shut_down();
+}

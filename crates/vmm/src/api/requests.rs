@@ -277,6 +277,7 @@ impl From<CommandError> for ApiFailure {
                 field: Some("path".into()),
             },
             CommandError::Gone => ApiFailure::new(503, message),
+            CommandError::Migrating(..) => ApiFailure::new(409, message),
             CommandError::Migration(ref m) => {
                 use crate::migration::MigrationError as M;
                 ApiFailure::new(

@@ -503,6 +503,9 @@ mod tests {
             assert_eq!(status, 200, "{path}: {body}");
         }
         let (_, _, body) = handle(&shared, &get("/"));
-        assert!(body.contains("Not started") && body.contains("stuck"), "{body}");
+        assert!(
+            body.contains("Not started") && body.contains("stuck"),
+            "{body}"
+        );
     }
 }

@@ -53,6 +53,23 @@ pub enum Command {
     DirtyLog(super::dirty_log::DirtyLogRequest),
 }
 
+impl Command {
+    /// What the command asks, for messages.
+    pub fn action(&self) -> &'static str {
+        match self {
+            Command::Pause => "pause",
+            Command::Resume => "resume",
+            Command::Shutdown => "shutdown",
+            Command::Signal(_) => "a signal's shutdown",
+            Command::Snapshot { .. } => "a snapshot",
+            Command::HaltPoll(_) => "a halt-polling change",
+            Command::Boost(_) => "a boosting change",
+            Command::Migrate(_) => "another migration",
+            Command::DirtyLog(_) => "dirty logging",
+        }
+    }
+}
+
 /// What a command did.
 #[derive(Clone, Debug, Serialize)]
 #[serde(untagged)]
@@ -131,6 +148,10 @@ pub enum CommandError {
     /// A migration failed (the VM runs on here).
     #[error("migration failed, the VM runs on here: {0}")]
     Migration(#[from] crate::migration::MigrationError),
+    /// A live migration is under way: the VM takes no other command
+    /// until it ends.
+    #[error("a live migration is under way ({0}): {action} can be asked once it ends (GET /vm shows its progress)", action = .1)]
+    Migrating(String, &'static str),
     /// The VM has ended.
     #[error("the VM has stopped")]
     Gone,
@@ -308,6 +329,21 @@ impl Controller {
     /// Carry out `cmd` and wait for its result. Commands wait for the one
     /// before them, so this can take as long as a snapshot; `timeout` bounds it.
     pub fn request(&self, cmd: Command, timeout: Duration) -> Result<Reply, CommandError> {
+        // The VM's loop runs a migration: a command sent now would wait
+        // for all of it, then find a VM that may be gone.
+        if let Some(m) = &self
+            .status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .migration
+        {
+            let how = if m.round == 0 && m.pages_sent == 0 {
+                "connecting".to_string()
+            } else {
+                format!("round {}, {} pages sent", m.round, m.pages_sent)
+            };
+            return Err(CommandError::Migrating(how, cmd.action()));
+        }
         let (tx, rx) = mpsc::channel();
         self.tx
             .send(VmEvent::Command(cmd, tx))

@@ -367,10 +367,17 @@ impl Running {
                 }
                 Err(e) => (Err(e), None),
             },
-            Command::Migrate(o) => match self.migrate(&o) {
-                Ok(report) => (Ok(Reply::Migrated(Box::new(report))), Some(End::Migrated)),
-                Err(e) => (Err(e), None),
-            },
+            Command::Migrate(o) => {
+                // Under way from here (connecting included): other commands
+                // are answered at once instead of waiting behind it.
+                self.progress(Some(Default::default()));
+                let migrated = self.migrate(&o);
+                self.progress(None);
+                match migrated {
+                    Ok(report) => (Ok(Reply::Migrated(Box::new(report))), Some(End::Migrated)),
+                    Err(e) => (Err(e), None),
+                }
+            }
             Command::Boost(u) => (self.set_boost(&u), None),
             Command::DirtyLog(r) => (self.dirty_log(&r).map(Reply::DirtyLog), None),
             Command::HaltPoll(h) => (
