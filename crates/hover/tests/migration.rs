@@ -379,6 +379,11 @@ fn failed_migrations_leave_the_source_running() {
     });
     let r = migrate(&stall, serde_json::json!({ "timeout_s": 1 }));
     assert!(r.status >= 500, "{}", r.body);
+    assert!(
+        r.body.contains("timed out"),
+        "a stall is named as one: {}",
+        r.body
+    );
     // Bad requests name the field.
     let r = migrate(&stall, serde_json::json!({ "batch_pages": 0 }));
     assert_eq!(r.status, 400);

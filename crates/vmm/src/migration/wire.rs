@@ -143,6 +143,12 @@ impl Kind {
 /// Why the stream could not be read. Offsets count bytes from the stream's start.
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
+    /// Nothing arrived within the connection's timeout.
+    #[error("{what}: timed out: the peer sent nothing within the migration's timeout (the link stalled, or the peer is stuck)")]
+    Stalled {
+        /// What was being done.
+        what: &'static str,
+    },
     /// The connection failed.
     #[error("{what}: {source}")]
     Io {
@@ -250,6 +256,16 @@ impl<R: Read> FrameReader<R> {
                 offset: self.offset,
                 what: what(),
             }),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                Err(WireError::Stalled {
+                    what: "reading the stream",
+                })
+            }
             Err(source) => Err(WireError::Io {
                 what: "reading the stream",
                 source,

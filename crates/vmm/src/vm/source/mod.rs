@@ -315,6 +315,11 @@ impl Running {
         }
         let mut convergence = Convergence::new(o.downtime, o.timeout, o.mode == Mode::Hybrid);
         while !switch {
+            // A link that stalls mid-round ends the migration by its
+            // --timeout, not a full I/O timeout later.
+            let left = o.timeout.saturating_sub(t0.elapsed());
+            conn.set_timeout(Some(IO_TIMEOUT.min(left).max(Duration::from_millis(200))))
+                .map_err(io("setting the connection's timeout"))?;
             if let Some(e) = self.guest_ended() {
                 self.stashed.push_back(e);
                 return Err(MigrationError::GuestEnded);
@@ -434,6 +439,10 @@ impl Running {
                 }
             }
         }
+        // The end (catching up, the final round, the destination's start)
+        // gets the full I/O timeout again, whatever the rounds left of it.
+        conn.set_timeout(Some(IO_TIMEOUT.min(o.timeout)))
+            .map_err(io("setting the connection's timeout"))?;
         // Before the pause, the destination catches up with what has been
         // sent: a backlog in socket buffers or a relay (a slow link) would
         // otherwise drain inside the downtime (a hybrid switch's 185 ms
