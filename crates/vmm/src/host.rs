@@ -5,6 +5,7 @@ use std::io;
 use std::path::Path;
 
 pub mod files;
+pub mod log_budget;
 pub mod socket;
 pub mod watchdog;
 

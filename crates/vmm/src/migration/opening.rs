@@ -11,6 +11,10 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
+
+/// Failed openings are outside input: at most 10 lines a minute of them.
+static HANDSHAKE_LOG: crate::host::log_budget::LogBudget =
+    crate::host::log_budget::LogBudget::new(10, std::time::Duration::from_secs(60));
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -168,9 +172,9 @@ pub fn wait(listener: &Listener, how: &Waiting) -> Result<Opened, WaitError> {
         let live = in_flight.values().filter(|f| !f.evicted).count();
         if live >= MAX_OPENING {
             if let Some(oldest) = in_flight.values_mut().find(|f| !f.evicted) {
-                tracing::warn!(
-                    "hover receive: {MAX_OPENING} connections are opening at once; turning the oldest away"
-                );
+                crate::host::log_budget::warn_within(&HANDSHAKE_LOG, || {
+                    format!("hover receive: {MAX_OPENING} connections are opening at once; turning the oldest away")
+                });
                 oldest.conn.shutdown();
                 oldest.evicted = true;
             }
@@ -199,9 +203,9 @@ pub fn wait(listener: &Listener, how: &Waiting) -> Result<Opened, WaitError> {
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(
-                        "hover receive: a connection failed the handshake ({e}); still waiting for a migration on {at}"
-                    );
+                    crate::host::log_budget::warn_within(&HANDSHAKE_LOG, || {
+                        format!("hover receive: a connection failed the handshake ({e}); still waiting for a migration on {at}")
+                    });
                     turn_away(&conn, None, &e.to_string());
                     let _ = tx.send((id, None));
                 }
