@@ -152,6 +152,17 @@ fn bad_snapshot_files_are_refused_and_nothing_starts() {
         s.config.config.vcpus = 1;
     });
     refused(&p, &["section VCPU", "2 vCPU states for 1 vCPUs"]);
+    // A section header's reserved word set (no CRC covers it).
+    let p = variant(&dir, &good, "reserved.snap", |b| b[sections_at + 20] = 1);
+    refused(&p, &["section CONF", "reserved word"]);
+    // Configurations `hover run` refuses: no image end, a budget too small
+    // to hold the image.
+    let p = restate(&dir, &good, "image-end.snap", |s| s.config.image_end = 0);
+    refused(&p, &["section CONF", "image end"]);
+    let p = restate(&dir, &good, "budget.snap", |s| {
+        s.config.config.memory_budget = Some(4 << 20)
+    });
+    refused(&p, &["section CONF", "budget"]);
     // A hot set naming a page outside guest memory.
     let p = rewrite(&dir, &good, "hot.snap", |_| {}, |h| h.insert(0, 1 << 40));
     refused(

@@ -238,7 +238,9 @@ impl Snapshot {
         if size > len {
             return Err(truncated("the file".into(), 0, size));
         }
-        if data_at != DATA_OFFSET || sections_at < data_at || count != SECTIONS {
+        // The words after the fields are reserved: zero, as written.
+        let reserved_clear = h[40..HEADER_LEN - 4].iter().all(|&b| b == 0);
+        if data_at != DATA_OFFSET || sections_at < data_at || count != SECTIONS || !reserved_clear {
             return Err(SnapshotError::Corrupt {
                 path: path.into(),
                 what: "the header".into(),
@@ -269,6 +271,9 @@ impl Snapshot {
             }
             let plen = u64::from_le_bytes(sh[8..16].try_into().expect("8 bytes"));
             let want = u32::from_le_bytes(sh[16..20].try_into().expect("4 bytes"));
+            if sh[20..24] != [0; 4] {
+                return Err(bad("its reserved word is not zero".into()));
+            }
             let body = at + SECTION_HEADER_LEN as u64;
             if plen > MAX_SECTION || body.saturating_add(plen) > len {
                 return Err(truncated(
@@ -335,6 +340,15 @@ impl Snapshot {
         }
         let (ho, b) = next("HOTS")?;
         let hot: Vec<u64> = dec(&b).map_err(|e| decode_err("HOTS", ho, e))?;
+        // The header's size is where the last section ends.
+        let end = ho + SECTION_HEADER_LEN as u64 + b.len() as u64;
+        if end != size {
+            return Err(SnapshotError::Corrupt {
+                path: path.into(),
+                what: format!("the header (its size {size} is not the sections' end {end})"),
+                offset: 0,
+            });
+        }
         let in_ram = |gpa: u64| {
             gpa.is_multiple_of(PAGE_SIZE)
                 && ranges

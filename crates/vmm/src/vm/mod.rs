@@ -376,7 +376,7 @@ impl Vm {
     }
 }
 
-fn check_budget(config: &VmConfig, image_end: u64) -> Result<(), ConfigError> {
+pub(crate) fn check_budget(config: &VmConfig, image_end: u64) -> Result<(), ConfigError> {
     if let Some(budget) = config.machine.memory_budget {
         let minimum = image_end + MIN_BUDGET_PAGES * PAGE_SIZE;
         if budget < minimum {

@@ -176,7 +176,12 @@ pub(crate) fn prepare(saved: &SavedMachine, opts: &RestoreOptions) -> Result<Pre
     config
         .validate()
         .map_err(|e| LoadError::Unfit("CONF", e.to_string()))?;
-    if saved.image_end >= config.machine.memory || !saved.image_end.is_multiple_of(4096) {
+    // As `hover run` checks its flags: the image's end inside memory (a
+    // guest has one), and a budget that holds the image and some pages.
+    if saved.image_end == 0
+        || saved.image_end >= config.machine.memory
+        || !saved.image_end.is_multiple_of(4096)
+    {
         return Err(LoadError::Unfit(
             "CONF",
             format!(
@@ -185,6 +190,8 @@ pub(crate) fn prepare(saved: &SavedMachine, opts: &RestoreOptions) -> Result<Pre
             ),
         ));
     }
+    super::check_budget(&config, saved.image_end)
+        .map_err(|e| LoadError::Unfit("CONF", e.to_string()))?;
     let machine = Machine::create(&config)?;
     Ok(Prepared { machine, config })
 }
