@@ -17,4 +17,15 @@ if grep -q "lab.net=1" /proc/cmdline; then
         n=$((n+1)); sleep 0.5
     done
     [ $n -lt 30 ] || echo "GUEST: ping failed"
+    # The features the driver took (a string of bits, bit 0 first): CSUM
+    # (0), GUEST_CSUM (1), GUEST_TSO4 (7), HOST_TSO4 (11).
+    f=$(cat /sys/class/net/eth0/device/features)
+    bit() { echo "$f" | cut -c$(($1 + 1)); }
+    echo "GUEST: offloads csum=$(bit 0) guest_csum=$(bit 1) guest_tso4=$(bit 7) host_tso4=$(bit 11)"
+    # 2 MiB each way over TCP (the L1 listens on 5000 and serves on 5001).
+    dd if=/dev/urandom of=/tmp/blob bs=64k count=32 2>/dev/null
+    echo "GUEST: sent md5 $(md5sum < /tmp/blob | cut -d' ' -f1)"
+    nc 169.254.1.1 5000 -e cat /tmp/blob
+    nc 169.254.1.1 5001 > /tmp/got
+    echo "GUEST: got md5 $(md5sum < /tmp/got | cut -d' ' -f1) bytes $(wc -c < /tmp/got)"
 fi

@@ -40,6 +40,10 @@ check linux-gets-entropy grep -q "GUEST: rng virtio_rng.0 [0-9a-f]\{32\}" /tmp/d
 # while the first holds it is refused as busy.
 tunctl -t tap0 > /dev/null
 ip addr add 169.254.1.1/16 dev tap0 && ip link set tap0 up
+# 2 MiB each way over TCP: the guest sends to 5000, 5001 sends to it.
+dd if=/dev/urandom of=/tmp/blob2 bs=64k count=32 2>/dev/null
+nc -l -p 5000 > /tmp/from-guest &
+nc -l -p 5001 -e cat /tmp/blob2 &
 timeout 300 hover run $K --vcpus 1 --net tap=tap0,mac=06:00:ac:10:00:02 --rng off --cmdline "$CL lab.net=1" --console file:/tmp/net.log --json > /tmp/net.json 2> /tmp/net.err &
 hp=$!
 wait_for_text "GUEST: up" /tmp/net.log
@@ -51,6 +55,9 @@ grep -a "GUEST:" /tmp/net.log | sed 's/^/LAB: /'
 tail -3 /tmp/net.err | sed 's/^/LAB: stderr: /'
 check linux-pings-the-l1-over-virtio-net grep -q "GUEST: ping ok" /tmp/net.log
 check linux-net-has-the-mac-given grep -q "GUEST: eth0 06:00:ac:10:00:02" /tmp/net.log
+check linux-net-offloads-negotiated grep -q "GUEST: offloads csum=1 guest_csum=1 guest_tso4=1 host_tso4=1" /tmp/net.log
+check linux-net-tcp-to-the-l1-intact sh -c 'grep -q "GUEST: sent md5 $(md5sum < /tmp/from-guest | cut -d" " -f1)" /tmp/net.log'
+check linux-net-tcp-from-the-l1-intact sh -c 'grep -q "GUEST: got md5 $(md5sum < /tmp/blob2 | cut -d" " -f1) bytes 2097152" /tmp/net.log'
 check linux-net-busy-tap-refused sh -c '[ '$busy' = 2 ] && grep -q "tap=tap0: busy" /tmp/busy.err || { cat /tmp/busy.err; false; }'
 timeout 60 hover run $K --vcpus 1 --net tap=tap9 --console off > /dev/null 2> /tmp/notap.err
 notap=$?

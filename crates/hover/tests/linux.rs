@@ -101,3 +101,10 @@ fn console_stdio_types_to_a_linux_shell_and_ctrl_a_x_ends_the_vm() {
     );
     assert_ok(&RUN, "linux", "stdio", "linux-console-ctrl-a-x-ends-the-vm");
 }
+
+#[test]
+fn virtio_net_offloads_are_negotiated_and_tcp_crosses_intact_both_ways() {
+    assert_ok(&RUN, "linux", "offloads", "linux-net-offloads-negotiated");
+    assert_ok(&RUN, "linux", "tcp out", "linux-net-tcp-to-the-l1-intact");
+    assert_ok(&RUN, "linux", "tcp in", "linux-net-tcp-from-the-l1-intact");
+}

@@ -144,6 +144,17 @@ fn allow_list(kind: Kind) -> Vec<Allow> {
     match kind {
         Kind::Vcpu => {
             v.push(ioctl_types(&[KVM]));
+            // A virtio-net driver's FEATURES_OK sets its tap's offloads
+            // (an MMIO register write, served on the vCPU's thread): that
+            // one tun request and no other.
+            v.push((
+                libc::SYS_ioctl,
+                vec![rule(vec![cond(
+                    1,
+                    Op::Eq,
+                    crate::devices::virtio::net::TUNSETOFFLOAD as u64,
+                )])],
+            ));
             v.extend(priorities());
             v.push((libc::SYS_tgkill, Vec::new()));
         }

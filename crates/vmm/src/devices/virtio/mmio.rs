@@ -97,6 +97,7 @@ impl MmioTransport {
         self.driver_features = 0;
         self.status = 0;
         self.interrupt_status = 0;
+        self.device.ack_features(0);
     }
 
     fn selected(&mut self) -> Option<&mut Queue> {
@@ -283,6 +284,7 @@ impl MmioTransport {
                 self.status = v & !VIRTIO_CONFIG_S_FEATURES_OK & !VIRTIO_CONFIG_S_DRIVER_OK;
                 return;
             }
+            self.device.ack_features(self.driver_features);
         }
         if new & VIRTIO_CONFIG_S_DRIVER_OK != 0 && !has(VIRTIO_CONFIG_S_FEATURES_OK) {
             return self.fail("DRIVER_OK before FEATURES_OK");

@@ -106,6 +106,9 @@ pub trait VirtioDevice: Send {
     /// Serve every request available on queue `index` of `mem`; whether
     /// any buffer was returned to the driver (then it may be interrupted).
     fn process(&mut self, index: usize, queue: &mut Queue, mem: &GuestMemoryMmap) -> bool;
+    /// The driver accepted `features` (FEATURES_OK; a reset says 0): a
+    /// device whose backend depends on them (a tap's offloads) sets it now.
+    fn ack_features(&mut self, _features: u64) {}
     /// A host descriptor whose readiness the device serves (a tap), if any:
     /// the I/O thread waits on it (edge-triggered) beside the queues.
     fn backend_fd(&self) -> Option<std::os::fd::RawFd> {

@@ -1,7 +1,11 @@
 //! virtio-net on a tap device: frames the guest sends go to the tap as
 //! they are (the tap takes virtio's own 12-byte header, `IFF_VNET_HDR`),
-//! frames the tap has go into the guest's receive buffers. No offloads
-//! yet: the guest checksums and segments itself. The tap is opened by name
+//! frames the tap has go into the guest's receive buffers. Checksum and
+//! TCP segmentation offloads pass through where the tap takes them: the
+//! guest may send frames of up to 64 KiB with their checksum left to do
+//! (the header says so; the host's stack finishes the work), and once the
+//! guest accepts the same on receive, the tap is told (`TUNSETOFFLOAD`) to
+//! hand it such frames too. The tap is opened by name
 //! (`TUNSETIFF`); it must exist (Hover does not create network devices:
 //! who may use one, its addresses and bridge are the host's to set), and
 //! one another process holds is refused as busy.
@@ -11,7 +15,10 @@ use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
-use virtio_bindings::virtio_net::VIRTIO_NET_F_MAC;
+use virtio_bindings::virtio_net::{
+    VIRTIO_NET_F_CSUM, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_TSO6,
+    VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6, VIRTIO_NET_F_MAC,
+};
 use virtio_queue::{Queue, QueueT, Reader, Writer};
 use vm_memory::GuestMemoryMmap;
 
@@ -52,6 +59,49 @@ pub fn default_mac(index: usize) -> [u8; 6] {
 
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 const TUNSETVNETHDRSZ: libc::c_ulong = 0x4004_54d8;
+/// The tun request that sets what a tap may hand out (the vCPU threads'
+/// seccomp filter allows it).
+pub const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
+const TUN_F_CSUM: libc::c_uint = 0x01;
+const TUN_F_TSO4: libc::c_uint = 0x02;
+const TUN_F_TSO6: libc::c_uint = 0x04;
+
+/// The offloads offered when the tap takes them: sending frames with the
+/// checksum left to do and TCP segments of up to 64 KiB (the tap takes
+/// both from any writer with `IFF_VNET_HDR`), and receiving the same (the
+/// tap hands them out once `TUNSETOFFLOAD` allows).
+const OFFLOADS: u64 = (1 << VIRTIO_NET_F_CSUM)
+    | (1 << VIRTIO_NET_F_HOST_TSO4)
+    | (1 << VIRTIO_NET_F_HOST_TSO6)
+    | (1 << VIRTIO_NET_F_GUEST_CSUM)
+    | (1 << VIRTIO_NET_F_GUEST_TSO4)
+    | (1 << VIRTIO_NET_F_GUEST_TSO6);
+
+/// What the tap may hand the guest, given the features it accepted.
+fn tap_offloads(features: u64) -> libc::c_uint {
+    let has = |bit: u32| features & (1 << bit) != 0;
+    let mut f = 0;
+    if has(VIRTIO_NET_F_GUEST_CSUM) {
+        f |= TUN_F_CSUM;
+        // Segments need checksum offload too (the spec's dependency).
+        if has(VIRTIO_NET_F_GUEST_TSO4) {
+            f |= TUN_F_TSO4;
+        }
+        if has(VIRTIO_NET_F_GUEST_TSO6) {
+            f |= TUN_F_TSO6;
+        }
+    }
+    f
+}
+
+/// Set what `tap` may hand out.
+fn set_tap_offloads(tap: &File, flags: libc::c_uint) -> std::io::Result<()> {
+    // SAFETY: TUNSETOFFLOAD takes its flags by value; the result is checked.
+    if unsafe { libc::ioctl(tap.as_raw_fd(), TUNSETOFFLOAD as _, flags as libc::c_ulong) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
 const IFF_TAP: libc::c_short = 0x0002;
 const IFF_NO_PI: libc::c_short = 0x1000;
 const IFF_VNET_HDR: libc::c_short = 0x4000;
@@ -134,6 +184,8 @@ pub struct Net {
     config: NetConfig,
     name: String,
     tap: File,
+    /// Whether the tap takes offloads (it took them all when opened).
+    offloads: bool,
     buf: Vec<u8>,
     /// A frame read from the tap that found no receive buffer yet.
     pending: Option<usize>,
@@ -143,10 +195,18 @@ pub struct Net {
 impl Net {
     /// The card `config` on the open tap `tap` (named `name`, for logs).
     pub fn new(config: NetConfig, name: String, tap: File) -> Net {
+        // Tried at once, then off until the guest accepts them.
+        let offloads = set_tap_offloads(&tap, TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6)
+            .and_then(|()| set_tap_offloads(&tap, 0))
+            .is_ok();
+        if !offloads {
+            tracing::info!("virtio net {name}: the tap takes no offloads; the guest checksums and segments itself");
+        }
         Net {
             config,
             name,
             tap,
+            offloads,
             buf: vec![0; MAX_FRAME],
             pending: None,
             complained: false,
@@ -199,7 +259,8 @@ impl Net {
                     Err(_) => return used, // EAGAIN: drained (or the tap went away)
                 },
             };
-            // No offloads: one buffer per frame, num_buffers = 1.
+            // One buffer chain per frame (no mergeable buffers), so
+            // num_buffers is 1.
             self.buf[10..12].copy_from_slice(&1u16.to_le_bytes());
             let Some(chain) = queue.pop_descriptor_chain(mem) else {
                 self.pending = Some(n);
@@ -238,7 +299,17 @@ impl VirtioDevice for Net {
     }
 
     fn features(&self) -> u64 {
-        F_VERSION_1 | (1 << VIRTIO_NET_F_MAC)
+        let offloads = if self.offloads { OFFLOADS } else { 0 };
+        F_VERSION_1 | (1 << VIRTIO_NET_F_MAC) | offloads
+    }
+
+    fn ack_features(&mut self, features: u64) {
+        if !self.offloads {
+            return;
+        }
+        if let Err(e) = set_tap_offloads(&self.tap, tap_offloads(features)) {
+            self.complain(&format!("the tap refused its offloads: {e}"));
+        }
     }
 
     fn queue_max_sizes(&self) -> &[u16] {
@@ -274,6 +345,20 @@ impl VirtioDevice for Net {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tap_hands_out_only_what_the_guest_accepted() {
+        let csum = 1 << VIRTIO_NET_F_GUEST_CSUM;
+        let tso4 = 1 << VIRTIO_NET_F_GUEST_TSO4;
+        assert_eq!(tap_offloads(0), 0);
+        assert_eq!(tap_offloads(OFFLOADS), TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6);
+        assert_eq!(tap_offloads(csum), TUN_F_CSUM);
+        assert_eq!(tap_offloads(csum | tso4), TUN_F_CSUM | TUN_F_TSO4);
+        // Segments without checksum offload are not handed out.
+        assert_eq!(tap_offloads(tso4), 0);
+        // What the guest may send needs nothing of the tap's.
+        assert_eq!(tap_offloads(1 << VIRTIO_NET_F_HOST_TSO4), 0);
+    }
 
     #[test]
     fn macs_parse_and_bad_ones_are_refused() {
