@@ -152,7 +152,7 @@ fn allow_list(kind: Kind) -> Vec<Allow> {
                 vec![rule(vec![cond(
                     1,
                     Op::Eq,
-                    crate::devices::virtio::net::TUNSETOFFLOAD as u64,
+                    crate::devices::virtio::net::TUNSETOFFLOAD,
                 )])],
             ));
             v.extend(priorities());
