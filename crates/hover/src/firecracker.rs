@@ -141,6 +141,8 @@ pub(crate) fn firecracker(args: FirecrackerArgs) -> ExitCode {
             boost_tuning: Default::default(),
             disk_paths: Vec::new(),
             taps: Vec::new(),
+            named_disks: Vec::new(),
+            named_taps: Vec::new(),
         },
         logger: args.log_path.map(|p| models::Logger {
             log_path: p.display().to_string(),

@@ -166,6 +166,51 @@ pub(crate) struct RunOutput {
     pub(crate) stats: bool,
 }
 
+/// A restored or arriving VM's disks and taps, named by the ids the VM
+/// gave them (the VM's configuration says which it has; its paths are
+/// this host's).
+#[derive(Args)]
+pub(crate) struct SavedDeviceArgs {
+    /// A disk of the VM, by its id: `ID=PATH` (repeatable; every disk the
+    /// VM has must be given, of the size it had; the error names them).
+    #[arg(long = "disk", value_name = "ID=PATH", value_parser = parse_named_disk)]
+    pub(crate) disks: Vec<(String, PathBuf)>,
+    /// A network card of the VM, by its id: `ID=tap=NAME` (repeatable; an
+    /// existing tap for each card the VM has).
+    #[arg(long = "net", value_name = "ID=tap=NAME", value_parser = parse_named_tap)]
+    pub(crate) nets: Vec<(String, String)>,
+}
+
+fn parse_named_disk(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((id, path)) if !id.is_empty() && !path.is_empty() => {
+            Ok((id.to_string(), PathBuf::from(path)))
+        }
+        _ => Err(format!(
+            "'{s}': give ID=PATH (the disk's id in the VM, then its file)"
+        )),
+    }
+}
+
+fn parse_named_tap(s: &str) -> Result<(String, String), String> {
+    match s.split_once("=tap=") {
+        Some((id, tap)) if !id.is_empty() && !tap.is_empty() => {
+            Ok((id.to_string(), tap.to_string()))
+        }
+        _ => Err(format!(
+            "'{s}': give ID=tap=NAME (the card's id in the VM, then its tap)"
+        )),
+    }
+}
+
+impl SavedDeviceArgs {
+    /// Put these into `host`.
+    pub(crate) fn apply(&self, host: &mut HostConfig) {
+        host.named_disks = self.disks.clone();
+        host.named_taps = self.nets.clone();
+    }
+}
+
 /// This host's settings from its flags; flags that cannot go together
 /// are refused.
 pub(crate) fn host_config(
@@ -195,6 +240,8 @@ pub(crate) fn host_config(
         },
         disk_paths: Vec::new(),
         taps: Vec::new(),
+        named_disks: Vec::new(),
+        named_taps: Vec::new(),
     })
 }
 

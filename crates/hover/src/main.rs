@@ -131,6 +131,8 @@ struct ReceiveArgs {
     #[arg(long, value_parser = parse_duration)]
     timeout: Option<std::time::Duration>,
     #[command(flatten)]
+    devices: host_args::SavedDeviceArgs,
+    #[command(flatten)]
     files: HostFileArgs,
     #[command(flatten)]
     out: RunOutput,
@@ -171,6 +173,8 @@ struct RestoreArgs {
     /// [default: no limit, at the pager's raised priority].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     prefetch_rate: Option<u64>,
+    #[command(flatten)]
+    devices: host_args::SavedDeviceArgs,
     #[command(flatten)]
     files: HostFileArgs,
     #[command(flatten)]
@@ -312,11 +316,11 @@ struct RunArgs {
     /// the guest sees vda, vdb, ...). Repeatable.
     #[arg(long, value_name = "PATH[,readonly][,id=ID]", value_parser = parse::parse_disk, requires = "kernel")]
     disk: Vec<parse::DiskArg>,
-    /// A virtio network card for `--kernel` on a tap device:
-    /// `tap=NAME[,mac=MAC]` (the tap is created if missing, which needs
-    /// CAP_NET_ADMIN; MACs default to 06:00:00:00:00:01, :02, ... in
-    /// order). Repeatable.
-    #[arg(long, value_name = "tap=NAME[,mac=MAC]", value_parser = parse::parse_net, requires = "kernel")]
+    /// A virtio network card for `--kernel` on an existing tap device:
+    /// `tap=NAME[,mac=MAC][,id=ID]` (`ip tuntap add NAME mode tap user
+    /// $USER` makes one; MACs default to 06:00:00:00:00:01, :02, ... and
+    /// ids to net0, net1, ... in order). Repeatable.
+    #[arg(long, value_name = "tap=NAME[,mac=MAC][,id=ID]", value_parser = parse::parse_net, requires = "kernel")]
     net: Vec<parse::NetArg>,
     /// A virtio entropy device for `--kernel` (entropy from the host's getrandom).
     #[arg(long, value_enum, default_value = "on")]
@@ -507,7 +511,10 @@ fn receive(args: ReceiveArgs) -> ExitCode {
     };
     let opts = RestoreOptions {
         host: match host_config(&args.out, &args.files, &args.guard, &args.boost_host) {
-            Ok(h) => h,
+            Ok(mut h) => {
+                args.devices.apply(&mut h);
+                h
+            }
             Err(e) => return bad_input(&e),
         },
         ..Default::default()
@@ -539,7 +546,10 @@ fn restore(args: RestoreArgs) -> ExitCode {
         },
         prefetch_rate: args.prefetch_rate,
         host: match host_config(&args.out, &args.files, &args.guard, &args.boost_host) {
-            Ok(h) => h,
+            Ok(mut h) => {
+                args.devices.apply(&mut h);
+                h
+            }
             Err(e) => return bad_input(&e),
         },
     };
@@ -618,6 +628,7 @@ fn run(args: RunArgs) -> ExitCode {
         .map(|(i, d)| hover_vmm::devices::virtio::block::DiskConfig {
             id: d.id.clone().unwrap_or_else(|| format!("disk{i}")),
             readonly: d.readonly,
+            size: 0,
         })
         .collect();
     machine.nets = args
@@ -625,6 +636,7 @@ fn run(args: RunArgs) -> ExitCode {
         .iter()
         .enumerate()
         .map(|(i, n)| hover_vmm::devices::virtio::net::NetConfig {
+            id: n.id.clone().unwrap_or_else(|| format!("net{i}")),
             mac: n
                 .mac
                 .unwrap_or_else(|| hover_vmm::devices::virtio::net::default_mac(i)),

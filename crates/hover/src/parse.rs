@@ -55,24 +55,27 @@ pub struct NetArg {
     pub tap: String,
     /// The card's MAC, if given.
     pub mac: Option<[u8; 6]>,
+    /// The card's id, if given.
+    pub id: Option<String>,
 }
 
-/// Parse `tap=NAME[,mac=MAC]`.
+/// Parse `tap=NAME[,mac=MAC][,id=ID]`.
 pub fn parse_net(s: &str) -> Result<NetArg, String> {
-    let (mut tap, mut mac) = (None, None);
+    let (mut tap, mut mac, mut id) = (None, None, None);
     for p in s.split(',') {
         match p.split_once('=') {
             Some(("tap", name)) if !name.is_empty() => tap = Some(name.to_string()),
             Some(("mac", m)) => mac = Some(hover_vmm::devices::virtio::net::parse_mac(m)?),
+            Some(("id", i)) if !i.is_empty() => id = Some(i.to_string()),
             _ => {
                 return Err(format!(
-                    "'{p}': a card takes tap=NAME and mac=MAC (tap=NAME[,mac=MAC])"
+                    "'{p}': a card takes tap=NAME, mac=MAC and id=ID (tap=NAME[,mac=MAC][,id=ID])"
                 ))
             }
         }
     }
-    let tap = tap.ok_or("give the tap: tap=NAME[,mac=MAC]")?;
-    Ok(NetArg { tap, mac })
+    let tap = tap.ok_or("give the tap: tap=NAME[,mac=MAC][,id=ID]")?;
+    Ok(NetArg { tap, mac, id })
 }
 
 /// A duration such as `0`, `500ns`, `100us`, `2ms`, `1.5ms`, `1s` or

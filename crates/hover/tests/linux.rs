@@ -108,3 +108,53 @@ fn virtio_net_offloads_are_negotiated_and_tcp_crosses_intact_both_ways() {
     assert_ok(&RUN, "linux", "tcp out", "linux-net-tcp-to-the-l1-intact");
     assert_ok(&RUN, "linux", "tcp in", "linux-net-tcp-from-the-l1-intact");
 }
+
+/// The Linux guest's state scenario (`scripts/lab/linux-state.sh`).
+static STATE: Cell = Cell::new();
+
+#[test]
+fn a_paused_linux_guest_stands_still_and_goes_on_when_resumed() {
+    assert_ok(
+        &STATE,
+        "linux-state",
+        "pause",
+        "linux-pause-holds-the-guest",
+    );
+    assert_ok(&STATE, "linux-state", "resume", "linux-resume-goes-on");
+}
+
+#[test]
+fn a_linux_guest_restored_eagerly_lazily_and_by_prefetch_goes_on_with_its_clock_and_disk() {
+    assert_ok(
+        &STATE,
+        "linux-state",
+        "snapshot",
+        "linux-snapshot-disk-holds-the-last-count",
+    );
+    for mode in ["eager", "lazy", "prefetch"] {
+        for check in ["goes-on", "clock-not-backwards", "disk-written"] {
+            assert_ok(
+                &STATE,
+                "linux-state",
+                mode,
+                &format!("linux-restore-{mode}-{check}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn a_restore_without_the_vms_disk_or_with_one_of_another_size_is_refused() {
+    assert_ok(
+        &STATE,
+        "linux-state",
+        "no disk",
+        "linux-restore-without-its-disk-refused",
+    );
+    assert_ok(
+        &STATE,
+        "linux-state",
+        "small disk",
+        "linux-restore-with-a-disk-of-another-size-refused",
+    );
+}

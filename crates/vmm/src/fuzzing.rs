@@ -170,6 +170,7 @@ fn block_transport(data: &[u8], readonly: bool) -> Option<MmioTransport> {
     let config = DiskConfig {
         id: "fuzz".into(),
         readonly,
+        size: 0,
     };
     let block = Block::new(config, "fuzz.img".into(), disk, VIRTIO_DISK);
     Some(MmioTransport::new(Box::new(block), mem))

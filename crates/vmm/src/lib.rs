@@ -63,6 +63,7 @@ pub enum KvmOp {
     SetGsiRouting,
     SetIrqchip,
     SetClock,
+    SetPit,
     Run,
 }
 

@@ -27,12 +27,18 @@ pub struct DiskConfig {
     pub id: String,
     /// Whether the guest may write.
     pub readonly: bool,
+    /// Its size in bytes, as the VM saw it (0 until it is opened): a
+    /// restore or an arriving migration must give a disk of this size.
+    pub size: u64,
 }
 
-/// What a network card is to the VM (saved with it): its MAC. The tap's
-/// name is the host's (never saved).
+/// What a network card is to the VM (saved with it): its id and MAC. The
+/// tap's name is the host's (never saved).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NetConfig {
+    /// The card's id (`net0`, `net1`, ... by order, or the Firecracker
+    /// API's `iface_id`): what a restore names its tap for.
+    pub id: String,
     /// The card's MAC address.
     pub mac: [u8; 6],
 }

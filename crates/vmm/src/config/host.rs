@@ -129,12 +129,107 @@ pub struct HostConfig {
     /// Each of the machine's network cards' tap device, in the order of
     /// `MachineConfig::nets`.
     pub taps: Vec<String>,
+    /// A restore's or a receiver's disks by the id the VM gave each
+    /// (`--disk ID=PATH`): put in `disk_paths` once the saved configuration
+    /// says which disks the VM has.
+    pub named_disks: Vec<(String, PathBuf)>,
+    /// A restore's or a receiver's taps by card id (`--net ID=tap=NAME`),
+    /// as `named_disks`.
+    pub named_taps: Vec<(String, String)>,
+}
+
+/// `given`'s values in the order of `ids`, or the ids missing and extra.
+fn by_id<T: Clone>(
+    flag: &str,
+    what: &str,
+    ids: &[&str],
+    given: &[(String, T)],
+) -> Result<Vec<T>, ConfigError> {
+    let missing: Vec<&str> = ids
+        .iter()
+        .copied()
+        .filter(|id| !given.iter().any(|(g, _)| g == id))
+        .collect();
+    let extra: Vec<&str> = given
+        .iter()
+        .map(|(g, _)| g.as_str())
+        .filter(|g| !ids.contains(g))
+        .collect();
+    if !missing.is_empty() || !extra.is_empty() {
+        let list = |v: &[&str]| match v.is_empty() {
+            true => "none".to_string(),
+            false => v.join(", "),
+        };
+        return Err(ConfigError::Devices(format!(
+            "the VM's {what}s are {}: give {flag} for each (missing: {}; not the VM's: {})",
+            list(ids),
+            list(&missing),
+            list(&extra)
+        )));
+    }
+    if let Some((id, _)) = given
+        .iter()
+        .enumerate()
+        .find(|(i, (g, _))| given[..*i].iter().any(|(o, _)| o == g))
+        .map(|(_, g)| g)
+    {
+        return Err(ConfigError::Devices(format!("{flag}: {id} is given twice")));
+    }
+    Ok(ids
+        .iter()
+        .map(|id| {
+            given
+                .iter()
+                .find(|(g, _)| g == id)
+                .map(|(_, v)| v.clone())
+                .expect("checked above")
+        })
+        .collect())
 }
 
 impl HostConfig {
     /// Check every value that can be checked without touching the host.
+    /// Put the disks and taps given by id (`named_disks`, `named_taps`) in
+    /// the order of the machine's `disks` and `nets` (ids `disks` and
+    /// `nets`): every id the machine has must be given, and no other.
+    pub fn resolve_named(&mut self, disks: &[&str], nets: &[&str]) -> Result<(), ConfigError> {
+        self.disk_paths = by_id("--disk ID=PATH", "disk", disks, &self.named_disks)?;
+        self.taps = by_id("--net ID=tap=NAME", "network card", nets, &self.named_taps)?;
+        Ok(())
+    }
+
+    /// Check every value that can be checked alone.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.limits.check().map_err(ConfigError::Limits)?;
         self.boost_tuning.check().map_err(ConfigError::Boost)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_named_by_id_are_put_in_the_machines_order_and_bad_names_refused() {
+        let mut h = HostConfig {
+            named_disks: vec![
+                ("data".into(), "/d.img".into()),
+                ("root".into(), "/r.img".into()),
+            ],
+            named_taps: vec![("net0".into(), "tap7".into())],
+            ..HostConfig::default()
+        };
+        h.resolve_named(&["root", "data"], &["net0"]).unwrap();
+        assert_eq!(h.disk_paths, vec![PathBuf::from("/r.img"), "/d.img".into()]);
+        assert_eq!(h.taps, vec!["tap7".to_string()]);
+        let e = h.resolve_named(&["root", "data", "logs"], &["net0"]).unwrap_err();
+        assert!(e.to_string().contains("missing: logs"), "{e}");
+        let e = h.resolve_named(&["root"], &["net0"]).unwrap_err();
+        assert!(e.to_string().contains("not the VM's: data"), "{e}");
+        let e = h.resolve_named(&["root", "data"], &[]).unwrap_err();
+        assert!(e.to_string().contains("--net ID=tap=NAME"), "{e}");
+        h.named_disks.push(("data".into(), "/again.img".into()));
+        let e = h.resolve_named(&["root", "data"], &["net0"]).unwrap_err();
+        assert!(e.to_string().contains("given twice"), "{e}");
     }
 }

@@ -157,16 +157,14 @@ pub struct MachineConfig {
     /// vCPU priority boosting (`--boost`, `--vcpu-rt`), as last set.
     pub boost: BoostConfig,
     /// A Linux guest's virtio disks (`--disk`), in order; their files are
-    /// the host's (`HostConfig::disk_paths`). Not saved yet: a Linux
-    /// guest cannot be snapshotted or migrated yet.
-    #[serde(skip)]
+    /// the host's (`HostConfig::disk_paths`): a restore or an arriving
+    /// migration names a path for each id.
     pub disks: Vec<super::devices::DiskConfig>,
     /// A Linux guest's virtio network cards (`--net`), in order; their taps
-    /// are the host's (`HostConfig::taps`). Not saved yet, as disks.
-    #[serde(skip)]
+    /// are the host's (`HostConfig::taps`), named for each card's id.
     pub nets: Vec<super::devices::NetConfig>,
     /// Whether a Linux guest gets a virtio entropy device (default on).
-    #[serde(skip, default = "rng_default")]
+    #[serde(default = "rng_default")]
     pub rng: bool,
 }
 
@@ -212,6 +210,18 @@ impl MachineConfig {
             ));
         }
         for (i, n) in self.nets.iter().enumerate() {
+            if n.id.is_empty() || n.id.len() > 20 || !n.id.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(ConfigError::Devices(format!(
+                    "network card id {:?}: give 1 to 20 printable characters",
+                    n.id
+                )));
+            }
+            if self.nets[..i].iter().any(|o| o.id == n.id) {
+                return Err(ConfigError::Devices(format!(
+                    "network card id {} is given twice: each card needs an id of its own",
+                    n.id
+                )));
+            }
             if self.nets[..i].iter().any(|o| o.mac == n.mac) {
                 return Err(ConfigError::Devices(
                     "two --net cards with the same MAC: give each its own mac=".into(),

@@ -174,6 +174,7 @@ impl LinuxDevices {
             .map(|d| DiskConfig {
                 id: d.drive_id.clone(),
                 readonly: d.is_read_only,
+                size: 0,
             })
             .collect();
         host.disk_paths = drives
@@ -195,6 +196,7 @@ impl LinuxDevices {
             .iter()
             .enumerate()
             .map(|(i, n)| NetConfig {
+                id: n.iface_id.clone(),
                 mac: n
                     .guest_mac
                     .as_deref()

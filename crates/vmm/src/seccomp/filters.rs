@@ -251,8 +251,11 @@ fn allow_list(kind: Kind) -> Vec<Allow> {
         }
         Kind::Virtio => {
             // Its eventfds (epoll, read), disks (positional reads and
-            // writes, fdatasync); entropy comes from getrandom (base).
+            // writes, fdatasync; a seek and a read straight into guest
+            // memory for a request's data); entropy comes from getrandom
+            // (base).
             v.extend(any(&[
+                libc::SYS_lseek,
                 libc::SYS_epoll_wait,
                 libc::SYS_epoll_pwait,
                 libc::SYS_read,

@@ -41,6 +41,8 @@ pub struct MachineState {
     /// The host TSC when the state was saved (context: the guest sees the
     /// time it spent saved as a TSC jump, which this host cannot hide).
     pub host_tsc: u64,
+    /// The PIT, where the VM has one (Linux guests).
+    pub pit: Option<kvm_bindings::kvm_pit_state2>,
 }
 
 /// The devices and the monitor's own state.
@@ -52,6 +54,8 @@ pub struct DevicesState {
     pub control: ControlState,
     /// The paravirtual I/O device.
     pub pvio: PvioState,
+    /// Each virtio device's transport, in bus order (Linux guests).
+    pub virtio: Vec<crate::devices::virtio::mmio::MmioState>,
 }
 
 /// Everything but guest memory.

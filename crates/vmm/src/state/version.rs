@@ -2,4 +2,6 @@
 //! (both use it).
 
 /// The format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 4;
+/// 5 (2026-11-27): a VM's disks, network cards (with ids) and entropy
+/// device in its configuration, the PIT, and each virtio transport.
+pub const FORMAT_VERSION: u32 = 5;

@@ -42,9 +42,9 @@ pub(crate) struct DeviceManager {
     /// Every guest page the devices and monitors wrote, while recording.
     pub(crate) host_writes: Arc<HostWrites>,
     /// The virtio devices' I/O thread (Linux guests with devices).
-    _virtio_io: Option<IoThread>,
-    /// Whether the guest is Linux (its state cannot be saved yet).
-    linux: bool,
+    virtio_io: Option<IoThread>,
+    /// Each disk's size, in the order of the configuration's disks.
+    disk_sizes: Vec<u64>,
     /// Whether standard input is typed to the console (`--console stdio`).
     stdio: bool,
     /// The thread doing it, while the VM runs.
@@ -97,7 +97,7 @@ impl DeviceManager {
             .with_limits(config.host.limits)
             .with_pvio(pvio.clone())
             .with_booster(booster.clone());
-        let (virtio, virtio_io) = virtio_devices(fd, ram, config)?;
+        let (virtio, virtio_io, disk_sizes) = virtio_devices(fd, ram, config)?;
         let devices = DeviceManager {
             bus: Arc::new(Devices {
                 serial,
@@ -106,8 +106,8 @@ impl DeviceManager {
             }),
             pvio,
             host_writes,
-            _virtio_io: virtio_io,
-            linux: config.machine.guest.is_linux(),
+            virtio_io,
+            disk_sizes,
             stdio: matches!(config.host.console, ConsoleTarget::Stdio),
             console_in: None,
         };
@@ -129,28 +129,70 @@ impl DeviceManager {
         Ok(())
     }
 
+    /// Freeze the devices that run on their own (a pause): the control
+    /// port's timers and I/O device, the virtio I/O thread.
+    pub(crate) fn pause(&self) {
+        self.bus.control.pause();
+        if let Some(io) = &self.virtio_io {
+            io.pause();
+        }
+    }
+
+    /// Undo [`Self::pause`].
+    pub(crate) fn resume(&self) {
+        if let Some(io) = &self.virtio_io {
+            io.resume();
+        }
+        self.bus.control.resume();
+    }
+
+    /// Each disk's size in bytes, in the configuration's order.
+    pub(crate) fn disk_sizes(&self) -> &[u64] {
+        &self.disk_sizes
+    }
+
+    /// Have every ready virtio queue served once (a restored or arrived
+    /// VM: requests the guest queued before the state was taken).
+    pub(crate) fn kick_virtio(&self) {
+        for slot in &self.bus.virtio {
+            slot.kick_ready();
+        }
+    }
+
     /// Stop reading standard input and give the terminal back its settings.
     pub(crate) fn stop_console_input(&mut self) {
         self.console_in = None;
     }
 }
 
+/// The virtio devices on the bus, the thread serving them, each disk's size.
+type VirtioBus = (Vec<VirtioSlot>, Option<IoThread>, Vec<u64>);
+
 /// A Linux guest's virtio devices (its disks, then the entropy device, as
 /// `virtio::device_count` and the DSDT number them), each with its
 /// notification ioeventfds and irqfd, and the I/O thread serving them.
-fn virtio_devices(
-    fd: &Arc<VmFd>,
-    ram: &GuestRam,
-    config: &VmConfig,
-) -> Result<(Vec<VirtioSlot>, Option<IoThread>), Error> {
+fn virtio_devices(fd: &Arc<VmFd>, ram: &GuestRam, config: &VmConfig) -> Result<VirtioBus, Error> {
     let m = &config.machine;
     if virtio::device_count(m) == 0 {
-        return Ok((Vec::new(), None));
+        return Ok((Vec::new(), None, Vec::new()));
     }
     let mut devices: Vec<Box<dyn VirtioDevice>> = Vec::new();
+    let mut sizes = Vec::new();
     for (disk, path) in m.disks.iter().zip(&config.host.disk_paths) {
         let (file, size) = open_disk(path, disk.readonly)
             .map_err(|why| ConfigError::Devices(format!("--disk {}: {why}", path.display())))?;
+        // A restored or arriving VM's disk must be the one it had.
+        if disk.size != 0 && disk.size != size {
+            return Err(ConfigError::Devices(format!(
+                "--disk {}={}: {size} bytes, but the VM's disk {} has {} bytes: give the disk it had (or a copy of it)",
+                disk.id,
+                path.display(),
+                disk.id,
+                disk.size
+            ))
+            .into());
+        }
+        sizes.push(size);
         devices.push(Box::new(Block::new(disk.clone(), path.clone(), file, size)));
     }
     for (net, tap) in m.nets.iter().zip(&config.host.taps) {
@@ -198,22 +240,28 @@ fn virtio_devices(
         });
     }
     let io = IoThread::start(served).map_err(host("start the virtio I/O thread"))?;
-    Ok((slots, Some(io)))
+    Ok((slots, Some(io), sizes))
 }
 
 impl Persist for DeviceManager {
     type State = DevicesState;
 
     fn save(&self) -> Result<DevicesState, String> {
-        if self.linux {
-            return Err(
-                "a Linux guest's state cannot be saved yet (its devices, PIT and clock are not in the snapshot format): snapshots and migration are for the built-in guest for now".into(),
-            );
-        }
         Ok(DevicesState {
             serial: self.bus.serial.state(),
             control: self.bus.control.state(),
             pvio: self.pvio.state(),
+            virtio: self
+                .bus
+                .virtio
+                .iter()
+                .map(|v| {
+                    v.transport
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .state()
+                })
+                .collect(),
         })
     }
 
@@ -221,6 +269,17 @@ impl Persist for DeviceManager {
         let unfit = |e| LoadError::Unfit("DEVS", e);
         self.bus.serial.restore(&s.serial).map_err(unfit)?;
         self.bus.control.restore(&s.control).map_err(unfit)?;
+        if s.virtio.len() != self.bus.virtio.len() {
+            return Err(unfit(format!(
+                "{} saved virtio devices for a VM with {}",
+                s.virtio.len(),
+                self.bus.virtio.len()
+            )));
+        }
+        for (saved, slot) in s.virtio.iter().zip(&self.bus.virtio) {
+            let mut t = slot.transport.lock().unwrap_or_else(|p| p.into_inner());
+            t.restore(saved).map_err(unfit)?;
+        }
         self.pvio.restore(&s.pvio).map_err(|e| {
             LoadError::Host(Error::Host {
                 what: "restore the I/O device",

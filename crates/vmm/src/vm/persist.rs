@@ -7,7 +7,7 @@
 //! `restore.rs` loads them back in the order this KVM needs: irqchip, each
 //! vCPU, the clock, the devices.
 
-use kvm_bindings::{kvm_clock_data, kvm_irqchip, KVM_CLOCK_REALTIME};
+use kvm_bindings::{kvm_clock_data, kvm_irqchip, kvm_pit_state2, KVM_CLOCK_REALTIME};
 use kvm_ioctls::VmFd;
 
 use crate::{Error, KvmOp};
@@ -95,5 +95,23 @@ impl Persist for Clock<'_> {
         self.0
             .set_clock(&clock)
             .map_err(|e| LoadError::Host(KvmOp::SetClock.err()(e)))
+    }
+}
+
+/// The in-kernel PIT (Linux guests have one; its channels and their
+/// counting state).
+pub(crate) struct Pit<'a>(pub(crate) &'a VmFd);
+
+impl Persist for Pit<'_> {
+    type State = kvm_pit_state2;
+
+    fn save(&self) -> Result<kvm_pit_state2, String> {
+        self.0.get_pit2().map_err(|e| format!("KVM_GET_PIT2: {e}"))
+    }
+
+    fn load(&self, saved: &kvm_pit_state2) -> Result<(), LoadError> {
+        self.0
+            .set_pit2(saved)
+            .map_err(|e| LoadError::Host(KvmOp::SetPit.err()(e)))
     }
 }

@@ -162,10 +162,17 @@ pub(crate) struct Prepared {
 
 /// Check `saved` and build its machine and vCPUs.
 pub(crate) fn prepare(saved: &SavedMachine, opts: &RestoreOptions) -> Result<Prepared, LoadError> {
-    let config = VmConfig {
+    let mut config = VmConfig {
         machine: saved.config.clone(),
         host: opts.host.clone(),
     };
+    // The VM's disks and taps are this host's: each named by its id.
+    let disks: Vec<&str> = config.machine.disks.iter().map(|d| d.id.as_str()).collect();
+    let nets: Vec<&str> = config.machine.nets.iter().map(|n| n.id.as_str()).collect();
+    config
+        .host
+        .resolve_named(&disks, &nets)
+        .map_err(|e| LoadError::Unfit("CONF", e.to_string()))?;
     if config.machine.memory_budget.is_none()
         && config.host.page_store != crate::config::PageStore::default()
     {

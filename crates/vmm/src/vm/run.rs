@@ -148,7 +148,13 @@ impl Vm {
         let spawned = spawned
             .and_then(|()| crate::seccomp::confine_control(r.vm.seccomp).map_err(Error::from))
             // An arriving migration's state, now that everything else runs.
-            .and_then(|()| r.arrive());
+            .and_then(|()| r.arrive())
+            .inspect(|_| {
+                // A restored or arrived guest's virtio requests queued
+                // before its state was taken are served now (a new VM has
+                // no queue ready yet: nothing happens).
+                r.vm.devices.kick_virtio();
+            });
         let end = match spawned {
             Ok(Some(signal)) => Ok(End::Signal(signal)),
             Ok(None) => {
@@ -159,7 +165,7 @@ impl Vm {
                 r.set_state(Lifecycle::Running, Some(started_at));
                 if r.vm.start_paused {
                     // The vCPUs started paused: freeze the rest as a pause does.
-                    r.vm.devices.bus.control.pause();
+                    r.vm.devices.pause();
                     r.vm.booster.pause();
                     r.set_state(Lifecycle::Paused, None);
                 }
@@ -367,6 +373,12 @@ impl Running {
                 }
                 Err(e) => (Err(e), None),
             },
+            Command::Migrate(_) if self.vm.saved.config.guest.is_linux() => (
+                Err(CommandError::Unsupported(
+                    "a Linux guest cannot be migrated yet (its virtio devices' writes to guest memory are not tracked as dirty pages): snapshot it and restore it on the other host instead",
+                )),
+                None,
+            ),
             Command::Migrate(o) => {
                 // Under way from here (connecting included): other commands
                 // are answered at once instead of waiting behind it.
@@ -422,7 +434,7 @@ impl Running {
         let t0 = Instant::now();
         self.broadcast(|| VcpuMsg::Pause)?;
         let took = t0.elapsed();
-        self.vm.devices.bus.control.pause();
+        self.vm.devices.pause();
         self.vm.booster.pause();
         self.set_state(Lifecycle::Paused, None);
         Ok(took)
@@ -432,7 +444,7 @@ impl Running {
         if self.state != Lifecycle::Paused {
             return Err(self.wrong_state("resume", "paused"));
         }
-        self.vm.devices.bus.control.resume();
+        self.vm.devices.resume();
         self.vm.booster.resume();
         self.broadcast(|| VcpuMsg::Resume)?;
         self.set_state(Lifecycle::Running, None);

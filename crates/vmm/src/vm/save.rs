@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::control::{CommandError, Lifecycle, SnapshotInfo};
-use super::persist::{Clock, Irqchips, Persist};
+use super::persist::{Clock, Irqchips, Persist, Pit};
 use super::run::Running;
 use crate::state::file::SnapshotWriter;
 use crate::state::{self, MachineState, VmState};
@@ -95,6 +95,23 @@ impl Running {
         Ok((state, pages))
     }
 
+    /// What the VM is now, as saved and sent: the configuration it was
+    /// built from, with what changed live (halt polling) and what was
+    /// learnt when its devices opened (each disk's size).
+    pub(super) fn saved_machine(&self) -> crate::state::SavedMachine {
+        let mut config = self.vm.saved.clone();
+        config.config.halt_poll = self.vm.halt_poll;
+        for (disk, &size) in config
+            .config
+            .disks
+            .iter_mut()
+            .zip(self.vm.devices.disk_sizes())
+        {
+            disk.size = size;
+        }
+        config
+    }
+
     /// Everything but memory, as a state document (the VM is paused).
     pub(super) fn collect_state(&self) -> Result<VmState, CommandError> {
         let mut vcpus = Vec::with_capacity(self.vcpus.len());
@@ -107,15 +124,17 @@ impl Running {
                 _ => return Err(CommandError::Host(format!("vCPU {i} answered out of turn"))),
             }
         }
-        let mut config = self.vm.saved.clone();
-        config.config.halt_poll = self.vm.halt_poll;
         Ok(VmState {
-            config,
+            config: self.saved_machine(),
             vcpus,
             machine: MachineState {
                 irqchip: Irqchips(&self.vm.fd).save().map_err(CommandError::Host)?,
                 clock: Clock(&self.vm.fd).save().map_err(CommandError::Host)?,
                 host_tsc: state::host_tsc(),
+                pit: match self.vm.saved.config.guest.is_linux() {
+                    true => Some(Pit(&self.vm.fd).save().map_err(CommandError::Host)?),
+                    false => None,
+                },
             },
             devices: self.vm.devices.save().map_err(CommandError::Host)?,
         })

@@ -17,7 +17,7 @@ use virtio_bindings::virtio_blk::{
 use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{DescriptorChain, Queue, QueueT, Reader, Writer};
-use vm_memory::{ByteValued, GuestMemoryMmap};
+use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::{read_config_bytes, VirtioDevice, F_VERSION_1};
 
@@ -134,7 +134,10 @@ impl Block {
             return 0;
         };
         let (code, written) = match header.kind {
-            VIRTIO_BLK_T_IN => self.read(header.sector, &mut writer),
+            VIRTIO_BLK_T_IN => {
+                let segments = data_segments(&chain, data_len);
+                self.read(header.sector, &segments, mem)
+            }
             VIRTIO_BLK_T_OUT => self.write(header.sector, &mut reader),
             VIRTIO_BLK_T_FLUSH => match self.file.sync_data() {
                 Ok(()) => (VIRTIO_BLK_S_OK, 0),
@@ -168,8 +171,17 @@ impl Block {
         (end <= self.sectors * SECTOR).then_some(start)
     }
 
-    fn read(&mut self, sector: u64, to: &mut Writer<'_>) -> (u32, usize) {
-        let len = to.available_bytes();
+    /// Read from `sector` straight into the request's data buffers in
+    /// guest memory (`segments`, as [`data_segments`] found them): one
+    /// copy, the kernel's, where a bounce buffer would add a second.
+    fn read(
+        &mut self,
+        sector: u64,
+        segments: &[(GuestAddress, usize)],
+        mem: &GuestMemoryMmap,
+    ) -> (u32, usize) {
+        use std::io::{Seek, SeekFrom};
+        let len: usize = segments.iter().map(|&(_, n)| n).sum();
         let Some(mut at) = self.range(sector, len) else {
             self.complain(&format!(
                 "a read of {len} bytes at sector {sector}, past the disk's end"
@@ -177,11 +189,12 @@ impl Block {
             return (VIRTIO_BLK_S_IOERR, 0);
         };
         let mut done = 0;
-        while done < len {
-            let n = (len - done).min(CHUNK);
-            if self.file.read_exact_at(&mut self.buf[..n], at).is_err()
-                || to.write_all(&self.buf[..n]).is_err()
-            {
+        for &(addr, n) in segments {
+            let read = self.file.seek(SeekFrom::Start(at)).and_then(|_| {
+                mem.read_exact_volatile_from(addr, &mut self.file, n)
+                    .map_err(std::io::Error::other)
+            });
+            if read.is_err() {
                 return (VIRTIO_BLK_S_IOERR, done);
             }
             done += n;
@@ -233,6 +246,26 @@ fn fail_in_last_byte(chain: DescriptorChain<&GuestMemoryMmap>, mem: &GuestMemory
         Some(Ok(())) => 1,
         _ => 0,
     }
+}
+
+/// The guest buffers a request's data goes to: its device-writable
+/// descriptors, in order, up to `len` bytes (the status byte after them
+/// excluded). The chain was already checked (a `Writer` was made over it).
+fn data_segments(
+    chain: &DescriptorChain<&GuestMemoryMmap>,
+    len: usize,
+) -> Vec<(GuestAddress, usize)> {
+    let mut left = len;
+    let mut segments = Vec::new();
+    for d in chain.clone().writable() {
+        if left == 0 {
+            break;
+        }
+        let n = (d.len() as usize).min(left);
+        segments.push((d.addr(), n));
+        left -= n;
+    }
+    segments
 }
 
 impl VirtioDevice for Block {
@@ -318,6 +351,7 @@ mod tests {
         let cfg = DiskConfig {
             id: "disk0".into(),
             readonly,
+            size: 0,
         };
         (Block::new(cfg, p.clone(), f, size), p)
     }

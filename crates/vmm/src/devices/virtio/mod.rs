@@ -64,6 +64,20 @@ pub struct VirtioSlot {
 }
 
 impl VirtioSlot {
+    /// Notify each of the device's ready queues, as its driver would.
+    pub fn kick_ready(&self) {
+        let ready = self
+            .transport
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .ready_queues();
+        for q in ready {
+            if let Some(e) = self.notify.get(q) {
+                let _ = e.write(1);
+            }
+        }
+    }
+
     /// Whether `addr` is in this device's window.
     pub fn claims(&self, addr: u64) -> bool {
         (self.base..self.base + MMIO_WINDOW).contains(&addr)

@@ -33,6 +33,7 @@ fn state() -> VmState {
             irqchip: vec![Default::default(); 3],
             clock: Default::default(),
             host_tsc: 42,
+            pit: None,
         },
         devices: Default::default(),
     }

@@ -236,8 +236,7 @@ impl Running {
         conn.set_timeout(Some(IO_TIMEOUT.min(o.timeout)))
             .map_err(io("setting the connection's timeout"))?;
         let (mut w, mut r) = open(conn, self.vm.migration_key.as_deref())?;
-        let mut config = self.vm.saved.clone();
-        config.config.halt_poll = self.vm.halt_poll;
+        let config = self.saved_machine();
         let conf = postcard::to_allocvec(&config).expect("state types always encode");
         handshake(
             w.frame(Kind::Conf, &[&conf]),
