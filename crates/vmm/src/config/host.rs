@@ -222,7 +222,9 @@ mod tests {
         h.resolve_named(&["root", "data"], &["net0"]).unwrap();
         assert_eq!(h.disk_paths, vec![PathBuf::from("/r.img"), "/d.img".into()]);
         assert_eq!(h.taps, vec!["tap7".to_string()]);
-        let e = h.resolve_named(&["root", "data", "logs"], &["net0"]).unwrap_err();
+        let e = h
+            .resolve_named(&["root", "data", "logs"], &["net0"])
+            .unwrap_err();
         assert!(e.to_string().contains("missing: logs"), "{e}");
         let e = h.resolve_named(&["root"], &["net0"]).unwrap_err();
         assert!(e.to_string().contains("not the VM's: data"), "{e}");
