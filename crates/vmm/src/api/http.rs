@@ -73,14 +73,26 @@ pub type Answer = (u16, &'static str, String);
 /// Answers requests; called on the connection's thread.
 pub type Handler = Arc<dyn Fn(&Request) -> Answer + Send + Sync>;
 
+/// A connection's state, shared by its thread and the acceptor: waiting
+/// for or reading a request, having one answered, or closed to make room.
+/// Changed by compare-and-swap only, so a connection is never both
+/// answering and evicted.
+const IDLE: u8 = 0;
+const BUSY: u8 = 1;
+const EVICTED: u8 = 2;
+
 /// One live connection, as the acceptor and `stop` see it.
 struct Open {
     stream: UnixStream,
     since: Instant,
-    /// A request of it is being answered (it is not closed to make room).
-    busy: Arc<AtomicBool>,
-    /// Closed to make room; its thread is leaving.
-    evicted: bool,
+    /// [`IDLE`], [`BUSY`] or [`EVICTED`].
+    state: Arc<std::sync::atomic::AtomicU8>,
+}
+
+impl Open {
+    fn evicted(&self) -> bool {
+        self.state.load(Ordering::Acquire) == EVICTED
+    }
 }
 
 /// The live connections, so that stopping can close them, and their
@@ -96,26 +108,32 @@ impl Connections {
     /// Connections counted against the bound (not those closed to make room).
     fn count(&self) -> usize {
         let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        open.values().filter(|o| !o.evicted).count()
+        open.values().filter(|o| !o.evicted()).count()
     }
 
     /// Close the connection open longest of those not having a request
     /// answered; whether there was one.
     fn evict_one(&self) -> bool {
-        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        let oldest = open
-            .values_mut()
-            .filter(|o| !o.evicted && !o.busy.load(Ordering::Acquire))
-            .min_by_key(|o| o.since);
-        match oldest {
-            Some(o) => {
-                // Its thread's read ends; it leaves the table as it returns.
+        let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let mut idle: Vec<&Open> = open
+            .values()
+            .filter(|o| o.state.load(Ordering::Acquire) == IDLE)
+            .collect();
+        idle.sort_by_key(|o| o.since);
+        // The oldest that is still idle as it is taken (one that has just
+        // begun answering a request is left alone).
+        for o in idle {
+            if o.state
+                .compare_exchange(IDLE, EVICTED, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                // Its thread's read or write ends; it leaves the table as
+                // it returns.
                 let _ = o.stream.shutdown(std::net::Shutdown::Both);
-                o.evicted = true;
-                true
+                return true;
             }
-            None => false,
         }
+        false
     }
 }
 
@@ -279,7 +297,7 @@ impl Acceptor {
                 refuse_busy(stream);
                 continue;
             };
-            let busy = Arc::new(AtomicBool::new(false));
+            let state = Arc::new(std::sync::atomic::AtomicU8::new(IDLE));
             self.connections
                 .open
                 .lock()
@@ -289,15 +307,14 @@ impl Acceptor {
                     Open {
                         stream: kept,
                         since: Instant::now(),
-                        busy: busy.clone(),
-                        evicted: false,
+                        state: state.clone(),
                     },
                 );
             let conn = Connection {
                 stream,
                 limits: self.limits,
                 handler: self.handler.clone(),
-                busy,
+                state,
             };
             let connections = self.connections.clone();
             let spawned = std::thread::Builder::new()
@@ -447,8 +464,8 @@ struct Connection {
     stream: UnixStream,
     limits: Limits,
     handler: Handler,
-    /// Set while a request is answered.
-    busy: Arc<AtomicBool>,
+    /// [`IDLE`], [`BUSY`] while the handler runs, or [`EVICTED`].
+    state: Arc<std::sync::atomic::AtomicU8>,
 }
 
 impl Connection {
@@ -469,11 +486,23 @@ impl Connection {
                     return;
                 }
             };
-            self.busy.store(true, Ordering::Release);
+            // Closed to make room while the request was read: it is not
+            // carried out (the client sees the connection closed, and may
+            // send it again).
+            if self
+                .state
+                .compare_exchange(IDLE, BUSY, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                return;
+            }
             let answer = (self.handler)(&request);
-            let sent = self.send(answer, close);
-            self.busy.store(false, Ordering::Release);
-            if !sent || close {
+            // Answered: evictable again while the answer is written (a
+            // client that does not read cannot hold the slot).
+            let _ = self
+                .state
+                .compare_exchange(BUSY, IDLE, Ordering::AcqRel, Ordering::Acquire);
+            if !self.send(answer, close) || close {
                 return;
             }
         }

@@ -147,10 +147,15 @@ pub fn is_linux_kernel(head: &[u8]) -> bool {
         return false;
     };
     (0..usize::from(phnum)).any(|i| {
-        let at = phoff as usize + i * usize::from(phentsize);
-        // PT_LOAD, and p_vaddr's top bit set.
-        head.get(at..at + 4) == Some(&1u32.to_le_bytes()[..])
-            && u64_at(at + 16).is_some_and(|v| v >> 63 == 1)
+        let at = usize::try_from(phoff)
+            .ok()
+            .and_then(|o| o.checked_add(i * usize::from(phentsize)));
+        // PT_LOAD, and p_vaddr's top bit set (a header past the head: no).
+        at.and_then(|a| Some((a, a.checked_add(16)?)))
+            .is_some_and(|(a, v)| {
+                head.get(a..a.saturating_add(4)) == Some(&1u32.to_le_bytes()[..])
+                    && u64_at(v).is_some_and(|v| v >> 63 == 1)
+            })
     })
 }
 
@@ -438,6 +443,10 @@ mod tests {
         assert!(!is_linux_kernel(&crate::boot::BUILTIN_GUEST[..4096]));
         assert!(!is_linux_kernel(b"\x7fELF"));
         assert!(!is_linux_kernel(&[0u8; 4096]));
+        // Program headers said to lie at the end of the address space.
+        let mut far = elf_with_load_at(0xffff_ffff_8100_0000);
+        far[32..40].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(!is_linux_kernel(&far));
     }
 
     #[test]

@@ -18,6 +18,7 @@ use std::thread::JoinHandle;
 
 use vmm_sys_util::eventfd::EventFd;
 
+use super::gate::Gate;
 use super::Devices;
 
 /// The escape key: Ctrl-A.
@@ -116,6 +117,9 @@ impl Drop for RawTerminal {
 /// The thread that feeds standard input to COM1; stopped when dropped.
 pub struct ConsoleInput {
     stop: Arc<EventFd>,
+    /// Closed while the VM is paused: typed input waits (the escape still
+    /// works), so a paused UART and its interrupt do not change.
+    gate: Arc<Gate>,
     thread: Option<JoinHandle<()>>,
     _raw: Option<RawTerminal>,
 }
@@ -134,16 +138,28 @@ impl ConsoleInput {
             eprintln!("hover: the guest's console is this terminal; Ctrl-A x ends the VM");
         }
         let stop = Arc::new(EventFd::new(libc::EFD_NONBLOCK)?);
-        let stop_in = stop.clone();
+        let gate = Arc::new(Gate::default());
+        let (stop_in, gate_in) = (stop.clone(), gate.clone());
         let thread =
             crate::seccomp::spawn(crate::seccomp::Kind::Console, "console".into(), move || {
-                feed(input, &stop_in, &devices, &*quit)
+                feed(input, &stop_in, &gate_in, &devices, &*quit)
             })?;
         Ok(ConsoleInput {
             stop,
+            gate,
             thread: Some(thread),
             _raw: raw,
         })
+    }
+
+    /// Hold typed input (a pause): returns once none is being delivered.
+    pub fn pause(&self) {
+        self.gate.close();
+    }
+
+    /// Deliver it again.
+    pub fn resume(&self) {
+        self.gate.open();
     }
 }
 
@@ -160,7 +176,7 @@ impl Drop for ConsoleInput {
 /// How long to wait before offering held input to a full FIFO again.
 const RETRY_MS: i32 = 10;
 
-fn feed(input: RawFd, stop: &EventFd, devices: &Devices, quit: &dyn Fn()) {
+fn feed(input: RawFd, stop: &EventFd, gate: &Gate, devices: &Devices, quit: &dyn Fn()) {
     let mut parser = EscapeParser::default();
     let mut pending: VecDeque<u8> = VecDeque::new();
     let mut open = true;
@@ -223,14 +239,18 @@ fn feed(input: RawFd, stop: &EventFd, devices: &Devices, quit: &dyn Fn()) {
                     }
                     pending.extend(&bytes[..bytes.len().min(room)]);
                     if quitting {
-                        offer(devices, &mut pending);
+                        if let Some(_pass) = gate.try_enter() {
+                            offer(devices, &mut pending);
+                        }
                         quit();
                         return;
                     }
                 }
             }
         }
-        offer(devices, &mut pending);
+        if let Some(_pass) = gate.try_enter() {
+            offer(devices, &mut pending);
+        }
     }
 }
 

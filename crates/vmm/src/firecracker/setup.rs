@@ -494,15 +494,9 @@ fn check_kernel(path: &Path, memory: u64) -> Result<GuestImage, String> {
 /// Check that an initrd is a regular file that can be read (its size
 /// against guest memory is checked at the start).
 fn check_initrd(path: &Path) -> Result<(), String> {
-    let shown = path.display();
-    let meta = std::fs::metadata(path).map_err(|e| format!("initrd_path {shown}: {e}"))?;
-    if !meta.is_file() {
-        return Err(format!(
-            "initrd_path {shown} is not a regular file: give the initramfs's file"
-        ));
-    }
-    std::fs::File::open(path).map_err(|e| format!("initrd_path {shown}: {e}"))?;
-    Ok(())
+    crate::host::files::open_input(path)
+        .map(drop)
+        .map_err(|e| format!("initrd_path {}: {e}", path.display()))
 }
 
 /// Check that `mem` is the memory file `snapshot/create` wrote beside

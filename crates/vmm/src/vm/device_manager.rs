@@ -136,10 +136,16 @@ impl DeviceManager {
         if let Some(io) = &self.virtio_io {
             io.pause();
         }
+        if let Some(c) = &self.console_in {
+            c.pause();
+        }
     }
 
     /// Undo [`Self::pause`].
     pub(crate) fn resume(&self) {
+        if let Some(c) = &self.console_in {
+            c.resume();
+        }
         if let Some(io) = &self.virtio_io {
             io.resume();
         }
@@ -157,6 +163,12 @@ impl DeviceManager {
         for slot in &self.bus.virtio {
             slot.kick_ready();
         }
+    }
+
+    /// Stop the virtio I/O thread for good (the VM has ended; before its
+    /// pager stops, which the thread may be waiting on for a page).
+    pub(crate) fn stop_virtio(&mut self) {
+        self.virtio_io = None;
     }
 
     /// Stop reading standard input and give the terminal back its settings.

@@ -14,7 +14,7 @@ use kvm_bindings::{
 use super::control::VmEvent;
 use super::machine::Machine;
 use super::outcome::{us_since, RestoreReport};
-use super::persist::{Clock, Irqchips, LoadError, Persist};
+use super::persist::{Clock, Irqchips, LoadError, Persist, Pit};
 use super::{open_console, Vm};
 use crate::config::{HostConfig, VmConfig};
 use crate::memory::paged::{self, PageSource};
@@ -285,6 +285,24 @@ impl Vm {
         load_vcpus: impl FnOnce(&[VcpuState]) -> Result<(), (usize, StateError)>,
     ) -> Result<(), LoadError> {
         Irqchips(&self.fd).load(&s.machine.irqchip)?;
+        // The PIT is a Linux guest's (the VM built from its configuration
+        // has one exactly then).
+        match (&s.machine.pit, self.saved.config.guest.is_linux()) {
+            (Some(pit), true) => Pit(&self.fd).load(pit)?,
+            (None, false) => {}
+            (Some(_), false) => {
+                return Err(LoadError::Unfit(
+                    "MACH",
+                    "a PIT state for a VM without a PIT".into(),
+                ))
+            }
+            (None, true) => {
+                return Err(LoadError::Unfit(
+                    "MACH",
+                    "no PIT state for a Linux guest, which has a PIT".into(),
+                ))
+            }
+        }
         load_vcpus(&s.vcpus).map_err(|(i, e)| match e {
             StateError::Mismatch(r) => LoadError::Unfit("VCPU", format!("vCPU {i}: {r}")),
             other => LoadError::Host(Error::Host {

@@ -188,6 +188,7 @@ impl Vm {
         r.set_state(Lifecycle::Exited, None);
         let cpu_us: Vec<u64> = r.vcpus.drain(..).map(|h| h.stop().unwrap_or(0)).collect();
         r.vm.devices.stop_console_input();
+        r.vm.devices.stop_virtio();
         r.vm.booster.stop();
         // Before the pager stops: its fetches may wait on pages in flight.
         let postcopy = r.vm.postcopy_in.take().map(|p| p.finish());
@@ -382,7 +383,10 @@ impl Running {
             Command::Migrate(o) => {
                 // Under way from here (connecting included): other commands
                 // are answered at once instead of waiting behind it.
-                self.progress(Some(Default::default()));
+                self.progress(Some(super::control::MigrationProgress {
+                    mode: o.mode,
+                    ..Default::default()
+                }));
                 let migrated = self.migrate(&o);
                 self.progress(None);
                 match migrated {

@@ -7,6 +7,7 @@
 //! paused VM's devices touch neither guest memory nor interrupts.
 
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -29,6 +30,9 @@ pub struct Served {
 /// The running thread; stopped when dropped.
 pub struct IoThread {
     stop: EventFd,
+    /// Set as it stops: a batch held at a closed gate is not served once
+    /// the gate opens for the stop.
+    stopping: Arc<AtomicBool>,
     gate: Arc<Gate>,
     thread: Option<JoinHandle<()>>,
 }
@@ -74,13 +78,15 @@ impl IoThread {
             }
         }
         let gate = Arc::new(Gate::default());
-        let passing = gate.clone();
+        let stopping = Arc::new(AtomicBool::new(false));
+        let (passing, told) = (gate.clone(), stopping.clone());
         let thread =
             crate::seccomp::spawn(crate::seccomp::Kind::Virtio, "virtio".into(), move || {
-                serve(&epoll, &devices, &passing)
+                serve(&epoll, &devices, &passing, &told)
             })?;
         Ok(IoThread {
             stop,
+            stopping,
             gate,
             thread: Some(thread),
         })
@@ -97,7 +103,7 @@ impl IoThread {
     }
 }
 
-fn serve(epoll: &Epoll, devices: &[Served], gate: &Gate) {
+fn serve(epoll: &Epoll, devices: &[Served], gate: &Gate, stopping: &AtomicBool) {
     let mut events = vec![EpollEvent::default(); 32];
     loop {
         let n = match epoll.wait(-1, &mut events) {
@@ -114,6 +120,9 @@ fn serve(epoll: &Epoll, devices: &[Served], gate: &Gate) {
         // Paused: wait here; what arrived meanwhile is served on resume
         // (the eventfds keep their counts, a tap keeps its frames).
         let _pass = gate.enter();
+        if stopping.load(Ordering::Acquire) {
+            return;
+        }
         for ev in &events[..n] {
             let token = ev.data();
             let (d, q) = ((token >> 16) as usize, (token & 0xffff) as usize);
@@ -139,6 +148,7 @@ fn serve(epoll: &Epoll, devices: &[Served], gate: &Gate) {
 
 impl Drop for IoThread {
     fn drop(&mut self) {
+        self.stopping.store(true, Ordering::Release);
         let _ = self.stop.write(1);
         // A paused thread must get past its gate to see the stop.
         self.gate.open();
