@@ -19,6 +19,35 @@ pub struct LinuxBoot {
     pub initrd: Option<PathBuf>,
 }
 
+/// Whether `id` can name a device: 1 to 20 printable characters (a
+/// disk's is what the guest reads through virtio-blk's get-id).
+pub fn valid_device_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 20 && id.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// The first of `ids` that is not a valid id or repeats one before it,
+/// with what is wrong, for `what` ("disk", "network card").
+pub(crate) fn check_device_ids<'a>(
+    what: &str,
+    ids: impl IntoIterator<Item = &'a str>,
+) -> Result<(), String> {
+    let mut seen: Vec<&str> = Vec::new();
+    for id in ids {
+        if !valid_device_id(id) {
+            return Err(format!(
+                "{what} id {id:?}: give 1 to 20 printable characters"
+            ));
+        }
+        if seen.contains(&id) {
+            return Err(format!(
+                "{what} id {id} is given twice: each {what} needs an id of its own"
+            ));
+        }
+        seen.push(id);
+    }
+    Ok(())
+}
+
 /// What a disk is to the VM (saved with it): its id, size and whether it
 /// is read-only. Its path is the host's (never saved).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

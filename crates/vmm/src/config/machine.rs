@@ -209,19 +209,9 @@ impl MachineConfig {
                 "--disk and --net need --kernel: the built-in guest has no virtio drivers".into(),
             ));
         }
+        super::devices::check_device_ids("network card", self.nets.iter().map(|n| n.id.as_str()))
+            .map_err(ConfigError::Devices)?;
         for (i, n) in self.nets.iter().enumerate() {
-            if n.id.is_empty() || n.id.len() > 20 || !n.id.bytes().all(|b| b.is_ascii_graphic()) {
-                return Err(ConfigError::Devices(format!(
-                    "network card id {:?}: give 1 to 20 printable characters",
-                    n.id
-                )));
-            }
-            if self.nets[..i].iter().any(|o| o.id == n.id) {
-                return Err(ConfigError::Devices(format!(
-                    "network card id {} is given twice: each card needs an id of its own",
-                    n.id
-                )));
-            }
             if self.nets[..i].iter().any(|o| o.mac == n.mac) {
                 return Err(ConfigError::Devices(
                     "two --net cards with the same MAC: give each its own mac=".into(),
@@ -234,21 +224,8 @@ impl MachineConfig {
                 "{devices} virtio devices, more than the {max} interrupt lines Hover gives them"
             )));
         }
-        for (i, d) in self.disks.iter().enumerate() {
-            if d.id.is_empty() || d.id.len() > 20 || !d.id.bytes().all(|b| b.is_ascii_graphic()) {
-                return Err(ConfigError::Devices(format!(
-                    "disk id {:?}: give 1 to 20 printable characters",
-                    d.id
-                )));
-            }
-            if self.disks[..i].iter().any(|o| o.id == d.id) {
-                return Err(ConfigError::Devices(format!(
-                    "disk id {} is given twice: each disk needs an id of its own",
-                    d.id
-                )));
-            }
-        }
-        Ok(())
+        super::devices::check_device_ids("disk", self.disks.iter().map(|d| d.id.as_str()))
+            .map_err(ConfigError::Devices)
     }
 
     /// Check every value that can be checked without KVM or the image.

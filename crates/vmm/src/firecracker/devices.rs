@@ -60,7 +60,7 @@ impl LinuxDevices {
     /// `PUT /drives/{id}`: add a drive, or replace the one of that id.
     pub(super) fn put_drive(&mut self, id: &str, d: Drive) -> Result<(), String> {
         same_id("drive_id", id, &d.drive_id)?;
-        if id.is_empty() || id.len() > 20 || !id.bytes().all(|b| b.is_ascii_graphic()) {
+        if !crate::config::devices::valid_device_id(id) {
             return Err(format!(
                 "drive_id {}: give 1 to 20 printable characters (the guest reads it as the disk's serial)",
                 crate::api::quote(id)
