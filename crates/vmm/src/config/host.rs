@@ -27,7 +27,7 @@ pub enum ConsoleTarget {
     /// Standard error.
     Stderr,
     /// Standard output, and standard input typed to the guest
-    /// ([`crate::devices::console_in`]: raw mode on a terminal, Ctrl-A x
+    /// (`devices/console_in.rs`: raw mode on a terminal, Ctrl-A x
     /// ends the VM).
     Stdio,
     /// Discarded.

@@ -23,6 +23,7 @@ use virtio_queue::{Queue, QueueT, Reader, Writer};
 use vm_memory::GuestMemoryMmap;
 
 use super::{read_config_bytes, VirtioDevice, F_VERSION_1};
+use crate::seccomp::filters::TUNSETOFFLOAD;
 
 /// Each queue's size.
 const QUEUE_SIZE: u16 = 256;
@@ -59,9 +60,6 @@ pub fn default_mac(index: usize) -> [u8; 6] {
 
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 const TUNSETVNETHDRSZ: libc::c_ulong = 0x4004_54d8;
-/// The tun request that sets what a tap may hand out (the vCPU threads'
-/// seccomp filter allows it).
-pub const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
 const TUN_F_CSUM: libc::c_uint = 0x01;
 const TUN_F_TSO4: libc::c_uint = 0x02;
 const TUN_F_TSO6: libc::c_uint = 0x04;
