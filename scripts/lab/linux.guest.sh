@@ -1,5 +1,8 @@
 # Inside the Linux guest (scripts/lab/guest-init runs it): the checks of
 # scripts/lab/linux.sh that the command line asks for.
+# Which idle driver runs (haltpoll: guest-side polling, loaded only when
+# Hover gives the "realtime" hint), and the poll limit Hover handed it.
+echo "GUEST: cpuidle $(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo none) haltpoll_ns=$(grep -o 'haltpoll.guest_halt_poll_ns=[0-9]*' /proc/cmdline | cut -d= -f2)"
 if grep -q "lab.disks=1" /proc/cmdline; then
     echo "GUEST: vda $(cat /sys/block/vda/size 2>/dev/null) sectors, vdb ro=$(cat /sys/block/vdb/ro 2>/dev/null)"
     echo "GUEST: read $(dd if=/dev/vda bs=4096 skip=1 count=1 2>/dev/null | head -c 11)"

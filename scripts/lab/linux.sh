@@ -13,9 +13,13 @@ check linux-sees-2-cpus grep -q "GUEST: up .* cpus=2" /tmp/boot.log
 check linux-poweroff-ends-power-off grep -q '"ended": *"power_off"' /tmp/boot.json
 check linux-poweroff-exit-0 grep -q '"exit_code": *0' /tmp/boot.json
 
-timeout 300 hover run $K --vcpus 1 --cmdline "$CL lab.then=reboot" --console file:/tmp/reboot.log --json > /tmp/reboot.json 2> /tmp/reboot.err
+# This one also polls before it halts: Linux's cpuidle-haltpoll loads
+# (the first boot, not asked to poll, runs another idle driver).
+timeout 300 hover run $K --vcpus 1 --guest-halt-poll-max 150us --cmdline "$CL lab.then=reboot" --console file:/tmp/reboot.log --json > /tmp/reboot.json 2> /tmp/reboot.err
 echo "LAB: reboot exit $?"
 check linux-reboot-ends-reboot grep -q '"ended": *"reboot"' /tmp/reboot.json
+grep -a "GUEST: cpuidle" /tmp/boot.log /tmp/reboot.log | sed 's/^/LAB: /'
+check linux-guest-polling-loads-cpuidle-haltpoll-when-asked sh -c 'grep -q "GUEST: cpuidle haltpoll haltpoll_ns=150000" /tmp/reboot.log && grep -q "GUEST: cpuidle" /tmp/boot.log && ! grep -q "GUEST: cpuidle haltpoll" /tmp/boot.log'
 # Disks: one the guest reads (the host wrote "HOSTPATTERN" at 4 KiB) and
 # writes ("GUESTWROTE" at 8 KiB, flushed), one read-only; and entropy.
 dd if=/dev/zero of=/tmp/d0.img bs=1M count=1 2>/dev/null

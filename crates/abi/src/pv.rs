@@ -19,6 +19,14 @@ pub const FEATURE_PV_EOI: u32 = 1 << 6;
 pub const FEATURE_ASYNC_PF_VMEXIT: u32 = 1 << 10;
 /// "Page ready" delivered as an interrupt rather than a #PF.
 pub const FEATURE_ASYNC_PF_INT: u32 = 1 << 14;
+/// The guest may turn host-side halt polling off while it polls itself
+/// (`MSR_KVM_POLL_CONTROL`): what Linux's `cpuidle-haltpoll` uses.
+pub const FEATURE_POLL_CONTROL: u32 = 1 << 12;
+
+/// `KVM_HINTS_REALTIME` (CPUID 0x4000_0001 EDX): the vCPUs are never
+/// preempted. Linux loads `cpuidle-haltpoll` (guest-side halt polling) only
+/// with it, and also drops its paravirtual spinlocks and TLB flushes.
+pub const HINT_REALTIME: u32 = 1 << 0;
 
 /// `MSR_KVM_SYSTEM_TIME_NEW`: kvmclock area gpa | enable.
 pub const MSR_KVM_SYSTEM_TIME_NEW: u32 = 0x4b56_4d01;

@@ -266,12 +266,16 @@ struct RunArgs {
     /// wake-ups cost nothing, but each vCPU keeps a host CPU busy.
     #[arg(long)]
     disable_hlt_exits: bool,
-    /// The longest an idle vCPU of a guest in `idle=haltpoll` mode may poll
-    /// before it halts (e.g. 200us; 0: no guest polling; at most 10ms). The
-    /// guest adapts its window below this; while it polls, I/O completion
-    /// interrupts to it are skipped.
-    #[arg(long, default_value = "200us", value_parser = parse_duration)]
-    guest_halt_poll_max: Duration,
+    /// The longest an idle vCPU may poll before it halts (e.g. 200us; 0: no
+    /// guest polling; at most 10ms). The built-in guest in `idle=haltpoll`
+    /// mode adapts its window below this, and while it polls, I/O
+    /// completion interrupts to it are skipped. A Linux guest given a limit
+    /// gets the "realtime" hint that loads `cpuidle-haltpoll` (it also
+    /// turns off the guest's paravirtual spinlocks) and the limit as
+    /// `haltpoll.guest_halt_poll_ns` [default: 200us for the built-in
+    /// guest, 0 for a Linux kernel]
+    #[arg(long, value_parser = parse_duration)]
+    guest_halt_poll_max: Option<Duration>,
     /// Dynamic vCPU priority boosting: the guest asks through a shared page
     /// per vCPU, the VMM boosts the vCPU's thread (and on interrupts it
     /// injects) and the guest unboosts when its sensitive work ends.
@@ -601,7 +605,7 @@ fn run(args: RunArgs) -> ExitCode {
             (None, None) => HaltPoll::KvmDefault,
         },
         hlt_exits: !args.disable_hlt_exits,
-        guest_poll_max_ns: args.guest_halt_poll_max.as_nanos().min(u64::MAX as u128) as u64,
+        guest_poll_max_ns: 0, // below: by the guest's kind unless given
         dirty_ring: args.dirty_ring,
         boost: BoostConfig {
             mode: match (args.boost, args.vcpu_rt) {
@@ -620,6 +624,10 @@ fn run(args: RunArgs) -> ExitCode {
         rng: true,
     };
     let mut machine = machine;
+    machine.guest_poll_max_ns = match args.guest_halt_poll_max {
+        Some(d) => d.as_nanos().min(u64::MAX as u128) as u64,
+        None => hover_vmm::config::default_guest_poll_ns(&machine.guest),
+    };
     machine.rng = args.rng == OnOff::On;
     machine.disks = args
         .disk

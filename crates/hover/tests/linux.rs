@@ -30,6 +30,16 @@ fn reboot_in_the_guest_ends_the_run_with_reboot() {
 }
 
 #[test]
+fn a_linux_guest_asked_to_poll_loads_cpuidle_haltpoll_with_the_limit_hover_gave() {
+    assert_ok(
+        &RUN,
+        "linux",
+        "guest polling",
+        "linux-guest-polling-loads-cpuidle-haltpoll-when-asked",
+    );
+}
+
+#[test]
 fn a_linux_guest_reads_a_disk_the_host_wrote() {
     assert_ok(
         &RUN,
@@ -157,4 +167,53 @@ fn a_restore_without_the_vms_disk_or_with_one_of_another_size_is_refused() {
         "small disk",
         "linux-restore-with-a-disk-of-another-size-refused",
     );
+}
+
+/// The Linux guest's live migrations (`scripts/lab/linux-migrate.sh`):
+/// hop after hop between Hover processes in one L1.
+static MIGRATE: Cell = Cell::new();
+
+/// Every check of one hop: `--verify` passed, the counter went on from
+/// where it stopped, the disk holds its last count, the destination
+/// announced the guest's MAC on its tap, the guest reaches the L1 again.
+fn hop_goes_on(hop: &str) {
+    for check in [
+        "migrates-with-verify",
+        "goes-on",
+        "disk-holds-the-last-count",
+        "announces-the-mac",
+        "network-goes-on",
+    ] {
+        assert_ok(&MIGRATE, "linux-migrate", hop, &format!("{hop}-{check}"));
+    }
+}
+
+#[test]
+fn a_linux_guest_migrated_by_precopy_with_the_bitmap_tracker_goes_on_with_its_disk_and_network() {
+    hop_goes_on("linux-precopy-bitmap");
+}
+
+#[test]
+fn a_linux_guest_migrated_by_precopy_with_manual_reprotection_goes_on_with_its_disk_and_network() {
+    hop_goes_on("linux-precopy-manual");
+}
+
+#[test]
+fn a_linux_guest_migrated_by_precopy_with_the_hybrid_tracker_goes_on_with_its_disk_and_network() {
+    hop_goes_on("linux-precopy-hybrid");
+}
+
+#[test]
+fn a_linux_guest_migrated_by_precopy_with_dirty_rings_goes_on_with_its_disk_and_network() {
+    hop_goes_on("linux-precopy-ring");
+}
+
+#[test]
+fn a_linux_guest_migrated_by_postcopy_goes_on_with_its_disk_and_network() {
+    hop_goes_on("linux-postcopy");
+}
+
+#[test]
+fn a_linux_guest_migrated_in_hybrid_mode_goes_on_with_its_disk_and_network() {
+    hop_goes_on("linux-hybrid-mode");
 }

@@ -16,7 +16,7 @@ use crate::config::DiskConfig;
 use crate::devices::control::ControlDevice;
 use crate::devices::virtio::block::Block;
 use crate::devices::virtio::mmio::MmioTransport;
-use crate::memory::host_writes::{GuestWriter, HostWrites};
+use crate::memory::host_writes::{GuestWriter, HostWrites, TrackedMemory};
 use crate::migration::page_lists;
 use crate::migration::wire::{self, FrameReader, Kind};
 use crate::sched::boost::{BoostConfig, BoostMode, Booster};
@@ -163,7 +163,7 @@ const VIRTIO_DISK: u64 = 64 << 10;
 /// A virtio-blk device (read-only if asked) on a 64 KiB memfd disk, its
 /// transport over 64 KiB of guest RAM holding `data`.
 fn block_transport(data: &[u8], readonly: bool) -> Option<MmioTransport> {
-    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), VIRTIO_RAM)]).ok()?;
+    let mem = TrackedMemory::from_ranges(&[(GuestAddress(0), VIRTIO_RAM)]).ok()?;
     let n = data.len().min(VIRTIO_RAM);
     mem.write_slice(&data[..n], GuestAddress(0)).ok()?;
     let disk = crate::memory::memfd(VIRTIO_DISK).ok()?;

@@ -278,7 +278,6 @@ impl From<CommandError> for ApiFailure {
             },
             CommandError::Gone => ApiFailure::new(503, message),
             CommandError::Migrating(..) => ApiFailure::new(409, message),
-            CommandError::Unsupported(_) => ApiFailure::new(409, message),
             CommandError::Migration(ref m) => {
                 use crate::migration::MigrationError as M;
                 ApiFailure::new(

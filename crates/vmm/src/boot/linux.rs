@@ -27,6 +27,20 @@ pub const KERNEL_GPA: u64 = BOOT_AREA_END;
 /// The command line a Linux guest gets by default: the console on COM1,
 /// reboot through the keyboard controller, no waiting after a panic.
 pub const DEFAULT_CMDLINE: &str = "console=ttyS0 reboot=k panic=-1";
+
+/// The command line the kernel gets: `cmdline`, and when the guest may
+/// poll before it halts (`guest_poll_max_ns` above 0), the poll limit
+/// handed to Linux's haltpoll governor as its `guest_halt_poll_ns`, as the
+/// built-in guest's `idle=haltpoll` reads it from its area (unless the
+/// line sets it already: the user's word stands).
+pub fn effective_cmdline(cmdline: &str, guest_poll_max_ns: u64) -> String {
+    let param = "haltpoll.guest_halt_poll_ns=";
+    if guest_poll_max_ns == 0 || cmdline.split_whitespace().any(|a| a.starts_with(param)) {
+        return cmdline.to_string();
+    }
+    let sep = if cmdline.is_empty() { "" } else { " " };
+    format!("{cmdline}{sep}{param}{guest_poll_max_ns}")
+}
 /// Low memory usable below the EBDA (the rest up to 1 MiB is reserved:
 /// the BIOS area, where the ACPI tables are).
 const EBDA_START: u64 = 0x9_fc00;
@@ -603,6 +617,22 @@ mod tests {
             assert!(e.contains(want), "{}: {e}", path.display());
         }
         std::fs::remove_file(k).unwrap();
+    }
+
+    #[test]
+    fn guest_polling_hands_the_limit_to_linuxs_haltpoll_governor() {
+        assert_eq!(effective_cmdline("console=ttyS0", 0), "console=ttyS0");
+        assert_eq!(
+            effective_cmdline("console=ttyS0", 100_000),
+            "console=ttyS0 haltpoll.guest_halt_poll_ns=100000"
+        );
+        assert_eq!(effective_cmdline("", 5), "haltpoll.guest_halt_poll_ns=5");
+        let own = "console=ttyS0 haltpoll.guest_halt_poll_ns=7";
+        assert_eq!(
+            effective_cmdline(own, 100_000),
+            own,
+            "the user's own stands"
+        );
     }
 
     #[test]

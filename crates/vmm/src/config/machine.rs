@@ -168,6 +168,19 @@ pub struct MachineConfig {
     pub rng: bool,
 }
 
+/// The guest-poll limit a guest gets unless told (`--guest-halt-poll-max`):
+/// the built-in guest polls up to [`hover_abi::haltpoll::DEFAULT_POLL_NS`];
+/// a Linux guest does not poll (its polling needs the "realtime" hint,
+/// which also turns off its paravirtual spinlocks: wrong for a VM on a
+/// busy host unless asked for).
+pub fn default_guest_poll_ns(guest: &GuestImage) -> u64 {
+    if guest.is_linux() {
+        0
+    } else {
+        hover_abi::haltpoll::DEFAULT_POLL_NS
+    }
+}
+
 /// A Linux guest has an entropy device unless told otherwise.
 fn rng_default() -> bool {
     true

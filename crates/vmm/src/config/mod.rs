@@ -24,8 +24,8 @@ pub use halt_poll::HaltPoll;
 pub use host::{ConsoleTarget, HostConfig, PageStore, SeccompMode, SharedBuffer};
 pub use limits::GuestLimits;
 pub use machine::{
-    BootProtocol, GuestImage, MachineConfig, MemoryBackend, DEFAULT_CMDLINE, DEFAULT_MEMORY,
-    DEFAULT_VCPUS, MAX_MEMORY,
+    default_guest_poll_ns, BootProtocol, GuestImage, MachineConfig, MemoryBackend, DEFAULT_CMDLINE,
+    DEFAULT_MEMORY, DEFAULT_VCPUS, MAX_MEMORY,
 };
 pub use migration_key::MigrationKey;
 

@@ -281,6 +281,7 @@ impl Setup {
                     .boot_args
                     .clone()
                     .unwrap_or_else(|| default_cmdline.into()),
+                guest_poll_max_ns: crate::config::default_guest_poll_ns(image),
                 ..MachineConfig::default()
             },
             host: self.host.clone(),

@@ -3,13 +3,89 @@
 //! status, an I/O completion, a boost or halt-poll area) would never be
 //! sent by a migration unless recorded: [`GuestWriter`] is how the monitor
 //! writes guest memory, and it records every write in [`HostWrites`] by
-//! itself, so no write can go unrecorded.
+//! itself, so no write can go unrecorded. The virtio devices write through
+//! vm-memory and virtio-queue instead (used rings, received frames, disk
+//! reads): they get [`DeviceMemory`], a view of the same mapping whose
+//! regions carry vm-memory's dirty bitmap, which every write through it
+//! sets; [`HostWrites::take`] drains it with the rest.
 
+use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use hover_abi::layout::PAGE_SIZE;
-use vm_memory::{AtomicAccess, ByteValued, Bytes, GuestAddress, GuestMemoryError, GuestMemoryMmap};
+use vm_memory::bitmap::AtomicBitmap;
+use vm_memory::{
+    AtomicAccess, ByteValued, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryError,
+    GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap, MmapRegion,
+};
+
+/// Guest memory as the virtio devices use it: every write through it sets
+/// its region's dirty bitmap.
+pub type TrackedMemory = GuestMemoryMmap<AtomicBitmap>;
+
+/// [`TrackedMemory`] over a VM's guest RAM, with the mapping it views.
+#[derive(Clone)]
+pub struct DeviceMemory {
+    view: TrackedMemory,
+    /// The mapping the view points into: unmapped only when the last view
+    /// is gone too.
+    _mapping: GuestMemoryMmap,
+}
+
+impl DeviceMemory {
+    /// A tracked view of `mapping`'s regions (the same host pages).
+    pub fn new(mapping: &GuestMemoryMmap) -> io::Result<Self> {
+        let regions = mapping
+            .iter()
+            .map(|r| {
+                let host = r.as_ptr();
+                // SAFETY: `host` is the start of a live mapping of
+                // `r.len()` bytes, and `_mapping` keeps it mapped as long
+                // as this view exists; the view does not own (or unmap) it.
+                let region = unsafe {
+                    MmapRegion::<AtomicBitmap>::build_raw(
+                        host,
+                        r.len() as usize,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_SHARED,
+                    )
+                }
+                .map_err(io::Error::other)?;
+                GuestRegionMmap::new(region, r.start_addr())
+                    .ok_or_else(|| io::Error::other("a guest region past the address space"))
+            })
+            .collect::<io::Result<Vec<_>>>()?;
+        let view = GuestMemoryMmap::from_regions(regions).map_err(io::Error::other)?;
+        Ok(DeviceMemory {
+            view,
+            _mapping: mapping.clone(),
+        })
+    }
+
+    /// The view, to hand to devices.
+    pub fn view(&self) -> &TrackedMemory {
+        &self.view
+    }
+
+    /// Append the pages written through the view since the last call (or
+    /// [`Self::clear`]) to `out`, and forget them.
+    fn drain(&self, out: &mut Vec<u64>) {
+        for r in self.view.iter() {
+            let region: &MmapRegion<AtomicBitmap> = r;
+            let words = region.bitmap().get_and_reset();
+            bits_to_gpas(&words, r.start_addr().0, out);
+        }
+    }
+
+    /// Forget every write so far.
+    fn clear(&self) {
+        for r in self.view.iter() {
+            let region: &MmapRegion<AtomicBitmap> = r;
+            region.bitmap().reset();
+        }
+    }
+}
 
 /// Append the addresses of the set bits of `bitmap` (one bit per page from `base`).
 pub fn bits_to_gpas(bitmap: &[u64], base: u64, out: &mut Vec<u64>) {
@@ -24,13 +100,15 @@ pub fn bits_to_gpas(bitmap: &[u64], base: u64, out: &mut Vec<u64>) {
 }
 
 /// Pages the monitor itself wrote into guest memory (control request
-/// status, I/O completions) while recording is on: KVM's dirty log sees
-/// only the guest's writes, and a status the destination never got would
-/// leave the guest waiting forever.
+/// status, I/O completions, virtio devices' writes) while recording is on:
+/// KVM's dirty log sees only the guest's writes, and a status the
+/// destination never got would leave the guest waiting forever.
 #[derive(Default)]
 pub struct HostWrites {
     on: AtomicBool,
     bits: Vec<AtomicU64>,
+    /// The virtio devices' view, whose own bitmaps are drained with ours.
+    devices: Option<DeviceMemory>,
 }
 
 impl HostWrites {
@@ -41,6 +119,16 @@ impl HostWrites {
             bits: (0..(end / PAGE_SIZE).div_ceil(64))
                 .map(|_| AtomicU64::new(0))
                 .collect(),
+            devices: None,
+        }
+    }
+
+    /// A record for guest RAM ending at `end` that also takes every write
+    /// made through `devices`.
+    pub fn with_devices(end: u64, devices: DeviceMemory) -> Self {
+        HostWrites {
+            devices: Some(devices),
+            ..HostWrites::new(end)
         }
     }
 
@@ -58,6 +146,11 @@ impl HostWrites {
 
     /// Start or stop recording (stopping forgets what was recorded).
     pub fn record(&self, on: bool) {
+        // The device view's bitmap is always set: what it holds from
+        // before recording began is forgotten as ours is.
+        if let Some(d) = &self.devices {
+            d.clear();
+        }
         self.on.store(on, Ordering::Release);
         if !on {
             for w in &self.bits {
@@ -75,6 +168,15 @@ impl HostWrites {
             .collect();
         let mut out = Vec::new();
         bits_to_gpas(&words, 0, &mut out);
+        if let Some(d) = &self.devices {
+            let mut theirs = Vec::new();
+            d.drain(&mut theirs);
+            if !theirs.is_empty() {
+                out.extend(theirs);
+                out.sort_unstable();
+                out.dedup();
+            }
+        }
         out
     }
 }
@@ -167,5 +269,51 @@ mod tests {
         assert!(w.write_obj(1u64, 2 << 20).is_err(), "outside guest memory");
         assert_eq!(writes.take(), vec![0x2000, 0x3000, 0x9000]);
         assert_eq!(mem.read_obj::<u32>(GuestAddress(0x9000)).unwrap(), 9);
+    }
+
+    #[test]
+    fn writes_through_the_device_view_are_recorded_and_land_in_guest_memory() {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[
+            (GuestAddress(0), 1 << 20),
+            (GuestAddress(4 << 20), 1 << 20),
+        ])
+        .unwrap();
+        let dm = DeviceMemory::new(&mem).unwrap();
+        let writes = HostWrites::with_devices(5 << 20, dm.clone());
+        dm.view().write_obj(1u32, GuestAddress(0x3000)).unwrap();
+        writes.record(true);
+        assert!(
+            writes.take().is_empty(),
+            "writes before recording are forgotten"
+        );
+        // A used ring's index (an atomic store), a frame or disk read
+        // straddling two pages in the second region, a monitor write.
+        dm.view()
+            .store(5u16, GuestAddress(0x7002), Ordering::Release)
+            .unwrap();
+        dm.view()
+            .write_slice(&[0xab; 100], GuestAddress((4 << 20) + 0x1fd0))
+            .unwrap();
+        writes.mark(0x7000, 8);
+        let mut file: &[u8] = &[0xcd; 64];
+        dm.view()
+            .read_exact_volatile_from(GuestAddress(0x9000), &mut file, 64)
+            .unwrap();
+        assert_eq!(
+            writes.take(),
+            vec![0x7000, 0x9000, (4 << 20) + 0x1000, (4 << 20) + 0x2000]
+        );
+        assert!(writes.take().is_empty(), "taking clears");
+        assert_eq!(mem.read_obj::<u16>(GuestAddress(0x7002)).unwrap(), 5);
+        assert_eq!(mem.read_obj::<u8>(GuestAddress(0x9000 + 63)).unwrap(), 0xcd);
+        assert_eq!(
+            mem.read_obj::<u8>(GuestAddress((4 << 20) + 0x2000))
+                .unwrap(),
+            0xab
+        );
+        drop(mem);
+        dm.view().write_obj(2u8, GuestAddress(0)).unwrap(); // the view keeps it mapped
+        writes.record(false);
+        assert!(writes.take().is_empty());
     }
 }

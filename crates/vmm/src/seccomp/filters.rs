@@ -329,6 +329,13 @@ fn allow_list(kind: Kind) -> Vec<Allow> {
                 }
             }
             v.push(ioctl_types(&[KVM, UFFD, TTY]));
+            // A destination (`hover receive`) opens its VM's taps once
+            // confined, and a tap's existence is checked by its index
+            // (`if_nametoindex`): that socket request and no other.
+            v.push((
+                libc::SYS_ioctl,
+                vec![rule(vec![cond(1, Op::Eq, libc::SIOCGIFINDEX)])],
+            ));
             v.push(prctl(&[
                 libc::PR_GET_SECCOMP,
                 // Letting the sender process read guest memory (Yama).
@@ -372,6 +379,10 @@ fn allow_list(kind: Kind) -> Vec<Allow> {
                 libc::SYS_userfaultfd,
                 libc::SYS_eventfd2,
                 libc::SYS_pipe2,
+                // A destination's virtio I/O thread is set up here once
+                // confined (its epoll and the queues' descriptors in it).
+                libc::SYS_epoll_create1,
+                libc::SYS_epoll_ctl,
                 // Migration peers and the API socket.
                 libc::SYS_socket,
                 libc::SYS_socketpair,

@@ -368,6 +368,40 @@ impl Vcpu {
     }
 }
 
+/// The guest pages KVM reads or writes when a vCPU's `msrs` are loaded: the
+/// areas a guest placed for kvmclock (wall clock and system time), async
+/// PF, steal time and PV EOI (enabled ones only), ascending. A post-copy
+/// destination loads the state before it serves any page on demand, so
+/// these go with the pinned pages (a Linux guest puts them in its own
+/// memory; the built-in guest in its boot area, pinned anyway).
+pub fn pv_area_pages(msrs: &[kvm_msr_entry]) -> Vec<u64> {
+    // (MSR, bits of the value that are flags, not address; the area's size)
+    const AREAS: [(u32, u64, u64); 5] = [
+        (0x4b56_4d00, 0, 12),    // MSR_KVM_WALL_CLOCK_NEW: written at once
+        (0x4b56_4d01, 0x1, 32),  // MSR_KVM_SYSTEM_TIME_NEW
+        (0x4b56_4d02, 0x3f, 64), // MSR_KVM_ASYNC_PF_EN
+        (0x4b56_4d03, 0x3f, 64), // MSR_KVM_STEAL_TIME
+        (0x4b56_4d04, 0x3, 4),   // MSR_KVM_PV_EOI_EN
+    ];
+    let page = hover_abi::layout::PAGE_SIZE;
+    let mut out = Vec::new();
+    for m in msrs {
+        let Some(&(_, flags, size)) = AREAS.iter().find(|a| a.0 == m.index) else {
+            continue;
+        };
+        // Enabled: bit 0 (the wall clock has no enable bit: any address).
+        if m.data == 0 || (flags != 0 && m.data & 1 == 0) {
+            continue;
+        }
+        let gpa = m.data & !flags;
+        out.push(gpa / page * page);
+        out.push(gpa.saturating_add(size - 1) / page * page);
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -380,6 +414,30 @@ mod tests {
         assert_eq!(tss_type_for_host(TSS_AVAILABLE, false), TSS_AVAILABLE);
         // Other types (a 16-bit TSS, garbage) are KVM's to judge.
         assert_eq!(tss_type_for_host(3, true), 3);
+    }
+
+    #[test]
+    fn the_pv_areas_a_guest_enabled_are_the_pages_its_state_load_touches() {
+        let msr = |index, data| kvm_msr_entry {
+            index,
+            data,
+            ..Default::default()
+        };
+        let msrs = [
+            msr(0x10, 0x5000),                // not a PV area
+            msr(0x4b56_4d00, 0x3_0ffc),       // wall clock straddling two pages
+            msr(0x4b56_4d01, 0x7_1041),       // system time, enabled
+            msr(0x4b56_4d02, 0x9_2000 | 0x3), // async PF, enabled with flags
+            msr(0x4b56_4d03, 0xb_3040),       // steal time, not enabled
+            msr(0x4b56_4d04, 0xd_4001),       // PV EOI, enabled
+            msr(0x4b56_4d06, 0xec),           // a vector, not an address
+        ];
+        assert_eq!(
+            pv_area_pages(&msrs),
+            vec![0x3_0000, 0x3_1000, 0x7_1000, 0x9_2000, 0xd_4000]
+        );
+        assert!(pv_area_pages(&[msr(0x4b56_4d01, 0x7_1000)]).is_empty());
+        assert!(pv_area_pages(&[msr(0x4b56_4d00, 0)]).is_empty());
     }
 
     #[test]

@@ -152,9 +152,6 @@ pub enum CommandError {
     /// until it ends.
     #[error("a live migration is under way ({0}): {action} can be asked once it ends (GET /vm shows its progress)", action = .1)]
     Migrating(String, &'static str),
-    /// This VM cannot do what was asked (yet).
-    #[error("{0}")]
-    Unsupported(&'static str),
     /// The VM has ended.
     #[error("the VM has stopped")]
     Gone,

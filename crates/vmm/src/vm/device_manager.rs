@@ -24,7 +24,7 @@ use crate::devices::virtio::net::{open_tap, Net};
 use crate::devices::virtio::rng::Rng;
 use crate::devices::virtio::{self, VirtioDevice, VirtioSlot};
 use crate::devices::Devices;
-use crate::memory::host_writes::{GuestWriter, HostWrites};
+use crate::memory::host_writes::{DeviceMemory, GuestWriter, HostWrites};
 use crate::memory::GuestRam;
 use crate::sched::boost::Booster;
 use crate::state::DevicesState;
@@ -61,7 +61,12 @@ impl DeviceManager {
         tsc_khz: u32,
         sink: ConsoleSink,
     ) -> Result<(DeviceManager, Arc<Booster>), Error> {
-        let host_writes = Arc::new(HostWrites::new(ram.end()));
+        // The virtio devices' view of guest RAM, whose writes are recorded too.
+        let device_memory = DeviceMemory::new(ram.memory()).map_err(|source| Error::Host {
+            what: "map guest memory for the devices",
+            source,
+        })?;
+        let host_writes = Arc::new(HostWrites::with_devices(ram.end(), device_memory.clone()));
         // How every device and monitor writes guest memory: recorded.
         let guest = GuestWriter::new(ram.memory().clone(), host_writes.clone());
         let vcpus = config.machine.vcpus;
@@ -97,7 +102,7 @@ impl DeviceManager {
             .with_limits(config.host.limits)
             .with_pvio(pvio.clone())
             .with_booster(booster.clone());
-        let (virtio, virtio_io, disk_sizes) = virtio_devices(fd, ram, config)?;
+        let (virtio, virtio_io, disk_sizes) = virtio_devices(fd, &device_memory, config)?;
         let devices = DeviceManager {
             bus: Arc::new(Devices {
                 serial,
@@ -158,10 +163,14 @@ impl DeviceManager {
     }
 
     /// Have every ready virtio queue served once (a restored or arrived
-    /// VM: requests the guest queued before the state was taken).
+    /// VM: requests the guest queued before the state was taken), and
+    /// every running network card announce the guest's MAC where it now is.
     pub(crate) fn kick_virtio(&self) {
         for slot in &self.bus.virtio {
             slot.kick_ready();
+        }
+        if let Some(io) = &self.virtio_io {
+            io.announce();
         }
     }
 
@@ -183,7 +192,11 @@ type VirtioBus = (Vec<VirtioSlot>, Option<IoThread>, Vec<u64>);
 /// A Linux guest's virtio devices (its disks, then the entropy device, as
 /// `virtio::device_count` and the DSDT number them), each with its
 /// notification ioeventfds and irqfd, and the I/O thread serving them.
-fn virtio_devices(fd: &Arc<VmFd>, ram: &GuestRam, config: &VmConfig) -> Result<VirtioBus, Error> {
+fn virtio_devices(
+    fd: &Arc<VmFd>,
+    memory: &DeviceMemory,
+    config: &VmConfig,
+) -> Result<VirtioBus, Error> {
     let m = &config.machine;
     if virtio::device_count(m) == 0 {
         return Ok((Vec::new(), None, Vec::new()));
@@ -224,7 +237,7 @@ fn virtio_devices(fd: &Arc<VmFd>, ram: &GuestRam, config: &VmConfig) -> Result<V
     let (mut slots, mut served) = (Vec::new(), Vec::new());
     for (i, device) in devices.into_iter().enumerate() {
         let (base, gsi) = (virtio::window(i), virtio::gsi(i));
-        let transport = MmioTransport::new(device, ram.memory().clone());
+        let transport = MmioTransport::new(device, memory.view().clone());
         let queues = transport.queue_count();
         let transport = Arc::new(Mutex::new(transport));
         let mut notify = Vec::new();

@@ -24,7 +24,9 @@ impl Vm {
         created_at: Instant,
     ) -> Result<Vm, Error> {
         // Everything a boot can refuse, before anything is built.
-        let image = linux::LinuxImage::read(boot, config.machine.memory, &config.machine.cmdline)
+        let cmdline =
+            linux::effective_cmdline(&config.machine.cmdline, config.machine.guest_poll_max_ns);
+        let image = linux::LinuxImage::read(boot, config.machine.memory, &cmdline)
             .map_err(|e| Error::Linux(Box::new(e)))?;
         for (disk, path) in config.machine.disks.iter().zip(&config.host.disk_paths) {
             crate::devices::virtio::block::open_disk(path, disk.readonly).map_err(|why| {
@@ -38,7 +40,7 @@ impl Vm {
         let virtio = crate::devices::virtio::device_count(&config.machine);
         let rsdp = acpi::write_linux_tables(mem, config.machine.vcpus, virtio)?;
         let entry = image
-            .load(mem, &config.machine.cmdline, rsdp)
+            .load(mem, &cmdline, rsdp)
             .map_err(|e| Error::Linux(Box::new(e)))?;
         let tsc_khz = m.vcpus[0]
             .fd()

@@ -116,7 +116,24 @@ impl Machine {
 
     /// The CPUID table vCPU `index` gets on this host under `config`.
     pub(super) fn vcpu_cpuid(&self, config: &VmConfig, index: u32) -> CpuId {
-        cpuid::for_vcpu(&self.supported, index, pv_withheld(config.machine.async_pf))
+        cpuid::for_vcpu(
+            &self.supported,
+            index,
+            pv_withheld(config.machine.async_pf),
+            pv_hints(&config.machine),
+        )
+    }
+}
+
+/// The KVM PV hints a VM's guest gets: a Linux guest allowed to poll
+/// (`--guest-halt-poll-max` above 0) is told its vCPUs are not preempted,
+/// the hint without which Linux does not load `cpuidle-haltpoll`. The
+/// built-in guest polls by its own `idle=haltpoll` and needs none.
+pub(super) fn pv_hints(m: &crate::config::MachineConfig) -> u32 {
+    if m.guest.is_linux() && m.guest_poll_max_ns > 0 {
+        hover_abi::pv::HINT_REALTIME
+    } else {
+        0
     }
 }
 
@@ -144,4 +161,34 @@ fn register_memory(fd: &VmFd, ram: &GuestRam) -> Result<(), Error> {
         unsafe { fd.set_user_memory_region(r) }.map_err(KvmOp::SetMemoryRegion.err())?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{GuestImage, LinuxBoot, MachineConfig};
+
+    #[test]
+    fn only_a_linux_guest_allowed_to_poll_gets_the_realtime_hint() {
+        let linux = GuestImage::Linux(LinuxBoot {
+            kernel: "/vmlinuz".into(),
+            initrd: None,
+        });
+        let m = |guest: GuestImage, ns: u64| MachineConfig {
+            guest,
+            guest_poll_max_ns: ns,
+            ..MachineConfig::default()
+        };
+        assert_eq!(
+            pv_hints(&m(linux.clone(), 100_000)),
+            hover_abi::pv::HINT_REALTIME
+        );
+        assert_eq!(pv_hints(&m(linux.clone(), 0)), 0);
+        assert_eq!(pv_hints(&m(GuestImage::Builtin, 100_000)), 0);
+        assert_eq!(crate::config::default_guest_poll_ns(&linux), 0);
+        assert_eq!(
+            crate::config::default_guest_poll_ns(&GuestImage::Builtin),
+            MachineConfig::default().guest_poll_max_ns
+        );
+    }
 }

@@ -102,6 +102,14 @@ struct ReleasedPager {
 }
 
 impl Vm {
+    /// The memory holding the guest-poll areas (`hover_abi::haltpoll`),
+    /// for the governor, stats and reports to read: the built-in guest's
+    /// boot area. A Linux guest has none (those addresses are its own
+    /// memory): None.
+    pub(crate) fn guest_poll_areas(&self) -> Option<vm_memory::GuestMemoryMmap> {
+        (!self.saved.config.guest.is_linux()).then(|| self.ram.memory().clone())
+    }
+
     /// Build a VM from `config`: validate it, map RAM, create the irqchip and
     /// vCPUs, load the guest and write the boot area. Nothing runs yet.
     pub fn new(config: &VmConfig) -> Result<Vm, Error> {

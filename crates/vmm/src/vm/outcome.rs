@@ -212,14 +212,11 @@ pub(super) fn collect(
         vcpu_histograms,
         pager: vm.pager_stats(),
         halt_poll: governor,
-        guest_halt_poll: {
-            let g = crate::sched::guest_poll::read(
-                vm.ram.memory(),
-                vm.saved.config.vcpus,
-                &Default::default(),
-            );
+        guest_halt_poll: vm.guest_poll_areas().and_then(|mem| {
+            let g =
+                crate::sched::guest_poll::read(&mem, vm.saved.config.vcpus, &Default::default());
             (g.max_ns > 0).then_some(g)
-        },
+        }),
         boost: {
             let r = vm.booster.report();
             (r.mode != BoostMode::Off || r.vcpus.iter().any(|v| v.boosts > 0)).then_some(r)

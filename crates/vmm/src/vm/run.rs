@@ -374,12 +374,6 @@ impl Running {
                 }
                 Err(e) => (Err(e), None),
             },
-            Command::Migrate(_) if self.vm.saved.config.guest.is_linux() => (
-                Err(CommandError::Unsupported(
-                    "a Linux guest cannot be migrated yet (its virtio devices' writes to guest memory are not tracked as dirty pages): snapshot it and restore it on the other host instead",
-                )),
-                None,
-            ),
             Command::Migrate(o) => {
                 // Under way from here (connecting included): other commands
                 // are answered at once instead of waiting behind it.
@@ -465,7 +459,7 @@ impl Running {
                 what: "open KVM statistics for the halt-poll governor",
                 source,
             })?;
-        let guest = Some(self.vm.ram.memory().clone());
+        let guest = self.vm.guest_poll_areas();
         // Without it (no sysfs), the governor starts with polling off.
         let first = halt_poll::kvm_default_window().unwrap_or_else(|e| {
             tracing::warn!(
@@ -574,13 +568,12 @@ impl Running {
             governor: self.governor_live.clone(),
             boost: Some(self.vm.booster.clone()),
             io: self.vm.devices.pvio.clone(),
-            guest_poll: {
-                let (mem, n) = (self.vm.ram.memory().clone(), self.vm.saved.config.vcpus);
+            guest_poll: self.vm.guest_poll_areas().map(|mem| {
+                let n = self.vm.saved.config.vcpus;
                 let warned = std::sync::atomic::AtomicBool::new(false);
-                Some(Box::new(move || {
-                    crate::sched::guest_poll::read(&mem, n, &warned)
-                }))
-            },
+                Box::new(move || crate::sched::guest_poll::read(&mem, n, &warned))
+                    as Box<dyn Fn() -> _ + Send + Sync>
+            }),
             started,
         }
     }

@@ -24,8 +24,9 @@ pub fn host_is_amd() -> bool {
 }
 
 /// Adjust KVM's supported CPUID for vCPU `index`, withholding the KVM PV
-/// features in `pv_withheld` (CPUID 0x4000_0001 EAX bits).
-pub fn for_vcpu(supported: &CpuId, index: u32, pv_withheld: u32) -> CpuId {
+/// features in `pv_withheld` (CPUID 0x4000_0001 EAX bits) and giving the
+/// hints `pv_hints` (its EDX).
+pub fn for_vcpu(supported: &CpuId, index: u32, pv_withheld: u32, pv_hints: u32) -> CpuId {
     let mut cpuid = supported.clone();
     for e in cpuid.as_mut_slice() {
         match e.function {
@@ -34,7 +35,10 @@ pub fn for_vcpu(supported: &CpuId, index: u32, pv_withheld: u32) -> CpuId {
                 e.ebx = (e.ebx & 0x00ff_ffff) | (index << 24);
             }
             LEAF_EXT_TOPOLOGY | LEAF_V2_EXT_TOPOLOGY => e.edx = index,
-            CPUID_KVM_FEATURES => e.eax &= !pv_withheld,
+            CPUID_KVM_FEATURES => {
+                e.eax &= !pv_withheld;
+                e.edx = pv_hints;
+            }
             _ => {}
         }
     }
@@ -79,7 +83,7 @@ mod tests {
 
     #[test]
     fn per_vcpu_ids_and_apic_bits() {
-        let c = for_vcpu(&table(), 3, 0);
+        let c = for_vcpu(&table(), 3, 0, 0);
         let leaf1 = c.as_slice().iter().find(|e| e.function == 1).unwrap();
         assert_eq!(leaf1.ebx, 0x0300_1234);
         assert_ne!(leaf1.ecx & ECX_X2APIC, 0);
@@ -89,6 +93,21 @@ mod tests {
             3
         );
         assert_eq!(pv_features(&c), 0x4010);
-        assert_eq!(pv_features(&for_vcpu(&table(), 0, 0x4000)), 0x10);
+        assert_eq!(pv_features(&for_vcpu(&table(), 0, 0x4000, 0)), 0x10);
+    }
+
+    #[test]
+    fn pv_hints_go_in_the_kvm_leafs_edx() {
+        let kvm_edx = |c: &CpuId| {
+            c.as_slice()
+                .iter()
+                .find(|e| e.function == CPUID_KVM_FEATURES)
+                .unwrap()
+                .edx
+        };
+        assert_eq!(kvm_edx(&for_vcpu(&table(), 0, 0, 0)), 0);
+        let c = for_vcpu(&table(), 1, 0, hover_abi::pv::HINT_REALTIME);
+        assert_eq!(kvm_edx(&c), 1);
+        assert_eq!(pv_features(&c), 0x4010, "the features stay as they were");
     }
 }

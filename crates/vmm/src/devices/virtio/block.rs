@@ -18,7 +18,10 @@ use virtio_bindings::virtio_blk::{
 use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{DescriptorChain, Queue, QueueT, Reader, Writer};
-use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::bitmap::BitmapSlice;
+use vm_memory::{ByteValued, Bytes, GuestAddress};
+
+use crate::memory::host_writes::TrackedMemory;
 
 use super::{read_config_bytes, VirtioDevice, F_VERSION_1};
 
@@ -116,7 +119,7 @@ impl Block {
     }
 
     /// Serve one request; the bytes written into the driver's buffers.
-    fn serve(&mut self, chain: DescriptorChain<&GuestMemoryMmap>, mem: &GuestMemoryMmap) -> u32 {
+    fn serve(&mut self, chain: DescriptorChain<&TrackedMemory>, mem: &TrackedMemory) -> u32 {
         let (Ok(mut reader), Ok(mut writer)) = (
             Reader::new(mem, chain.clone()),
             Writer::new(mem, chain.clone()),
@@ -184,7 +187,7 @@ impl Block {
         &mut self,
         sector: u64,
         segments: &[(GuestAddress, usize)],
-        mem: &GuestMemoryMmap,
+        mem: &TrackedMemory,
     ) -> (u32, usize) {
         use std::io::{Seek, SeekFrom};
         let len: usize = segments.iter().map(|&(_, n)| n).sum();
@@ -209,7 +212,7 @@ impl Block {
         (VIRTIO_BLK_S_OK, done)
     }
 
-    fn write(&mut self, sector: u64, from: &mut Reader<'_>) -> (u32, usize) {
+    fn write<B: BitmapSlice>(&mut self, sector: u64, from: &mut Reader<'_, B>) -> (u32, usize) {
         if self.config.readonly {
             return (VIRTIO_BLK_S_IOERR, 0);
         }
@@ -239,7 +242,7 @@ impl Block {
 /// byte of its last descriptor, if the device may write it and it is in
 /// guest memory), so the driver does not read success in whatever the
 /// byte held; the bytes written (1 or 0).
-fn fail_in_last_byte(chain: DescriptorChain<&GuestMemoryMmap>, mem: &GuestMemoryMmap) -> u32 {
+fn fail_in_last_byte(chain: DescriptorChain<&TrackedMemory>, mem: &TrackedMemory) -> u32 {
     use vm_memory::{Bytes, GuestAddress};
     let Some(last) = chain.last() else {
         return 0;
@@ -258,7 +261,7 @@ fn fail_in_last_byte(chain: DescriptorChain<&GuestMemoryMmap>, mem: &GuestMemory
 /// descriptors, in order, up to `len` bytes (the status byte after them
 /// excluded). The chain was already checked (a `Writer` was made over it).
 fn data_segments(
-    chain: &DescriptorChain<&GuestMemoryMmap>,
+    chain: &DescriptorChain<&TrackedMemory>,
     len: usize,
 ) -> Vec<(GuestAddress, usize)> {
     let mut left = len;
@@ -305,7 +308,7 @@ impl VirtioDevice for Block {
         read_config_bytes(&config, offset, data)
     }
 
-    fn process(&mut self, _: usize, queue: &mut Queue, mem: &GuestMemoryMmap) -> bool {
+    fn process(&mut self, _: usize, queue: &mut Queue, mem: &TrackedMemory) -> bool {
         let mut used = false;
         while let Some(chain) = queue.pop_descriptor_chain(mem) {
             let head = chain.head_index();
@@ -349,8 +352,8 @@ mod tests {
     use virtio_queue::mock::MockSplitQueue;
     use vm_memory::{Bytes, GuestAddress};
 
-    fn mem() -> GuestMemoryMmap {
-        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap()
+    fn mem() -> TrackedMemory {
+        TrackedMemory::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap()
     }
 
     fn disk(name: &str, sectors: u64, readonly: bool) -> (Block, PathBuf) {
@@ -370,7 +373,7 @@ mod tests {
     /// 0x30000) through a queue at 0x1000: (status, used length).
     fn run(
         b: &mut Block,
-        m: &GuestMemoryMmap,
+        m: &TrackedMemory,
         kind: u32,
         sector: u64,
         len: u32,

@@ -6,6 +6,7 @@
 //! notification for a queue never set up) fail the device (it reports
 //! DEVICE_NEEDS_RESET, with one log line) and touch nothing else.
 
+use crate::memory::host_writes::TrackedMemory;
 use serde::{Deserialize, Serialize};
 use virtio_bindings::virtio_config::{
     VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
@@ -13,7 +14,6 @@ use virtio_bindings::virtio_config::{
 };
 use virtio_bindings::virtio_mmio::*;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::GuestMemoryMmap;
 
 use super::{VirtioDevice, F_VERSION_1};
 
@@ -27,7 +27,7 @@ const VENDOR: u32 = 0x5256_4f48;
 /// One device behind its MMIO window.
 pub struct MmioTransport {
     device: Box<dyn VirtioDevice>,
-    mem: GuestMemoryMmap,
+    mem: TrackedMemory,
     queues: Vec<Queue>,
     queue_sel: u32,
     device_features_sel: u32,
@@ -41,7 +41,7 @@ pub struct MmioTransport {
 
 impl MmioTransport {
     /// `device` in guest memory `mem`, reset.
-    pub fn new(device: Box<dyn VirtioDevice>, mem: GuestMemoryMmap) -> MmioTransport {
+    pub fn new(device: Box<dyn VirtioDevice>, mem: TrackedMemory) -> MmioTransport {
         let queues = device
             .queue_max_sizes()
             .iter()
@@ -301,12 +301,23 @@ impl MmioTransport {
         self.device.backend_fd()
     }
 
+    /// Whether the driver set the device up and it is working.
+    fn running(&self) -> bool {
+        self.status & VIRTIO_CONFIG_S_DRIVER_OK != 0
+            && self.status & VIRTIO_CONFIG_S_NEEDS_RESET == 0
+    }
+
+    /// Have a running device tell the network where the guest is.
+    pub fn announce(&mut self) {
+        if self.running() {
+            self.device.announce();
+        }
+    }
+
     /// The device's backend became ready: whether the driver must be
     /// interrupted.
     pub fn backend_event(&mut self) -> bool {
-        let running = self.status & VIRTIO_CONFIG_S_DRIVER_OK != 0
-            && self.status & VIRTIO_CONFIG_S_NEEDS_RESET == 0;
-        if !running {
+        if !self.running() {
             return false;
         }
         let used = self.device.backend_ready(&mut self.queues, &self.mem);
@@ -320,9 +331,7 @@ impl MmioTransport {
     /// must be interrupted. Nothing is done for a device that is not
     /// running or a queue that is not ready (that is logged once).
     pub fn process(&mut self, index: usize) -> bool {
-        let running = self.status & VIRTIO_CONFIG_S_DRIVER_OK != 0
-            && self.status & VIRTIO_CONFIG_S_NEEDS_RESET == 0;
-        if !running {
+        if !self.running() {
             return false;
         }
         let Some(q) = self.queues.get_mut(index) else {
@@ -522,7 +531,7 @@ pub(crate) mod tests {
         fn read_config(&self, offset: u64, data: &mut [u8]) {
             super::super::read_config_bytes(&[1, 2, 3, 4], offset, data)
         }
-        fn process(&mut self, _: usize, q: &mut Queue, mem: &GuestMemoryMmap) -> bool {
+        fn process(&mut self, _: usize, q: &mut Queue, mem: &TrackedMemory) -> bool {
             let mut used = false;
             while let Some(c) = q.pop_descriptor_chain(mem) {
                 q.add_used(mem, c.head_index(), 0).unwrap();
@@ -532,8 +541,8 @@ pub(crate) mod tests {
         }
     }
 
-    pub(crate) fn mem() -> GuestMemoryMmap {
-        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap()
+    pub(crate) fn mem() -> TrackedMemory {
+        TrackedMemory::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap()
     }
 
     fn r(t: &MmioTransport, reg: u32) -> u32 {

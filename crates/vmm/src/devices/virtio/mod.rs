@@ -12,8 +12,8 @@ pub mod mmio;
 pub mod net;
 pub mod rng;
 
+use crate::memory::host_writes::TrackedMemory;
 use virtio_queue::Queue;
-use vm_memory::GuestMemoryMmap;
 
 /// Where the first device's MMIO window is (in the MMIO hole below the
 /// IOAPIC), and each window's size.
@@ -119,17 +119,20 @@ pub trait VirtioDevice: Send {
     fn read_config(&self, offset: u64, data: &mut [u8]);
     /// Serve every request available on queue `index` of `mem`; whether
     /// any buffer was returned to the driver (then it may be interrupted).
-    fn process(&mut self, index: usize, queue: &mut Queue, mem: &GuestMemoryMmap) -> bool;
+    fn process(&mut self, index: usize, queue: &mut Queue, mem: &TrackedMemory) -> bool;
     /// The driver accepted `features` (FEATURES_OK; a reset says 0): a
     /// device whose backend depends on them (a tap's offloads) sets it now.
     fn ack_features(&mut self, _features: u64) {}
+    /// Tell the network where the guest now is (a restored or arrived
+    /// VM): a network card announces its MAC; other devices do nothing.
+    fn announce(&mut self) {}
     /// A host descriptor whose readiness the device serves (a tap), if any:
     /// the I/O thread waits on it (edge-triggered) beside the queues.
     fn backend_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }
     /// Its backend became ready: whether any buffer was returned.
-    fn backend_ready(&mut self, _queues: &mut [Queue], _mem: &GuestMemoryMmap) -> bool {
+    fn backend_ready(&mut self, _queues: &mut [Queue], _mem: &TrackedMemory) -> bool {
         false
     }
 }

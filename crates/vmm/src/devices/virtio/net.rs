@@ -8,19 +8,22 @@
 //! hand it such frames too. The tap is opened by name
 //! (`TUNSETIFF`); it must exist (Hover does not create network devices:
 //! who may use one, its addresses and bridge are the host's to set), and
-//! one another process holds is refused as busy.
+//! one another process holds is refused as busy. A restored or arrived
+//! card announces its MAC on its tap (a RARP broadcast, as QEMU sends
+//! after a migration), so the switches and bridges between the hosts
+//! learn where the guest now is before it says anything itself.
 
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 
+use crate::memory::host_writes::TrackedMemory;
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_CSUM, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_TSO6,
     VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6, VIRTIO_NET_F_MAC,
 };
 use virtio_queue::{Queue, QueueT, Reader, Writer};
-use vm_memory::GuestMemoryMmap;
 
 use super::{read_config_bytes, VirtioDevice, F_VERSION_1};
 use crate::seccomp::filters::TUNSETOFFLOAD;
@@ -51,6 +54,25 @@ pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
         return Err(format!("mac={s}: a multicast address cannot be a card's"));
     }
     Ok(mac)
+}
+
+/// The announcement of `mac` (QEMU's `announce_self_create`): a RARP
+/// "reverse request" from the MAC to everyone, padded to Ethernet's 60
+/// bytes, behind a virtio-net header that asks nothing of the tap.
+pub fn announcement(mac: [u8; 6]) -> [u8; HDR + 60] {
+    let mut f = [0u8; HDR + 60];
+    let e = &mut f[HDR..];
+    e[0..6].fill(0xff);
+    e[6..12].copy_from_slice(&mac);
+    e[12..14].copy_from_slice(&0x8035u16.to_be_bytes()); // ETH_P_RARP
+    e[14..16].copy_from_slice(&1u16.to_be_bytes()); // Ethernet hardware
+    e[16..18].copy_from_slice(&0x0800u16.to_be_bytes()); // IPv4
+    e[18] = 6;
+    e[19] = 4;
+    e[20..22].copy_from_slice(&3u16.to_be_bytes()); // reverse request
+    e[22..28].copy_from_slice(&mac); // sender hardware address
+    e[32..38].copy_from_slice(&mac); // target hardware address
+    f
 }
 
 /// The default MAC of card `index`: locally administered, unicast.
@@ -219,7 +241,7 @@ impl Net {
     }
 
     /// Send every frame the guest queued.
-    fn transmit(&mut self, queue: &mut Queue, mem: &GuestMemoryMmap) -> bool {
+    fn transmit(&mut self, queue: &mut Queue, mem: &TrackedMemory) -> bool {
         let mut used = false;
         while let Some(chain) = queue.pop_descriptor_chain(mem) {
             let head = chain.head_index();
@@ -246,7 +268,7 @@ impl Net {
     }
 
     /// Give the guest every frame the tap has, while it has buffers.
-    fn receive(&mut self, queue: &mut Queue, mem: &GuestMemoryMmap) -> bool {
+    fn receive(&mut self, queue: &mut Queue, mem: &TrackedMemory) -> bool {
         let mut used = false;
         loop {
             let n = match self.pending.take() {
@@ -314,12 +336,18 @@ impl VirtioDevice for Net {
         &[QUEUE_SIZE, QUEUE_SIZE]
     }
 
+    fn announce(&mut self) {
+        if let Err(e) = self.tap.write(&announcement(self.config.mac)) {
+            self.complain(&format!("its MAC was not announced on the tap: {e}"));
+        }
+    }
+
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         // struct virtio_net_config starts with the MAC.
         read_config_bytes(&self.config.mac, offset, data)
     }
 
-    fn process(&mut self, index: usize, queue: &mut Queue, mem: &GuestMemoryMmap) -> bool {
+    fn process(&mut self, index: usize, queue: &mut Queue, mem: &TrackedMemory) -> bool {
         match index {
             TX => self.transmit(queue, mem),
             // New receive buffers: frames waiting for them go in now.
@@ -332,7 +360,7 @@ impl VirtioDevice for Net {
         Some(self.tap.as_raw_fd())
     }
 
-    fn backend_ready(&mut self, queues: &mut [Queue], mem: &GuestMemoryMmap) -> bool {
+    fn backend_ready(&mut self, queues: &mut [Queue], mem: &TrackedMemory) -> bool {
         match queues.get_mut(RX) {
             Some(q) if q.ready() => self.receive(q, mem),
             _ => false,
@@ -373,6 +401,34 @@ mod tests {
             assert!(parse_mac(bad).is_err(), "{bad}");
         }
         assert_eq!(default_mac(0), [6, 0, 0, 0, 0, 1]);
+    }
+
+    #[test]
+    fn the_announcement_is_a_rarp_broadcast_from_the_mac() {
+        let mac = [6, 0, 0xac, 0x10, 0, 2];
+        let f = announcement(mac);
+        assert_eq!(
+            f.len(),
+            HDR + 60,
+            "a minimal Ethernet frame behind the header"
+        );
+        assert!(
+            f[..HDR].iter().all(|&b| b == 0),
+            "no offload asked of the tap"
+        );
+        let e = &f[HDR..];
+        assert_eq!(&e[0..6], &[0xff; 6], "to everyone");
+        assert_eq!(&e[6..12], &mac, "from the guest's MAC");
+        assert_eq!(&e[12..14], &[0x80, 0x35], "RARP");
+        assert_eq!(
+            &e[14..22],
+            &[0, 1, 8, 0, 6, 4, 0, 3],
+            "Ethernet/IPv4, reverse request"
+        );
+        assert_eq!(&e[22..28], &mac);
+        assert_eq!(&e[28..32], &[0; 4]);
+        assert_eq!(&e[32..38], &mac);
+        assert!(e[38..].iter().all(|&b| b == 0));
     }
 
     #[test]

@@ -2,9 +2,9 @@
 
 use std::io::Write;
 
+use crate::memory::host_writes::TrackedMemory;
 use virtio_bindings::virtio_ids::VIRTIO_ID_RNG;
 use virtio_queue::{Queue, QueueT, Writer};
-use vm_memory::GuestMemoryMmap;
 
 use super::{VirtioDevice, F_VERSION_1};
 
@@ -40,7 +40,7 @@ impl VirtioDevice for Rng {
         data.fill(0);
     }
 
-    fn process(&mut self, _: usize, queue: &mut Queue, mem: &GuestMemoryMmap) -> bool {
+    fn process(&mut self, _: usize, queue: &mut Queue, mem: &TrackedMemory) -> bool {
         let mut used = false;
         while let Some(chain) = queue.pop_descriptor_chain(mem) {
             let head = chain.head_index();

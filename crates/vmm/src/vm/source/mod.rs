@@ -463,6 +463,10 @@ impl Running {
             drained += catch_up(&mut w, &mut r)?;
         }
         report.drain_us = drained.as_micros() as u64;
+        // A hybrid migration whose rounds converged ends by the switch as
+        // well: its destination was told the stream switches (and takes
+        // no pre-copy end), and gets what is left, a few pages, on demand.
+        let switch = switch || o.mode == Mode::Hybrid;
         report.vcpu_throttle_pct = policy.peak().to_vec();
         // The guest stops in a moment: no more slowing down.
         throttle.clear();
@@ -513,7 +517,7 @@ impl Running {
             };
             return self.switch_to_postcopy(o, switch);
         }
-        let st = self.final_round(&mut sender, &mut w, &last, &mut report, &mut down)?;
+        let st = self.final_round(&mut sender, &mut w, &last, None, &mut report, &mut down)?;
         w.frame(Kind::State, &[&st])
             .map_err(link("sending the state"))?;
         down.parts.state_us = down.lap();
@@ -561,13 +565,15 @@ impl Running {
 }
 
 impl Running {
-    /// The final round's `pages` out and the state gathered, encoded (the
-    /// VM is paused): how pre-copy ends and post-copy's switch begins.
+    /// The final round's `pages` out and the state (`state`, or gathered
+    /// now), encoded (the VM is paused): how pre-copy ends and post-copy's
+    /// switch begins.
     pub(in crate::vm) fn final_round(
         &self,
         sender: &mut PageSender,
         w: &mut Writer,
         pages: &[u64],
+        state: Option<crate::state::VmState>,
         report: &mut MigrationReport,
         down: &mut Downtime,
     ) -> Result<Vec<u8>, MigrationError> {
@@ -575,9 +581,12 @@ impl Running {
         report.round_pages.push(sent);
         report.rounds += 1;
         down.parts.final_pages_us = down.lap();
-        let st = self
-            .collect_state()
-            .map_err(|e| MigrationError::Host(e.to_string()))?;
+        let st = match state {
+            Some(st) => st,
+            None => self
+                .collect_state()
+                .map_err(|e| MigrationError::Host(e.to_string()))?,
+        };
         Ok(postcard::to_allocvec(&st).expect("state types always encode"))
     }
 }

@@ -71,9 +71,29 @@ impl Running {
             hot,
         } = s;
         let image_end = self.vm.image_end;
-        let (pinned, rest): (Vec<u64>, Vec<u64>) = last.into_iter().partition(|&g| g < image_end);
+        let state = self
+            .collect_state()
+            .map_err(|e| MigrationError::Host(e.to_string()))?;
+        // What loading the vCPUs' state touches goes now too: the
+        // destination serves no page on demand before the state is in.
+        let mut touched: Vec<u64> = state
+            .vcpus
+            .iter()
+            .flat_map(|v| crate::vcpu::state::pv_area_pages(&v.msrs))
+            .collect();
+        touched.sort_unstable();
+        let (pinned, rest): (Vec<u64>, Vec<u64>) = last
+            .into_iter()
+            .partition(|&g| g < image_end || touched.binary_search(&g).is_ok());
         // The pinned area is not paged at the destination: it goes now.
-        let st = self.final_round(&mut sender, &mut w, &pinned, &mut report, &mut down)?;
+        let st = self.final_round(
+            &mut sender,
+            &mut w,
+            &pinned,
+            Some(state),
+            &mut report,
+            &mut down,
+        )?;
         w.frame(Kind::State, &[&st])
             .map_err(link("sending the state"))?;
         let end = self.vm.ram.end();
