@@ -17,3 +17,7 @@ wait_for_text() {
     _w=0; while ! grep -qa "$1" "$2" 2>/dev/null && [ $_w -lt "${3:-600}" ]; do sleep 0.1; _w=$((_w+1)); done
     grep -qa "$1" "$2"
 }
+# first_count/last_count LOG: the first or last count the counting guest
+# (linux-state.guest.sh) printed in its console log.
+first_count() { grep -a "GUEST: count" "$1" | head -1 | sed 's/.*count \([0-9]*\).*/\1/'; }
+last_count() { grep -a "GUEST: count" "$1" | tail -1 | sed 's/.*count \([0-9]*\).*/\1/'; }

@@ -22,8 +22,6 @@ for t in tap0 tap1; do
     ip addr add 169.254.1.1/32 dev $t && ip link set $t up
 done
 ip route add 169.254.1.2/32 dev tap0
-last_count() { grep -a "GUEST: count" "$1" | tail -1 | sed 's/.*count \([0-9]*\).*/\1/'; }
-first_count() { grep -a "GUEST: count" "$1" | head -1 | sed 's/.*count \([0-9]*\).*/\1/'; }
 on_disk() { dd if=/tmp/c.img bs=4096 skip=1 count=1 2>/dev/null | head -c 8 | sed 's/^0*//'; }
 
 # start NAME TAP [FLAGS...]: a VM counting, its API at /tmp/NAME.sock.

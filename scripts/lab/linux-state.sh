@@ -8,9 +8,7 @@
 K="--kernel /lab/vmlinuz --initrd /lab/initrd --memory 256M"
 CL="console=ttyS0 reboot=k panic=-1 lab.count=1"
 dd if=/dev/zero of=/tmp/c.img bs=1M count=4 2>/dev/null
-last_count() { grep -a "GUEST: count" "$1" | tail -1 | sed 's/.*count \([0-9]*\).*/\1/'; }
 last_t() { grep -a "GUEST: count" "$1" | tail -1 | sed 's/.* t=\([0-9.]*\).*/\1/'; }
-first_count() { grep -a "GUEST: count" "$1" | head -1 | sed 's/.*count \([0-9]*\).*/\1/'; }
 first_t() { grep -a "GUEST: count" "$1" | head -1 | sed 's/.* t=\([0-9.]*\).*/\1/'; }
 on_disk() { dd if="$1" bs=4096 skip=1 count=1 2>/dev/null | head -c 8 | sed 's/^0*//'; }
 

@@ -4,7 +4,13 @@
 K="--kernel /lab/vmlinuz --initrd /lab/initrd --memory 256M"
 CL="console=ttyS0 reboot=k panic=-1"
 
-timeout 300 hover run $K --vcpus 2 --cmdline "$CL" --console file:/tmp/boot.log --json > /tmp/boot.json 2> /tmp/boot.err
+# Halt polling as for the built-in guest, read in KVM's statistics: this
+# boot with no host-side window, the disk run with 200 us, the network
+# run under the governor.
+# polls FILE: the halt polls KVM attempted, over the vCPUs of a run's JSON.
+polls() { grep -o '"halt_attempted_poll": *[0-9]*' "$1" | awk -F: '{ s += $2 } END { print s + 0 }'; }
+halts() { grep -o '"halt_exits": *[0-9]*' "$1" | awk -F: '{ s += $2 } END { print s + 0 }'; }
+timeout 300 hover run $K --vcpus 2 --halt-poll-ns 0 --cmdline "$CL" --console file:/tmp/boot.log --json > /tmp/boot.json 2> /tmp/boot.err
 echo "LAB: boot exit $?"
 tail -3 /tmp/boot.err | sed 's/^/LAB: stderr: /'
 grep -a "GUEST:" /tmp/boot.log | sed 's/^/LAB: /'
@@ -26,7 +32,7 @@ dd if=/dev/zero of=/tmp/d0.img bs=1M count=1 2>/dev/null
 printf HOSTPATTERN | dd of=/tmp/d0.img bs=4096 seek=1 conv=notrunc 2>/dev/null
 dd if=/dev/zero of=/tmp/d1.img bs=64k count=1 2>/dev/null
 rm -f /tmp/l.sock
-timeout 300 hover run $K --vcpus 1 --disk /tmp/d0.img --disk /tmp/d1.img,readonly,id=ro --cmdline "$CL lab.disks=1" --console file:/tmp/disk.log --json --api-socket /tmp/l.sock > /tmp/disk.json 2> /tmp/disk.err &
+timeout 300 hover run $K --vcpus 1 --halt-poll-ns 200000 --disk /tmp/d0.img --disk /tmp/d1.img,readonly,id=ro --cmdline "$CL lab.disks=1" --console file:/tmp/disk.log --json --api-socket /tmp/l.sock > /tmp/disk.json 2> /tmp/disk.err &
 wait_for /tmp/l.sock
 timeout 60 hover ctl --api-socket /tmp/l.sock --json get > /tmp/get.json 2>&1
 wait $!
@@ -48,7 +54,7 @@ ip addr add 169.254.1.1/16 dev tap0 && ip link set tap0 up
 dd if=/dev/urandom of=/tmp/blob2 bs=64k count=32 2>/dev/null
 nc -l -p 5000 > /tmp/from-guest &
 nc -l -p 5001 -e cat /tmp/blob2 &
-timeout 300 hover run $K --vcpus 1 --net tap=tap0,mac=06:00:ac:10:00:02 --rng off --cmdline "$CL lab.net=1" --console file:/tmp/net.log --json > /tmp/net.json 2> /tmp/net.err &
+timeout 300 hover run $K --vcpus 1 --halt-poll auto --net tap=tap0,mac=06:00:ac:10:00:02 --rng off --cmdline "$CL lab.net=1" --console file:/tmp/net.log --json > /tmp/net.json 2> /tmp/net.err &
 hp=$!
 wait_for_text "GUEST: up" /tmp/net.log
 timeout 60 hover run $K --vcpus 1 --net tap=tap0 --console off > /dev/null 2> /tmp/busy.err
@@ -83,5 +89,10 @@ tty=$?
 echo "LAB: stdio run exit $tty"
 check linux-console-stdio-reaches-the-shell grep -q "^typed-42" /tmp/tty.log
 check linux-console-ctrl-a-x-ends-the-vm sh -c '[ '$tty' = 0 ] && grep -q "shut down" /tmp/tty.log || { tail -5 /tmp/tty.log; cat /tmp/tty.err; false; }'
+h0=$(halts /tmp/boot.json) p0=$(polls /tmp/boot.json) h1=$(halts /tmp/disk.json) p1=$(polls /tmp/disk.json)
+mark "halt polling: window 0: $h0 halts, $p0 polls; 200 us: $h1 halts, $p1 polls; governor: $(grep -o '"decisions": *[0-9]*' /tmp/net.json) $(grep -o '"final_window_ns": *[0-9]*' /tmp/net.json)"
+check linux-halt-poll-window-0-polls-never [ "$h0" -gt 0 -a "$p0" = 0 ]
+check linux-halt-poll-window-polls [ "$p1" -gt 0 ]
+check linux-halt-poll-governor-decides grep -q '"decisions": *[1-9]' /tmp/net.json
 [ $FAILED = 0 ] || { tail -40 /tmp/boot.log; cat /tmp/boot.err; tail -40 /tmp/disk.log; }
 exit $FAILED
