@@ -3,6 +3,12 @@
 # uptime, and writing the count to its disk (4 KiB in, flushed) after
 # printing it. With lab.ping=1 the guest also has 169.254.1.2 on eth0 and
 # pings the L1 (169.254.1.1) before each count, saying whether it answered.
+# With lab.tick=1 it instead prints ticks as fast as its console takes
+# them (restore-vs-qemu.sh: the first line after a restore is at once).
+if grep -q "lab.tick=1" /proc/cmdline; then
+    n=0
+    while true; do n=$((n + 1)); echo "GUEST: tick $n"; done
+fi
 if grep -q "lab.count=1" /proc/cmdline; then
     ping=
     if grep -q "lab.ping=1" /proc/cmdline; then

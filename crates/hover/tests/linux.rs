@@ -41,9 +41,24 @@ fn a_linux_guest_asked_to_poll_loads_cpuidle_haltpoll_with_the_limit_hover_gave(
 
 #[test]
 fn kvm_polls_a_linux_guests_halts_by_the_vms_window_and_the_governor_decides() {
-    assert_ok(&RUN, "linux", "window 0", "linux-halt-poll-window-0-polls-never");
-    assert_ok(&RUN, "linux", "window 200us", "linux-halt-poll-window-polls");
-    assert_ok(&RUN, "linux", "governor", "linux-halt-poll-governor-decides");
+    assert_ok(
+        &RUN,
+        "linux",
+        "window 0",
+        "linux-halt-poll-window-0-polls-never",
+    );
+    assert_ok(
+        &RUN,
+        "linux",
+        "window 200us",
+        "linux-halt-poll-window-polls",
+    );
+    assert_ok(
+        &RUN,
+        "linux",
+        "governor",
+        "linux-halt-poll-governor-decides",
+    );
 }
 
 #[test]

@@ -1,0 +1,1 @@
+linux-state.guest.sh
