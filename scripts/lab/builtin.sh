@@ -8,9 +8,17 @@ check spin-2-vcpus $H run --vcpus 2 --cmdline "workload=spin seconds=1" --consol
 # Under a budget smaller than the touched memory: the pager evicts and
 # brings pages back, and the guest's checksums hold. Without async PF here,
 # for the lab's sake (see start_kvstore below).
-check memtouch-budget sh -c '
-    timeout 300 hover run --memory 128M --memory-budget 32M --async-pf off --cmdline "workload=memtouch size=48M" --console off --stats > /tmp/mt.out 2>&1 || { tail -20 /tmp/mt.out; exit 1; }
-    grep -q "guest exited with code 0" /tmp/mt.out && grep -E "evicted|pager:" /tmp/mt.out | head -2'
+# A run that a vCPU's triple fault ends is tried once more, saying so: the
+# lab's emulated SVM now and then triple-faults a vCPU (docs/LAB.md, "Found
+# in the lab"); twice fails the check.
+memtouch() {
+    timeout 300 hover run --memory 128M --memory-budget 32M --async-pf off --cmdline "workload=memtouch size=48M" --console off --stats > /tmp/mt.out 2>&1
+}
+memtouch_ok() {
+    memtouch || { grep -q "triple fault" /tmp/mt.out && mark "memtouch: a vCPU triple-faulted; once more" && memtouch; } || { tail -20 /tmp/mt.out; return 1; }
+    grep -q "guest exited with code 0" /tmp/mt.out && grep -E "evicted|pager:" /tmp/mt.out | head -2
+}
+check memtouch-budget memtouch_ok
 
 # start_kvstore SECONDS: a kvstore guest with an API socket at /tmp/a.sock.
 # Without async PF: with it, a lazy restore hangs now and then in the lab

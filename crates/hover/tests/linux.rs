@@ -47,12 +47,7 @@ fn kvm_polls_a_linux_guests_halts_by_the_vms_window_and_the_governor_decides() {
         "window 0",
         "linux-halt-poll-window-0-polls-never",
     );
-    assert_ok(
-        &RUN,
-        "linux",
-        "window 200us",
-        "linux-halt-poll-window-polls",
-    );
+    assert_ok(&RUN, "linux", "window 10ms", "linux-halt-poll-window-polls");
     assert_ok(
         &RUN,
         "linux",
