@@ -50,16 +50,34 @@ for mode in eager lazy prefetch; do
     check "restore-$mode" sh -c "timeout 300 hover restore /tmp/vm.snap --memory-restore $mode --console off > /tmp/r.out 2>&1 || { tail -15 /tmp/r.out; exit 1; }; grep -q 'guest exited with code 0' /tmp/r.out"
 done
 
-for mode in precopy postcopy; do
+# migrate_mode MODE: a kvstore guest moved to a `hover receive`; writes
+# "MIGRATE-EXIT GUEST-ENDED-EXIT" to /tmp/mig.rc.
+migrate_mode() {
     rm -f /tmp/in.sock
-    $H receive --listen unix:/tmp/in.sock --console off > /tmp/recv.out 2>&1 &
+    timeout 150 hover receive --listen unix:/tmp/in.sock --console off > /tmp/recv.out 2>&1 &
     recv=$!
     wait_for /tmp/in.sock
     start_kvstore 8
     src=$!
     sleep 1
-    check "migrate-$mode" sh -c "timeout 300 hover ctl --api-socket /tmp/a.sock migrate --to unix:/tmp/in.sock --mode $mode --verify > /tmp/mig.out 2>&1 || { cat /tmp/mig.out; exit 1; }"
+    timeout 150 hover ctl --api-socket /tmp/a.sock migrate --to unix:/tmp/in.sock --mode "$1" --verify > /tmp/mig.out 2>&1
+    mig=$?
+    [ $mig = 0 ] || cat /tmp/mig.out
     wait $src
-    check "migrate-$mode-guest-ends" ended_ok $recv /tmp/recv.out
+    ended_ok $recv /tmp/recv.out
+    echo "$mig $?" > /tmp/mig.rc
+}
+# A migration that succeeded but whose guest never ended at the
+# destination is tried once more, saying so: the lab's emulated SVM now and
+# then leaves a vCPU spinning (docs/LAB.md, "Found in the lab"); twice
+# fails the check.
+for mode in precopy postcopy; do
+    migrate_mode $mode
+    if [ "$(cut -d' ' -f1 /tmp/mig.rc)" = 0 ] && [ "$(cut -d' ' -f2 /tmp/mig.rc)" != 0 ]; then
+        mark "migrate-$mode: the guest did not end at the destination; once more"
+        migrate_mode $mode
+    fi
+    check "migrate-$mode" [ "$(cut -d' ' -f1 /tmp/mig.rc)" = 0 ]
+    check "migrate-$mode-guest-ends" [ "$(cut -d' ' -f2 /tmp/mig.rc)" = 0 ]
 done
 exit $FAILED
