@@ -73,6 +73,8 @@ while [ $r -le "$ROUNDS" ]; do
     for w in $order; do
         case $w in qemu) t=$(qemu_restore) ;; *) t=$(hover_restore $w) ;; esac
         eval "t_$w=$t"
+        case $w in qemu) e=/tmp/q.err ;; *) e=/tmp/h-$w.err ;; esac
+        [ "$t" = none ] && tail -5 "$e" | sed "s/^/LAB: $w: /"
     done
     mark "round $r ms to the first line: eager $t_eager lazy $t_lazy prefetch $t_prefetch qemu $t_qemu; ratios to QEMU $(awk -v e="$t_eager" -v l="$t_lazy" -v p="$t_prefetch" -v q="$t_qemu" 'BEGIN { if (q + 0 > 0) printf "%.2f %.2f %.2f", e / q, l / q, p / q; else print "none" }')"
     r=$((r + 1))
