@@ -21,3 +21,9 @@ wait_for_text() {
 # (linux-state.guest.sh) printed in its console log.
 first_count() { grep -a "GUEST: count" "$1" | head -1 | sed 's/.*count \([0-9]*\).*/\1/'; }
 last_count() { grep -a "GUEST: count" "$1" | tail -1 | sed 's/.*count \([0-9]*\).*/\1/'; }
+# lab_number NAME DEFAULT: the number the L1's command line gives as
+# lab.NAME= (LAB_APPEND), or DEFAULT.
+lab_number() {
+    _v=$(sed -n "s/.*lab\.$1=\([0-9]*\).*/\1/p" "${LAB_CMDLINE:-/proc/cmdline}")
+    echo "${_v:-$2}"
+}

@@ -7,8 +7,8 @@
 # the guest's "page ready" interrupts (HYP in /proc/interrupts), the
 # pager's faults. Ratios only: TCG (docs/LAB.md).
 . /lab/lib.sh
-R=$(sed -n 's/.*lab.rounds=\([0-9]*\).*/\1/p' /proc/cmdline); R=${R:-2}
-T=$(sed -n 's/.*lab.seconds=\([0-9]*\).*/\1/p' /proc/cmdline); T=${T:-20}
+R=$(lab_number rounds 2)
+T=$(lab_number seconds 20)
 K="--kernel /lab/vmlinuz --initrd /lab/initrd --memory 256M --vcpus 2 --memory-budget 96M --rng off"
 CL="console=ttyS0 reboot=k panic=-1 lab.bm=4,4,$T,167772160"
 num() { grep -o "\"$1\": *[0-9]*" "$2" | head -1 | sed 's/.*: *//'; }

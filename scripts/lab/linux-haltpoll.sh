@@ -8,10 +8,10 @@
 # order rotated each round); each line: the writes' time, KVM's halt and
 # poll counts, the guest's polls. Ratios only: TCG (docs/LAB.md).
 . /lab/lib.sh
-R=$(sed -n 's/.*lab.rounds=\([0-9]*\).*/\1/p' /proc/cmdline); R=${R:-3}
-N=$(sed -n 's/.*lab.writes=\([0-9]*\).*/\1/p' /proc/cmdline); N=${N:-300}
+R=$(lab_number rounds 3)
+N=$(lab_number writes 300)
 # The host's window and the guest's limit, microseconds (lab.window=).
-W=$(sed -n 's/.*lab.window=\([0-9]*\).*/\1/p' /proc/cmdline); W=${W:-200}
+W=$(lab_number window 200)
 K="--kernel /lab/vmlinuz-6.12 --initrd /lab/initrd --memory 256M --vcpus 1"
 CL="console=ttyS0 reboot=k panic=-1 lab.writes=$N"
 dd if=/dev/zero of=/tmp/d.img bs=1M count=16 2>/dev/null

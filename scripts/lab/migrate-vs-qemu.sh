@@ -11,7 +11,7 @@
 # Ratios only: TCG distorts absolute times (docs/LAB.md).
 . /lab/lib.sh
 export LD_LIBRARY_PATH=/lab/qemu/lib
-ROUNDS=$(sed -n 's/.*lab.rounds=\([0-9]*\).*/\1/p' /proc/cmdline); ROUNDS=${ROUNDS:-3}
+ROUNDS=$(lab_number rounds 3)
 CL="console=ttyS0 reboot=k panic=-1 lab.count=1"
 mark "peer: $(cat /lab/qemu/version)"
 dd if=/dev/zero of=/tmp/h.img bs=1M count=4 2>/dev/null

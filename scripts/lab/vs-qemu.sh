@@ -14,7 +14,7 @@
 # and per round the ratios Hover/QEMU (below 1: Hover faster).
 . /lab/lib.sh
 export LD_LIBRARY_PATH=/lab/qemu/lib
-ROUNDS=$(sed -n 's/.*lab.rounds=\([0-9]*\).*/\1/p' /proc/cmdline); ROUNDS=${ROUNDS:-5}
+ROUNDS=$(lab_number rounds 5)
 CL="console=ttyS0 reboot=k panic=-1 lab.blk=1"
 mark "peer: $(cat /lab/qemu/version)"
 dd if=/dev/zero of=/tmp/h.img bs=1M count=64 2>/dev/null
