@@ -11,7 +11,8 @@
 # Environment: HOVER (the hover binary to put in the L1; default
 # target/release/hover), LAB_TIMEOUT (seconds before a run is killed; 600),
 # LAB_OUT (folder for a run's console and result; a new one under
-# target/lab/runs by default), LAB_MEM (the L1's RAM; 3G).
+# target/lab/runs by default), LAB_MEM (the L1's RAM; 3G), LAB_KEEP (keep the
+# run's L1 root and initramfs, removed after the run otherwise).
 #
 # `run` prints the L1's console lines the scenario marked with "LAB: " and
 # ends with the scenario's own exit status (0 when it passed), 124 when the
@@ -213,6 +214,9 @@ run() { # SCENARIO
     timeout --foreground -k 10 "${LAB_TIMEOUT:-600}" bash -c "$(declare -f boot_l1 QEMU_BIN); LAB='$LAB' WORK='$WORK' LAB_MEM='${LAB_MEM:-}' LAB_TIMEOUT='${LAB_TIMEOUT:-600}' boot_l1 -serial file:'$WORK/console.log' -monitor none" \
         > "$WORK/qemu.log" 2>&1 || rc=$?
     tr -d '\r' < "$WORK/console.log" > "$WORK/console.txt" 2>/dev/null || true
+    # The L1's root and initramfs are rebuilt by every run (~100-200 MB
+    # each); the console and logs are what a reader needs afterwards.
+    [ -n "${LAB_KEEP:-}" ] || rm -rf "$WORK/l1-root" "$WORK/l1.cpio" "$WORK/guest-root"
     grep -a '^LAB: ' "$WORK/console.txt" || true
     local verdict
     verdict=$(grep -a '^LAB-RESULT ' "$WORK/console.txt" | tail -1 | awk '{print $2}' || true)
