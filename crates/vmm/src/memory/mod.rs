@@ -2,6 +2,7 @@
 //! memory by default, a memfd on request so another process can map it).
 
 pub mod aio;
+pub mod discard;
 pub mod host_writes;
 pub mod paged;
 pub mod store;

@@ -17,6 +17,9 @@
 //!   moved pages are dropped. A store error puts the pages back and stops
 //!   the VM: no access is ever served wrong data.
 //!
+//! - a page the guest gave up (a balloon; `discard`) leaves RAM and the
+//!   store, and comes back as zeros.
+//!
 //! Page states: ABSENT (never touched) -> FETCHING -> RESIDENT -> EVICTING ->
 //! STORED -> FETCHING -> ... A fault that arrives while its page is being
 //! evicted marks it WANTED; the evictor queues its fetch when done.
@@ -40,6 +43,7 @@ use super::GuestRam;
 use workers::{fault_loop, start_workers, RawEventFd};
 
 mod delay;
+mod discard;
 mod evict;
 mod place;
 mod prefetch;
@@ -51,6 +55,7 @@ mod zeroed;
 use evict::{Evictor, EVICT_BATCH};
 use zeroed::zeroed;
 
+pub use discard::{Dropped, PagerDiscard};
 pub use place::Placer;
 pub use prefetch::{block_order, BulkSource, LoaderStart, BLOCK_PAGES};
 pub use source::{PageContent, PageReader, PageSource};
@@ -122,6 +127,11 @@ struct Shared {
     ranges: Vec<Range>,
     states: Vec<AtomicU8>,
     stored: Vec<AtomicBool>,
+    /// Pages the guest gave up (`discard`): zeros when next touched, unless
+    /// evicted again since (`stored` comes first).
+    dropped: Vec<AtomicBool>,
+    /// Pages dropped so far.
+    discarded: AtomicU64,
     /// CRC32 of each page as stored, checked when read back: a store that
     /// loses or changes data stops the VM instead of feeding the guest.
     crcs: Vec<std::sync::atomic::AtomicU32>,
@@ -430,6 +440,8 @@ impl Pager {
                 ranges,
                 states: zeroed(pages),
                 stored: zeroed(pages),
+                dropped: zeroed(pages),
+                discarded: AtomicU64::new(0),
                 crcs: zeroed(pages),
                 fifo: Mutex::new(VecDeque::new()),
                 busy: RwLock::new(()),
@@ -508,6 +520,11 @@ impl Pager {
     /// A handle that places pages pushed ahead of the guest's touch.
     pub fn placer(&self) -> Placer {
         Placer::new(self.shared.clone())
+    }
+
+    /// A handle that drops pages the guest gave up (the balloon's).
+    pub fn discarder(&self) -> PagerDiscard {
+        PagerDiscard::new(self.shared.clone())
     }
 
     /// A way to read [`Pager::stats`] from another thread while the pager runs.

@@ -207,6 +207,27 @@ impl PageStore {
         self.file.write_all_at(page, index * PAGE_SIZE)
     }
 
+    /// Free slot `index` (its page was dropped): the file's block goes
+    /// back to the file system. Best effort: a file system without hole
+    /// punching keeps the block, which is never read again.
+    pub fn forget(&self, index: u64) {
+        // SAFETY: fallocate on our own file; no memory is passed.
+        let rc = unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                (index * PAGE_SIZE) as libc::off_t,
+                PAGE_SIZE as libc::off_t,
+            )
+        };
+        if rc != 0 {
+            tracing::debug!(
+                "page store: slot {index} kept: {}",
+                io::Error::last_os_error()
+            );
+        }
+    }
+
     /// Write a batch of pages, each `(slot, page)`: through `aio` when
     /// given (the batch submitted at once), else one `pwrite` each. One
     /// result per page, in order.

@@ -54,6 +54,10 @@ impl Shared {
             }
             return Ok(true);
         }
+        if self.dropped[page].load(Ordering::Acquire) {
+            buf.0.fill(0);
+            return Ok(false);
+        }
         let filled = match &self.source {
             Some(src) => {
                 self.source_reads.fetch_add(1, Ordering::Relaxed);

@@ -47,6 +47,8 @@ pub struct PagerStats {
     /// A prefetching restore's loader: how long it took to place the pages
     /// it was given, milliseconds (`None`: none ran, or it is still running).
     pub prefetch_ms: Option<f64>,
+    /// Pages dropped because the guest gave them up (a balloon).
+    pub discarded_pages: u64,
     /// Guest memory was handed back to the kernel once the prefetch had
     /// loaded it all (no budget): these figures stopped there.
     pub released: bool,
@@ -77,6 +79,7 @@ impl Shared {
             store_direct: sh.store.as_ref().is_some_and(|s| s.is_direct()),
             source_reads: load(&sh.source_reads),
             pushed_pages: load(&sh.pushed),
+            discarded_pages: load(&sh.discarded),
             push_copies: load(&sh.push_copies),
             prefetch_ms: match load(&sh.prefetch_done_us) {
                 0 => None,
