@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use hover_vmm::api::{
-    ApiClient, ApiError, Endpoint, HaltPollRequest, MigrateRequest, SnapshotRequest,
+    ApiClient, ApiError, BalloonRequest, Endpoint, HaltPollRequest, MigrateRequest, SnapshotRequest,
 };
 use hover_vmm::config::boost::{BoostMode, BoostUpdate, BoostWhen};
 
@@ -152,6 +152,17 @@ pub enum CtlAction {
         #[arg(long)]
         keep_us: Option<u64>,
     },
+    /// Set the balloon's target (`--target SIZE`: what the guest gives
+    /// back; 0 returns it all) or its statistics interval (`--stats
+    /// SECONDS`); prints the balloon's report.
+    Balloon {
+        /// What the guest is asked to give back: whole MiB (e.g. 64M, 0).
+        #[arg(long, value_parser = crate::parse::parse_size)]
+        target: Option<u64>,
+        /// Seconds between requests for the guest's statistics (0: none).
+        #[arg(long)]
+        stats: Option<u32>,
+    },
     /// Change halt polling: `--window-ns N`, `--auto [--budget PCT]` or `--kvm-default`.
     HaltPoll {
         /// A fixed maximum window, nanoseconds (0: no polling; at most 10 ms).
@@ -278,6 +289,21 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
             };
             (Endpoint::HaltPoll, Some(to_json(&body)))
         }
+        CtlAction::Balloon { target, stats } => {
+            if target.is_none() && stats.is_none() {
+                eprintln!("hover: error: balloon needs --target SIZE, --stats SECONDS or both");
+                return ExitCode::from(EXIT_BAD_INPUT);
+            }
+            if let Some(t) = target.filter(|t| t % (1 << 20) != 0) {
+                eprintln!("hover: error: --target {t}: give whole MiB (e.g. 64M, 0)");
+                return ExitCode::from(EXIT_BAD_INPUT);
+            }
+            let body = BalloonRequest {
+                target_mib: target.map(|t| t >> 20),
+                stats_polling_interval_s: *stats,
+            };
+            (Endpoint::Balloon, Some(to_json(&body)))
+        }
         CtlAction::Boost {
             mode,
             policy,
@@ -362,6 +388,7 @@ impl CtlArgs {
             CtlAction::Migrate { .. } => "migrate",
             CtlAction::HaltPoll { .. } => "halt-poll",
             CtlAction::Boost { .. } => "boost",
+            CtlAction::Balloon { .. } => "balloon",
             CtlAction::Postcopy => "postcopy",
         }
     }

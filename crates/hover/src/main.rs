@@ -329,6 +329,14 @@ struct RunArgs {
     /// A virtio entropy device for `--kernel` (entropy from the host's getrandom).
     #[arg(long, value_enum, default_value = "on")]
     rng: OnOff,
+    /// A virtio balloon for `--kernel`: `--balloon` alone, or
+    /// `target=SIZE,reporting=on|off,stats=SECONDS,deflate-on-oom=on|off`
+    /// (defaults: target 0, free page reporting on, no statistics polling,
+    /// no deflate on OOM). Pages the guest gives back (inflated or
+    /// reported free) leave host memory at once; `hover ctl balloon`
+    /// changes the target live.
+    #[arg(long, value_name = "[target=SIZE][,reporting=on|off][,stats=SECONDS]", num_args = 0..=1, default_missing_value = "", value_parser = parse::parse_balloon, requires = "kernel")]
+    balloon: Option<hover_vmm::config::BalloonConfig>,
     /// Guest command line: for the built-in guest its workload, e.g.
     /// "workload=hello" (the default); for `--kernel` the kernel's command
     /// line (default "console=ttyS0 reboot=k panic=-1").
@@ -622,6 +630,7 @@ fn run(args: RunArgs) -> ExitCode {
         disks: Vec::new(),
         nets: Vec::new(),
         rng: true,
+        balloon: args.balloon.clone(),
     };
     let mut machine = machine;
     machine.guest_poll_max_ns = match args.guest_halt_poll_max {

@@ -321,6 +321,7 @@ pub fn print_ctl(action: &str, v: &serde_json::Value) {
                 ", and runs on"
             }
         ),
+        "balloon" => out!(w, "{}", balloon_text(v)),
         "halt-poll" => out!(w, "halt polling: {}", v["halt_poll"]),
         "boost" => out!(w, "boosting: {}", v["boost"]),
         "migrate" => out!(
@@ -383,6 +384,10 @@ pub fn print_live(v: &serde_json::Value) {
             p["store_reads"],
             p["evictions"]
         );
+    }
+    let b = &v["balloon"];
+    if !b.is_null() {
+        out!(w, "{}", balloon_text(b));
     }
     let h = &v["halt_poll"];
     if !h.is_null() {
@@ -452,4 +457,27 @@ fn policy_text(p: &serde_json::Value) -> String {
     p.as_str()
         .map(str::to_string)
         .unwrap_or_else(|| p.to_string())
+}
+
+/// One line of a balloon report (`ctl balloon`, `ctl stats`).
+fn balloon_text(b: &serde_json::Value) -> String {
+    let n = |k: &str| b[k].as_u64().unwrap_or(0);
+    let free = b["statistics"]["free_memory"]
+        .as_u64()
+        .map(|f| format!("; the guest has {} free", mib(f)))
+        .unwrap_or_default();
+    format!(
+        "balloon: target {} MiB, the guest holds {} MiB; {} pages dropped ({} inflated, {} reported free in {} reports){}{free}",
+        n("target_mib"),
+        n("actual_mib"),
+        n("dropped_pages"),
+        n("inflated_pages"),
+        n("reported_pages"),
+        n("reports"),
+        if b["free_page_reporting"].as_bool() == Some(true) {
+            ""
+        } else {
+            "; free page reporting off"
+        }
+    )
 }

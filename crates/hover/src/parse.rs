@@ -78,6 +78,41 @@ pub fn parse_net(s: &str) -> Result<NetArg, String> {
     Ok(NetArg { tap, mac, id })
 }
 
+/// Parse a `--balloon` value: `[target=SIZE][,reporting=on|off]
+/// [,stats=SECONDS][,deflate-on-oom=on|off]` (empty: the defaults).
+pub fn parse_balloon(s: &str) -> Result<hover_vmm::config::BalloonConfig, String> {
+    let mut b = hover_vmm::config::BalloonConfig::default();
+    let on_off = |k: &str, v: &str| match v {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("'{k}={v}': give on or off")),
+    };
+    for p in s.split(',').filter(|p| !p.is_empty()) {
+        match p.split_once('=') {
+            Some(("target", v)) => {
+                let bytes = parse_size(v)?;
+                if bytes % (1 << 20) != 0 {
+                    return Err(format!("'target={v}': give whole MiB (e.g. 64M)"));
+                }
+                b.target_mib = bytes >> 20;
+            }
+            Some(("reporting", v)) => b.free_page_reporting = on_off("reporting", v)?,
+            Some(("deflate-on-oom", v)) => b.deflate_on_oom = on_off("deflate-on-oom", v)?,
+            Some(("stats", v)) => {
+                b.stats_interval_s = v.trim_end_matches('s').parse().map_err(|_| {
+                    format!("'stats={v}': give whole seconds between statistics requests (0: none)")
+                })?
+            }
+            _ => {
+                return Err(format!(
+                    "'{p}': the balloon takes target=SIZE, reporting=on|off, stats=SECONDS and deflate-on-oom=on|off"
+                ))
+            }
+        }
+    }
+    Ok(b)
+}
+
 /// A duration such as `0`, `500ns`, `100us`, `2ms`, `1.5ms`, `1s` or
 /// `10m` (at most an hour).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -105,6 +140,28 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn balloon_values_parse_and_bad_ones_say_what_is_taken() {
+        let d = parse_balloon("").unwrap();
+        assert_eq!(d, hover_vmm::config::BalloonConfig::default());
+        assert!(d.free_page_reporting, "reporting on by default");
+        let b = parse_balloon("target=64M,reporting=off,stats=5,deflate-on-oom=on").unwrap();
+        assert_eq!(
+            (
+                b.target_mib,
+                b.free_page_reporting,
+                b.stats_interval_s,
+                b.deflate_on_oom
+            ),
+            (64, false, 5, true)
+        );
+        assert_eq!(parse_balloon("stats=2s").unwrap().stats_interval_s, 2);
+        for bad in ["target=100K", "reporting=yes", "stats=-1", "size=1M", "x"] {
+            let e = parse_balloon(bad).unwrap_err();
+            assert!(e.contains(bad.split('=').next().unwrap()), "{bad}: {e}");
+        }
+    }
     use hover_vmm::config::size_text;
 
     #[test]

@@ -27,7 +27,9 @@ pub use server::ApiServer;
 
 pub use slot::ApiSlot;
 
-pub use requests::{HaltPollRequest, MigrateRequest, SnapshotRequest, DEFAULT_HOT_WINDOW_MS};
+pub use requests::{
+    BalloonRequest, HaltPollRequest, MigrateRequest, SnapshotRequest, DEFAULT_HOT_WINDOW_MS,
+};
 
 use requests::{parse_body, ApiFailure};
 
@@ -112,6 +114,9 @@ pub struct LiveSources {
     pub io: Arc<PvioDevice>,
     /// The guest's own halt polling (`idle=haltpoll`).
     pub guest_poll: Option<Box<dyn Fn() -> GuestPoll + Send + Sync>>,
+    /// The balloon's control and whether it offers free page reporting,
+    /// if the VM has a balloon.
+    pub balloon: Option<(Arc<crate::devices::virtio::balloon::BalloonControl>, bool)>,
     /// When the vCPUs started.
     pub started: Instant,
 }
@@ -137,6 +142,8 @@ pub struct LiveStats {
     pub boost: Option<crate::sched::boost::BoostReport>,
     /// The I/O device, once the guest has set it up.
     pub io: Option<PvioStats>,
+    /// The balloon, if the VM has one.
+    pub balloon: Option<crate::devices::virtio::balloon::BalloonReport>,
 }
 
 impl LiveSources {
@@ -157,6 +164,7 @@ impl LiveSources {
             guest_halt_poll: self.guest_poll.as_ref().map(|f| f()),
             boost: self.boost.as_ref().map(|b| b.report()),
             io: self.io.stats(),
+            balloon: self.balloon.as_ref().map(|(b, r)| b.report(*r)),
         }
     }
 }
@@ -300,6 +308,17 @@ fn route(ctx: &Routes, method: &str, url: &str, body: &[u8]) -> Result<Answer, A
             no_body()?;
             ctx.controller.switch_to_postcopy()?;
             Ok(json(200, &ctx.controller.info()))
+        }
+        Endpoint::Balloon => {
+            let r: requests::BalloonRequest = parse_body(body)?;
+            let Some((b, reporting)) = &ctx.sources.balloon else {
+                return Err(ApiFailure::new(
+                    400,
+                    "this VM has no balloon (hover run --balloon)".into(),
+                ));
+            };
+            r.apply(b)?;
+            Ok(json(200, &b.report(*reporting)))
         }
         Endpoint::Stats => Ok(json(200, &ctx.sources.snapshot())),
         Endpoint::Metrics => Ok((

@@ -177,6 +177,41 @@ impl MigrateRequest {
     }
 }
 
+/// The body of `PUT /vm/balloon` (the server reads it, `hover ctl
+/// balloon` writes it): either field or both.
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BalloonRequest {
+    /// What the guest is asked to give back, MiB.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target_mib: Option<u64>,
+    /// Seconds between requests for the guest's statistics (0: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stats_polling_interval_s: Option<u32>,
+}
+
+impl BalloonRequest {
+    pub(super) fn apply(
+        &self,
+        b: &crate::devices::virtio::balloon::BalloonControl,
+    ) -> Result<(), ApiFailure> {
+        if self.target_mib.is_none() && self.stats_polling_interval_s.is_none() {
+            return Err(ApiFailure::bad(
+                "target_mib",
+                "give target_mib, stats_polling_interval_s or both".into(),
+            ));
+        }
+        if let Some(mib) = self.target_mib {
+            b.set_target_mib(mib)
+                .map_err(|e| ApiFailure::bad("target_mib", e))?;
+        }
+        if let Some(s) = self.stats_polling_interval_s {
+            b.set_stats_interval(s);
+        }
+        Ok(())
+    }
+}
+
 /// The body of `PUT /vm/halt-poll` (the server reads it, `hover ctl`
 /// writes it).
 #[derive(Debug, Deserialize, Serialize)]

@@ -31,13 +31,16 @@ pub enum Endpoint {
     /// `PUT /vm/dirty-log` `{"dirty_tracking": ..., "seconds": ...}`: track
     /// dirty pages for a while, nothing sent.
     DirtyLog,
+    /// `PUT /vm/balloon` `{"target_mib": ..., "stats_polling_interval_s": ...}`:
+    /// the balloon's target and statistics interval; answers its report.
+    Balloon,
     /// `GET /metrics`: Prometheus text exposition.
     Metrics,
 }
 
 impl Endpoint {
     /// Every endpoint, in the order docs/api.yaml lists them.
-    pub const ALL: [Endpoint; 12] = [
+    pub const ALL: [Endpoint; 13] = [
         Endpoint::Info,
         Endpoint::Pause,
         Endpoint::Resume,
@@ -49,6 +52,7 @@ impl Endpoint {
         Endpoint::Migrate,
         Endpoint::Postcopy,
         Endpoint::DirtyLog,
+        Endpoint::Balloon,
         Endpoint::Metrics,
     ];
 
@@ -74,6 +78,7 @@ impl Endpoint {
             Endpoint::Migrate => "/vm/migrate",
             Endpoint::Postcopy => "/vm/migrate/postcopy",
             Endpoint::DirtyLog => "/vm/dirty-log",
+            Endpoint::Balloon => "/vm/balloon",
             Endpoint::Metrics => "/metrics",
         }
     }

@@ -1,6 +1,7 @@
 //! What a Linux guest's kernel and devices are to the VM: the kernel and
 //! initrd to boot, each disk's id and read-only flag, each network card's
-//! MAC. The files and taps behind them are the host's (`HostConfig`).
+//! MAC, the balloon. The files and taps behind them are the host's
+//! (`HostConfig`).
 
 use std::path::PathBuf;
 
@@ -9,6 +10,33 @@ use serde::{Deserialize, Serialize};
 /// How many virtio devices a VM may have: one IOAPIC pin each, from pin 5
 /// (0-4 are the PC's timer, keyboard, cascade and serial lines) to 23.
 pub const MAX_VIRTIO_DEVICES: usize = 19;
+
+/// A virtio balloon (`--balloon`, Firecracker's `PUT /balloon`): what the
+/// guest is first asked to give back, and what the device offers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BalloonConfig {
+    /// The first target, MiB (0: the guest keeps all its memory until a
+    /// target is set).
+    pub target_mib: u64,
+    /// Offer free page reporting (the guest names its free memory, which
+    /// the host drops).
+    pub free_page_reporting: bool,
+    /// Let the guest deflate when it runs out of memory.
+    pub deflate_on_oom: bool,
+    /// Seconds between requests for the guest's statistics (0: none).
+    pub stats_interval_s: u32,
+}
+
+impl Default for BalloonConfig {
+    fn default() -> Self {
+        BalloonConfig {
+            target_mib: 0,
+            free_page_reporting: true,
+            deflate_on_oom: false,
+            stats_interval_s: 0,
+        }
+    }
+}
 
 /// A Linux kernel to boot and its initrd.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -166,6 +166,9 @@ pub struct MachineConfig {
     /// Whether a Linux guest gets a virtio entropy device (default on).
     #[serde(default = "rng_default")]
     pub rng: bool,
+    /// A Linux guest's virtio balloon, if it has one (`--balloon`).
+    #[serde(default)]
+    pub balloon: Option<super::devices::BalloonConfig>,
 }
 
 /// The guest-poll limit a guest gets unless told (`--guest-halt-poll-max`):
@@ -205,22 +208,32 @@ impl Default for MachineConfig {
             disks: Vec::new(),
             nets: Vec::new(),
             rng: rng_default(),
+            balloon: None,
         }
     }
 }
 
 impl MachineConfig {
-    /// The virtio devices a Linux guest gets: its disks, then the entropy
-    /// device; each needs an interrupt line, and a disk id is unique and
+    /// The virtio devices a Linux guest gets: its disks, network cards,
+    /// the entropy device and the balloon; each needs an interrupt line, and a disk id is unique and
     /// fits the 20 bytes of virtio-blk's get-id.
     fn check_devices(&self) -> Result<(), ConfigError> {
-        let devices =
-            self.disks.len() + self.nets.len() + usize::from(self.rng && self.guest.is_linux());
-        let has_devices = !self.disks.is_empty() || !self.nets.is_empty();
+        let devices = crate::devices::virtio::device_count(self);
+        let has_devices = !self.disks.is_empty() || !self.nets.is_empty() || self.balloon.is_some();
         if has_devices && !self.guest.is_linux() {
             return Err(ConfigError::Devices(
-                "--disk and --net need --kernel: the built-in guest has no virtio drivers".into(),
+                "--disk, --net and --balloon need --kernel: the built-in guest has no virtio drivers"
+                    .into(),
             ));
+        }
+        if let Some(b) = &self.balloon {
+            if b.target_mib.saturating_mul(1 << 20) > self.memory {
+                return Err(ConfigError::Devices(format!(
+                    "--balloon target={} MiB: more than the guest's {} MiB of memory",
+                    b.target_mib,
+                    self.memory >> 20
+                )));
+            }
         }
         super::devices::check_device_ids("network card", self.nets.iter().map(|n| n.id.as_str()))
             .map_err(ConfigError::Devices)?;

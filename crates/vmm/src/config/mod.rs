@@ -18,7 +18,7 @@ use hover_abi::cmdline::CmdlineError;
 use hover_abi::workload::{self, ParamKind, WorkloadError};
 
 pub use boost::{BoostConfig, BoostMode, BoostPolicy, BoostTuning, BoostUpdate, BoostWhen};
-pub use devices::{DiskConfig, LinuxBoot, NetConfig, MAX_VIRTIO_DEVICES};
+pub use devices::{BalloonConfig, DiskConfig, LinuxBoot, NetConfig, MAX_VIRTIO_DEVICES};
 pub use error::ConfigError;
 pub use halt_poll::HaltPoll;
 pub use host::{ConsoleTarget, HostConfig, PageStore, SeccompMode, SharedBuffer};

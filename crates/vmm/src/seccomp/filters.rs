@@ -253,8 +253,10 @@ fn allow_list(kind: Kind) -> Vec<Allow> {
             // Its eventfds (epoll, read), disks (positional reads and
             // writes, fdatasync; a seek and a read straight into guest
             // memory for a request's data); entropy comes from getrandom
-            // (base).
+            // (base). The balloon drops pages (madvise, base) and frees
+            // their page-store slots (fallocate, punching holes).
             v.extend(any(&[
+                libc::SYS_fallocate,
                 libc::SYS_lseek,
                 libc::SYS_epoll_wait,
                 libc::SYS_epoll_pwait,

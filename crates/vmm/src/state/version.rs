@@ -4,4 +4,6 @@
 /// The format version this build writes and reads.
 /// 5 (2026-11-27): a VM's disks, network cards (with ids) and entropy
 /// device in its configuration, the PIT, and each virtio transport.
-pub const FORMAT_VERSION: u32 = 5;
+/// 6 (2026-11-28): the balloon in the configuration, a virtio device's
+/// own state beside its transport's.
+pub const FORMAT_VERSION: u32 = 6;

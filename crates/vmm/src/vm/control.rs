@@ -275,9 +275,11 @@ fn device_info(m: &crate::config::MachineConfig) -> Vec<DeviceInfo> {
         ("net", Some(mac.join(":")), None)
     });
     let rng = m.rng.then_some(("rng", None, None));
+    let balloon = m.balloon.as_ref().map(|_| ("balloon", None, None));
     disks
         .chain(nets)
         .chain(rng)
+        .chain(balloon)
         .enumerate()
         .map(|(i, (kind, id, readonly))| DeviceInfo {
             kind,

@@ -17,6 +17,7 @@ use crate::devices::control::ControlDevice;
 use crate::devices::msi::MsiInjector;
 use crate::devices::pvio::PvioDevice;
 use crate::devices::serial::{ConsoleSink, IrqTrigger, LineBoost, SerialConsole};
+use crate::devices::virtio::balloon::{Balloon, BalloonControl, BalloonReport};
 use crate::devices::virtio::block::{open_disk, Block};
 use crate::devices::virtio::io_thread::{IoThread, Served};
 use crate::devices::virtio::mmio::MmioTransport;
@@ -24,7 +25,9 @@ use crate::devices::virtio::net::{open_tap, Net};
 use crate::devices::virtio::rng::Rng;
 use crate::devices::virtio::{self, VirtioDevice, VirtioSlot};
 use crate::devices::Devices;
+use crate::memory::discard::Discarder;
 use crate::memory::host_writes::{DeviceMemory, GuestWriter, HostWrites};
+use crate::memory::paged::PagerDiscard;
 use crate::memory::GuestRam;
 use crate::sched::boost::Booster;
 use crate::state::DevicesState;
@@ -45,6 +48,10 @@ pub(crate) struct DeviceManager {
     virtio_io: Option<IoThread>,
     /// Each disk's size, in the order of the configuration's disks.
     disk_sizes: Vec<u64>,
+    /// The balloon's control, and whether it offers free page reporting.
+    balloon: Option<(Arc<BalloonControl>, bool)>,
+    /// How the balloon drops pages (told of the pager when there is one).
+    discarder: Arc<Discarder>,
     /// Whether standard input is typed to the console (`--console stdio`).
     stdio: bool,
     /// The thread doing it, while the VM runs.
@@ -102,7 +109,28 @@ impl DeviceManager {
             .with_limits(config.host.limits)
             .with_pvio(pvio.clone())
             .with_booster(booster.clone());
-        let (virtio, virtio_io, disk_sizes) = virtio_devices(fd, &device_memory, config)?;
+        let discarder =
+            Arc::new(
+                Discarder::new(ram, host_writes.clone()).map_err(|source| Error::Host {
+                    what: "find guest memory for the balloon",
+                    source,
+                })?,
+            );
+        let balloon = match &config.machine.balloon {
+            Some(b) => Some((
+                BalloonControl::new(b, ram.size()).map_err(|source| Error::Host {
+                    what: "make the balloon's eventfd",
+                    source,
+                })?,
+                b.free_page_reporting,
+            )),
+            None => None,
+        };
+        let extra = Extra {
+            balloon: balloon.as_ref().map(|(c, _)| c.clone()),
+            discarder: discarder.clone(),
+        };
+        let (virtio, virtio_io, disk_sizes) = virtio_devices(fd, &device_memory, config, extra)?;
         let devices = DeviceManager {
             bus: Arc::new(Devices {
                 serial,
@@ -113,6 +141,8 @@ impl DeviceManager {
             host_writes,
             virtio_io,
             disk_sizes,
+            balloon,
+            discarder,
             stdio: matches!(config.host.console, ConsoleTarget::Stdio),
             console_in: None,
         };
@@ -157,6 +187,23 @@ impl DeviceManager {
         self.bus.control.resume();
     }
 
+    /// From now on the balloon drops pages the pager serves through it
+    /// (`None`: no pager, or it let guest memory go).
+    pub(crate) fn attach_pager(&self, pager: Option<PagerDiscard>) {
+        self.discarder.attach_pager(pager);
+    }
+
+    /// The balloon's control and whether it offers free page reporting,
+    /// if the VM has a balloon.
+    pub(crate) fn balloon_handle(&self) -> Option<(Arc<BalloonControl>, bool)> {
+        self.balloon.clone()
+    }
+
+    /// What the balloon holds and did, if the VM has one.
+    pub(crate) fn balloon_report(&self) -> Option<BalloonReport> {
+        self.balloon.as_ref().map(|(c, r)| c.report(*r))
+    }
+
     /// Each disk's size in bytes, in the configuration's order.
     pub(crate) fn disk_sizes(&self) -> &[u64] {
         &self.disk_sizes
@@ -189,13 +236,21 @@ impl DeviceManager {
 /// The virtio devices on the bus, the thread serving them, each disk's size.
 type VirtioBus = (Vec<VirtioSlot>, Option<IoThread>, Vec<u64>);
 
-/// A Linux guest's virtio devices (its disks, then the entropy device, as
+/// What devices other than disks and cards are built with.
+struct Extra {
+    balloon: Option<Arc<BalloonControl>>,
+    discarder: Arc<Discarder>,
+}
+
+/// A Linux guest's virtio devices (its disks, cards, the entropy device
+/// and the balloon, as
 /// `virtio::device_count` and the DSDT number them), each with its
 /// notification ioeventfds and irqfd, and the I/O thread serving them.
 fn virtio_devices(
     fd: &Arc<VmFd>,
     memory: &DeviceMemory,
     config: &VmConfig,
+    extra: Extra,
 ) -> Result<VirtioBus, Error> {
     let m = &config.machine;
     if virtio::device_count(m) == 0 {
@@ -226,6 +281,9 @@ fn virtio_devices(
     }
     if m.rng {
         devices.push(Box::<Rng>::default());
+    }
+    if let (Some(b), Some(control)) = (&m.balloon, extra.balloon) {
+        devices.push(Box::new(Balloon::new(b, control, extra.discarder)));
     }
     let host = |what: &'static str| move |e: std::io::Error| Error::Host { what, source: e };
     let kvm = |what: &'static str| {

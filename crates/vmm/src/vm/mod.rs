@@ -271,6 +271,7 @@ impl Vm {
             }
             None => None,
         };
+        devices.attach_pager(pager.as_ref().map(Pager::discarder));
         tracing::debug!(
             vcpus = config.machine.vcpus,
             memory = config.machine.memory,

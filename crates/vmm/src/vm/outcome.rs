@@ -114,6 +114,8 @@ pub struct RunOutcome {
     pub vcpu_histograms: Vec<BTreeMap<String, Vec<u64>>>,
     /// What the pager did (with --memory-budget, or a lazy restore).
     pub pager: Option<PagerStats>,
+    /// What the balloon held and dropped (with --balloon).
+    pub balloon: Option<crate::devices::virtio::balloon::BalloonReport>,
     /// What the halt-poll governor did (with --halt-poll auto).
     pub halt_poll: Option<GovernorReport>,
     /// The guest's own halt polling (when the monitor offered it).
@@ -211,6 +213,7 @@ pub(super) fn collect(
         vcpu_stats,
         vcpu_histograms,
         pager: vm.pager_stats(),
+        balloon: vm.devices.balloon_report(),
         halt_poll: governor,
         guest_halt_poll: vm.guest_poll_areas().and_then(|mem| {
             let g =

@@ -574,6 +574,7 @@ impl Running {
                 Box::new(move || crate::sched::guest_poll::read(&mem, n, &warned))
                     as Box<dyn Fn() -> _ + Send + Sync>
             }),
+            balloon: self.vm.devices.balloon_handle(),
             started,
         }
     }

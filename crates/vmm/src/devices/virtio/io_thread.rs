@@ -168,7 +168,24 @@ fn serve(epoll: &Epoll, devices: &[Served], asked: &EventFd, gate: &Gate, stoppi
     let mut events = vec![EpollEvent::default(); 32];
     let mut announcing = Announcing::default();
     loop {
-        let n = match epoll.wait(announcing.timeout_ms(), &mut events) {
+        let timeout = devices
+            .iter()
+            .filter_map(|d| {
+                d.transport
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .deadline()
+            })
+            .map(|at| {
+                at.saturating_duration_since(Instant::now())
+                    .as_millis()
+                    .min(i32::MAX as u128) as i32
+            })
+            .fold(
+                announcing.timeout_ms(),
+                |t, d| if t < 0 { d } else { t.min(d) },
+            );
+        let n = match epoll.wait(timeout, &mut events) {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => {
@@ -198,6 +215,18 @@ fn serve(epoll: &Epoll, devices: &[Served], asked: &EventFd, gate: &Gate, stoppi
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .announce();
+            }
+        }
+        // Devices whose deadline passed (the balloon's statistics poll).
+        for dev in devices {
+            let mut transport = dev.transport.lock().unwrap_or_else(|p| p.into_inner());
+            if transport.deadline().is_some_and(|at| at <= Instant::now())
+                && transport.backend_event()
+            {
+                drop(transport);
+                if let Err(e) = dev.irq.write(1) {
+                    tracing::warn!("virtio I/O thread: interrupt not raised: {e}");
+                }
             }
         }
         for ev in &events[..n] {

@@ -146,7 +146,10 @@ impl MmioTransport {
     /// notified, if it did.
     pub fn write(&mut self, offset: u64, data: &[u8]) -> Option<u16> {
         if offset >= u64::from(VIRTIO_MMIO_CONFIG) {
-            // No device here has a writable configuration field.
+            if self.running() || self.status & VIRTIO_CONFIG_S_DRIVER != 0 {
+                self.device
+                    .write_config(offset - u64::from(VIRTIO_MMIO_CONFIG), data);
+            }
             return None;
         }
         let Ok(bytes) = <[u8; 4]>::try_from(data) else {
@@ -324,7 +327,17 @@ impl MmioTransport {
         if used {
             self.interrupt_status |= VIRTIO_MMIO_INT_VRING;
         }
-        used
+        let config = self.device.take_config_change();
+        if config {
+            self.interrupt_status |= VIRTIO_MMIO_INT_CONFIG;
+        }
+        used || config
+    }
+
+    /// When a running device next wants [`Self::backend_event`] called
+    /// without its backend waking it.
+    pub fn deadline(&self) -> Option<std::time::Instant> {
+        self.running().then(|| self.device.deadline()).flatten()
     }
 
     /// Serve queue `index` (its notification arrived): whether the driver
@@ -395,6 +408,8 @@ pub struct MmioState {
     pub interrupt_status: u32,
     /// Each queue.
     pub queues: Vec<QueueSave>,
+    /// The device's own state (`VirtioDevice::save_state`; empty for most).
+    pub device: Vec<u8>,
 }
 
 impl MmioTransport {
@@ -422,6 +437,7 @@ impl MmioTransport {
                     event_idx: q.event_idx_enabled(),
                 })
                 .collect(),
+            device: self.device.save_state(),
         }
     }
 
@@ -479,6 +495,7 @@ impl MmioTransport {
             }
             queues.push(queue);
         }
+        self.device.load_state(&s.device)?;
         self.queues = queues;
         self.status = s.status;
         self.driver_features = s.driver_features;

@@ -6,6 +6,7 @@
 //! Rings are walked by the `virtio-queue` crate (its descriptor chains stop
 //! at loops and at addresses outside guest memory).
 
+pub mod balloon;
 pub mod block;
 pub mod io_thread;
 pub mod mmio;
@@ -40,12 +41,13 @@ pub fn gsi(index: usize) -> u32 {
 }
 
 /// How many virtio devices a machine has: its disks, its network cards,
-/// then the entropy device (Linux guests only), in that order on the bus.
+/// the entropy device, then the balloon (Linux guests only), in that order
+/// on the bus.
 pub fn device_count(m: &crate::config::MachineConfig) -> usize {
     if !m.guest.is_linux() {
         return 0;
     }
-    m.disks.len() + m.nets.len() + usize::from(m.rng)
+    m.disks.len() + m.nets.len() + usize::from(m.rng) + usize::from(m.balloon.is_some())
 }
 
 /// `VIRTIO_F_VERSION_1`: every Hover device is a modern (1.x) one.
@@ -117,6 +119,9 @@ pub trait VirtioDevice: Send {
     /// Read its configuration space at `offset` (what lies past its end
     /// reads as zeros).
     fn read_config(&self, offset: u64, data: &mut [u8]);
+    /// A write of the driver's to its configuration space (the balloon's
+    /// `actual`); other devices have no writable field: ignored.
+    fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
     /// Serve every request available on queue `index` of `mem`; whether
     /// any buffer was returned to the driver (then it may be interrupted).
     fn process(&mut self, index: usize, queue: &mut Queue, mem: &TrackedMemory) -> bool;
@@ -131,9 +136,28 @@ pub trait VirtioDevice: Send {
     fn backend_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }
-    /// Its backend became ready: whether any buffer was returned.
+    /// Its backend became ready, or its [`Self::deadline`] passed:
+    /// whether any buffer was returned.
     fn backend_ready(&mut self, _queues: &mut [Queue], _mem: &TrackedMemory) -> bool {
         false
+    }
+    /// When the device next wants [`Self::backend_ready`] called without
+    /// its backend waking it (the balloon's statistics poll).
+    fn deadline(&self) -> Option<std::time::Instant> {
+        None
+    }
+    /// Whether its configuration changed since last asked (the driver then
+    /// gets a configuration interrupt).
+    fn take_config_change(&mut self) -> bool {
+        false
+    }
+    /// Its own state beyond the transport's, for a snapshot (none: empty).
+    fn save_state(&self) -> Vec<u8> {
+        Vec::new()
+    }
+    /// Take up [`Self::save_state`]'s bytes.
+    fn load_state(&mut self, _state: &[u8]) -> Result<(), String> {
+        Ok(())
     }
 }
 
