@@ -58,7 +58,9 @@ fn every_documented_endpoint_answers_on_the_live_server() {
     // Before the start: queries answer 200, and each device is refused.
     for (m, p) in ENDPOINTS.iter().filter(|(m, _)| *m == "GET") {
         let (status, body) = req(s, m, p, "");
-        assert_eq!(status, 200, "{m} {p}: {body}");
+        // This microVM has no balloon (Hover's own guest has no drivers).
+        let want = if p.starts_with("/balloon") { 400 } else { 200 };
+        assert_eq!(status, want, "{m} {p}: {body}");
     }
     for (path, _) in DEVICES {
         for method in ["GET", "PUT", "PATCH"] {

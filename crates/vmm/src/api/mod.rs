@@ -196,6 +196,11 @@ impl Routes {
         &self.controller
     }
 
+    /// The VM's balloon and whether it reports free pages, if it has one.
+    pub fn balloon(&self) -> Option<(Arc<crate::devices::virtio::balloon::BalloonControl>, bool)> {
+        self.sources.balloon.clone()
+    }
+
     /// The VM's live figures (`GET /vm/stats`).
     pub fn live(&self) -> LiveStats {
         self.sources.snapshot()

@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::models::{Drive, EntropyDevice, NetworkInterface};
+use super::models::{Balloon, Drive, EntropyDevice, NetworkInterface};
 use crate::config::{DiskConfig, HostConfig, MachineConfig, NetConfig, MAX_VIRTIO_DEVICES};
 use crate::devices::virtio::block::open_disk;
 use crate::devices::virtio::net::{default_mac, parse_mac};
@@ -21,6 +21,8 @@ pub(super) struct LinuxDevices {
     pub(super) nets: Vec<NetworkInterface>,
     /// The entropy device, if one was asked for.
     pub(super) entropy: Option<EntropyDevice>,
+    /// The balloon, if one was asked for.
+    pub(super) balloon: Option<Balloon>,
 }
 
 fn refuse_limiter(what: &str, given: &Option<serde_json::Value>) -> Result<(), String> {
@@ -44,11 +46,18 @@ fn same_id(kind: &str, in_path: &str, in_body: &str) -> Result<(), String> {
 impl LinuxDevices {
     /// Whether any device was configured.
     pub(super) fn is_empty(&self) -> bool {
-        self.drives.is_empty() && self.nets.is_empty() && self.entropy.is_none()
+        self.drives.is_empty()
+            && self.nets.is_empty()
+            && self.entropy.is_none()
+            && self.balloon.is_none()
     }
 
     fn count_with(&self, extra: usize) -> Result<(), String> {
-        let n = self.drives.len() + self.nets.len() + usize::from(self.entropy.is_some()) + extra;
+        let n = self.drives.len()
+            + self.nets.len()
+            + usize::from(self.entropy.is_some())
+            + usize::from(self.balloon.is_some())
+            + extra;
         if n > MAX_VIRTIO_DEVICES {
             return Err(format!(
                 "{n} devices: Hover gives a guest at most {MAX_VIRTIO_DEVICES} (one interrupt line each)"
@@ -164,6 +173,30 @@ impl LinuxDevices {
         Ok(())
     }
 
+    /// `PUT /balloon` (before the start; again: replaced). Free page
+    /// hinting is refused (Hover's balloon reports free pages instead).
+    pub(super) fn put_balloon(&mut self, b: Balloon) -> Result<(), String> {
+        if b.free_page_hinting == Some(true) {
+            return Err("free_page_hinting: Hover's balloon does not hint; give free_page_reporting: true (the guest reports its free pages, which Hover drops)".into());
+        }
+        if self.balloon.is_none() {
+            self.count_with(1)?;
+        }
+        self.balloon = Some(b);
+        Ok(())
+    }
+
+    /// `PATCH /balloon` before the start: a new target.
+    pub(super) fn patch_balloon(&mut self, amount_mib: u64) -> Result<(), String> {
+        match &mut self.balloon {
+            Some(b) => {
+                b.amount_mib = amount_mib;
+                Ok(())
+            }
+            None => Err("there is no balloon: PUT /balloon first".into()),
+        }
+    }
+
     /// Give `machine` and `host` these devices, and the command line the
     /// root drive: `root=/dev/vda` (or `root=PARTUUID=...`) and `rw`/`ro`.
     pub(super) fn apply(&self, machine: &mut MachineConfig, host: &mut HostConfig) {
@@ -206,6 +239,12 @@ impl LinuxDevices {
             .collect();
         host.taps = self.nets.iter().map(|n| n.host_dev_name.clone()).collect();
         machine.rng = self.entropy.is_some();
+        machine.balloon = self.balloon.as_ref().map(|b| crate::config::BalloonConfig {
+            target_mib: b.amount_mib,
+            free_page_reporting: b.free_page_reporting,
+            deflate_on_oom: b.deflate_on_oom,
+            stats_interval_s: b.stats_polling_interval_s,
+        });
     }
 }
 

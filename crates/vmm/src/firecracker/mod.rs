@@ -301,7 +301,7 @@ pub(crate) fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, An
 }
 
 /// Firecracker's endpoints Hover answers: (method, path).
-pub const ENDPOINTS: [(&str, &str); 16] = [
+pub const ENDPOINTS: [(&str, &str); 21] = [
     ("GET", "/"),
     ("GET", "/version"),
     ("GET", "/machine-config"),
@@ -311,6 +311,11 @@ pub const ENDPOINTS: [(&str, &str); 16] = [
     ("PUT", "/drives/{drive_id}"),
     ("PUT", "/network-interfaces/{iface_id}"),
     ("PUT", "/entropy"),
+    ("PUT", "/balloon"),
+    ("PATCH", "/balloon"),
+    ("GET", "/balloon"),
+    ("GET", "/balloon/statistics"),
+    ("PATCH", "/balloon/statistics"),
     ("PUT", "/actions"),
     ("PATCH", "/vm"),
     ("GET", "/vm/config"),
@@ -322,9 +327,8 @@ pub const ENDPOINTS: [(&str, &str); 16] = [
 
 /// Firecracker's device endpoints, refused whatever the method: (path or
 /// prefix of `path/ID`, what it is).
-pub const DEVICES: [(&str, &str); 5] = [
+pub const DEVICES: [(&str, &str); 4] = [
     ("/vsock", "vsock devices"),
-    ("/balloon", "a balloon device"),
     ("/mmds", "MMDS (the metadata service)"),
     ("/cpu-config", "custom CPU templates"),
     ("/hotplug", "hot-plugging"),
@@ -374,6 +378,11 @@ fn query_before_start(shared: &Shared, method: &str, path: &str) -> Option<Answe
         }),
         "/machine-config" => ok(&config().machine_config),
         "/vm/config" => ok(&*config()),
+        "/balloon" => match &config().balloon {
+            Some(b) => ok(b),
+            None => fault(400, runtime::NO_BALLOON),
+        },
+        "/balloon/statistics" => fault(400, "the balloon's statistics come once the microVM runs"),
         _ => return None,
     })
 }

@@ -131,6 +131,58 @@ pub struct EntropyDevice {
     pub rate_limiter: Option<serde_json::Value>,
 }
 
+/// `PUT /balloon` (and `GET /balloon`'s answer): a virtio balloon.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Balloon {
+    /// The target, MiB.
+    pub amount_mib: u64,
+    /// Let the guest deflate when it runs out of memory.
+    pub deflate_on_oom: bool,
+    /// Seconds between statistics requests (0: none).
+    #[serde(default)]
+    pub stats_polling_interval_s: u32,
+    /// Free page hinting (refused if true: Hover offers reporting).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub free_page_hinting: Option<bool>,
+    /// Free page reporting (default off, as in Firecracker).
+    #[serde(default)]
+    pub free_page_reporting: bool,
+}
+
+/// `PATCH /balloon`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BalloonUpdate {
+    /// The new target, MiB.
+    pub amount_mib: u64,
+}
+
+/// `PATCH /balloon/statistics`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BalloonStatsUpdate {
+    /// Seconds between statistics requests (0: none).
+    pub stats_polling_interval_s: u32,
+}
+
+/// `GET /balloon/statistics`: the target, the guest's answer and its
+/// statistics, each under its own key (Firecracker's shape).
+#[derive(Debug, Serialize)]
+pub struct BalloonStats {
+    /// Pages the device aims to hold.
+    pub target_pages: u32,
+    /// Pages the guest says it holds.
+    pub actual_pages: u32,
+    /// See `target_pages`, MiB.
+    pub target_mib: u64,
+    /// See `actual_pages`, MiB.
+    pub actual_mib: u64,
+    /// The guest's statistics (`swap_in`, `free_memory`, ...).
+    #[serde(flatten)]
+    pub statistics: std::collections::BTreeMap<String, u64>,
+}
+
 /// `PUT /actions`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -262,9 +314,9 @@ pub struct FullVmConfiguration {
     /// vsock (refused if given).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vsock: Option<serde_json::Value>,
-    /// Balloon (refused if given).
+    /// Balloon (a Linux guest's).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub balloon: Option<serde_json::Value>,
+    pub balloon: Option<Balloon>,
     /// MMDS (refused if given).
     #[serde(rename = "mmds-config", skip_serializing_if = "Option::is_none")]
     pub mmds_config: Option<serde_json::Value>,
@@ -278,8 +330,6 @@ impl FullVmConfiguration {
     pub fn device_refused(&self) -> Option<&'static str> {
         if self.vsock.is_some() {
             Some("vsock")
-        } else if self.balloon.is_some() {
-            Some("balloon")
         } else if self.mmds_config.is_some() {
             Some("mmds-config")
         } else {

@@ -10,6 +10,9 @@ use super::{done, fault, ok, parse, Shared};
 use crate::api::http::Answer;
 use crate::vm::{Command, Controller, Lifecycle};
 
+/// The answer about a balloon to a microVM without one.
+pub(super) const NO_BALLOON: &str = "there is no balloon device: PUT /balloon before the start";
+
 /// How long a command may take (a snapshot of a large VM takes a while).
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -44,6 +47,12 @@ pub(super) fn handle(shared: &Shared, method: &str, path: &str, body: &[u8]) -> 
                     state: state_name(c.info().state),
                     vmm_version: super::version(),
                 }),
+                ("GET", "/balloon") | ("PATCH", "/balloon") => {
+                    balloon(shared, &routes, method, body)
+                }
+                ("GET", "/balloon/statistics") | ("PATCH", "/balloon/statistics") => {
+                    balloon_statistics(&routes, method, body)
+                }
                 ("PATCH", "/vm") => patch_vm(c, body),
                 ("PUT", "/snapshot/create") => snapshot(c, body),
                 ("PUT", "/actions") => action(shared, &routes, body),
@@ -161,4 +170,59 @@ fn action(shared: &Shared, routes: &crate::api::Routes, body: &[u8]) -> Answer {
             ),
         ),
     }
+}
+
+/// `GET /balloon` (its configuration, the target as now set) and `PATCH
+/// /balloon` (a new target).
+fn balloon(shared: &Shared, routes: &crate::api::Routes, method: &str, body: &[u8]) -> Answer {
+    let Some((control, _)) = routes.balloon() else {
+        return fault(400, NO_BALLOON);
+    };
+    if method == "PATCH" {
+        let u = match parse::<super::models::BalloonUpdate>(body) {
+            Ok(u) => u,
+            Err(a) => return a,
+        };
+        return match control.set_target_mib(u.amount_mib) {
+            Ok(()) => done(),
+            Err(e) => fault(400, format!("amount_mib: {e}")),
+        };
+    }
+    let config = shared.config.lock().unwrap_or_else(|p| p.into_inner());
+    let mut b = config.balloon.clone().unwrap_or_default();
+    let now = control.report(b.free_page_reporting);
+    b.amount_mib = now.target_mib;
+    b.stats_polling_interval_s = now.stats_polling_interval_s;
+    ok(&b)
+}
+
+/// `GET /balloon/statistics` and `PATCH /balloon/statistics` (a new
+/// polling interval; 0 stops the requests).
+fn balloon_statistics(routes: &crate::api::Routes, method: &str, body: &[u8]) -> Answer {
+    let Some((control, reporting)) = routes.balloon() else {
+        return fault(400, NO_BALLOON);
+    };
+    if method == "PATCH" {
+        return match parse::<super::models::BalloonStatsUpdate>(body) {
+            Ok(u) => {
+                control.set_stats_interval(u.stats_polling_interval_s);
+                done()
+            }
+            Err(a) => a,
+        };
+    }
+    let r = control.report(reporting);
+    if r.stats_polling_interval_s == 0 && r.statistics.is_empty() {
+        return fault(
+            400,
+            "balloon statistics are not enabled: set stats_polling_interval_s (PATCH /balloon/statistics)",
+        );
+    }
+    ok(&super::models::BalloonStats {
+        target_pages: r.target_pages,
+        actual_pages: r.actual_pages,
+        target_mib: r.target_mib,
+        actual_mib: r.actual_mib,
+        statistics: r.statistics,
+    })
 }

@@ -8,8 +8,9 @@ use std::sync::Arc;
 
 use super::devices::LinuxDevices;
 use super::models::{
-    BootSource, Drive, EntropyDevice, FullVmConfiguration, InstanceActionInfo, Logger,
-    MachineConfiguration, MachineConfigurationPatch, Metrics, NetworkInterface, SnapshotLoadParams,
+    Balloon, BalloonStatsUpdate, BalloonUpdate, BootSource, Drive, EntropyDevice,
+    FullVmConfiguration, InstanceActionInfo, Logger, MachineConfiguration,
+    MachineConfigurationPatch, Metrics, NetworkInterface, SnapshotLoadParams,
 };
 use super::{done, fault, parse, FirecrackerError, LoggerHook, Shared};
 use crate::api::http::Answer;
@@ -68,6 +69,7 @@ impl Setup {
         c.drives = self.devices.drives.clone();
         c.network_interfaces = self.devices.nets.clone();
         c.entropy = self.devices.entropy.clone();
+        c.balloon = self.devices.balloon.clone();
     }
 
     /// Answer one request before the start.
@@ -86,6 +88,24 @@ impl Setup {
             ("PUT", "/boot-source") => self.put_boot(body),
             ("PUT", "/entropy") => match parse::<EntropyDevice>(body) {
                 Ok(e) => self.device(|d| d.put_entropy(e)),
+                Err(a) => a,
+            },
+            ("PUT", "/balloon") => match parse::<Balloon>(body) {
+                Ok(b) => self.device(|d| d.put_balloon(b)),
+                Err(a) => a,
+            },
+            ("PATCH", "/balloon") => match parse::<BalloonUpdate>(body) {
+                Ok(u) => self.device(|d| d.patch_balloon(u.amount_mib)),
+                Err(a) => a,
+            },
+            ("PATCH", "/balloon/statistics") => match parse::<BalloonStatsUpdate>(body) {
+                Ok(u) => self.device(|d| match &mut d.balloon {
+                    Some(b) => {
+                        b.stats_polling_interval_s = u.stats_polling_interval_s;
+                        Ok(())
+                    }
+                    None => Err("there is no balloon: PUT /balloon first".into()),
+                }),
                 Err(a) => a,
             },
             ("PUT", p) if p.starts_with("/drives/") => match parse::<Drive>(body) {
@@ -265,7 +285,7 @@ impl Setup {
         };
         let linux = image.is_linux();
         if !linux && !self.devices.is_empty() {
-            return Err("drives, network interfaces and entropy devices need a Linux guest: kernel_image_path is Hover's own guest, which has no virtio drivers".into());
+            return Err("drives, network interfaces, entropy devices and balloons need a Linux guest: kernel_image_path is Hover's own guest, which has no virtio drivers".into());
         }
         let default_cmdline = if linux {
             crate::boot::linux::DEFAULT_CMDLINE
@@ -400,6 +420,11 @@ impl Setup {
             self.devices
                 .put_entropy(e)
                 .map_err(|e| FirecrackerError::Config(format!("--config-file: entropy: {e}")))?;
+        }
+        if let Some(b) = file.balloon {
+            self.devices
+                .put_balloon(b)
+                .map_err(|e| FirecrackerError::Config(format!("--config-file: balloon: {e}")))?;
         }
         let Some(b) = file.boot_source else {
             return Err(FirecrackerError::Config(

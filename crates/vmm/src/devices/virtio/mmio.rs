@@ -37,6 +37,8 @@ pub struct MmioTransport {
     interrupt_status: u32,
     /// Whether a driver mistake was logged (one line per device).
     complained: bool,
+    /// DRIVER_OK was just set: the ready queues are to be served once.
+    started: bool,
 }
 
 impl MmioTransport {
@@ -58,6 +60,7 @@ impl MmioTransport {
             status: 0,
             interrupt_status: 0,
             complained: false,
+            started: false,
         }
     }
 
@@ -297,6 +300,16 @@ impl MmioTransport {
             return self.fail("DRIVER before ACKNOWLEDGE");
         }
         self.status = v | (self.status & VIRTIO_CONFIG_S_NEEDS_RESET);
+        // Linux queues buffers and notifies some queues before DRIVER_OK
+        // (the balloon's first statistics): those notifications found the
+        // device not running, so each ready queue is served once now.
+        self.started |= new & VIRTIO_CONFIG_S_DRIVER_OK != 0;
+    }
+
+    /// Whether the driver just made the device run (asked once): its
+    /// ready queues are then to be served.
+    pub fn take_started(&mut self) -> bool {
+        std::mem::take(&mut self.started)
     }
 
     /// The device's backend descriptor, if it has one.
@@ -615,6 +628,11 @@ pub(crate) mod tests {
         let mut t = MmioTransport::new(Box::new(Echo), mem());
         ready(&mut t);
         assert_eq!(r(&t, VIRTIO_MMIO_STATUS), ACK | DRV | FOK | DOK);
+        assert!(
+            t.take_started(),
+            "DRIVER_OK: the ready queues are served once"
+        );
+        assert!(!t.take_started());
         assert_eq!(w(&mut t, VIRTIO_MMIO_QUEUE_NOTIFY, 0), Some(0));
         assert!(!needs_reset(&t));
         // Reset clears everything.

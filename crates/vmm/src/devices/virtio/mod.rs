@@ -95,13 +95,16 @@ impl VirtioSlot {
 
     /// A write in its window; a queue notification is passed to the I/O thread.
     pub fn write(&self, addr: u64, data: &[u8]) {
-        let notified = self
-            .transport
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .write(addr - self.base, data);
+        let (notified, started) = {
+            let mut t = self.transport.lock().unwrap_or_else(|p| p.into_inner());
+            let n = t.write(addr - self.base, data);
+            (n, t.take_started())
+        };
         if let Some(q) = notified.and_then(|q| self.notify.get(q as usize)) {
             let _ = q.write(1);
+        }
+        if started {
+            self.kick_ready();
         }
     }
 }
