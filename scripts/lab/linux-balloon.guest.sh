@@ -14,14 +14,19 @@ t0=$(total)
 /memwave -k "$k" -w "$w" -n "$n" -s "$s" -h "$h" -f /tmp/deflated &
 pid=$!
 low=$t0
+# Watched every 0.2 s; the host waits for "down" before it deflates.
 while kill -0 $pid 2>/dev/null; do
     t=$(total)
     [ "$t" -lt "$low" ] && low=$t
-    if [ $((t0 - low)) -ge $(((i - 4) * 1024)) ] && [ $((t0 - t)) -lt 4096 ] && [ ! -e /tmp/deflated ]; then
+    if [ $((t0 - t)) -ge $(((i - 4) * 1024)) ] && [ ! -e /tmp/inflated ]; then
+        echo "GUEST: MemTotal down from $t0 kB to $t kB"
+        touch /tmp/inflated
+    fi
+    if [ -e /tmp/inflated ] && [ $((t0 - t)) -lt 4096 ] && [ ! -e /tmp/deflated ]; then
         echo "GUEST: MemTotal went from $t0 kB down to $low kB and back to $t kB"
         touch /tmp/deflated
     fi
-    sleep 1
+    sleep 0.2
 done
 wait $pid
 echo "GUEST: memwave exit $?"

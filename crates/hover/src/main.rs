@@ -255,7 +255,7 @@ struct RunArgs {
     halt_poll: Option<HaltPollArg>,
     /// CPU budget for failed polls under --halt-poll auto, percent of one CPU
     /// per vCPU, in (0, 100].
-    #[arg(long, default_value_t = hover_vmm::sched::halt_poll::DEFAULT_BUDGET_PCT, requires = "halt_poll")]
+    #[arg(long, default_value_t = hover_vmm::config::halt_poll::DEFAULT_BUDGET_PCT, requires = "halt_poll")]
     halt_poll_budget: f64,
     /// Give each vCPU a dirty ring of this many entries (a power of two, 256
     /// to 65536), for live migration with `--dirty-tracking ring`. KVM

@@ -234,3 +234,50 @@ fn a_linux_guest_migrated_by_postcopy_goes_on_with_its_disk_and_network() {
 fn a_linux_guest_migrated_in_hybrid_mode_goes_on_with_its_disk_and_network() {
     hop_goes_on("linux-hybrid-mode");
 }
+
+/// The balloon scenario (`scripts/lab/linux-balloon.sh`): one VM with all
+/// of its memory, one under a `--memory-budget` (the pager and the balloon
+/// at once).
+static BALLOON: Cell = Cell::new();
+
+fn balloon(vm: &str, check: &str) {
+    assert_ok(
+        &BALLOON,
+        "linux-balloon",
+        vm,
+        &format!("balloon-{vm}-{check}"),
+    );
+}
+
+#[test]
+fn a_linux_guests_free_pages_are_reported_and_dropped_and_its_statistics_arrive() {
+    for vm in ["plain", "paged"] {
+        for check in ["driver", "reporting", "statistics"] {
+            balloon(vm, check);
+        }
+    }
+    balloon("paged", "pager-dropped-pages");
+}
+
+#[test]
+fn a_linux_guest_inflates_and_deflates_the_balloon_to_the_target_set_live() {
+    for vm in ["plain", "paged"] {
+        for check in [
+            "inflate",
+            "inflated-pages-dropped",
+            "guest-memtotal-down",
+            "deflate",
+            "guest-memtotal",
+        ] {
+            balloon(vm, check);
+        }
+    }
+}
+
+#[test]
+fn memory_a_linux_guest_kept_is_intact_after_reports_and_inflation_with_and_without_the_pager() {
+    for vm in ["plain", "paged"] {
+        balloon(vm, "kept-memory-intact");
+        balloon(vm, "ends-cleanly");
+    }
+}

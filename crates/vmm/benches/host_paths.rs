@@ -17,12 +17,13 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, Criterion};
 use hover_abi::control::{op, ControlRequest, Report};
 use hover_vmm::boot::{inspect, ImageBytes, BUILTIN_GUEST};
+use hover_vmm::config::halt_poll::MAX_WINDOW_NS;
 use hover_vmm::devices::control::ControlDevice;
 use hover_vmm::memory::host_writes::GuestWriter;
 use hover_vmm::migration::mac::FrameMac;
 use hover_vmm::migration::page_lists::pages_header;
 use hover_vmm::migration::wire::{FrameReader, FrameWriter, Kind};
-use hover_vmm::sched::halt_poll::{choose_window, WakeHist, MAX_WINDOW_NS};
+use hover_vmm::sched::halt_poll::{choose_window, WakeHist};
 use hover_vmm::stats::KvmStats;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 

@@ -13,13 +13,14 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::boot::{self, ImageBytes};
 use crate::config::DiskConfig;
+use crate::config::{BoostConfig, BoostMode};
 use crate::devices::control::ControlDevice;
 use crate::devices::virtio::block::Block;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::memory::host_writes::{GuestWriter, HostWrites, TrackedMemory};
 use crate::migration::page_lists;
 use crate::migration::wire::{self, FrameReader, Kind};
-use crate::sched::boost::{BoostConfig, BoostMode, Booster};
+use crate::sched::boost::Booster;
 use crate::state::{SavedMachine, VmState};
 
 /// The ELF loader's checks on a guest image (`--guest PATH`).

@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use common::{boot, report};
 use host_threads::{policy_of, wait_for_fifo, Pinned, Spinner, Watcher};
+use hover_vmm::config::{BoostConfig, BoostMode, BoostUpdate};
 use hover_vmm::host::kvm_for_test;
 use hover_vmm::sched::boost::policy;
-use hover_vmm::sched::boost::{BoostConfig, BoostMode, BoostUpdate};
 use hover_vmm::vm::{Command, Reply};
 use hover_vmm::{RunOutcome, Vm, VmConfig};
 
@@ -482,7 +482,7 @@ fn contended_boosting_boosts_a_vcpu_that_waits_for_its_cpu() {
         "workload=timer rt=1 interval_us=2000 seconds=1",
         |_| {},
     );
-    c.host.boost_tuning.when = hover_vmm::sched::boost::BoostWhen::Contended;
+    c.host.boost_tuning.when = hover_vmm::config::BoostWhen::Contended;
     let o = run_ok(c);
     let s = stats(&o, 0);
     assert!(
@@ -491,6 +491,6 @@ fn contended_boosting_boosts_a_vcpu_that_waits_for_its_cpu() {
     );
     assert_eq!(
         o.boost.as_ref().unwrap().when,
-        hover_vmm::sched::boost::BoostWhen::Contended
+        hover_vmm::config::BoostWhen::Contended
     );
 }

@@ -121,7 +121,7 @@ fn governor_adapts_under_io_and_stays_in_budget_when_idle() {
     // the window when the waste went over budget.
     let default = hover_vmm::sched::halt_poll::kvm_default_window()
         .unwrap_or(0)
-        .min(hover_vmm::sched::halt_poll::MAX_WINDOW_NS);
+        .min(hover_vmm::config::halt_poll::MAX_WINDOW_NS);
     assert_eq!(
         g.changes.first(),
         Some(&(0, default)),

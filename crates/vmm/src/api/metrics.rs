@@ -6,7 +6,7 @@
 //! device. Names: `hover_vcpu_<kvm name>{vcpu="N"}`, `hover_vm_<kvm name>`,
 //! `hover_pager_*`, `hover_halt_poll_window_ns`,
 //! `hover_guest_halt_poll_*{vcpu="N"}`, `hover_boost_*{vcpu="N"}`,
-//! `hover_io_*`, `hover_up`.
+//! `hover_io_*`, `hover_balloon_*`, `hover_up`.
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder};
@@ -18,6 +18,59 @@ use prometheus_client::registry::Registry;
 use super::LiveSources;
 use crate::stats::StatKind;
 use crate::vm::{Controller, Lifecycle};
+
+/// The balloon's figures: its target and the guest's answer (gauges),
+/// what it dropped (counters) and the guest's memory statistics (gauges,
+/// as the guest last gave them).
+fn balloon_families(b: &crate::devices::virtio::balloon::BalloonReport) -> Vec<Family> {
+    let mut f = vec![
+        Family::one(
+            "balloon_target_pages",
+            "pages the guest is asked to give back",
+            false,
+            u64::from(b.target_pages),
+        ),
+        Family::one(
+            "balloon_actual_pages",
+            "pages the guest says it gave back",
+            false,
+            u64::from(b.actual_pages),
+        ),
+        Family::one(
+            "balloon_inflated_pages",
+            "pages the guest handed over by inflating",
+            true,
+            b.inflated_pages,
+        ),
+        Family::one(
+            "balloon_deflated_pages",
+            "pages the guest took back by deflating",
+            true,
+            b.deflated_pages,
+        ),
+        Family::one(
+            "balloon_reported_pages",
+            "pages the guest reported free",
+            true,
+            b.reported_pages,
+        ),
+        Family::one(
+            "balloon_dropped_pages",
+            "pages dropped from host memory (inflated or reported)",
+            true,
+            b.dropped_pages,
+        ),
+    ];
+    for (name, v) in &b.statistics {
+        f.push(Family::one(
+            &format!("balloon_guest_{name}"),
+            "the guest's memory statistic of that name (virtio-balloon)",
+            false,
+            *v,
+        ));
+    }
+    f
+}
 
 /// The content type of the exposition.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -177,9 +230,18 @@ pub fn render(src: &LiveSources, controller: &Controller) -> String {
                 false,
                 p.budget_pages,
             ),
+            (
+                "pager_discarded_pages",
+                "pages dropped because the guest gave them up (balloon)",
+                true,
+                p.discarded_pages,
+            ),
         ] {
             families.push(Family::one(name, help, counter, v));
         }
+    }
+    if let Some((b, reporting)) = &src.balloon {
+        families.extend(balloon_families(&b.report(*reporting)));
     }
     let governor = src.governor.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(g) = governor.as_ref().map(|f| f()) {
@@ -313,4 +375,25 @@ pub fn render(src: &LiveSources, controller: &Controller) -> String {
         out = "# the metrics could not be encoded\n# EOF\n".into();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_balloons_figures_and_the_guests_statistics_are_families() {
+        let mut b = crate::devices::virtio::balloon::BalloonReport {
+            target_pages: 256,
+            reported_pages: 7,
+            ..Default::default()
+        };
+        b.statistics.insert("free_memory".into(), 1 << 20);
+        let f = balloon_families(&b);
+        let get = |n: &str| f.iter().find(|f| f.name == n).expect(n);
+        assert_eq!(get("balloon_target_pages").samples[0].1, 256);
+        assert!(!get("balloon_target_pages").counter);
+        assert!(get("balloon_reported_pages").counter);
+        assert_eq!(get("balloon_guest_free_memory").samples[0].1, 1 << 20);
+    }
 }

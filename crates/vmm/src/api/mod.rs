@@ -294,7 +294,7 @@ fn route(ctx: &Routes, method: &str, url: &str, body: &[u8]) -> Result<Answer, A
             })
         }
         Endpoint::Boost => {
-            let r: crate::sched::boost::BoostUpdate = parse_body(body)?;
+            let r: crate::config::BoostUpdate = parse_body(body)?;
             command(Command::Boost(r))
         }
         Endpoint::HaltPoll => {
@@ -342,7 +342,7 @@ pub(crate) fn fuzz_body(which: u8, body: &[u8]) {
             let _ = parse_body::<SnapshotRequest>(body);
         }
         1 => {
-            if let Ok(u) = parse_body::<crate::sched::boost::BoostUpdate>(body) {
+            if let Ok(u) = parse_body::<crate::config::BoostUpdate>(body) {
                 let _ = u.apply(Default::default());
             }
         }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::sched::halt_poll::HaltPoll;
+use crate::config::HaltPoll;
 use crate::vm::CommandError;
 
 /// The body of `PUT /vm/snapshot` (the server reads it, `hover ctl` writes it).
@@ -252,7 +252,7 @@ impl HaltPollRequest {
                 Ok(HaltPoll::Auto {
                     budget_pct: self
                         .budget_pct
-                        .unwrap_or(crate::sched::halt_poll::DEFAULT_BUDGET_PCT),
+                        .unwrap_or(crate::config::halt_poll::DEFAULT_BUDGET_PCT),
                 })
             }
             "kvm_default" => match (self.window_ns, self.budget_pct) {

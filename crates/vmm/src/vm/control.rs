@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::sched::halt_poll::HaltPoll;
+use crate::config::HaltPoll;
 use crate::state::file::SnapshotError;
 use crate::vcpu::thread::RunState;
 use crate::vcpu::VcpuEvent;
@@ -45,7 +45,7 @@ pub enum Command {
     /// Change halt polling.
     HaltPoll(HaltPoll),
     /// Change vCPU priority boosting.
-    Boost(crate::sched::boost::BoostUpdate),
+    Boost(crate::config::BoostUpdate),
     /// Move the running VM to another host (`hover receive` there).
     Migrate(crate::migration::MigrateOptions),
     /// Track dirty pages for a while without sending any (seed 4's
@@ -93,7 +93,7 @@ pub enum Reply {
         /// The setting.
         halt_poll: serde_json::Value,
     },
-    /// Boosting as now set ([`crate::sched::boost::BoostConfig::to_json`]).
+    /// Boosting as now set ([`crate::config::BoostConfig::to_json`]).
     Boost {
         /// The settings.
         boost: serde_json::Value,

@@ -10,9 +10,10 @@ use kvm_ioctls::{Kvm, VmFd};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
 use crate::arch::x86_64::cpuid;
+use crate::config::HaltPoll;
 use crate::config::{ConfigError, VmConfig};
 use crate::memory::GuestRam;
-use crate::sched::halt_poll::{self, HaltPoll};
+use crate::sched::halt_poll;
 use crate::vcpu::state::StateLayout;
 use crate::vcpu::Vcpu;
 use crate::{Error, KvmOp};

@@ -25,6 +25,7 @@ use kvm_ioctls::{Kvm, VmFd};
 
 use crate::arch::x86_64::{acpi, cpuid, pvh, tables};
 use crate::boot::{self};
+use crate::config::HaltPoll;
 use crate::config::{BootProtocol, ConfigError, VmConfig};
 use crate::devices::serial::ConsoleSink;
 use crate::memory::host_writes::GuestWriter;
@@ -34,7 +35,6 @@ use crate::migration::dirty::RingSet;
 use crate::migration::throttle::Throttle;
 use crate::sched::boost::Booster;
 use crate::sched::guest_poll;
-use crate::sched::halt_poll::HaltPoll;
 use crate::state::SavedMachine;
 use crate::stats::KvmStats;
 use crate::vcpu::{Entry, Vcpu};

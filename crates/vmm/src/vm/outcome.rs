@@ -5,11 +5,11 @@ use std::time::Instant;
 
 use serde::Serialize;
 
+use crate::config::BoostMode;
 use crate::devices::pvio::PvioStats;
 use crate::memory::paged::PagerStats;
 use crate::memory::GuestRam;
 use crate::report::{self, ReportEntry};
-use crate::sched::boost::BoostMode;
 use crate::sched::halt_poll::GovernorReport;
 use crate::vm::Vm;
 

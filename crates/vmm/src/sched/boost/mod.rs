@@ -46,7 +46,7 @@ mod report;
 mod tuning;
 mod unboost;
 
-pub use crate::config::boost::{BoostConfig, BoostMode, BoostTuning, BoostUpdate, BoostWhen};
+use crate::config::boost::{BoostConfig, BoostMode, BoostTuning, BoostWhen};
 pub use report::{BoostReport, VcpuBoostStats};
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -32,7 +32,7 @@ use kvm_bindings::{
 };
 use kvm_ioctls::VmFd;
 
-pub use crate::config::halt_poll::{HaltPoll, DEFAULT_BUDGET_PCT, MAX_WINDOW_NS};
+use crate::config::halt_poll::MAX_WINDOW_NS;
 /// How often the governor looks.
 pub const PERIOD: Duration = Duration::from_millis(100);
 /// How much history the governor weighs (periods).

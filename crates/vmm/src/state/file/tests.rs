@@ -1,6 +1,6 @@
 use super::*;
+use crate::config::HaltPoll;
 use crate::config::MachineConfig;
-use crate::sched::halt_poll::HaltPoll;
 use crate::vcpu::state::SpecialRegs;
 
 fn state() -> VmState {

@@ -1,0 +1,1 @@
+linux-balloon.guest.sh
