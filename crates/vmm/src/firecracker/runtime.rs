@@ -47,9 +47,7 @@ pub(super) fn handle(shared: &Shared, method: &str, path: &str, body: &[u8]) -> 
                     state: state_name(c.info().state),
                     vmm_version: super::version(),
                 }),
-                ("GET", "/balloon") | ("PATCH", "/balloon") => {
-                    balloon(shared, &routes, method, body)
-                }
+                ("GET", "/balloon") | ("PATCH", "/balloon") => balloon(&routes, method, body),
                 ("GET", "/balloon/statistics") | ("PATCH", "/balloon/statistics") => {
                     balloon_statistics(&routes, method, body)
                 }
@@ -174,8 +172,8 @@ fn action(shared: &Shared, routes: &crate::api::Routes, body: &[u8]) -> Answer {
 
 /// `GET /balloon` (its configuration, the target as now set) and `PATCH
 /// /balloon` (a new target).
-fn balloon(shared: &Shared, routes: &crate::api::Routes, method: &str, body: &[u8]) -> Answer {
-    let Some((control, _)) = routes.balloon() else {
+fn balloon(routes: &crate::api::Routes, method: &str, body: &[u8]) -> Answer {
+    let Some((control, reporting)) = routes.balloon() else {
         return fault(400, NO_BALLOON);
     };
     if method == "PATCH" {
@@ -188,12 +186,16 @@ fn balloon(shared: &Shared, routes: &crate::api::Routes, method: &str, body: &[u
             Err(e) => fault(400, format!("amount_mib: {e}")),
         };
     }
-    let config = shared.config.lock().unwrap_or_else(|p| p.into_inner());
-    let mut b = config.balloon.clone().unwrap_or_default();
-    let now = control.report(b.free_page_reporting);
-    b.amount_mib = now.target_mib;
-    b.stats_polling_interval_s = now.stats_polling_interval_s;
-    ok(&b)
+    let now = control.report(reporting);
+    // From the running device (a microVM loaded from a snapshot was never
+    // configured through PUT /balloon here).
+    ok(&super::models::Balloon {
+        amount_mib: now.target_mib,
+        deflate_on_oom: now.deflate_on_oom,
+        stats_polling_interval_s: now.stats_polling_interval_s,
+        free_page_hinting: None,
+        free_page_reporting: now.free_page_reporting,
+    })
 }
 
 /// `GET /balloon/statistics` and `PATCH /balloon/statistics` (a new

@@ -91,6 +91,13 @@ impl Setup {
                 Err(a) => a,
             },
             ("PUT", "/balloon") => match parse::<Balloon>(body) {
+                Ok(b) if b.amount_mib > self.machine.mem_size_mib => fault(
+                    400,
+                    format!(
+                        "amount_mib {} is more than the microVM's {} MiB of memory",
+                        b.amount_mib, self.machine.mem_size_mib
+                    ),
+                ),
                 Ok(b) => self.device(|d| d.put_balloon(b)),
                 Err(a) => a,
             },

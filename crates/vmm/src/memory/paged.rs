@@ -136,6 +136,9 @@ struct Shared {
     /// loses or changes data stops the VM instead of feeding the guest.
     crcs: Vec<std::sync::atomic::AtomicU32>,
     fifo: Mutex<VecDeque<u32>>,
+    /// Whether a page has an entry in `fifo`: each page at most once, so
+    /// pages dropped and fetched again (a balloon) do not grow it.
+    in_fifo: Vec<AtomicBool>,
     /// Held (shared) by a worker serving a fault; held exclusively while
     /// guest memory is read for a snapshot, so no page moves meanwhile.
     busy: RwLock<()>,
@@ -244,10 +247,19 @@ impl Shared {
     /// at the FIFO's end.
     fn now_resident(&self, page: usize) {
         self.states[page].store(RESIDENT, Ordering::Release);
-        self.fifo
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push_back(page as u32);
+        self.queue_for_eviction(page);
+    }
+
+    /// Put `page` at the FIFO's end unless it has an entry already (then
+    /// it keeps its place: a page dropped and fetched again goes out a
+    /// little early rather than the FIFO growing with every round trip).
+    fn queue_for_eviction(&self, page: usize) {
+        if !self.in_fifo[page].swap(true, Ordering::AcqRel) {
+            self.fifo
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push_back(page as u32);
+        }
     }
 
     /// A fault on `page`: fetch it unless that is under way already.
@@ -273,7 +285,9 @@ impl Shared {
                 .is_ok()
             {
                 if next == FETCHING {
-                    if s & STATE == ABSENT {
+                    // A page the guest gave up and touches again was
+                    // recorded at its first touch already.
+                    if s & STATE == ABSENT && !self.dropped[page].load(Ordering::Acquire) {
                         self.first_touch
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
@@ -444,6 +458,7 @@ impl Pager {
                 discarded: AtomicU64::new(0),
                 crcs: zeroed(pages),
                 fifo: Mutex::new(VecDeque::new()),
+                in_fifo: zeroed(pages),
                 busy: RwLock::new(()),
                 source,
                 source_reads: AtomicU64::new(0),

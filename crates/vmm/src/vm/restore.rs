@@ -426,6 +426,9 @@ impl Vm {
         let Some(pager) = self.pager.take() else {
             return Ok(());
         };
+        // The balloon drops pages itself from now on (and the pager's
+        // state goes with it).
+        self.devices.attach_pager(None);
         let first_touches = pager.first_touches();
         let stats = pager
             .release()

@@ -44,6 +44,13 @@ const QUEUE_SIZE: u16 = 128;
 const MAX_STATS: usize = 32;
 /// The most PFNs read from one inflate or deflate buffer (Linux sends 256).
 const MAX_PFNS: usize = 4096;
+/// The most ranges taken from one free page report (Linux sends up to 32,
+/// `PAGE_REPORTING_CAPACITY`); the rest of a longer chain is refused.
+const MAX_REPORT_RANGES: usize = 64;
+/// The largest range a report may name (Linux reports buddy blocks of at
+/// most 4 MiB): a driver naming more is refused, so that one chain cannot
+/// hold the I/O thread (and every pause waiting for it) for long.
+const MAX_REPORT_RANGE: u64 = 16 << 20;
 
 /// The statistics' names, by tag (the virtio spec's, Firecracker's names).
 const STAT_NAMES: [&str; 16] = [
@@ -82,6 +89,8 @@ pub struct BalloonControl {
     wake: EventFd,
     /// Guest RAM in pages: the most a target may be.
     ram_pages: u64,
+    /// Whether the guest may deflate when out of memory (as configured).
+    deflate_on_oom: bool,
 }
 
 #[derive(Default)]
@@ -117,6 +126,8 @@ pub struct BalloonReport {
     pub stats_polling_interval_s: u32,
     /// Whether free page reporting is offered.
     pub free_page_reporting: bool,
+    /// Whether the guest may deflate when it runs out of memory.
+    pub deflate_on_oom: bool,
     /// Pages the guest handed over by inflating, and took back.
     pub inflated_pages: u64,
     /// See `inflated_pages`.
@@ -149,6 +160,7 @@ impl BalloonControl {
             }),
             wake: EventFd::new(libc::EFD_NONBLOCK)?,
             ram_pages: ram / PAGE_SIZE,
+            deflate_on_oom: config.deflate_on_oom,
         }))
     }
 
@@ -199,6 +211,7 @@ impl BalloonControl {
             actual_pages: l.actual_pages,
             stats_polling_interval_s: l.stats_interval_s,
             free_page_reporting: reporting,
+            deflate_on_oom: self.deflate_on_oom,
             inflated_pages: l.inflated_pages,
             deflated_pages: l.deflated_pages,
             reported_pages: l.reported_pages,
@@ -356,10 +369,22 @@ impl Balloon {
             let head = chain.head_index();
             let ranges: Vec<(u64, u64)> = chain
                 .clone()
+                .take(MAX_REPORT_RANGES + 1)
                 .map(|d| (d.addr().0, u64::from(d.len())))
                 .collect();
+            if ranges.len() > MAX_REPORT_RANGES {
+                self.complain(format!(
+                    "a free page report of more than {MAX_REPORT_RANGES} ranges (the rest ignored)"
+                ));
+            }
             let mut pages = 0;
-            for (gpa, len) in ranges {
+            for (gpa, len) in ranges.into_iter().take(MAX_REPORT_RANGES) {
+                if len > MAX_REPORT_RANGE {
+                    self.complain(format!(
+                        "a reported range of {len:#x} bytes at {gpa:#x}, over {MAX_REPORT_RANGE:#x}"
+                    ));
+                    continue;
+                }
                 pages += self.drop_range(gpa, len);
             }
             {
@@ -448,6 +473,12 @@ impl VirtioDevice for Balloon {
 
     fn ack_features(&mut self, features: u64) {
         self.acked = features;
+        if features == 0 {
+            // A reset: the statistics buffer held belonged to the old driver.
+            self.stats_head = None;
+            self.next_poll = None;
+            self.config_interrupt = false;
+        }
     }
 
     fn process(&mut self, index: usize, queue: &mut Queue, mem: &TrackedMemory) -> bool {
@@ -616,6 +647,50 @@ mod tests {
         // Deflate: counted, nothing dropped.
         assert!(serve(&mut b, &mem, 1, &[Descriptor::new(0x20000, 4, 0, 0)]));
         assert_eq!(control.report(true).deflated_pages, 1);
+    }
+
+    #[test]
+    fn a_report_of_too_many_or_too_large_ranges_is_cut_short() {
+        let ram = GuestRam::new(64 << 20, MemoryBackend::Anonymous).unwrap();
+        let (mut b, control, mem) = balloon(&ram);
+        let w = VRING_DESC_F_WRITE as u16;
+        // One range larger than any buddy block Linux reports.
+        assert!(serve(
+            &mut b,
+            &mem,
+            3,
+            &[Descriptor::new(0x100_0000, 32 << 20, w, 0)]
+        ));
+        let r = control.report(true);
+        assert_eq!((r.dropped_pages, r.refused_ranges), (0, 1));
+        // A chain of more ranges than a report holds: the first ones only.
+        let many: Vec<Descriptor> = (0..MAX_REPORT_RANGES as u64 + 8)
+            .map(|i| Descriptor::new(0x100_0000 + i * PAGE_SIZE, PAGE_SIZE as u32, w, 0))
+            .collect();
+        let vq = MockSplitQueue::new(&mem, 128);
+        let raw: Vec<RawDescriptor> = many.iter().map(|&d| d.into()).collect();
+        vq.build_desc_chain(&raw).unwrap();
+        let mut q: Queue = vq.create_queue().unwrap();
+        assert!(b.process(3, &mut q, &mem));
+        let r = control.report(true);
+        assert_eq!(r.dropped_pages, MAX_REPORT_RANGES as u64);
+        assert_eq!(r.refused_ranges, 2);
+    }
+
+    #[test]
+    fn a_reset_forgets_the_statistics_buffer_of_the_old_driver() {
+        let ram = GuestRam::new(1 << 20, MemoryBackend::Anonymous).unwrap();
+        let (mut b, control, mem) = balloon(&ram);
+        control.set_stats_interval(1);
+        assert!(!serve(
+            &mut b,
+            &mem,
+            2,
+            &[Descriptor::new(0x20000, 10, 0, 0)]
+        ));
+        assert!(b.stats_head.is_some() && b.deadline().is_some());
+        b.ack_features(0);
+        assert!(b.stats_head.is_none() && b.deadline().is_none());
     }
 
     #[test]

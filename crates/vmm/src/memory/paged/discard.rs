@@ -56,12 +56,11 @@ impl PagerDiscard {
         };
         let st = &sh.states[page];
         let s = st.load(Ordering::Acquire);
+        // Claimed as an eviction is: a fault meanwhile marks it WANTED
+        // and waits, and is served (with zeros) once it is dropped.
         let claimed = match s & STATE {
-            RESIDENT => st
+            RESIDENT | STORED => st
                 .compare_exchange(s, EVICTING, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok(),
-            STORED => st
-                .compare_exchange(s, ABSENT, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok(),
             ABSENT => {
                 sh.dropped[page].store(true, Ordering::Release);
@@ -93,13 +92,13 @@ impl PagerDiscard {
                 )
             };
             sh.resident.fetch_sub(1, Ordering::AcqRel);
-            if st.swap(ABSENT, Ordering::AcqRel) & WANTED != 0
-                && st
-                    .compare_exchange(ABSENT, FETCHING, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-            {
-                sh.enqueue(page, Instant::now());
-            }
+        }
+        if st.swap(ABSENT, Ordering::AcqRel) & WANTED != 0
+            && st
+                .compare_exchange(ABSENT, FETCHING, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            sh.enqueue(page, Instant::now());
         }
         sh.discarded.fetch_add(1, Ordering::Relaxed);
         Dropped::Freed
@@ -181,5 +180,16 @@ mod tests {
             Dropped::NotPaged,
             "outside the pager's memory"
         );
+        // Dropped and touched again, over and over: the pager's records of
+        // pages stay one entry per page at most.
+        for _ in 0..3 {
+            for p in (0..PAGES).step_by(2) {
+                d.drop_page(p * PAGE_SIZE);
+                // SAFETY: as above.
+                unsafe { std::ptr::write_volatile(at(p), 1) };
+            }
+        }
+        assert!(pager.shared.fifo.lock().unwrap().len() <= PAGES as usize);
+        assert!(pager.shared.first_touch.lock().unwrap().len() <= PAGES as usize);
     }
 }

@@ -125,6 +125,7 @@ impl Shared {
                 return (moved, false);
             };
             let v = v as usize;
+            self.in_fifo[v].store(false, Ordering::Release);
             let st = &self.states[v];
             if st
                 .compare_exchange(RESIDENT, EVICTING, Ordering::AcqRel, Ordering::Acquire)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use hover_abi::layout::PAGE_SIZE;
 
-use super::{Shared, ABSENT, FETCHING, RESIDENT};
+use super::{Shared, ABSENT, FETCHING};
 
 /// Places pages that arrive before the guest asks for them (a post-copy
 /// migration's background push): each run of pages contiguous in guest
@@ -55,7 +55,9 @@ impl Placer {
                 }
                 let p = page.expect("joins only with a page");
                 let room = sh.resident.load(Ordering::Acquire) + (run.len() as u64) < sh.budget;
+                // A page the guest gave up is not filled again: zeros on its touch.
                 if room
+                    && !sh.dropped[p].load(Ordering::Acquire)
                     && sh.states[p]
                         .compare_exchange(ABSENT, FETCHING, Ordering::AcqRel, Ordering::Acquire)
                         .is_ok()
@@ -82,12 +84,9 @@ impl Placer {
                 return Err(e);
             }
             sh.resident.fetch_add(run.len() as u64, Ordering::AcqRel);
-            let mut fifo = sh.fifo.lock().unwrap_or_else(|p| p.into_inner());
             for &p in &run {
-                sh.states[p].store(RESIDENT, Ordering::Release);
-                fifo.push_back(p as u32);
+                sh.now_resident(p);
             }
-            drop(fifo);
             sh.pushed.fetch_add(run.len() as u64, Ordering::Relaxed);
             sh.push_copies.fetch_add(1, Ordering::Relaxed);
         }

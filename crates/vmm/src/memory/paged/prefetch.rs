@@ -174,9 +174,11 @@ fn next_chunk(sh: &Shared, order: &[u64], i: &mut usize) -> Vec<u64> {
     while *i < order.len() && chunk.len() < CHUNK_PAGES {
         let gpa = order[*i];
         *i += 1;
-        let absent = sh
-            .page_of_gpa(gpa)
-            .is_some_and(|p| sh.states[p].load(Ordering::Acquire) & STATE == ABSENT);
+        // Pages the guest gave up (a balloon) stay out: zeros on a touch.
+        let absent = sh.page_of_gpa(gpa).is_some_and(|p| {
+            sh.states[p].load(Ordering::Acquire) & STATE == ABSENT
+                && !sh.dropped[p].load(Ordering::Acquire)
+        });
         if absent {
             chunk.push(gpa);
         }
@@ -219,8 +221,10 @@ fn load(sh: &Arc<Shared>, order: &[u64], source: &dyn BulkSource, rate: Option<u
         // the worker's queued fetch and leave the page to the kernel's
         // zeros), and load whatever is still absent.
         todo.retain(|&g| {
-            sh.page_of_gpa(g)
-                .is_some_and(|p| sh.states[p].load(Ordering::Acquire) & STATE != RESIDENT)
+            sh.page_of_gpa(g).is_some_and(|p| {
+                let s = sh.states[p].load(Ordering::Acquire) & STATE;
+                s != RESIDENT && !(s == ABSENT && sh.dropped[p].load(Ordering::Acquire))
+            })
         });
         if todo.is_empty() {
             break true;
