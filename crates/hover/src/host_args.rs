@@ -90,10 +90,10 @@ pub(crate) struct GuardArgs {
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub(crate) guest_msi_max_delay: Duration,
     /// Most guest-requested MSI timers waiting at once (1-65536).
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = hover_vmm::config::limits::DEFAULT_MSI_PENDING)]
     pub(crate) guest_msi_max_pending: u32,
     /// Most reports the guest may record over the run (1-1048576).
-    #[arg(long, default_value_t = 65_536)]
+    #[arg(long, default_value_t = hover_vmm::config::limits::DEFAULT_REPORTS)]
     pub(crate) guest_reports_max: u32,
     /// Most bytes of guest log messages passed to the log over the run
     /// (at most 1G); later messages are refused.

@@ -292,17 +292,17 @@ struct RunArgs {
     /// Revoke a boost once its thread has run this many milliseconds of CPU
     /// time (1-10000): the longest a guest can hold a host CPU from normal
     /// threads in one go.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = hover_vmm::config::boost::DEFAULT_MAX_MS)]
     boost_max_ms: u64,
     /// No boost for this long after one was revoked, milliseconds (0-60000).
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = hover_vmm::config::boost::DEFAULT_COOLDOWN_MS)]
     boost_cooldown_ms: u64,
     /// Most boosts per vCPU in one second; more are revoked as above.
-    #[arg(long, default_value_t = 5000)]
+    #[arg(long, default_value_t = hover_vmm::config::boost::DEFAULT_MAX_RATE)]
     boost_max_rate: u32,
     /// How often the boost monitor reads the shared pages, microseconds
     /// (50-1000000).
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = hover_vmm::config::boost::DEFAULT_POLL_US)]
     boost_poll_us: u64,
     /// The guest: `builtin` or the path of an x86_64 ELF executable.
     #[arg(long, default_value = "builtin", conflicts_with = "kernel")]
@@ -577,27 +577,45 @@ fn run(args: RunArgs) -> ExitCode {
         eprintln!("hover: error: --page-store, --page-store-latency and --page-store-jitter need --memory-budget (only an overcommitted VM has a page store)");
         return ExitCode::from(EXIT_BAD_INPUT);
     }
-    let machine = MachineConfig {
+    let machine = machine_config(&args);
+    let mut host = match host_config(&args.out, &args.files, &args.guard, &args.boost_host) {
+        Ok(h) => h,
+        Err(e) => return bad_input(&e),
+    };
+    host.disk_paths = args.disk.iter().map(|d| d.path.clone()).collect();
+    host.taps = args.net.iter().map(|n| n.tap.clone()).collect();
+    let config = VmConfig { machine, host };
+    finish(
+        Vm::new(&config).and_then(run_vm),
+        args.out.json,
+        args.out.stats,
+    )
+}
+
+/// The machine `hover run`'s flags describe (the host's part is
+/// `host_config`).
+fn machine_config(args: &RunArgs) -> MachineConfig {
+    let mut machine = MachineConfig {
         vcpus: args.vcpus,
         memory: args.memory,
         memory_backend: match args.memory_backend {
             BackendArg::Anon => MemoryBackend::Anonymous,
             BackendArg::Memfd => MemoryBackend::Memfd,
         },
-        cmdline: args.cmdline.unwrap_or_else(|| {
+        cmdline: args.cmdline.clone().unwrap_or_else(|| {
             if args.kernel.is_some() {
                 hover_vmm::boot::linux::DEFAULT_CMDLINE.into()
             } else {
                 hover_vmm::config::DEFAULT_CMDLINE.into()
             }
         }),
-        guest: match args.kernel {
+        guest: match &args.kernel {
             Some(kernel) => GuestImage::Linux(hover_vmm::boot::linux::LinuxBoot {
-                kernel,
-                initrd: args.initrd,
+                kernel: kernel.clone(),
+                initrd: args.initrd.clone(),
             }),
             None if args.guest == "builtin" => GuestImage::Builtin,
-            None => GuestImage::Path(args.guest.into()),
+            None => GuestImage::Path(args.guest.clone().into()),
         },
         boot: match args.boot {
             BootArg::Hover => hover_vmm::config::BootProtocol::Hover,
@@ -632,7 +650,6 @@ fn run(args: RunArgs) -> ExitCode {
         rng: true,
         balloon: args.balloon.clone(),
     };
-    let mut machine = machine;
     machine.guest_poll_max_ns = match args.guest_halt_poll_max {
         Some(d) => d.as_nanos().min(u64::MAX as u128) as u64,
         None => hover_vmm::config::default_guest_poll_ns(&machine.guest),
@@ -659,18 +676,7 @@ fn run(args: RunArgs) -> ExitCode {
                 .unwrap_or_else(|| hover_vmm::devices::virtio::net::default_mac(i)),
         })
         .collect();
-    let mut host = match host_config(&args.out, &args.files, &args.guard, &args.boost_host) {
-        Ok(h) => h,
-        Err(e) => return bad_input(&e),
-    };
-    host.disk_paths = args.disk.iter().map(|d| d.path.clone()).collect();
-    host.taps = args.net.iter().map(|n| n.tap.clone()).collect();
-    let config = VmConfig { machine, host };
-    finish(
-        Vm::new(&config).and_then(run_vm),
-        args.out.json,
-        args.out.stats,
-    )
+    machine
 }
 
 pub(crate) fn fail(e: &Error) -> ExitCode {
@@ -693,4 +699,40 @@ pub(crate) fn die_on_broken_pipe() {
 fn bad_input(why: &str) -> ExitCode {
     eprintln!("hover: error: {why}");
     ExitCode::from(EXIT_BAD_INPUT)
+}
+
+#[cfg(test)]
+mod defaults {
+    use super::*;
+
+    /// `hover run`'s flags as given (one word each after `hover run`).
+    fn run_args(flags: &[&str]) -> RunArgs {
+        let argv = ["hover", "run"].iter().chain(flags).copied();
+        match Cli::parse_from(argv).command {
+            Command::Run(a) => a,
+            _ => unreachable!("hover run parses as run"),
+        }
+    }
+
+    #[test]
+    fn hover_run_with_no_flags_is_the_default_machine_and_guest_limits() {
+        let args = run_args(&[]);
+        assert_eq!(machine_config(&args), MachineConfig::default());
+        assert_eq!(
+            args.guard.limits(),
+            hover_vmm::config::GuestLimits::default()
+        );
+    }
+
+    #[test]
+    fn boost_flags_left_out_are_the_boost_defaults() {
+        let m = machine_config(&run_args(&["--boost", "on"]));
+        assert_eq!(
+            m.boost,
+            BoostConfig {
+                mode: BoostMode::Dynamic,
+                ..BoostConfig::default()
+            }
+        );
+    }
 }

@@ -12,6 +12,16 @@ use serde::{Deserialize, Serialize};
 pub const DEFAULT_FIFO_PRIO: i32 = 10;
 /// Nice value used by `nice` without a value.
 pub const DEFAULT_NICE: i32 = -20;
+/// Default `--boost-max-ms`: a rogue guest holding its request kept the
+/// host probe from its CPU for 50 ms at a time with 50 (`hover bench
+/// boost`); legitimate boosts here use under 1 ms each.
+pub const DEFAULT_MAX_MS: u64 = 10;
+/// Default `--boost-cooldown-ms`.
+pub const DEFAULT_COOLDOWN_MS: u64 = 100;
+/// Default `--boost-max-rate` (boosts per vCPU per second).
+pub const DEFAULT_MAX_RATE: u32 = 5000;
+/// Default `--boost-poll-us`.
+pub const DEFAULT_POLL_US: u64 = 1000;
 
 /// How a boosted thread is scheduled. In JSON (the API, `--json`) it is the
 /// flag's text, `fifo:10` or `nice:-20`, everywhere; in the binary formats
@@ -176,13 +186,10 @@ impl Default for BoostConfig {
         BoostConfig {
             mode: BoostMode::Off,
             policy: BoostPolicy::default(),
-            // A rogue guest holding its request kept the host probe from
-            // its CPU for 50 ms at a time with 50 (`hover bench boost`);
-            // legitimate boosts here use under 1 ms each.
-            max_ms: 10,
-            cooldown_ms: 100,
-            max_rate: 5000,
-            poll_us: 1000,
+            max_ms: DEFAULT_MAX_MS,
+            cooldown_ms: DEFAULT_COOLDOWN_MS,
+            max_rate: DEFAULT_MAX_RATE,
+            poll_us: DEFAULT_POLL_US,
         }
     }
 }

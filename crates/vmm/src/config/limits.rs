@@ -18,6 +18,13 @@ pub const MAX_REPORTS: u32 = 1 << 20;
 /// Highest `--guest-log-max` (1 GiB).
 pub const MAX_LOG_BYTES: u64 = 1 << 30;
 
+/// Default `--guest-msi-max-pending`.
+pub const DEFAULT_MSI_PENDING: u32 = 1024;
+/// Default `--guest-reports-max`.
+pub const DEFAULT_REPORTS: u32 = 65_536;
+/// Default `--guest-log-max` (1 MiB; the flag's default reads "1M").
+pub const DEFAULT_LOG_BYTES: u64 = 1 << 20;
+
 /// The limits a host sets on what its guest may ask for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct GuestLimits {
@@ -41,9 +48,9 @@ impl Default for GuestLimits {
         GuestLimits {
             io_file_bytes: MAX_FILE_BYTES,
             msi_delay: Duration::from_nanos(MAX_MSI_DELAY_NS),
-            msi_pending: 1024,
-            reports: 65_536,
-            log_bytes: 1 << 20,
+            msi_pending: DEFAULT_MSI_PENDING,
+            reports: DEFAULT_REPORTS,
+            log_bytes: DEFAULT_LOG_BYTES,
         }
     }
 }
