@@ -8,7 +8,7 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::migrate::{spread, MigrateBench};
+use crate::migrate::MigrateBench;
 use crate::migration_run::migrate_once;
 use crate::runner::guest;
 use crate::stats::{summarize, Summary};
@@ -161,9 +161,9 @@ pub(crate) fn sender_table(senders: &[SenderSample]) -> (Vec<Vec<String>>, Vec<V
         );
         rows.push(vec![
             sender.to_string(),
-            spread(&total, 0),
-            spread(&cpp, 0),
-            vs.map(|s| spread(&s, 2)).unwrap_or_default(),
+            total.text(0),
+            cpp.text(0),
+            vs.map(|s| s.text(2)).unwrap_or_default(),
         ]);
         json.push(serde_json::json!({
             "sender": sender, "total_ms": total, "cycles_per_page": cpp, "time_vs_thread": vs,
@@ -198,8 +198,8 @@ pub(crate) fn map_table(b: &MigrateBench, maps: &[MapSample]) -> (Vec<Vec<String
             rows.push(vec![
                 mode.name().to_string(),
                 batch.to_string(),
-                spread(&cpp, 0),
-                vs.map(|s| spread(&s, 1)).unwrap_or_default(),
+                cpp.text(0),
+                vs.map(|s| s.text(1)).unwrap_or_default(),
             ]);
             json.push(serde_json::json!({
                 "mode": mode.name(), "batch_pages": batch, "cycles_per_page": cpp,

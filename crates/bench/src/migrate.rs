@@ -39,7 +39,7 @@ use serde_json::Value;
 
 use crate::mapping::{map_samples, map_table, sender_sample, sender_table, SENDERS};
 use crate::migration_run::{migrate_once, ops_during_pct, sum_stat, work_lost_ms};
-use crate::stats::{summarize, Summary};
+use crate::stats::summarize;
 use crate::{plot, table, BenchError};
 
 /// The scenario's knobs.
@@ -184,10 +184,6 @@ fn harvest_ms(report: &Value) -> f64 {
     h.iter().sum::<f64>() / h.len().max(1) as f64 / 1000.0
 }
 
-pub(crate) fn spread(s: &Summary, p: usize) -> String {
-    format!("{:.p$} ({:.p$}-{:.p$})", s.p50, s.min, s.max)
-}
-
 /// Run the scenario: tables on stdout, `OUT/migrate.json`, `OUT/migrate_*.svg`.
 pub fn run(exe: &Path, b: &MigrateBench, out: &Path) -> Result<(), BenchError> {
     let mut trackers = Vec::new();
@@ -270,15 +266,15 @@ pub fn run(exe: &Path, b: &MigrateBench, out: &Path) -> Result<(), BenchError> {
                 memory.clone(),
                 wss.clone(),
                 tracker.clone(),
-                spread(&total, 0),
-                spread(&down, 1),
-                spread(&gdown, 1),
-                spread(&rounds, 0),
-                spread(&pages, 0),
-                spread(&ops, 0),
-                spread(&lost, 0),
-                spread(&faults, 0),
-                spread(&harvest, 2),
+                total.text(0),
+                down.text(1),
+                gdown.text(1),
+                rounds.text(0),
+                pages.text(0),
+                ops.text(0),
+                lost.text(0),
+                faults.text(0),
+                harvest.text(2),
             ]);
             json_rows.push(serde_json::json!({
                 "memory": memory, "wss": wss, "tracker": tracker, "total_ms": total, "downtime_ms": down,
@@ -334,11 +330,11 @@ pub fn run(exe: &Path, b: &MigrateBench, out: &Path) -> Result<(), BenchError> {
         let time_x = vs(&|s| s.total_ms);
         brows.push(vec![
             batch.to_string(),
-            spread(&pps, 0),
-            spread(&cpp, 0),
-            spread(&total, 0),
-            cycles_x.map(|s| spread(&s, 2)).unwrap_or_default(),
-            time_x.map(|s| spread(&s, 2)).unwrap_or_default(),
+            pps.text(0),
+            cpp.text(0),
+            total.text(0),
+            cycles_x.map(|s| s.text(2)).unwrap_or_default(),
+            time_x.map(|s| s.text(2)).unwrap_or_default(),
         ]);
         bjson.push(serde_json::json!({
             "batch_pages": batch, "pages_per_s": pps, "cycles_per_page": cpp, "total_ms": total,

@@ -56,7 +56,7 @@ pub const PALETTE: [RGBColor; 8] = [
 ];
 
 /// `(min, median, max)` of `v` (None: empty).
-pub fn spread(v: &[f64]) -> Option<(f64, f64, f64)> {
+pub fn min_median_max(v: &[f64]) -> Option<(f64, f64, f64)> {
     let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
     if s.is_empty() {
         return None;
@@ -273,7 +273,7 @@ pub fn bars(
 ) -> Result<(), BenchError> {
     if series
         .iter()
-        .all(|s| s.rounds.iter().all(|r| spread(r).is_none()))
+        .all(|s| s.rounds.iter().all(|r| min_median_max(r).is_none()))
     {
         return Err(nothing_to_draw(path));
     }
@@ -301,7 +301,7 @@ pub fn bars(
         let color = PALETTE[si % PALETTE.len()];
         let mut first = true;
         for (g, rounds) in s.rounds.iter().enumerate().take(n) {
-            let Some((lo, mid, hi)) = spread(rounds) else {
+            let Some((lo, mid, hi)) = min_median_max(rounds) else {
                 continue;
             };
             let x0 = g as f64 - 0.4 + si as f64 * width;
@@ -353,7 +353,7 @@ pub fn lines(
 ) -> Result<(), BenchError> {
     if series
         .iter()
-        .all(|s| s.points.iter().all(|(_, v)| spread(v).is_none()))
+        .all(|s| s.points.iter().all(|(_, v)| min_median_max(v).is_none()))
     {
         return Err(nothing_to_draw(path));
     }
@@ -393,7 +393,7 @@ pub fn lines(
         let medians: Vec<(f64, f64)> = s
             .points
             .iter()
-            .filter_map(|(x, v)| spread(v).map(|(_, m, _)| (*x + shift, m)))
+            .filter_map(|(x, v)| min_median_max(v).map(|(_, m, _)| (*x + shift, m)))
             .collect();
         chart
             .draw_series(LineSeries::new(
@@ -406,7 +406,7 @@ pub fn lines(
                 PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3))
             });
         for (x, v) in &s.points {
-            if let Some((lo, median, hi)) = spread(v) {
+            if let Some((lo, median, hi)) = min_median_max(v) {
                 // In the series' colour: whiskers of one x are told apart.
                 whisker(&mut chart, x + shift, (lo, hi), cap, color).map_err(&err)?;
                 marker(&mut chart, si, (x + shift, median), color).map_err(&err)?;

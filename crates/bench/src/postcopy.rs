@@ -27,7 +27,6 @@ use hover_vmm::api::ApiClient;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::migrate::spread;
 use crate::migration_run::{listening_at, lost_ms, report, timeline_sum};
 use crate::netem::{Link, Relay, PEER_ADDR};
 use crate::plot;
@@ -312,7 +311,7 @@ pub fn run(exe: &Path, b: &PostcopyBench, out: &Path) -> Result<(), BenchError> 
         let ok: Vec<&&Sample> = of.iter().filter(|s| s.error.is_none()).collect();
         let cell = |f: &dyn Fn(&Sample) -> f64, p: usize| {
             summarize(&ok.iter().map(|s| f(s)).collect::<Vec<_>>())
-                .map_or("-".into(), |s| spread(&s, p))
+                .map_or("-".into(), |s| s.text(p))
         };
         rows.push(vec![
             name.to_string(),

@@ -37,10 +37,24 @@ pub fn summarize(values: &[f64]) -> Option<Summary> {
     })
 }
 
-/// "median (min-max)" of `v`.
+impl Summary {
+    /// "median (min-max)" with `digits` decimals: how every table shows a
+    /// spread.
+    pub(crate) fn text(&self, digits: usize) -> String {
+        format!(
+            "{:.d$} ({:.d$}-{:.d$})",
+            self.p50,
+            self.min,
+            self.max,
+            d = digits
+        )
+    }
+}
+
+/// "median (min-max)" of `v` (one value: itself; none: "-").
 pub(crate) fn spread(v: &[f64], digits: usize) -> String {
     match summarize(v) {
-        Some(s) if s.n > 1 => format!("{:.d$} ({:.d$}-{:.d$})", s.p50, s.min, s.max, d = digits),
+        Some(s) if s.n > 1 => s.text(digits),
         Some(s) => format!("{:.d$}", s.p50, d = digits),
         None => "-".into(),
     }

@@ -34,10 +34,10 @@ pub(crate) fn whiskers(svg: &str) -> usize {
 }
 
 #[test]
-fn spread_is_min_median_max() {
-    assert_eq!(spread(&[3.0, 1.0, 2.0]), Some((1.0, 2.0, 3.0)));
-    assert_eq!(spread(&[4.0, 1.0, 2.0, 3.0]), Some((1.0, 2.5, 4.0)));
-    assert_eq!(spread(&[]), None);
+fn min_median_max_of_a_sample() {
+    assert_eq!(min_median_max(&[3.0, 1.0, 2.0]), Some((1.0, 2.0, 3.0)));
+    assert_eq!(min_median_max(&[4.0, 1.0, 2.0, 3.0]), Some((1.0, 2.5, 4.0)));
+    assert_eq!(min_median_max(&[]), None);
 }
 
 #[test]
