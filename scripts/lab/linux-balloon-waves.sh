@@ -12,7 +12,8 @@
 R=$(lab_number rounds 2)
 W=$(lab_number wave 48)
 N=$(lab_number waves 3)
-K="--kernel /lab/vmlinuz --initrd /lab/initrd --memory 256M --vcpus 1 --rng off --memory-budget 128M"
+# Async PF off: the lab's emulated SVM breaks under it (docs/LAB.md).
+K="--kernel /lab/vmlinuz --initrd /lab/initrd --memory 256M --vcpus 1 --rng off --memory-budget 128M --async-pf off"
 # INFLATE 999: the guest's script never sees an inflation; memwave holds
 # until the migration moves it and the destination is shut down.
 CL="console=ttyS0 reboot=k panic=-1 lab.memwave=16,$W,$N,3,900,999"

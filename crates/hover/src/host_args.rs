@@ -52,6 +52,12 @@ pub(crate) struct HostFileArgs {
     /// (e.g. 1ms): a device whose latency varies.
     #[arg(long, default_value = "0", value_parser = parse_duration)]
     pub(crate) page_store_jitter: Duration,
+    /// How the pager takes pages out of guest RAM: `move` (UFFDIO_MOVE,
+    /// Linux 6.8+: atomic), `write-protect` (UFFDIO_WRITEPROTECT, 5.7+:
+    /// the page is write-protected, copied out and dropped; a guest write
+    /// meanwhile waits), or `auto`: move where the kernel has it.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub(crate) pager_evict: EvictArg,
     /// File the paravirtual I/O device writes to (created if missing, kept).
     /// Default: a file on tmpfs (/dev/shm), unlinked as soon as it is open.
     #[arg(long)]
@@ -62,6 +68,28 @@ pub(crate) struct HostFileArgs {
     /// MAC. Without it a migration over TCP needs --insecure.
     #[arg(long, value_name = "FILE", value_parser = parse_migration_key)]
     pub(crate) migration_key: Option<Arc<MigrationKey>>,
+}
+
+/// `--pager-evict`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum EvictArg {
+    /// UFFDIO_MOVE where the kernel has it, else write-protection.
+    Auto,
+    /// UFFDIO_MOVE (Linux 6.8+).
+    Move,
+    /// UFFDIO_WRITEPROTECT, copy, MADV_DONTNEED (Linux 5.7+).
+    WriteProtect,
+}
+
+impl EvictArg {
+    fn mode(self) -> Option<hover_vmm::memory::paged::EvictMode> {
+        use hover_vmm::memory::paged::EvictMode;
+        match self {
+            EvictArg::Auto => None,
+            EvictArg::Move => Some(EvictMode::Move),
+            EvictArg::WriteProtect => Some(EvictMode::WriteProtect),
+        }
+    }
 }
 
 fn parse_migration_key(s: &str) -> Result<Arc<MigrationKey>, String> {
@@ -229,6 +257,7 @@ pub(crate) fn host_config(
             path: files.page_store.clone(),
             latency: files.page_store_latency,
             jitter: files.page_store_jitter,
+            evict: files.pager_evict.mode(),
         },
         io_file: files.io_file.clone(),
         limits: guard.limits(),

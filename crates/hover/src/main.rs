@@ -144,7 +144,7 @@ struct ReceiveArgs {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum MemoryRestoreArg {
-    /// prefetch where this host lets Hover use userfaultfd (Linux 6.8+,
+    /// prefetch where this host lets Hover use userfaultfd (Linux 5.7+,
     /// vm.unprivileged_userfaultfd=1 or CAP_SYS_PTRACE) and the VM's memory
     /// is anonymous, else eager (with a warning when userfaultfd is
     /// refused); the outcome's restore.memory_restore says which ran.

@@ -98,6 +98,9 @@ pub struct PageStore {
     /// A further delay on each read, uniformly random up to this much (a
     /// device whose latency varies).
     pub jitter: Duration,
+    /// How the pager takes pages out of guest RAM (`--pager-evict`;
+    /// `None`: `UFFDIO_MOVE` where the kernel has it, else write-protection).
+    pub evict: Option<crate::memory::paged::EvictMode>,
 }
 
 /// How this host runs the VM: see the module documentation.

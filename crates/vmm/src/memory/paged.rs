@@ -38,7 +38,8 @@ use vm_memory::{GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::store::{PageBuf, PageStore, StoreError};
-use super::uffd::{Uffd, FEATURE_MOVE};
+pub use super::uffd::EvictMode;
+use super::uffd::{open_for_pager, Uffd};
 use super::GuestRam;
 use workers::{fault_loop, start_workers, RawEventFd};
 
@@ -93,6 +94,9 @@ pub struct PagingConfig {
     /// device whose latency varies; the pager stress uses it). Not kept in
     /// a snapshot: the host that restores decides.
     pub store_jitter: Duration,
+    /// How pages leave guest RAM (`None`: `UFFDIO_MOVE` where the kernel
+    /// has it, else write-protection).
+    pub evict: Option<EvictMode>,
 }
 
 /// Why the pager could not start.
@@ -102,7 +106,7 @@ pub enum PagerError {
     #[error(transparent)]
     Store(#[from] StoreError),
     /// userfaultfd (with UFFDIO_MOVE) is not available or refused a call.
-    #[error("cannot set up userfaultfd for guest memory ({what}): {source}; the pager needs Linux 6.8+ and permission to use userfaultfd (vm.unprivileged_userfaultfd=1, or CAP_SYS_PTRACE)")]
+    #[error("cannot set up userfaultfd for guest memory ({what}): {source}; the pager needs Linux 5.7+ (6.8+ for --pager-evict move) and permission to use userfaultfd (vm.unprivileged_userfaultfd=1, or CAP_SYS_PTRACE)")]
     Uffd {
         /// The call that failed.
         what: &'static str,
@@ -124,6 +128,8 @@ struct Range {
 
 struct Shared {
     uffd: Uffd,
+    /// How pages leave guest RAM.
+    evict_mode: EvictMode,
     ranges: Vec<Range>,
     states: Vec<AtomicU8>,
     stored: Vec<AtomicBool>,
@@ -376,7 +382,9 @@ impl Pager {
         on_failure: Box<dyn Fn(String) + Send + Sync>,
     ) -> Result<Pager, PagerError> {
         let uffd_err = |what| move |source| PagerError::Uffd { what, source };
-        let uffd = Uffd::new(FEATURE_MOVE).map_err(uffd_err("open with UFFDIO_MOVE"))?;
+        let (uffd, evict_mode) =
+            open_for_pager(config.evict).map_err(uffd_err("open for the pager"))?;
+        let wp = evict_mode == EvictMode::WriteProtect;
         let mut ranges = Vec::new();
         let mut pages = 0usize;
         for region in ram.memory().iter() {
@@ -400,7 +408,7 @@ impl Pager {
                     libc::MADV_NOHUGEPAGE,
                 )
             };
-            uffd.register_missing(host, rlen)
+            uffd.register(host, rlen, wp)
                 .map_err(uffd_err("register guest memory"))?;
             ranges.push(Range {
                 host,
@@ -451,6 +459,7 @@ impl Pager {
         let mut pager = Pager {
             shared: Arc::new(Shared {
                 uffd,
+                evict_mode,
                 ranges,
                 states: zeroed(pages),
                 stored: zeroed(pages),
@@ -489,11 +498,15 @@ impl Pager {
             staging: (staging, staging_len),
             loader_go: None,
         };
-        pager
-            .shared
-            .uffd
-            .register_missing(staging, staging_len as u64)
-            .map_err(uffd_err("register staging pages"))?;
+        // UFFDIO_MOVE's destination must be registered; a write-protect
+        // eviction copies into the staging pages, which must not fault.
+        if evict_mode == EvictMode::Move {
+            pager
+                .shared
+                .uffd
+                .register_missing(staging, staging_len as u64)
+                .map_err(uffd_err("register staging pages"))?;
+        }
         let sh = pager.shared.clone();
         let wake = RawEventFd(pager.wake.as_raw_fd());
         let (started_tx, started_rx) = std::sync::mpsc::channel();
@@ -523,7 +536,7 @@ impl Pager {
                 ))
             })
             .map_err(PagerError::Thread)?;
-        tracing::debug!(pages, budget, store = ?pager.shared.store.as_ref().map(|s| s.path().to_path_buf()), "pager started");
+        tracing::debug!(pages, budget, evict = evict_mode.name(), store = ?pager.shared.store.as_ref().map(|s| s.path().to_path_buf()), "pager started");
         Ok(pager)
     }
 

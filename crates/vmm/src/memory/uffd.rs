@@ -1,5 +1,6 @@
 //! A small wrapper over userfaultfd(2): the calls the pager needs, including
-//! `UFFDIO_MOVE` (Linux 6.8+), which the `userfaultfd` crate lacks.
+//! `UFFDIO_MOVE` (Linux 6.8+) and `UFFDIO_WRITEPROTECT` (5.7+ on anonymous
+//! memory), which the `userfaultfd` crate lacks.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -10,7 +11,13 @@ const UFFD_API: u64 = 0xAA;
 const UFFDIO: u32 = 0xAA;
 /// Feature bit: `UFFDIO_MOVE`.
 pub const FEATURE_MOVE: u64 = 1 << 16;
+/// Feature bit: write-protect faults are reported as such
+/// (`UFFD_FEATURE_PAGEFAULT_FLAG_WP`; with it, `REGISTER_MODE_WP` works on
+/// anonymous memory).
+pub const FEATURE_WP: u64 = 1 << 0;
 const REGISTER_MODE_MISSING: u64 = 1;
+const REGISTER_MODE_WP: u64 = 2;
+const WRITEPROTECT_MODE_WP: u64 = 1;
 const EVENT_PAGEFAULT: u8 = 0x12;
 const MSG_SIZE: usize = 32;
 
@@ -49,6 +56,13 @@ struct UffdioCopy {
 
 #[repr(C)]
 #[derive(Default)]
+struct UffdioWriteprotect {
+    range: UffdioRange,
+    mode: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
 struct UffdioMove {
     dst: u64,
     src: u64,
@@ -67,17 +81,64 @@ mod ioctls {
     ioctl_ior_nr!(UFFDIO_WAKE, UFFDIO, 0x02, UffdioRange);
     ioctl_iowr_nr!(UFFDIO_COPY, UFFDIO, 0x03, UffdioCopy);
     ioctl_iowr_nr!(UFFDIO_MOVE, UFFDIO, 0x05, UffdioMove);
+    ioctl_iowr_nr!(UFFDIO_WRITEPROTECT, UFFDIO, 0x06, UffdioWriteprotect);
 }
 use ioctls::*;
 
 /// A userfaultfd.
 pub struct Uffd(OwnedFd);
 
-/// Whether this process may run a pager: a userfaultfd with UFFDIO_MOVE
-/// opens (Linux 6.8+, and `vm.unprivileged_userfaultfd=1` or
-/// CAP_SYS_PTRACE; a seccomp profile may refuse the call).
+/// How the pager takes a page out of guest RAM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EvictMode {
+    /// `UFFDIO_MOVE` (Linux 6.8+): the page leaves guest RAM atomically.
+    Move,
+    /// Write-protect the page (`UFFDIO_WRITEPROTECT`, Linux 5.7+), copy it
+    /// out, drop it (`MADV_DONTNEED`): a guest write meanwhile waits on
+    /// the protection and is served after, so none is lost.
+    WriteProtect,
+}
+
+impl EvictMode {
+    /// Its name (`--pager-evict`, the pager's report).
+    pub fn name(self) -> &'static str {
+        match self {
+            EvictMode::Move => "move",
+            EvictMode::WriteProtect => "write-protect",
+        }
+    }
+}
+
+/// A userfaultfd for the pager and the way it evicts: `want`, or (None)
+/// `UFFDIO_MOVE` where the kernel has it, else write-protection.
+pub fn open_for_pager(want: Option<EvictMode>) -> io::Result<(Uffd, EvictMode)> {
+    let open = |m: EvictMode| {
+        let features = match m {
+            EvictMode::Move => FEATURE_MOVE,
+            EvictMode::WriteProtect => FEATURE_WP,
+        };
+        Uffd::new(features).map(|u| (u, m))
+    };
+    match want {
+        Some(m) => open(m),
+        None => open(EvictMode::Move).or_else(|moving| {
+            open(EvictMode::WriteProtect).map_err(|wp| {
+                io::Error::new(
+                    wp.kind(),
+                    format!("no UFFDIO_MOVE ({moving}) and no write-protection ({wp})"),
+                )
+            })
+        }),
+    }
+}
+
+/// Whether this process may run a pager: a userfaultfd opens with
+/// UFFDIO_MOVE (Linux 6.8+) or write-protection (5.7+), given
+/// `vm.unprivileged_userfaultfd=1` or CAP_SYS_PTRACE (a seccomp profile
+/// may refuse the call).
 pub fn pager_usable() -> io::Result<()> {
-    Uffd::new(FEATURE_MOVE).map(drop)
+    open_for_pager(None).map(drop)
 }
 
 fn check(rc: i32) -> io::Result<()> {
@@ -117,9 +178,15 @@ impl Uffd {
 
     /// Report missing-page faults in `[addr, addr + len)` to this fd.
     pub fn register_missing(&self, addr: u64, len: u64) -> io::Result<()> {
+        self.register(addr, len, false)
+    }
+
+    /// Report missing-page faults in `[addr, addr + len)`, and with `wp`
+    /// writes to pages write-protected by [`Self::write_protect`].
+    pub fn register(&self, addr: u64, len: u64, wp: bool) -> io::Result<()> {
         let mut r = UffdioRegister {
             range: UffdioRange { start: addr, len },
-            mode: REGISTER_MODE_MISSING,
+            mode: REGISTER_MODE_MISSING | if wp { REGISTER_MODE_WP } else { 0 },
             ioctls: 0,
         };
         // SAFETY: UFFDIO_REGISTER reads and writes a uffdio_register.
@@ -189,6 +256,18 @@ impl Uffd {
         let mut r = UffdioRange { start: addr, len };
         // SAFETY: UFFDIO_WAKE reads a uffdio_range.
         check(unsafe { ioctl_with_mut_ref(&self.0, UFFDIO_WAKE(), &mut r) })
+    }
+
+    /// Write-protect `[addr, addr + len)` (`on`), or lift the protection
+    /// and wake the writers waiting on it. The range must be registered
+    /// with `wp`.
+    pub fn write_protect(&self, addr: u64, len: u64, on: bool) -> io::Result<()> {
+        let mut w = UffdioWriteprotect {
+            range: UffdioRange { start: addr, len },
+            mode: if on { WRITEPROTECT_MODE_WP } else { 0 },
+        };
+        // SAFETY: UFFDIO_WRITEPROTECT reads a uffdio_writeprotect.
+        check(unsafe { ioctl_with_mut_ref(&self.0, UFFDIO_WRITEPROTECT(), &mut w) })
     }
 
     /// Atomically move the page(s) at `src` to the (registered, empty) `dst`:

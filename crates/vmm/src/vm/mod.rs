@@ -242,6 +242,7 @@ impl Vm {
                 store: store.path.clone(),
                 store_latency: store.latency,
                 store_jitter: store.jitter,
+                evict: store.evict,
             }),
             // A lazy restore without overcommit: the pager only brings pages in.
             (None, Some(_)) => Some(crate::memory::paged::PagingConfig {
@@ -249,6 +250,7 @@ impl Vm {
                 store: None,
                 store_latency: std::time::Duration::ZERO,
                 store_jitter: std::time::Duration::ZERO,
+                evict: store.evict,
             }),
             (None, None) => None,
         };

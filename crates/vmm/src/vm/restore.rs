@@ -65,7 +65,7 @@ impl MemoryRestore {
         match crate::memory::uffd::pager_usable() {
             Ok(()) => MemoryRestore::Prefetch,
             Err(e) => {
-                tracing::warn!("restoring eagerly: userfaultfd with UFFDIO_MOVE is unavailable ({e}); the pager needs Linux 6.8+ and vm.unprivileged_userfaultfd=1 or CAP_SYS_PTRACE");
+                tracing::warn!("restoring eagerly: userfaultfd is unavailable ({e}); the pager needs Linux 5.7+ and vm.unprivileged_userfaultfd=1 or CAP_SYS_PTRACE");
                 MemoryRestore::Eager
             }
         }

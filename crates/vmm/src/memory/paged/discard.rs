@@ -131,6 +131,7 @@ mod tests {
             store: None,
             store_latency: Duration::ZERO,
             store_jitter: Duration::ZERO,
+            evict: None,
         };
         let pager = Pager::start(&ram, 0, &config, None, Box::new(|m| panic!("{m}"))).unwrap();
         let base = pager.shared.host_of(0);

@@ -3,7 +3,13 @@
 //!
 //! A page leaves guest RAM by `UFFDIO_MOVE` into one of the fetch worker's
 //! staging pages (atomic: any access from then on faults and waits), is
-//! written to the store, and its staging page is dropped. Done one page at
+//! written to the store, and its staging page is dropped. Where the kernel
+//! has no `UFFDIO_MOVE` (before 6.8) the page is write-protected instead
+//! (`UFFDIO_WRITEPROTECT`: a guest write from then on faults and waits),
+//! copied into the staging page, written to the store and then dropped
+//! from guest RAM (`MADV_DONTNEED`); the writer is served when the page is
+//! fetched again (its fault marked the page WANTED), so no write is lost.
+//! Reads meanwhile see the page as it is being stored. Done one page at
 //! a time, each eviction cost a store write of its own (on a virtio disk,
 //! a device notification and a completion interrupt each) and a TLB
 //! shootdown to drop the staging page. A batch of [`EVICT_BATCH`] pages is
@@ -17,7 +23,7 @@ use std::time::Instant;
 
 use hover_abi::layout::PAGE_SIZE;
 
-use super::{Shared, EVICTING, FETCHING, RESIDENT, STORED, WANTED};
+use super::{EvictMode, Shared, EVICTING, FETCHING, RESIDENT, STORED, WANTED};
 use crate::memory::aio::Aio;
 
 /// Pages a worker evicts at once when it needs room: the store writes of a
@@ -77,7 +83,22 @@ impl Shared {
         let mut stranded = false;
         for (&(v, slot), result) in moved.iter().zip(results) {
             match result {
-                Ok(()) => self.stored_out(v),
+                Ok(()) => {
+                    if self.evict_mode == EvictMode::WriteProtect {
+                        // Stored: now out of guest RAM. A writer held by
+                        // the protection waits for the page's fetch.
+                        // SAFETY: one page of our guest mapping, which the
+                        // pager holds (EVICTING).
+                        unsafe {
+                            libc::madvise(
+                                self.host_of(v) as *mut libc::c_void,
+                                PAGE_SIZE as usize,
+                                libc::MADV_DONTNEED,
+                            )
+                        };
+                    }
+                    self.stored_out(v)
+                }
                 Err(e) => {
                     let (f, back) = self.put_back(v, slot, e);
                     stranded |= !back;
@@ -134,7 +155,7 @@ impl Shared {
                 continue;
             }
             let slot = ev.slot(moved.len());
-            if let Err(e) = self.uffd.move_pages(slot, self.host_of(v), PAGE_SIZE) {
+            if let Err(e) = self.take_out(v, slot) {
                 self.now_resident(v);
                 self.retries.fetch_add(1, Ordering::Relaxed);
                 if !matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::EAGAIN)) {
@@ -145,6 +166,29 @@ impl Shared {
             moved.push((v, slot));
         }
         (moved, true)
+    }
+
+    /// Take page `v` (EVICTING, ours) into staging page `slot`: moved out
+    /// of guest RAM, or write-protected and copied (dropped once stored).
+    fn take_out(&self, v: usize, slot: u64) -> io::Result<()> {
+        let host = self.host_of(v);
+        match self.evict_mode {
+            EvictMode::Move => self.uffd.move_pages(slot, host, PAGE_SIZE),
+            EvictMode::WriteProtect => {
+                self.uffd.write_protect(host, PAGE_SIZE, true)?;
+                // SAFETY: `host` is a resident page of our guest mapping,
+                // read-only to the guest now; `slot` is this worker's own
+                // staging page (not registered: the copy does not fault).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        host as *const u8,
+                        slot as *mut u8,
+                        PAGE_SIZE as usize,
+                    )
+                };
+                Ok(())
+            }
+        }
     }
 
     /// Page `v` is in the store: count it out, and fetch it again at once
@@ -168,7 +212,11 @@ impl Shared {
     /// whether the page is back.
     fn put_back(&self, v: usize, slot: u64, e: io::Error) -> (String, bool) {
         let host = self.host_of(v);
-        let back = self.uffd.move_pages(host, slot, PAGE_SIZE);
+        let back = match self.evict_mode {
+            EvictMode::Move => self.uffd.move_pages(host, slot, PAGE_SIZE),
+            // Still in guest RAM: lift the protection (waking its writers).
+            EvictMode::WriteProtect => self.uffd.write_protect(host, PAGE_SIZE, false),
+        };
         self.now_resident(v);
         let gpa = self.gpa_of(v);
         match back {
@@ -177,6 +225,87 @@ impl Shared {
                 format!("page store write of guest page {gpa:#x} failed ({e}) and restoring it failed ({b})"),
                 false,
             ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    use hover_abi::layout::PAGE_SIZE;
+
+    use crate::config::MemoryBackend;
+    use crate::memory::paged::{EvictMode, Pager, PagingConfig};
+    use crate::memory::GuestRam;
+
+    /// Two threads each add 1 to their own word of every page, round after
+    /// round, through a budget of a quarter of the pages: every page is
+    /// evicted and fetched again many times, while the other thread writes
+    /// to it. Each word ends at the number of rounds, in both modes.
+    #[test]
+    fn evictions_under_concurrent_writes_lose_nothing_in_either_mode() {
+        if let Err(e) = crate::memory::uffd::pager_usable() {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI is set but userfaultfd is refused: {e}"
+            );
+            eprintln!("skipping: userfaultfd refused: {e}");
+            return;
+        }
+        const PAGES: u64 = 512;
+        const ROUNDS: u64 = 6;
+        for mode in [EvictMode::Move, EvictMode::WriteProtect] {
+            let ram = GuestRam::new(PAGES * PAGE_SIZE, MemoryBackend::Anonymous).unwrap();
+            let config = PagingConfig {
+                budget: PAGES / 4 * PAGE_SIZE,
+                store: None,
+                store_latency: Duration::ZERO,
+                store_jitter: Duration::ZERO,
+                evict: Some(mode),
+            };
+            let pager = match Pager::start(&ram, 0, &config, None, Box::new(|m| panic!("{m}"))) {
+                Ok(p) => p,
+                Err(e) if mode == EvictMode::Move && std::env::var_os("CI").is_none() => {
+                    eprintln!("skipping move: {e}");
+                    continue;
+                }
+                Err(e) => panic!("{mode:?}: {e}"),
+            };
+            let base = pager.shared.host_of(0);
+            let writers: Vec<_> = (0..2u64)
+                .map(|t| {
+                    std::thread::spawn(move || {
+                        for _ in 0..ROUNDS {
+                            for p in 0..PAGES {
+                                let at = (base + p * PAGE_SIZE + 8 * t) as *mut u64;
+                                // SAFETY: guest RAM mapped by `ram`, which
+                                // outlives the writers (joined below).
+                                unsafe { at.write_volatile(at.read_volatile() + 1) };
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for w in writers {
+                w.join().unwrap();
+            }
+            let s = pager.stats();
+            assert_eq!(s.evict_mode, mode.name());
+            assert!(
+                s.evictions > PAGES,
+                "{mode:?}: pages went out and in: {s:?}"
+            );
+            for p in 0..PAGES {
+                for t in 0..2 {
+                    let at = (base + p * PAGE_SIZE + 8 * t) as *const u64;
+                    // SAFETY: as above.
+                    let v = unsafe { at.read_volatile() };
+                    assert_eq!(v, ROUNDS, "{mode:?}: page {p}, thread {t}");
+                }
+            }
+            assert!(pager.shared.resident.load(Ordering::Acquire) <= PAGES / 4 + 16);
         }
     }
 }

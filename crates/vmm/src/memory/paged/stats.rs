@@ -36,6 +36,9 @@ pub struct PagerStats {
     pub fetch_latency_avg_us: f64,
     /// Whether the store bypasses the page cache (O_DIRECT).
     pub store_direct: bool,
+    /// How pages leave guest RAM: `move` (UFFDIO_MOVE, Linux 6.8+) or
+    /// `write-protect` (UFFDIO_WRITEPROTECT and MADV_DONTNEED, 5.7+).
+    pub evict_mode: &'static str,
     /// Pages read from the page source (a snapshot file on a lazy restore).
     pub source_reads: u64,
     /// Pages placed before the guest touched them (pushed by a post-copy
@@ -77,6 +80,7 @@ impl Shared {
                 load(&sh.latency_sum_us) as f64 / reads as f64
             },
             store_direct: sh.store.as_ref().is_some_and(|s| s.is_direct()),
+            evict_mode: sh.evict_mode.name(),
             source_reads: load(&sh.source_reads),
             pushed_pages: load(&sh.pushed),
             discarded_pages: load(&sh.discarded),

@@ -239,6 +239,7 @@ mod tests {
             store: None,
             store_latency: Duration::ZERO,
             store_jitter: Duration::ZERO,
+            evict: None,
         };
         let on_failure = Box::new(move |m: String| {
             let _ = tx.lock().unwrap().send(m);
