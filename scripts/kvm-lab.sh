@@ -12,7 +12,9 @@
 # target/release/hover), LAB_TIMEOUT (seconds before a run is killed; 600),
 # LAB_OUT (folder for a run's console and result; a new one under
 # target/lab/runs by default), LAB_MEM (the L1's RAM; 3G), LAB_KEEP (keep the
-# run's L1 root and initramfs, removed after the run otherwise).
+# run's L1 root and initramfs, removed after the run otherwise), LAB_L1 (the
+# L1's kernel: 6.12, the default, or 6.1, Debian 12's own, without
+# UFFDIO_MOVE).
 #
 # `run` prints the L1's console lines the scenario marked with "LAB: " and
 # ends with the scenario's own exit status (0 when it passed), 124 when the
@@ -122,9 +124,11 @@ prepare() {
     mkdir -p "$LAB"
     rm -f "$LAB/READY"
     apt_setup
-    # The L1: Debian's 6.12 cloud kernel (a 6.1 L1 has no UFFDIO_MOVE) and
-    # the modules that give it /dev/kvm and taps.
+    # The L1: Debian's 6.12 cloud kernel and the modules that give it
+    # /dev/kvm and taps; and Debian 12's own 6.1 (LAB_L1=6.1), which has no
+    # UFFDIO_MOVE: the pager's write-protect eviction runs there.
     kernel bookworm-backports "$LAB/l1" irqbypass kvm kvm-amd tun
+    kernel bookworm "$LAB/l1-6.1" irqbypass kvm kvm-amd tun
     # The guest Hover boots: Debian's 6.1 cloud kernel; its virtio drivers
     # are modules.
     kernel bookworm "$LAB/guest" virtio virtio_ring virtio_mmio virtio_blk virtio_net net_failover failover virtio-rng virtio_balloon
@@ -174,7 +178,7 @@ l1_initrd() { # SCENARIO
     local s=$1 r=$WORK/l1-root
     rm -rf "$r"; busybox_root "$r"
     mkdir -p "$r/mods" "$r/lab"
-    cp "$LAB/l1/mods/"*.ko "$r/mods/"
+    cp "$(l1_dir)/mods/"*.ko "$r/mods/"
     copy_bin "$r" "$HOVER" hover
     cp "$LAB/guest/vmlinuz" "$r/lab/vmlinuz"
     guest_initrd "$s" "$r/lab/initrd"
@@ -187,13 +191,23 @@ l1_initrd() { # SCENARIO
     (cd "$r" && find . | cpio -o -H newc 2>/dev/null) > "$WORK/l1.cpio"
 }
 
+# The L1 kernel's folder: LAB_L1=6.12 (the default) or 6.1.
+l1_dir() {
+    case ${LAB_L1:-6.12} in
+        6.12) echo "$LAB/l1" ;;
+        6.1) [ -d "$LAB/l1-6.1" ] || die "no 6.1 L1 in $LAB: run scripts/kvm-lab.sh prepare again"
+             echo "$LAB/l1-6.1" ;;
+        *) die "LAB_L1=${LAB_L1}: give 6.12 or 6.1" ;;
+    esac
+}
+
 boot_l1() { # SERIAL-ARGS...
     local q
     q=$(QEMU_BIN)
     LD_LIBRARY_PATH=$LAB/qemu/usr/lib/x86_64-linux-gnu:$LAB/qemu/lib/x86_64-linux-gnu "$q" -L "$LAB/qemu/usr/share/qemu" -L "$LAB/qemu/usr/share/seabios" \
         -accel tcg -cpu max -smp 2 -m "${LAB_MEM:-3G}" -nodefaults -no-reboot -display none \
         -device isa-debug-exit,iobase=0xf4,iosize=0x04 -d cpu_reset,guest_errors -D "$WORK/qemu-cpu.log" \
-        -kernel "$LAB/l1/vmlinuz" -initrd "$WORK/l1.cpio" \
+        -kernel "$L1DIR/vmlinuz" -initrd "$WORK/l1.cpio" \
         -append "console=ttyS0 panic=-1 loglevel=4 mitigations=off lab.timeout=${LAB_TIMEOUT:-600} ${LAB_APPEND:-}" "$@"
 }
 
@@ -211,7 +225,7 @@ run() { # SCENARIO
     fi
     l1_initrd "$s"
     local rc=0
-    timeout --foreground -k 10 "${LAB_TIMEOUT:-600}" bash -c "$(declare -f boot_l1 QEMU_BIN); LAB='$LAB' WORK='$WORK' LAB_MEM='${LAB_MEM:-}' LAB_TIMEOUT='${LAB_TIMEOUT:-600}' boot_l1 -serial file:'$WORK/console.log' -monitor none" \
+    timeout --foreground -k 10 "${LAB_TIMEOUT:-600}" bash -c "$(declare -f boot_l1 QEMU_BIN); LAB='$LAB' L1DIR='$(l1_dir)' WORK='$WORK' LAB_MEM='${LAB_MEM:-}' LAB_TIMEOUT='${LAB_TIMEOUT:-600}' boot_l1 -serial file:'$WORK/console.log' -monitor none" \
         > "$WORK/qemu.log" 2>&1 || rc=$?
     tr -d '\r' < "$WORK/console.log" > "$WORK/console.txt" 2>/dev/null || true
     # The L1's root and initramfs are rebuilt by every run (~100-200 MB
@@ -239,7 +253,7 @@ shell() {
     WORK=$LAB/runs/shell; mkdir -p "$WORK"
     l1_initrd shell
     echo "kvm-lab: booting the L1 (about a minute under TCG); Ctrl-A X quits QEMU" >&2
-    boot_l1 -serial mon:stdio
+    L1DIR=$(l1_dir) boot_l1 -serial mon:stdio
 }
 
 case "${1:-}" in

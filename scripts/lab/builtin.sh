@@ -19,6 +19,10 @@ memtouch_ok() {
     grep -q "guest exited with code 0" /tmp/mt.out && grep -E "evicted|pager:" /tmp/mt.out | head -2
 }
 check memtouch-budget memtouch_ok
+# How the pager evicted: by UFFDIO_MOVE on a 6.8+ L1, by write-protection
+# on Debian 12's 6.1 (LAB_L1=6.1).
+if [ "$(uname -r | cut -d. -f1-2)" = 6.1 ]; then want=write-protect; else want=move; fi
+check "memtouch-evicts-by-$want" grep -q "evicted ($want)" /tmp/mt.out
 
 # start_kvstore SECONDS: a kvstore guest with an API socket at /tmp/a.sock.
 # Without async PF: with it, a lazy restore hangs now and then in the lab

@@ -115,7 +115,7 @@ pub fn print_summary(o: &RunOutcome) {
         };
         out!(
             w,
-            "pager: {budget}, {} resident; {} faults: {} zero-filled{}, {} read from the store (mean {:.1} us); {} evicted{}",
+            "pager: {budget}, {} resident; {} faults: {} zero-filled{}, {} read from the store (mean {:.1} us); {} evicted ({}){}",
             mib(p.resident_pages * 4096),
             p.faults,
             p.zero_fills,
@@ -123,6 +123,7 @@ pub fn print_summary(o: &RunOutcome) {
             p.store_reads,
             p.fetch_latency_avg_us,
             p.evictions,
+            p.evict_mode,
             store
         );
     }

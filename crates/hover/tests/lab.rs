@@ -54,3 +54,43 @@ fn a_postcopy_migration_moves_the_guest_on_hardware_kvm() {
     assert_ok(&RUN, "builtin", "postcopy", "migrate-postcopy");
     assert_ok(&RUN, "builtin", "postcopy", "migrate-postcopy-guest-ends");
 }
+
+/// The same scenario on Debian 12's own kernel, 6.1, which has no
+/// UFFDIO_MOVE: the pager evicts by write-protection there
+/// (`--pager-evict auto`), and restores and post-copy fetch with
+/// UFFDIO_COPY alone.
+static ON_6_1: Cell = Cell::new();
+
+#[test]
+fn on_a_6_1_host_the_pager_evicts_by_write_protection_and_memtouch_is_intact() {
+    assert_ok(&ON_6_1, "builtin@6.1", "memtouch", "memtouch-budget");
+    assert_ok(
+        &ON_6_1,
+        "builtin@6.1",
+        "memtouch",
+        "memtouch-evicts-by-write-protect",
+    );
+}
+
+#[test]
+fn on_a_6_1_host_snapshots_restore_lazily_and_by_prefetch() {
+    for mode in ["lazy", "prefetch"] {
+        assert_ok(&ON_6_1, "builtin@6.1", mode, &format!("restore-{mode}"));
+    }
+}
+
+#[test]
+fn on_a_6_1_host_a_postcopy_migration_moves_the_guest() {
+    assert_ok(&ON_6_1, "builtin@6.1", "postcopy", "migrate-postcopy");
+    assert_ok(
+        &ON_6_1,
+        "builtin@6.1",
+        "postcopy",
+        "migrate-postcopy-guest-ends",
+    );
+}
+
+#[test]
+fn on_a_6_8_or_later_host_the_pager_evicts_by_uffdio_move() {
+    assert_ok(&RUN, "builtin", "memtouch", "memtouch-evicts-by-move");
+}

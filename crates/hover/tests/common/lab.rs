@@ -71,12 +71,15 @@ fn run_once(
     scenario: &str,
     attempt: u32,
 ) -> Result<Option<LabRun>, String> {
+    // `SCENARIO@KERNEL`: the scenario on that L1 kernel (LAB_L1).
+    let (name, l1) = scenario.split_once('@').unwrap_or((scenario, "6.12"));
     let out_dir = lab_dir
         .join("runs")
-        .join(format!("test-{scenario}-{}-{attempt}", std::process::id()));
+        .join(format!("test-{name}-{l1}-{}-{attempt}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out_dir);
     let out = Command::new(root.join("scripts/kvm-lab.sh"))
-        .args(["run", scenario])
+        .args(["run", name])
+        .env("LAB_L1", l1)
         .env("HOVER", env!("CARGO_BIN_EXE_hover"))
         .env("LAB_OUT", &out_dir)
         .env("LAB_TIMEOUT", "900")
