@@ -394,3 +394,86 @@ fn drives_interfaces_and_entropy_are_checked_kept_and_shown_before_the_start() {
     let (status, _) = req(s, "GET", "/", "");
     assert_eq!(status, 200);
 }
+
+/// Firecracker's balloon before the start: `PUT /balloon` is kept and
+/// shown (`GET /balloon`, `GET /vm/config`), `PATCH /balloon` and `PATCH
+/// /balloon/statistics` change it, a target over the machine's memory and
+/// free page hinting are refused, statistics wait for the start, and
+/// starting Hover's own guest (no virtio drivers) with one is refused, the
+/// server still configuring. The running balloon is the lab's
+/// (`scripts/lab/linux-balloon.sh`: inflate, deflate, reports).
+#[test]
+fn a_balloon_is_configured_checked_and_shown_before_the_start() {
+    if !kvm_for_test("a_balloon_is_configured_checked_and_shown_before_the_start") {
+        return;
+    }
+    let dir = Scratch::new("fc-balloon");
+    let image = guest(&dir);
+    let fc = Fc::spawn(&dir, &[]);
+    let s = &fc.sock;
+    refused(s, "GET", "/balloon", "", "no balloon");
+    refused(
+        s,
+        "PATCH",
+        "/balloon",
+        r#"{"amount_mib": 8}"#,
+        "PUT /balloon first",
+    );
+    done(
+        s,
+        "PUT",
+        "/machine-config",
+        r#"{"vcpu_count": 1, "mem_size_mib": 64}"#,
+    );
+    refused(
+        s,
+        "PUT",
+        "/balloon",
+        r#"{"amount_mib": 128, "deflate_on_oom": false}"#,
+        "more than the microVM's 64 MiB",
+    );
+    refused(
+        s,
+        "PUT",
+        "/balloon",
+        r#"{"amount_mib": 8, "deflate_on_oom": false, "free_page_hinting": true}"#,
+        "free_page_reporting",
+    );
+    done(
+        s,
+        "PUT",
+        "/balloon",
+        r#"{"amount_mib": 8, "deflate_on_oom": true, "free_page_reporting": true}"#,
+    );
+    done(s, "PATCH", "/balloon", r#"{"amount_mib": 16}"#);
+    done(
+        s,
+        "PATCH",
+        "/balloon/statistics",
+        r#"{"stats_polling_interval_s": 2}"#,
+    );
+    let (status, b) = req(s, "GET", "/balloon", "");
+    assert_eq!(status, 200, "{b}");
+    let b: serde_json::Value = serde_json::from_str(&b).unwrap();
+    assert_eq!(b["amount_mib"], 16);
+    assert_eq!(b["deflate_on_oom"], true);
+    assert_eq!(b["free_page_reporting"], true);
+    assert_eq!(b["stats_polling_interval_s"], 2);
+    let (_, config) = req(s, "GET", "/vm/config", "");
+    assert!(config.contains(r#""amount_mib":16"#), "{config}");
+    refused(s, "GET", "/balloon/statistics", "", "once the microVM runs");
+    let boot = format!(
+        r#"{{"kernel_image_path": "{}", "boot_args": "workload=hello"}}"#,
+        image.display()
+    );
+    done(s, "PUT", "/boot-source", &boot);
+    refused(
+        s,
+        "PUT",
+        "/actions",
+        r#"{"action_type": "InstanceStart"}"#,
+        "balloons need a Linux guest",
+    );
+    let (status, _) = req(s, "GET", "/balloon", "");
+    assert_eq!(status, 200, "still configuring, the balloon kept");
+}

@@ -257,6 +257,8 @@ fn a_linux_guests_free_pages_are_reported_and_dropped_and_its_statistics_arrive(
         }
     }
     balloon("paged", "pager-dropped-pages");
+    balloon("paged", "resident-shrank");
+    balloon("paged", "store-shrank");
 }
 
 #[test]

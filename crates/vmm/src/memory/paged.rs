@@ -136,8 +136,9 @@ struct Shared {
     /// Pages the guest gave up (`discard`): zeros when next touched, unless
     /// evicted again since (`stored` comes first).
     dropped: Vec<AtomicBool>,
-    /// Pages dropped so far.
+    /// Pages dropped so far, and those of them whose store slot was freed.
     discarded: AtomicU64,
+    discarded_stored: AtomicU64,
     /// CRC32 of each page as stored, checked when read back: a store that
     /// loses or changes data stops the VM instead of feeding the guest.
     crcs: Vec<std::sync::atomic::AtomicU32>,
@@ -465,6 +466,7 @@ impl Pager {
                 stored: zeroed(pages),
                 dropped: zeroed(pages),
                 discarded: AtomicU64::new(0),
+                discarded_stored: AtomicU64::new(0),
                 crcs: zeroed(pages),
                 fifo: Mutex::new(VecDeque::new()),
                 in_fifo: zeroed(pages),

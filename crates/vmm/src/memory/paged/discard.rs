@@ -80,6 +80,7 @@ impl PagerDiscard {
             if let Some(store) = &sh.store {
                 store.forget(page as u64);
             }
+            sh.discarded_stored.fetch_add(1, Ordering::Relaxed);
         }
         if s & STATE == RESIDENT {
             // SAFETY: one page of our own guest mapping, which the pager
@@ -160,6 +161,10 @@ mod tests {
         assert_eq!(freed, PAGES / 2);
         let s = pager.stats();
         assert_eq!(s.discarded_pages, PAGES / 2);
+        assert!(
+            s.discarded_stored_pages > 0,
+            "some were in the store: {s:?}"
+        );
         assert!(
             s.resident_pages <= PAGES / 2,
             "dropped pages left the budget: {s:?}"

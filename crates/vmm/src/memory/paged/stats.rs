@@ -52,6 +52,8 @@ pub struct PagerStats {
     pub prefetch_ms: Option<f64>,
     /// Pages dropped because the guest gave them up (a balloon).
     pub discarded_pages: u64,
+    /// Of those, pages that were in the page store (their slots freed).
+    pub discarded_stored_pages: u64,
     /// Guest memory was handed back to the kernel once the prefetch had
     /// loaded it all (no budget): these figures stopped there.
     pub released: bool,
@@ -84,6 +86,7 @@ impl Shared {
             source_reads: load(&sh.source_reads),
             pushed_pages: load(&sh.pushed),
             discarded_pages: load(&sh.discarded),
+            discarded_stored_pages: load(&sh.discarded_stored),
             push_copies: load(&sh.push_copies),
             prefetch_ms: match load(&sh.prefetch_done_us) {
                 0 => None,
