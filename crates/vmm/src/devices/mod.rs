@@ -1,6 +1,12 @@
-//! Devices on the I/O port bus: the serial console, the control port, and
-//! for Linux guests the ACPI power-management port (power-off and reset)
-//! and the keyboard controller's reset line.
+//! The VM's devices. On the I/O port bus ([`Devices`]): the serial console
+//! (`serial`; `console_in` types standard input to it), the control port
+//! (`control`: the built-in guest's requests, bounded by `limits`, and the
+//! delayed MSIs it asks for, `msi`), and for Linux guests the ACPI
+//! power-management port (power-off and reset) and the keyboard
+//! controller's reset line. On MMIO: the paravirtual I/O device (`pvio`)
+//! and a Linux guest's virtio devices (`virtio`: disks, network cards,
+//! entropy, the balloon). `gate` is how a pause stops the devices that run
+//! on threads of their own.
 
 pub mod console_in;
 pub mod control;

@@ -1,12 +1,19 @@
-//! Live migration (pre-copy): the source keeps its guest running while it
+//! Live migration: pre-copy (the source keeps its guest running while it
 //! sends memory in rounds, each round the pages the guest wrote during the
 //! last one, until what is left fits the downtime target; then it pauses,
-//! sends the rest and the state, and the destination runs the guest.
+//! sends the rest and the state), post-copy (the guest runs at the
+//! destination at once and its memory follows: `postcopy`) and hybrid
+//! (pre-copy rounds, then post-copy).
 //!
-//! `dirty` tracks what the guest (and the monitor) wrote, `wire` is the
-//! stream format, `transport` the connections. The source side runs in the
-//! VM's control loop (`vm/source/`), the destination side is
-//! [`crate::Vm::receive`] (`vm/destination/`). docs/MIGRATION.md.
+//! Here: the dirty trackers (`dirty`), the stream format (`wire`, framed
+//! and MAC'd: `mac`, `auth` for the pre-shared key's proof), the
+//! connections (`transport`, `opening` for a recovery's), what a round
+//! sends (`page_lists`, `batch`, `sender` and `mapper` for the sending
+//! process of seed 3), convergence and auto-converge (`convergence`,
+//! `throttle`), what the destination received (`received`), and the
+//! request's options below. The source side runs in the VM's control loop
+//! (`vm/source/`), the destination side is [`crate::Vm::receive`]
+//! (`vm/destination/`). docs/MIGRATION.md.
 
 pub mod auth;
 pub mod batch;

@@ -1,9 +1,9 @@
 //! A VM's saved state: one versioned document of typed sections, each
 //! CRC-checked, plus guest memory (docs/SNAPSHOT.md).
 //!
-//! A snapshot file ([`mod@file`]) carries it; a migration stream will carry the
-//! same sections, so `hover restore` and the migration receiver build a VM
-//! through one path ([`crate::Vm::restore`]).
+//! A snapshot file ([`mod@file`]) carries it, and a migration stream
+//! carries the same sections, so `hover restore` and the migration receiver
+//! build a VM through one path ([`crate::Vm::restore`]).
 
 mod error;
 pub mod file;

@@ -1,7 +1,12 @@
-//! The VM: built from a [`VmConfig`] ([`Vm::new`]) or from a snapshot
-//! ([`Vm::restore`]), then run by its control loop ([`Vm::run`], in
-//! `run.rs`) until the guest powers off or a command ends it; `outcome.rs`
-//! says how it ended, `control.rs` how it is steered meanwhile.
+//! The VM: built from a [`VmConfig`] ([`Vm::new`]: `machine.rs` the KVM
+//! machine, `device_manager.rs` its devices, `linux.rs` a Linux guest's
+//! boot) or from a snapshot ([`Vm::restore`], `restore.rs`, with
+//! `persist.rs` loading each part's state), then run by its control loop
+//! ([`Vm::run`], `run.rs`) until the guest powers off or a command ends it.
+//! `control.rs` is how it is steered meanwhile, `save.rs` a snapshot,
+//! `hot_set.rs` the pages a snapshot records as hot, `dirty_log.rs`
+//! tracking alone, `source/` and `destination/` the two ends of a
+//! migration, `outcome.rs` how the run ended.
 
 mod control;
 mod destination;

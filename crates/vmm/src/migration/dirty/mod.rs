@@ -1,8 +1,9 @@
 //! Which guest pages changed since the last look: the dirty trackers the
 //! pre-copy engine drives, behind one trait (`bitmap`: KVM_GET_DIRTY_LOG;
 //! `manual`: manual re-protection with KVM_CLEAR_DIRTY_LOG; `hybrid`:
-//! sections that stay hot are left unprotected, seed 4). The record of the
-//! monitor's own writes to guest memory (KVM logs only the guest's) is
+//! sections that stay hot are left unprotected, seed 4; `ring`: the
+//! per-vCPU dirty rings of a VM started with `--dirty-ring`). The record of
+//! the monitor's own writes to guest memory (KVM logs only the guest's) is
 //! `memory::host_writes`, where the monitor's writer keeps it.
 
 mod bitmap;
