@@ -268,3 +268,75 @@ func TestLinuxGuestWithARootDrive(t *testing.T) {
 		t.Fatalf("the guest's write is not in the drive's file: %q", written[8192:8202])
 	}
 }
+
+// A Linux guest with a balloon, steered through the SDK: created before
+// the start (CreateBalloon in the SDK's init handlers, statistics every
+// second), inflated to 32 MiB (UpdateBalloon; the guest's actual_mib,
+// from GetBalloonStats, follows), deflated to 0, the statistics interval
+// changed (UpdateBalloonStats) and the configuration read back
+// (GetBalloonConfig). Runs in the KVM lab (scripts/lab/sdk.sh), where the
+// guest holds (lab.hold) while the test steers it.
+func TestLinuxGuestBalloonThroughTheSDK(t *testing.T) {
+	kernel, initrd := os.Getenv("HOVER_LINUX_KERNEL"), os.Getenv("HOVER_LINUX_INITRD")
+	if kernel == "" || initrd == "" {
+		t.Skip("HOVER_LINUX_KERNEL and HOVER_LINUX_INITRD are not set: this test runs in the KVM lab (scripts/kvm-lab.sh run sdk)")
+	}
+	dir, _, bin := setup(t)
+	cfg := firecracker.Config{
+		SocketPath:      filepath.Join(dir, "balloon.sock"),
+		KernelImagePath: kernel,
+		InitrdPath:      initrd,
+		KernelArgs:      "console=ttyS0 reboot=k panic=-1 lab.hold=300",
+		MachineCfg: models.MachineConfiguration{
+			VcpuCount:  firecracker.Int64(1),
+			MemSizeMib: firecracker.Int64(256),
+		},
+	}
+	withBalloon := func(m *firecracker.Machine) {
+		m.Handlers.FcInit = m.Handlers.FcInit.AppendAfter(
+			firecracker.CreateMachineHandlerName,
+			firecracker.NewCreateBalloonHandler(0, false, 1),
+		)
+	}
+	v, err := start(t, bin, "balloon", cfg, withBalloon)
+	if err != nil {
+		t.Fatalf("Start: %v; stderr: %s", err, v.stderr)
+	}
+	defer func() { _ = v.machine.StopVMM() }()
+	ctx := context.Background()
+	// actualIs waits (at most 3 minutes: TCG) until the guest says it holds
+	// mib, its statistics there (the guest's driver gives them once it runs).
+	actualIs := func(mib int64) {
+		t.Helper()
+		deadline := time.Now().Add(3 * time.Minute)
+		for {
+			s, err := v.machine.GetBalloonStats(ctx)
+			if err == nil && s.ActualMib != nil && *s.ActualMib == mib && s.TotalMemory > 0 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the balloon never held %d MiB: %+v, %v; stderr: %s", mib, s, err, v.stderr)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+	}
+	actualIs(0)
+	if err := v.machine.UpdateBalloon(ctx, 32); err != nil {
+		t.Fatalf("UpdateBalloon 32: %v", err)
+	}
+	actualIs(32)
+	if err := v.machine.UpdateBalloon(ctx, 0); err != nil {
+		t.Fatalf("UpdateBalloon 0: %v", err)
+	}
+	actualIs(0)
+	if err := v.machine.UpdateBalloonStats(ctx, 2); err != nil {
+		t.Fatalf("UpdateBalloonStats: %v", err)
+	}
+	b, err := v.machine.GetBalloonConfig(ctx)
+	if err != nil {
+		t.Fatalf("GetBalloonConfig: %v", err)
+	}
+	if firecracker.Int64Value(b.AmountMib) != 0 || b.StatsPollingIntervals != 2 {
+		t.Fatalf("the balloon's configuration: %+v (want amount 0, interval 2)", b)
+	}
+}

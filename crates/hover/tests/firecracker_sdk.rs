@@ -83,3 +83,12 @@ fn the_go_sdk_boots_linux_with_a_root_drive_in_the_lab() {
         "sdk-boots-linux-with-a-root-drive",
     );
 }
+
+#[test]
+fn the_go_sdk_inflates_and_deflates_a_linux_guests_balloon_in_the_lab() {
+    let test = "the_go_sdk_inflates_and_deflates_a_linux_guests_balloon_in_the_lab";
+    if go_or_skip(test).is_none() {
+        return;
+    }
+    assert_ok(&LAB, "sdk", test, "sdk-balloon-inflates-and-deflates");
+}

@@ -100,7 +100,7 @@ pub struct PageStore {
     pub jitter: Duration,
     /// How the pager takes pages out of guest RAM (`--pager-evict`;
     /// `None`: `UFFDIO_MOVE` where the kernel has it, else write-protection).
-    pub evict: Option<crate::memory::paged::EvictMode>,
+    pub evict: Option<EvictMode>,
 }
 
 /// How this host runs the VM: see the module documentation.
@@ -236,5 +236,27 @@ mod tests {
         h.named_disks.push(("data".into(), "/again.img".into()));
         let e = h.resolve_named(&["root", "data"], &["net0"]).unwrap_err();
         assert!(e.to_string().contains("given twice"), "{e}");
+    }
+}
+
+/// How the pager takes a page out of guest RAM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EvictMode {
+    /// `UFFDIO_MOVE` (Linux 6.8+): the page leaves guest RAM atomically.
+    Move,
+    /// Write-protect the page (`UFFDIO_WRITEPROTECT`, Linux 5.7+), copy it
+    /// out, drop it (`MADV_DONTNEED`): a guest write meanwhile waits on
+    /// the protection and is served after, so none is lost.
+    WriteProtect,
+}
+
+impl EvictMode {
+    /// Its name (`--pager-evict`, the pager's report).
+    pub fn name(self) -> &'static str {
+        match self {
+            EvictMode::Move => "move",
+            EvictMode::WriteProtect => "write-protect",
+        }
     }
 }

@@ -214,11 +214,24 @@ impl Default for MachineConfig {
 }
 
 impl MachineConfig {
+    /// How many virtio devices the machine has: its disks, its network
+    /// cards, the entropy device and the balloon (Linux guests only; the
+    /// order on the bus is `devices::virtio`'s).
+    pub fn virtio_device_count(&self) -> usize {
+        if !self.guest.is_linux() {
+            return 0;
+        }
+        self.disks.len()
+            + self.nets.len()
+            + usize::from(self.rng)
+            + usize::from(self.balloon.is_some())
+    }
+
     /// The virtio devices a Linux guest gets: its disks, network cards,
     /// the entropy device and the balloon; each needs an interrupt line, and a disk id is unique and
     /// fits the 20 bytes of virtio-blk's get-id.
     fn check_devices(&self) -> Result<(), ConfigError> {
-        let devices = crate::devices::virtio::device_count(self);
+        let devices = self.virtio_device_count();
         let has_devices = !self.disks.is_empty() || !self.nets.is_empty() || self.balloon.is_some();
         if has_devices && !self.guest.is_linux() {
             return Err(ConfigError::Devices(

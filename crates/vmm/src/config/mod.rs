@@ -21,7 +21,7 @@ pub use boost::{BoostConfig, BoostMode, BoostPolicy, BoostTuning, BoostUpdate, B
 pub use devices::{BalloonConfig, DiskConfig, LinuxBoot, NetConfig, MAX_VIRTIO_DEVICES};
 pub use error::ConfigError;
 pub use halt_poll::HaltPoll;
-pub use host::{ConsoleTarget, HostConfig, PageStore, SeccompMode, SharedBuffer};
+pub use host::{ConsoleTarget, EvictMode, HostConfig, PageStore, SeccompMode, SharedBuffer};
 pub use limits::GuestLimits;
 pub use machine::{
     default_guest_poll_ns, BootProtocol, GuestImage, MachineConfig, MemoryBackend, DEFAULT_CMDLINE,

@@ -88,27 +88,7 @@ use ioctls::*;
 /// A userfaultfd.
 pub struct Uffd(OwnedFd);
 
-/// How the pager takes a page out of guest RAM.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum EvictMode {
-    /// `UFFDIO_MOVE` (Linux 6.8+): the page leaves guest RAM atomically.
-    Move,
-    /// Write-protect the page (`UFFDIO_WRITEPROTECT`, Linux 5.7+), copy it
-    /// out, drop it (`MADV_DONTNEED`): a guest write meanwhile waits on
-    /// the protection and is served after, so none is lost.
-    WriteProtect,
-}
-
-impl EvictMode {
-    /// Its name (`--pager-evict`, the pager's report).
-    pub fn name(self) -> &'static str {
-        match self {
-            EvictMode::Move => "move",
-            EvictMode::WriteProtect => "write-protect",
-        }
-    }
-}
+pub use crate::config::EvictMode;
 
 /// A userfaultfd for the pager and the way it evicts: `want`, or (None)
 /// `UFFDIO_MOVE` where the kernel has it, else write-protection.

@@ -44,10 +44,7 @@ pub fn gsi(index: usize) -> u32 {
 /// the entropy device, then the balloon (Linux guests only), in that order
 /// on the bus.
 pub fn device_count(m: &crate::config::MachineConfig) -> usize {
-    if !m.guest.is_linux() {
-        return 0;
-    }
-    m.disks.len() + m.nets.len() + usize::from(m.rng) + usize::from(m.balloon.is_some())
+    m.virtio_device_count()
 }
 
 /// `VIRTIO_F_VERSION_1`: every Hover device is a modern (1.x) one.
