@@ -34,7 +34,8 @@ pub const HELLO_AUTH: u32 = 1;
 pub const MAGIC: [u8; 8] = *b"HOVERMIG";
 /// The stream version this build speaks.
 /// 8 (2026-11-27): the snapshot format's version 5 in CONF and STATE.
-pub const VERSION: u32 = 8;
+/// 9 (2026-11-28): its version 6 (the balloon, a device's own state).
+pub const VERSION: u32 = 9;
 /// Largest page batch.
 pub const MAX_BATCH: usize = 4096;
 /// Largest frame payload: a full page batch, or a state document.
