@@ -240,8 +240,8 @@ pub fn render(src: &LiveSources, controller: &Controller) -> String {
             families.push(Family::one(name, help, counter, v));
         }
     }
-    if let Some((b, reporting)) = &src.balloon {
-        families.extend(balloon_families(&b.report(*reporting)));
+    if let Some(b) = &src.balloon {
+        families.extend(balloon_families(&b.report()));
     }
     let governor = src.governor.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(g) = governor.as_ref().map(|f| f()) {

@@ -114,9 +114,8 @@ pub struct LiveSources {
     pub io: Arc<PvioDevice>,
     /// The guest's own halt polling (`idle=haltpoll`).
     pub guest_poll: Option<Box<dyn Fn() -> GuestPoll + Send + Sync>>,
-    /// The balloon's control and whether it offers free page reporting,
-    /// if the VM has a balloon.
-    pub balloon: Option<(Arc<crate::devices::virtio::balloon::BalloonControl>, bool)>,
+    /// The balloon's control, if the VM has a balloon.
+    pub balloon: Option<Arc<crate::devices::virtio::balloon::BalloonControl>>,
     /// When the vCPUs started.
     pub started: Instant,
 }
@@ -164,7 +163,7 @@ impl LiveSources {
             guest_halt_poll: self.guest_poll.as_ref().map(|f| f()),
             boost: self.boost.as_ref().map(|b| b.report()),
             io: self.io.stats(),
-            balloon: self.balloon.as_ref().map(|(b, r)| b.report(*r)),
+            balloon: self.balloon.as_ref().map(|b| b.report()),
         }
     }
 }
@@ -196,8 +195,8 @@ impl Routes {
         &self.controller
     }
 
-    /// The VM's balloon and whether it reports free pages, if it has one.
-    pub fn balloon(&self) -> Option<(Arc<crate::devices::virtio::balloon::BalloonControl>, bool)> {
+    /// The VM's balloon, if it has one.
+    pub fn balloon(&self) -> Option<Arc<crate::devices::virtio::balloon::BalloonControl>> {
         self.sources.balloon.clone()
     }
 
@@ -316,14 +315,14 @@ fn route(ctx: &Routes, method: &str, url: &str, body: &[u8]) -> Result<Answer, A
         }
         Endpoint::Balloon => {
             let r: requests::BalloonRequest = parse_body(body)?;
-            let Some((b, reporting)) = &ctx.sources.balloon else {
+            let Some(b) = &ctx.sources.balloon else {
                 return Err(ApiFailure::new(
                     400,
                     "this VM has no balloon (hover run --balloon)".into(),
                 ));
             };
             r.apply(b)?;
-            Ok(json(200, &b.report(*reporting)))
+            Ok(json(200, &b.report()))
         }
         Endpoint::Stats => Ok(json(200, &ctx.sources.snapshot())),
         Endpoint::Metrics => Ok((

@@ -173,7 +173,7 @@ fn action(shared: &Shared, routes: &crate::api::Routes, body: &[u8]) -> Answer {
 /// `GET /balloon` (its configuration, the target as now set) and `PATCH
 /// /balloon` (a new target).
 fn balloon(routes: &crate::api::Routes, method: &str, body: &[u8]) -> Answer {
-    let Some((control, reporting)) = routes.balloon() else {
+    let Some(control) = routes.balloon() else {
         return fault(400, NO_BALLOON);
     };
     if method == "PATCH" {
@@ -186,7 +186,7 @@ fn balloon(routes: &crate::api::Routes, method: &str, body: &[u8]) -> Answer {
             Err(e) => fault(400, format!("amount_mib: {e}")),
         };
     }
-    let now = control.report(reporting);
+    let now = control.report();
     // From the running device (a microVM loaded from a snapshot was never
     // configured through PUT /balloon here).
     ok(&super::models::Balloon {
@@ -201,7 +201,7 @@ fn balloon(routes: &crate::api::Routes, method: &str, body: &[u8]) -> Answer {
 /// `GET /balloon/statistics` and `PATCH /balloon/statistics` (a new
 /// polling interval; 0 stops the requests).
 fn balloon_statistics(routes: &crate::api::Routes, method: &str, body: &[u8]) -> Answer {
-    let Some((control, reporting)) = routes.balloon() else {
+    let Some(control) = routes.balloon() else {
         return fault(400, NO_BALLOON);
     };
     if method == "PATCH" {
@@ -213,7 +213,7 @@ fn balloon_statistics(routes: &crate::api::Routes, method: &str, body: &[u8]) ->
             Err(a) => a,
         };
     }
-    let r = control.report(reporting);
+    let r = control.report();
     if r.stats_polling_interval_s == 0 && r.statistics.is_empty() {
         return fault(
             400,

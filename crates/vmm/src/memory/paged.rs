@@ -571,3 +571,33 @@ impl Drop for Pager {
         unsafe { libc::munmap(self.staging.0 as *mut libc::c_void, self.staging.1) };
     }
 }
+
+/// For the pager's tests: whether userfaultfd serves here (with `CI` set
+/// it must; otherwise the test is skipped, saying why).
+#[cfg(test)]
+fn usable_for_test() -> bool {
+    match super::uffd::pager_usable() {
+        Ok(()) => true,
+        Err(e) => {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI is set but userfaultfd is refused: {e}"
+            );
+            eprintln!("skipping: userfaultfd refused: {e}");
+            false
+        }
+    }
+}
+
+/// For the pager's tests: a budget of `budget` bytes, a temporary store,
+/// no added latency.
+#[cfg(test)]
+fn test_config(budget: u64, evict: Option<EvictMode>) -> PagingConfig {
+    PagingConfig {
+        budget,
+        store: None,
+        store_latency: Duration::ZERO,
+        store_jitter: Duration::ZERO,
+        evict,
+    }
+}

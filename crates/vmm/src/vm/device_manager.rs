@@ -48,8 +48,8 @@ pub(crate) struct DeviceManager {
     virtio_io: Option<IoThread>,
     /// Each disk's size, in the order of the configuration's disks.
     disk_sizes: Vec<u64>,
-    /// The balloon's control, and whether it offers free page reporting.
-    balloon: Option<(Arc<BalloonControl>, bool)>,
+    /// The balloon's control.
+    balloon: Option<Arc<BalloonControl>>,
     /// How the balloon drops pages (told of the pager when there is one).
     discarder: Arc<Discarder>,
     /// Whether standard input is typed to the console (`--console stdio`).
@@ -117,17 +117,16 @@ impl DeviceManager {
                 })?,
             );
         let balloon = match &config.machine.balloon {
-            Some(b) => Some((
+            Some(b) => Some(
                 BalloonControl::new(b, ram.size()).map_err(|source| Error::Host {
                     what: "make the balloon's eventfd",
                     source,
                 })?,
-                b.free_page_reporting,
-            )),
+            ),
             None => None,
         };
         let extra = Extra {
-            balloon: balloon.as_ref().map(|(c, _)| c.clone()),
+            balloon: balloon.clone(),
             discarder: discarder.clone(),
         };
         let (virtio, virtio_io, disk_sizes) = virtio_devices(fd, &device_memory, config, extra)?;
@@ -193,15 +192,14 @@ impl DeviceManager {
         self.discarder.attach_pager(pager);
     }
 
-    /// The balloon's control and whether it offers free page reporting,
-    /// if the VM has a balloon.
-    pub(crate) fn balloon_handle(&self) -> Option<(Arc<BalloonControl>, bool)> {
+    /// The balloon's control, if the VM has a balloon.
+    pub(crate) fn balloon_handle(&self) -> Option<Arc<BalloonControl>> {
         self.balloon.clone()
     }
 
     /// What the balloon holds and did, if the VM has one.
     pub(crate) fn balloon_report(&self) -> Option<BalloonReport> {
-        self.balloon.as_ref().map(|(c, r)| c.report(*r))
+        self.balloon.as_ref().map(|c| c.report())
     }
 
     /// Each disk's size in bytes, in the configuration's order.

@@ -91,6 +91,8 @@ pub struct BalloonControl {
     ram_pages: u64,
     /// Whether the guest may deflate when out of memory (as configured).
     deflate_on_oom: bool,
+    /// Whether free page reporting is offered (as configured).
+    free_page_reporting: bool,
 }
 
 #[derive(Default)]
@@ -161,6 +163,7 @@ impl BalloonControl {
             wake: EventFd::new(libc::EFD_NONBLOCK)?,
             ram_pages: ram / PAGE_SIZE,
             deflate_on_oom: config.deflate_on_oom,
+            free_page_reporting: config.free_page_reporting,
         }))
     }
 
@@ -202,7 +205,7 @@ impl BalloonControl {
     }
 
     /// What the balloon holds and did.
-    pub fn report(&self, reporting: bool) -> BalloonReport {
+    pub fn report(&self) -> BalloonReport {
         let l = self.live();
         BalloonReport {
             target_mib: pages_to_mib(l.target_pages),
@@ -210,7 +213,7 @@ impl BalloonControl {
             actual_mib: pages_to_mib(l.actual_pages),
             actual_pages: l.actual_pages,
             stats_polling_interval_s: l.stats_interval_s,
-            free_page_reporting: reporting,
+            free_page_reporting: self.free_page_reporting,
             deflate_on_oom: self.deflate_on_oom,
             inflated_pages: l.inflated_pages,
             deflated_pages: l.deflated_pages,
@@ -641,12 +644,12 @@ mod tests {
                 "page {p:#x}"
             );
         }
-        let r = control.report(true);
+        let r = control.report();
         assert_eq!((r.inflated_pages, r.reported_pages, r.reports), (3, 3, 1));
         assert_eq!((r.dropped_pages, r.busy_pages, r.refused_ranges), (6, 0, 0));
         // Deflate: counted, nothing dropped.
         assert!(serve(&mut b, &mem, 1, &[Descriptor::new(0x20000, 4, 0, 0)]));
-        assert_eq!(control.report(true).deflated_pages, 1);
+        assert_eq!(control.report().deflated_pages, 1);
     }
 
     #[test]
@@ -661,7 +664,7 @@ mod tests {
             3,
             &[Descriptor::new(0x100_0000, 32 << 20, w, 0)]
         ));
-        let r = control.report(true);
+        let r = control.report();
         assert_eq!((r.dropped_pages, r.refused_ranges), (0, 1));
         // A chain of more ranges than a report holds: the first ones only.
         let many: Vec<Descriptor> = (0..MAX_REPORT_RANGES as u64 + 8)
@@ -672,7 +675,7 @@ mod tests {
         vq.build_desc_chain(&raw).unwrap();
         let mut q: Queue = vq.create_queue().unwrap();
         assert!(b.process(3, &mut q, &mem));
-        let r = control.report(true);
+        let r = control.report();
         assert_eq!(r.dropped_pages, MAX_REPORT_RANGES as u64);
         assert_eq!(r.refused_ranges, 2);
     }
@@ -708,7 +711,7 @@ mod tests {
             3,
             &[Descriptor::new(0x40000, 100, w, 0)]
         ));
-        let r = control.report(true);
+        let r = control.report();
         assert_eq!((r.dropped_pages, r.refused_ranges), (0, 2));
         assert_eq!(page(&mem, 0x40000), 7);
     }
@@ -729,7 +732,7 @@ mod tests {
         vq.build_desc_chain(&raw).unwrap();
         let mut q: Queue = vq.create_queue().unwrap();
         assert!(!b.process(2, &mut q, &mem), "the buffer is held");
-        let r = control.report(true);
+        let r = control.report();
         assert_eq!(r.statistics["free_memory"], 123);
         assert_eq!(r.statistics["total_memory"], 456);
         assert!(b.deadline().is_none(), "no polling asked for");
@@ -763,13 +766,13 @@ mod tests {
         b.read_config(0, &mut c);
         assert_eq!(u32::from_le_bytes(c), 256);
         b.write_config(4, &200u32.to_le_bytes());
-        let r = control.report(true);
+        let r = control.report();
         assert_eq!((r.target_mib, r.actual_pages), (1, 200));
         // Saved and loaded; a saved target larger than RAM is refused.
         let saved = b.save_state();
         let (mut other, c2, _) = balloon(&ram);
         other.load_state(&saved).unwrap();
-        assert_eq!(c2.report(true).target_pages, 256);
+        assert_eq!(c2.report().target_pages, 256);
         let bad = postcard::to_allocvec(&BalloonState {
             target_pages: 1 << 20,
             ..BalloonState::default()

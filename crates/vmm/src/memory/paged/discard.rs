@@ -108,32 +108,19 @@ impl PagerDiscard {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
     use crate::config::MemoryBackend;
-    use crate::memory::paged::{Pager, PagingConfig};
+    use crate::memory::paged::Pager;
     use crate::memory::GuestRam;
 
     #[test]
     fn dropped_pages_leave_ram_and_store_and_come_back_as_zeros_others_keep_their_data() {
-        if let Err(e) = crate::memory::uffd::pager_usable() {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "CI is set but userfaultfd is refused: {e}"
-            );
-            eprintln!("skipping: userfaultfd refused: {e}");
+        if !super::super::usable_for_test() {
             return;
         }
         const PAGES: u64 = 512;
         let ram = GuestRam::new(PAGES * PAGE_SIZE, MemoryBackend::Anonymous).unwrap();
-        let config = PagingConfig {
-            budget: PAGES / 2 * PAGE_SIZE,
-            store: None,
-            store_latency: Duration::ZERO,
-            store_jitter: Duration::ZERO,
-            evict: None,
-        };
+        let config = super::super::test_config(PAGES / 2 * PAGE_SIZE, None);
         let pager = Pager::start(&ram, 0, &config, None, Box::new(|m| panic!("{m}"))).unwrap();
         let base = pager.shared.host_of(0);
         let at = |p: u64| (base + p * PAGE_SIZE) as *mut u64;

@@ -232,12 +232,11 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::Ordering;
-    use std::time::Duration;
 
     use hover_abi::layout::PAGE_SIZE;
 
     use crate::config::MemoryBackend;
-    use crate::memory::paged::{EvictMode, Pager, PagingConfig};
+    use crate::memory::paged::{EvictMode, Pager};
     use crate::memory::GuestRam;
 
     /// Two threads each add 1 to their own word of every page, round after
@@ -246,25 +245,14 @@ mod tests {
     /// to it. Each word ends at the number of rounds, in both modes.
     #[test]
     fn evictions_under_concurrent_writes_lose_nothing_in_either_mode() {
-        if let Err(e) = crate::memory::uffd::pager_usable() {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "CI is set but userfaultfd is refused: {e}"
-            );
-            eprintln!("skipping: userfaultfd refused: {e}");
+        if !super::super::usable_for_test() {
             return;
         }
         const PAGES: u64 = 512;
         const ROUNDS: u64 = 6;
         for mode in [EvictMode::Move, EvictMode::WriteProtect] {
             let ram = GuestRam::new(PAGES * PAGE_SIZE, MemoryBackend::Anonymous).unwrap();
-            let config = PagingConfig {
-                budget: PAGES / 4 * PAGE_SIZE,
-                store: None,
-                store_latency: Duration::ZERO,
-                store_jitter: Duration::ZERO,
-                evict: Some(mode),
-            };
+            let config = super::super::test_config(PAGES / 4 * PAGE_SIZE, Some(mode));
             let pager = match Pager::start(&ram, 0, &config, None, Box::new(|m| panic!("{m}"))) {
                 Ok(p) => p,
                 Err(e) if mode == EvictMode::Move && std::env::var_os("CI").is_none() => {

@@ -215,7 +215,7 @@ mod tests {
     use std::sync::Mutex;
     use std::time::Duration;
 
-    use super::super::{Pager, PagingConfig, RESIDENT};
+    use super::super::{Pager, RESIDENT};
     use crate::memory::{GuestRam, MemoryBackend};
 
     /// A page the pager believes placed but the kernel does not have
@@ -223,24 +223,13 @@ mod tests {
     /// the VM with a message naming it, instead of faulting for ever.
     #[test]
     fn a_resident_page_that_keeps_faulting_stops_the_vm() {
-        if let Err(e) = crate::memory::uffd::pager_usable() {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "CI is set but userfaultfd is refused: {e}"
-            );
-            eprintln!("skipping: userfaultfd refused: {e}");
+        if !super::super::usable_for_test() {
             return;
         }
         let ram = GuestRam::new(1 << 20, MemoryBackend::Anonymous).unwrap();
         let (tx, rx) = mpsc::channel();
         let tx = Mutex::new(tx);
-        let config = PagingConfig {
-            budget: 1 << 20,
-            store: None,
-            store_latency: Duration::ZERO,
-            store_jitter: Duration::ZERO,
-            evict: None,
-        };
+        let config = super::super::test_config(1 << 20, None);
         let on_failure = Box::new(move |m: String| {
             let _ = tx.lock().unwrap().send(m);
         });
