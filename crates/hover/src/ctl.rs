@@ -151,6 +151,11 @@ pub enum CtlAction {
         /// real-time wake-up is announced, us (0: never; at most 100000).
         #[arg(long)]
         keep_us: Option<u64>,
+        /// A host-side boost (a vCPU with no boost area: a Linux guest)
+        /// ends when the vCPU halts or after this much of its thread's CPU
+        /// time, us (50 to 100000).
+        #[arg(long)]
+        irq_us: Option<u64>,
     },
     /// Set the balloon's target (`--target SIZE`: what the guest gives
     /// back; 0 returns it all) or its statistics interval (`--stats
@@ -313,6 +318,7 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
             poll_us,
             when,
             keep_us,
+            irq_us,
         } => {
             let body = BoostUpdate {
                 mode: *mode,
@@ -323,6 +329,7 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
                 poll_us: *poll_us,
                 when: *when,
                 keep_us: *keep_us,
+                irq_us: *irq_us,
             };
             (Endpoint::Boost, Some(to_json(&body)))
         }

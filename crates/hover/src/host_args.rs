@@ -167,6 +167,12 @@ pub(crate) struct BoostHostArgs {
     /// 100000).
     #[arg(long, default_value_t = hover_vmm::config::boost::DEFAULT_KEEP_US)]
     pub(crate) boost_keep_us: u64,
+    /// A host-side boost (dynamic boosting, an interrupt for a vCPU whose
+    /// guest shares no boost area: a Linux guest) ends when the vCPU halts,
+    /// or once its thread has run this many microseconds of CPU time since
+    /// the boost (50 to 100000).
+    #[arg(long, default_value_t = hover_vmm::config::boost::DEFAULT_IRQ_US)]
+    pub(crate) boost_irq_us: u64,
 }
 
 /// What `hover run` and `hover restore` share: the API socket, the console
@@ -266,6 +272,7 @@ pub(crate) fn host_config(
         boost_tuning: BoostTuning {
             when: boost.boost_when,
             keep_us: boost.boost_keep_us,
+            irq_us: boost.boost_irq_us,
         },
         disk_paths: Vec::new(),
         taps: Vec::new(),

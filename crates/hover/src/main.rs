@@ -278,7 +278,9 @@ struct RunArgs {
     guest_halt_poll_max: Option<Duration>,
     /// Dynamic vCPU priority boosting: the guest asks through a shared page
     /// per vCPU, the VMM boosts the vCPU's thread (and on interrupts it
-    /// injects) and the guest unboosts when its sensitive work ends.
+    /// injects) and the guest unboosts when its sensitive work ends. A
+    /// guest with no shared page (Linux) gets the interrupt boosts alone,
+    /// each ended by Hover as the vCPU halts (or at --boost-irq-us).
     #[arg(long, value_enum, default_value = "off")]
     boost: OnOff,
     /// Static baseline: every vCPU thread boosted with --boost-policy for as

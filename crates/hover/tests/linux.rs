@@ -136,6 +136,19 @@ fn virtio_net_offloads_are_negotiated_and_tcp_crosses_intact_both_ways() {
     assert_ok(&RUN, "linux", "tcp in", "linux-net-tcp-from-the-l1-intact");
 }
 
+/// The network run is under `--boost on`: the card's interrupts are
+/// raised by the I/O thread and boost the vCPU they reach, and Hover ends
+/// each boost as the vCPU halts (a Linux guest shares no boost area).
+#[test]
+fn a_linux_guests_device_interrupts_boost_its_vcpu_and_hover_ends_each_boost() {
+    assert_ok(
+        &RUN,
+        "linux",
+        "host-side boosts",
+        "linux-net-interrupts-boost-the-vcpu-and-hover-ends-each-boost",
+    );
+}
+
 /// The Linux guest's state scenario (`scripts/lab/linux-state.sh`).
 static STATE: Cell = Cell::new();
 

@@ -255,7 +255,7 @@ pub fn render(src: &LiveSources, controller: &Controller) -> String {
     drop(governor);
     if let Some(b) = src.boost.as_ref().map(|b| b.report()) {
         type Field = fn(&crate::sched::boost::VcpuBoostStats) -> u64;
-        let fields: [(&str, &str, Field); 9] = [
+        let fields: [(&str, &str, Field); 11] = [
             ("boost_boosts", "vCPU thread boosts granted", |s| s.boosts),
             (
                 "boost_unboosts",
@@ -290,6 +290,16 @@ pub fn render(src: &LiveSources, controller: &Controller) -> String {
                 "boost_not_contended",
                 "monitor passes that granted no boost for want of contention (--boost-when contended)",
                 |s| s.not_contended,
+            ),
+            (
+                "boost_host_ended_halted",
+                "host-side boosts (no boost area: a Linux guest) ended as the vCPU halted",
+                |s| s.host_ended_halted,
+            ),
+            (
+                "boost_host_ended_budget",
+                "host-side boosts ended at --boost-irq-us of the thread's CPU time",
+                |s| s.host_ended_budget,
             ),
         ];
         for (name, help, f) in fields {

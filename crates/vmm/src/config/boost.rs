@@ -278,6 +278,23 @@ pub struct BoostTuning {
     /// guest's unboost is quiet (a write the monitor settles, no exit)
     /// where this covers its next wake-up or its vCPU halts.
     pub keep_us: u64,
+    /// A host-side boost (an interrupt for a vCPU whose guest shares no
+    /// boost area: a Linux guest) ends when the vCPU halts, or once its
+    /// thread has run this many microseconds of CPU time since the boost.
+    #[serde(default = "default_irq_us")]
+    pub irq_us: u64,
+}
+
+/// `--boost-irq-us` by default: an interrupt handler and the task it wakes
+/// take well under a millisecond of a CPU; a guest that computes on after
+/// it gets back to the host's fair share within one.
+pub const DEFAULT_IRQ_US: u64 = 1000;
+/// The range of `--boost-irq-us`: at least one monitor look, at most a
+/// tenth of a second (longer is `--vcpu-rt`'s business).
+pub const IRQ_US_RANGE: std::ops::RangeInclusive<u64> = 50..=100_000;
+
+fn default_irq_us() -> u64 {
+    DEFAULT_IRQ_US
 }
 
 /// The longest gap a boost is kept across, microseconds.
@@ -295,6 +312,7 @@ impl Default for BoostTuning {
         BoostTuning {
             when: BoostWhen::default(),
             keep_us: DEFAULT_KEEP_US,
+            irq_us: DEFAULT_IRQ_US,
         }
     }
 }
@@ -306,6 +324,14 @@ impl BoostTuning {
             return Err(format!(
                 "--boost-keep-us {} is out of range: give 0 to {MAX_KEEP_US}",
                 self.keep_us
+            ));
+        }
+        if !IRQ_US_RANGE.contains(&self.irq_us) {
+            return Err(format!(
+                "--boost-irq-us {} is out of range: give {} to {}",
+                self.irq_us,
+                IRQ_US_RANGE.start(),
+                IRQ_US_RANGE.end()
             ));
         }
         Ok(())
@@ -341,6 +367,9 @@ pub struct BoostUpdate {
     /// As `--boost-keep-us`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub keep_us: Option<u64>,
+    /// As `--boost-irq-us`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub irq_us: Option<u64>,
 }
 
 impl BoostUpdate {
@@ -376,8 +405,16 @@ impl BoostUpdate {
         let t = BoostTuning {
             when: self.when.unwrap_or(current.when),
             keep_us: self.keep_us.unwrap_or(current.keep_us),
+            irq_us: self.irq_us.unwrap_or(current.irq_us),
         };
-        t.check().map_err(|e| ("keep_us", e))?;
+        t.check().map_err(|e| {
+            let field = if e.contains("--boost-irq-us") {
+                "irq_us"
+            } else {
+                "keep_us"
+            };
+            (field, e)
+        })?;
         Ok(t)
     }
 }
@@ -430,7 +467,8 @@ mod tests {
             t,
             BoostTuning {
                 when: BoostWhen::Contended,
-                keep_us: 800
+                keep_us: 800,
+                irq_us: DEFAULT_IRQ_US,
             }
         );
         let too_long = BoostUpdate {
@@ -438,7 +476,16 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(too_long.apply_tuning(t).unwrap_err().0, "keep_us");
-        // A change that names neither keeps both.
+        for bad in [0, 49, 100_001] {
+            let u = BoostUpdate {
+                irq_us: Some(bad),
+                ..Default::default()
+            };
+            let (field, e) = u.apply_tuning(t).unwrap_err();
+            assert_eq!(field, "irq_us", "{e}");
+            assert!(e.contains("--boost-irq-us"), "{e}");
+        }
+        // A change that names none keeps them all.
         assert_eq!(BoostUpdate::default().apply_tuning(t).unwrap(), t);
     }
 }

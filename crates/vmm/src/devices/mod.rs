@@ -1,5 +1,6 @@
 //! The VM's devices. On the I/O port bus ([`Devices`]): the serial console
-//! (`serial`; `console_in` types standard input to it), the control port
+//! (`serial`; `console_in` types standard input to it; its interrupt an
+//! `irq_line`, as virtio's are while boosting is on), the control port
 //! (`control`: the built-in guest's requests, bounded by `limits`, and the
 //! delayed MSIs it asks for, `msi`), and for Linux guests the ACPI
 //! power-management port (power-off and reset) and the keyboard
@@ -11,6 +12,7 @@
 pub mod console_in;
 pub mod control;
 pub mod gate;
+pub mod irq_line;
 pub mod limits;
 pub mod msi;
 pub mod pvio;

@@ -254,8 +254,14 @@ fn allow_list(kind: Kind) -> Vec<Allow> {
             // writes, fdatasync; a seek and a read straight into guest
             // memory for a request's data); entropy comes from getrandom
             // (base). The balloon drops pages (madvise, base) and frees
-            // their page-store slots (fallocate, punching holes).
+            // their page-store slots (fallocate, punching holes). While
+            // boosting is on it raises interrupts itself (KVM_IRQ_LINE,
+            // the IOAPIC's route read back) and boosts their vCPUs, as the
+            // serial port's threads do.
+            v.push(ioctl_types(&[KVM]));
+            v.extend(priorities());
             v.extend(any(&[
+                libc::SYS_tgkill,
                 libc::SYS_fallocate,
                 libc::SYS_lseek,
                 libc::SYS_epoll_wait,

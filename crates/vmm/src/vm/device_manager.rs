@@ -14,12 +14,13 @@ use super::persist::{LoadError, Persist};
 use crate::config::{ConfigError, ConsoleTarget, VmConfig};
 use crate::devices::console_in::ConsoleInput;
 use crate::devices::control::ControlDevice;
+use crate::devices::irq_line::{IrqTrigger, LineBoost};
 use crate::devices::msi::MsiInjector;
 use crate::devices::pvio::PvioDevice;
-use crate::devices::serial::{ConsoleSink, IrqTrigger, LineBoost, SerialConsole};
+use crate::devices::serial::{ConsoleSink, SerialConsole};
 use crate::devices::virtio::balloon::{Balloon, BalloonControl, BalloonReport};
 use crate::devices::virtio::block::{open_disk, Block};
-use crate::devices::virtio::io_thread::{IoThread, Served};
+use crate::devices::virtio::io_thread::{Interrupt, IoThread, Served};
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::net::{open_tap, Net};
 use crate::devices::virtio::rng::Rng;
@@ -128,6 +129,7 @@ impl DeviceManager {
         let extra = Extra {
             balloon: balloon.clone(),
             discarder: discarder.clone(),
+            booster: booster.clone(),
         };
         let (virtio, virtio_io, disk_sizes) = virtio_devices(fd, &device_memory, config, extra)?;
         let devices = DeviceManager {
@@ -238,6 +240,8 @@ type VirtioBus = (Vec<VirtioSlot>, Option<IoThread>, Vec<u64>);
 struct Extra {
     balloon: Option<Arc<BalloonControl>>,
     discarder: Arc<Discarder>,
+    /// Boosts the vCPU each device interrupt reaches (host-side boosts).
+    booster: Arc<Booster>,
 }
 
 /// A Linux guest's virtio devices (its disks, cards, the entropy device
@@ -306,9 +310,15 @@ fn virtio_devices(
             theirs.push(e.try_clone().map_err(host("clone an eventfd"))?);
             notify.push(e);
         }
-        let irq = EventFd::new(libc::EFD_NONBLOCK).map_err(host("make an eventfd"))?;
-        fd.register_irqfd(&irq, gsi)
+        let irqfd = EventFd::new(libc::EFD_NONBLOCK).map_err(host("make an eventfd"))?;
+        fd.register_irqfd(&irqfd, gsi)
             .map_err(kvm("register a virtio device's irqfd"))?;
+        let line = IrqTrigger::new(fd.clone(), gsi).with_boost(LineBoost::new(
+            extra.booster.clone(),
+            fd.clone(),
+            gsi as usize,
+        ));
+        let irq = Interrupt { irqfd, line };
         slots.push(VirtioSlot {
             base,
             transport: transport.clone(),

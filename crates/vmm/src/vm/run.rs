@@ -504,6 +504,7 @@ impl Running {
         let mut boost = new.to_json();
         boost["when"] = tuning.when.to_string().into();
         boost["keep_us"] = tuning.keep_us.into();
+        boost["irq_us"] = tuning.irq_us.into();
         Ok(Reply::Boost { boost })
     }
 

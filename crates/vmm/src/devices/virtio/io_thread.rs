@@ -1,8 +1,10 @@
 //! The VM's virtio I/O thread: it waits on every queue's notification
 //! eventfd (written by KVM when the driver writes QueueNotify, through an
 //! ioeventfd: no exit to user space), serves the queue, and raises the
-//! device's interrupt through its irqfd. It runs under the `virtio`
-//! seccomp filter: it reads and writes disks and eventfds, and nothing else.
+//! device's interrupt ([`Interrupt`]: its irqfd, or while boosting is on an
+//! edge raised here and the boost of the vCPU it reaches). It runs under
+//! the `virtio` seccomp filter: it reads and writes disks and eventfds,
+//! raises interrupts and boosts, and nothing else.
 //! It passes a [`Gate`] for each batch of work, which a pause closes: a
 //! paused VM's devices touch neither guest memory nor interrupts. Asked
 //! to announce (a restored or arrived VM), it has each device announce
@@ -18,8 +20,11 @@ use std::time::{Duration, Instant};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
+use vm_superio::Trigger;
+
 use super::mmio::MmioTransport;
 use crate::devices::gate::Gate;
+use crate::devices::irq_line::IrqTrigger;
 
 /// One device as the I/O thread serves it.
 pub struct Served {
@@ -27,8 +32,30 @@ pub struct Served {
     pub transport: Arc<Mutex<MmioTransport>>,
     /// One notification eventfd per queue.
     pub notify: Vec<EventFd>,
-    /// Its interrupt (an irqfd on its IOAPIC pin).
-    pub irq: EventFd,
+    /// Its interrupt.
+    pub irq: Interrupt,
+}
+
+/// A device's interrupt, on its IOAPIC pin.
+pub struct Interrupt {
+    /// Its irqfd: what raises it while no boosting is on.
+    pub irqfd: EventFd,
+    /// The same pin raised by this thread, with the boost of its
+    /// destination vCPU: what raises it while any boosting is on (an irqfd
+    /// waits behind real-time vCPU threads, `devices::irq_line`).
+    pub line: IrqTrigger,
+}
+
+impl Interrupt {
+    fn raise(&self) {
+        let raised = match self.line.boosting() {
+            true => self.line.trigger(),
+            false => self.irqfd.write(1),
+        };
+        if let Err(e) = raised {
+            tracing::warn!("virtio I/O thread: interrupt not raised: {e}");
+        }
+    }
 }
 
 /// The running thread; stopped when dropped.
@@ -224,9 +251,7 @@ fn serve(epoll: &Epoll, devices: &[Served], asked: &EventFd, gate: &Gate, stoppi
                 && transport.backend_event()
             {
                 drop(transport);
-                if let Err(e) = dev.irq.write(1) {
-                    tracing::warn!("virtio I/O thread: interrupt not raised: {e}");
-                }
+                dev.irq.raise();
             }
         }
         for ev in &events[..n] {
@@ -247,9 +272,7 @@ fn serve(epoll: &Epoll, devices: &[Served], asked: &EventFd, gate: &Gate, stoppi
             };
             drop(transport);
             if interrupt {
-                if let Err(e) = dev.irq.write(1) {
-                    tracing::warn!("virtio I/O thread: interrupt not raised: {e}");
-                }
+                dev.irq.raise();
             }
         }
     }

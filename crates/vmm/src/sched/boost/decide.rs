@@ -1,7 +1,9 @@
-//! Two of the booster's decisions, as pure functions of the numbers they
-//! read (so that unit tests feed them): whether a vCPU thread waits for a
-//! CPU lately ([`Contention`], from its run-queue wait), and whether the
-//! guest's unboost call keeps the boost ([`keep`]).
+//! The booster's decisions, as pure functions of the numbers they read
+//! (so that unit tests feed them): whether a vCPU thread waits for a CPU
+//! lately ([`Contention`], from its run-queue wait), whether the guest's
+//! unboost call keeps the boost ([`keep`]), when a kept boost ends
+//! ([`kept_boost_ends`]) and when a host-side one does
+//! ([`host_boost_ends`]).
 
 use std::time::{Duration, Instant};
 
@@ -161,9 +163,88 @@ pub fn kept_boost_ends(c: KeptCheck) -> bool {
     }
 }
 
+/// The scheduler state in a thread's `/proc/.../stat` line (`R`, `S`,
+/// `D`...): the field after the command, which is in parentheses and may
+/// itself hold spaces and parentheses.
+pub fn stat_state(line: &str) -> Option<char> {
+    let rest = &line[line.rfind(')')? + 1..];
+    rest.split_whitespace().next()?.chars().next()
+}
+
+/// Why the monitor ends a host-side boost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostEnd {
+    /// The vCPU's thread sleeps: it halted (KVM blocks a halted vCPU in an
+    /// interruptible sleep), so the interrupt's work is done.
+    Halted,
+    /// Its thread ran `--boost-irq-us` of CPU time since the boost.
+    Budget,
+    /// Neither its state nor its CPU time can be read: a boost nobody can
+    /// watch is not left on.
+    Unwatched,
+}
+
+/// Whether a host-side boost ends now: its thread is seen asleep (`state`
+/// `S`; not `D`, a wait for the host's own I/O, after which the vCPU goes
+/// on with the interrupt's work), or it ran `budget_ns` of CPU time since
+/// the boost (`ran_ns`; `None`: no CPU clock, so the state alone decides).
+pub fn host_boost_ends(
+    state: Option<char>,
+    ran_ns: Option<u64>,
+    budget_ns: u64,
+) -> Option<HostEnd> {
+    if state.is_none() && ran_ns.is_none() {
+        return Some(HostEnd::Unwatched);
+    }
+    if ran_ns.is_some_and(|r| r >= budget_ns) {
+        return Some(HostEnd::Budget);
+    }
+    (state == Some('S')).then_some(HostEnd::Halted)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_state_is_read_past_a_command_with_parentheses() {
+        assert_eq!(stat_state("123 (vcpu 0) S 1 2 3"), Some('S'));
+        assert_eq!(stat_state("123 (a) b) (c) R 1"), Some('R'));
+        assert_eq!(stat_state("123 (cut"), None);
+        assert_eq!(stat_state("123 (x)"), None);
+    }
+
+    #[test]
+    fn a_host_boost_ends_at_a_halt_or_at_its_budget() {
+        let budget = 1_000_000;
+        assert_eq!(host_boost_ends(Some('R'), Some(10), budget), None);
+        assert_eq!(
+            host_boost_ends(Some('D'), Some(10), budget),
+            None,
+            "a host I/O wait"
+        );
+        assert_eq!(
+            host_boost_ends(Some('S'), Some(10), budget),
+            Some(HostEnd::Halted)
+        );
+        assert_eq!(
+            host_boost_ends(Some('R'), Some(budget), budget),
+            Some(HostEnd::Budget)
+        );
+        assert_eq!(
+            host_boost_ends(Some('S'), Some(budget), budget),
+            Some(HostEnd::Budget)
+        );
+        assert_eq!(
+            host_boost_ends(None, None, budget),
+            Some(HostEnd::Unwatched)
+        );
+        assert_eq!(host_boost_ends(None, Some(10), budget), None);
+        assert_eq!(
+            host_boost_ends(Some('S'), None, budget),
+            Some(HostEnd::Halted)
+        );
+    }
 
     #[test]
     fn a_thread_that_waits_is_contended_for_a_while_after() {

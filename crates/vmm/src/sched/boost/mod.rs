@@ -9,8 +9,10 @@
 //!   reads every area each `--boost-poll-us`; a vCPU waiting behind host
 //!   threads makes no exits, so the monitor is what reaches it;
 //! - the VMM injects an interrupt it raised ([`Booster::on_interrupt`]:
-//!   MSIs, I/O completions, the serial line to the vCPU the IOAPIC routes
-//!   it to), as the seed's KVM boosts on injection;
+//!   MSIs, I/O completions, virtio devices' interrupts and the serial line
+//!   to the vCPU the IOAPIC routes them to), as the seed's KVM boosts on
+//!   injection; for a vCPU with no area (a Linux guest) too, a host-side
+//!   boost the host ends (`host.rs`);
 //! - a real-time task's announced wake-up (`wake_at`) is near: the LAPIC
 //!   timer is injected by KVM, out of this process's sight, so the guest
 //!   says when it is due and the monitor boosts [`TIMER_LEAD`] before.
@@ -32,7 +34,7 @@
 //!
 //! Files: `area.rs` the shared areas (registration, their fields),
 //! `unboost.rs` how a boost ends (the guest's call or quiet write, kept
-//! across a gap, the throttle), `tuning.rs` this host's tuning (when
+//! across a gap, the throttle), `host.rs` how a host-side boost ends, `tuning.rs` this host's tuning (when
 //! boosts are granted and kept), `decide.rs` those decisions as pure
 //! functions, `monitor.rs` the monitor thread, `policy.rs` what a boost
 //! does to a thread, `report.rs` the figures (the settings are
@@ -40,6 +42,7 @@
 
 mod area;
 pub mod decide;
+mod host;
 mod monitor;
 pub mod policy;
 mod report;
@@ -96,6 +99,9 @@ struct SlotState {
     /// one was settled): only a count that moved during the boost ends it,
     /// never one from an earlier boost or from before the monitor looked.
     quiet_seen: u64,
+    /// This boost is the host's to end (`host.rs`): it was granted with
+    /// an interrupt to a vCPU that has no area, so no guest will unboost.
+    host_ended: bool,
 }
 
 /// A kept boost's end: the monitor unboosts a boost still kept past it
@@ -332,16 +338,26 @@ impl Booster {
     }
 
     /// Whether [`Self::on_interrupt`] can boost anything now (dynamic mode,
-    /// running, some vCPU registered and not boosted already): lets an
-    /// interrupt source skip work such as reading the IOAPIC's routing
-    /// when it cannot (with boosts kept across interrupts, at most of them).
+    /// running, some vCPU not boosted already): lets an interrupt source
+    /// skip work such as reading the IOAPIC's routing when it cannot (with
+    /// boosts kept across interrupts, at most of them).
     pub fn boosts_interrupts(&self) -> bool {
         self.mode() == BoostMode::Dynamic
             && !self.paused.load(Ordering::SeqCst)
-            && (0..self.slots.len()).any(|v| self.area(v).is_some() && !self.is_boosted(v))
+            && (0..self.slots.len()).any(|v| !self.is_boosted(v))
     }
 
-    /// The VMM has just injected an interrupt into vCPU `vcpu`.
+    /// Whether interrupts should be raised where the boost can follow
+    /// them (any boosting on): an irqfd on an IOAPIC pin is injected by a
+    /// kernel worker on the raising thread's CPU, which waits behind a
+    /// real-time vCPU thread there (`devices::irq_line`).
+    pub fn active(&self) -> bool {
+        self.mode() != BoostMode::Off
+    }
+
+    /// The VMM has just injected an interrupt into vCPU `vcpu`: boost it
+    /// (dynamic mode). A vCPU whose guest registered an area unboosts
+    /// itself; for one without, the boost is the host's to end (`host.rs`).
     ///
     /// Called after the injection, not before: a real-time thread woken
     /// from sleep goes back to the CPU it last ran on, preempting whatever
@@ -352,7 +368,7 @@ impl Booster {
     /// the serial line a third of its speed on an idle host
     /// (docs/BENCHMARKS.md).
     pub fn on_interrupt(&self, vcpu: usize) {
-        if self.area(vcpu).is_some()
+        if vcpu < self.slots.len()
             && !self.slots[vcpu].boosted.load(Ordering::Relaxed)
             && self.mode() == BoostMode::Dynamic
         {
@@ -413,6 +429,7 @@ impl Booster {
         // Unreadable: the CPU-time limit cannot apply to this boost.
         let cpu = policy::thread_cpu_ns(tid).unwrap_or(u64::MAX);
         s.since = Some((now, cpu));
+        s.host_ended = config.mode == BoostMode::Dynamic && self.area(vcpu).is_none();
         if let Some(gpa) = self.area(vcpu) {
             s.quiet_seen = self.read_quiet_unboosts(gpa);
         }
@@ -450,6 +467,7 @@ impl Booster {
             policy: config.policy.to_string(),
             when: tuning.when,
             keep_us: tuning.keep_us,
+            irq_us: tuning.irq_us,
             vcpus: (0..self.slots.len())
                 .map(|v| {
                     let s = self.lock(v);

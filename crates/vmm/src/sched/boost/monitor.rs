@@ -1,6 +1,7 @@
 //! The monitor thread: reads every registered boost area each poll period
 //! (and wakes early for an announced real-time wake-up), boosts the vCPUs
-//! that ask, and revokes boosts that ran past the CPU-time limit.
+//! that ask, revokes boosts that ran past the CPU-time limit, and ends the
+//! host-side boosts of vCPUs without an area (`host.rs`) as they halt.
 //!
 //! It runs one step above the boosted vCPUs (`BoostPolicy::for_monitor`):
 //! a monitor that waited behind the host load it works against would boost
@@ -13,7 +14,7 @@ use std::time::{Duration, Instant};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
-use super::decide::{schedstat_wait_ns, Contention};
+use super::decide::{schedstat_wait_ns, stat_state, Contention};
 use super::tuning::host_tsc;
 use super::{policy, BoostWhen, Booster, Source, TIMER_LEAD};
 
@@ -104,6 +105,9 @@ fn run(b: &Booster, stop: &(Mutex<bool>, Condvar)) {
     let max_cpu_ns = config.max_ms * 1_000_000;
     let mut tracks = vec![Track::default(); b.slots.len()];
     let mut waits: Vec<Wait> = (0..b.slots.len()).map(|_| Wait::default()).collect();
+    let mut stats: Vec<ThreadFile> = (0..b.slots.len())
+        .map(|_| ThreadFile::new("stat"))
+        .collect();
     let mut warned = false;
     let mut guard = stop.0.lock().unwrap_or_else(|p| p.into_inner());
     while !*guard {
@@ -114,10 +118,16 @@ fn run(b: &Booster, stop: &(Mutex<bool>, Condvar)) {
         let tuning = b.tuning();
         let contended_only = tuning.when == BoostWhen::Contended;
         for (v, track) in tracks.iter_mut().enumerate() {
-            let Some(gpa) = b.area(v) else { continue };
             if contended_only {
                 b.set_contended(v, waits[v].contended(b, v, &mut warned));
             }
+            let Some(gpa) = b.area(v) else {
+                // No area: the host's own boosts, which it ends.
+                if b.is_boosted(v) {
+                    check_host_boost(b, v, &mut stats[v]);
+                }
+                continue;
+            };
             let wake_at = b.read_wake_at(gpa);
             let tsc = host_tsc();
             track.saw(wake_at);
@@ -167,13 +177,59 @@ fn run(b: &Booster, stop: &(Mutex<bool>, Condvar)) {
     }
 }
 
-/// One vCPU thread's run-queue wait, read each pass.
-#[derive(Default)]
-struct Wait {
-    /// Its `/proc/self/task/TID/schedstat`, opened once per thread id
-    /// (`None` with the id: it could not be read; not tried again).
+/// One of a vCPU thread's `/proc/self/task/TID/` files, opened once per
+/// thread id and read again at offset 0 each time.
+struct ThreadFile {
+    name: &'static str,
+    /// The thread id and its file (`None`: it could not be read; not
+    /// tried again for that thread).
     file: Option<(i32, Option<File>)>,
+}
+
+impl ThreadFile {
+    fn new(name: &'static str) -> Self {
+        ThreadFile { name, file: None }
+    }
+
+    /// The file's text for thread `tid` (`None`: unreadable); whether the
+    /// thread is a new one is the second value.
+    fn read(&mut self, tid: i32) -> (Option<String>, bool) {
+        let fresh = self.file.as_ref().is_none_or(|(t, _)| *t != tid);
+        if fresh {
+            let f = File::open(format!("/proc/self/task/{tid}/{}", self.name));
+            self.file = Some((tid, f.ok()));
+        }
+        let text = match &self.file {
+            Some((_, Some(f))) => {
+                let mut buf = [0u8; 256];
+                f.read_at(&mut buf, 0)
+                    .ok()
+                    .and_then(|n| std::str::from_utf8(&buf[..n]).ok().map(str::to_owned))
+            }
+            _ => None,
+        };
+        if text.is_none() {
+            if let Some((_, f)) = self.file.as_mut() {
+                *f = None;
+            }
+        }
+        (text, fresh)
+    }
+}
+
+/// One vCPU thread's run-queue wait, read each pass.
+struct Wait {
+    schedstat: ThreadFile,
     contention: Contention,
+}
+
+impl Default for Wait {
+    fn default() -> Self {
+        Wait {
+            schedstat: ThreadFile::new("schedstat"),
+            contention: Contention::default(),
+        }
+    }
 }
 
 impl Wait {
@@ -184,29 +240,13 @@ impl Wait {
         let Some(tid) = b.tid(v) else {
             return false;
         };
-        if self.file.as_ref().is_none_or(|(t, _)| *t != tid) {
-            let f = File::open(format!("/proc/self/task/{tid}/schedstat"));
-            self.file = Some((tid, f.ok()));
+        let (text, fresh) = self.schedstat.read(tid);
+        if fresh {
             self.contention = Contention::default();
         }
-        let wait = match &self.file {
-            Some((_, Some(f))) => {
-                let mut buf = [0u8; 96];
-                f.read_at(&mut buf, 0).ok().and_then(|n| {
-                    std::str::from_utf8(&buf[..n])
-                        .ok()
-                        .and_then(schedstat_wait_ns)
-                })
-            }
-            _ => None,
-        };
-        match wait {
+        match text.as_deref().and_then(schedstat_wait_ns) {
             Some(w) => self.contention.saw(Instant::now(), w, b.boosted_since(v)),
             None => {
-                // Failed once: not read again for this thread.
-                if let Some((_, f)) = self.file.as_mut() {
-                    *f = None;
-                }
                 if !std::mem::replace(warned, true) {
                     tracing::warn!(
                         vcpu = v,
@@ -217,6 +257,14 @@ impl Wait {
             }
         }
     }
+}
+
+/// End vCPU `v`'s host-side boost if its thread sleeps (it halted) or ran
+/// its CPU budget (`stat`: the thread's `/proc` stat file).
+fn check_host_boost(b: &Booster, v: usize, stat: &mut ThreadFile) {
+    let Some(tid) = b.tid(v) else { return };
+    let state = stat.read(tid).0.as_deref().and_then(stat_state);
+    b.settle_host_boost(v, state);
 }
 
 /// Revoke vCPU `v`'s boost if its thread has run `max_cpu_ns` since it began.

@@ -38,6 +38,11 @@ pub struct VcpuBoostStats {
     /// the thread had not waited for a CPU lately (`--boost-when
     /// contended`).
     pub not_contended: u64,
+    /// Host-side boosts (an interrupt for a vCPU with no boost area) the
+    /// monitor ended as the vCPU halted.
+    pub host_ended_halted: u64,
+    /// Host-side boosts ended at `--boost-irq-us` of the thread's CPU time.
+    pub host_ended_budget: u64,
     /// Boosts revoked by the throttle.
     pub throttles: u64,
     /// Wall time spent boosted, microseconds.
@@ -57,6 +62,8 @@ pub struct BoostReport {
     pub when: crate::config::boost::BoostWhen,
     /// Unboost calls keep a boost across gaps up to this long, us (0: never).
     pub keep_us: u64,
+    /// A host-side boost lasts at most this much of its thread's CPU time, us.
+    pub irq_us: u64,
     /// Per vCPU.
     pub vcpus: Vec<VcpuBoostStats>,
 }

@@ -170,20 +170,80 @@ fn pause_unboosts_and_static_mode_boosts_from_the_start() {
 }
 
 #[test]
-fn interrupts_boost_only_registered_vcpus() {
+fn an_interrupt_to_a_vcpu_without_an_area_is_a_host_boost_ended_as_it_sleeps() {
     if !may_boost() {
         return;
     }
     let (b, _mem) = booster(BoostMode::Dynamic, |_| {});
-    let (_tid, done, t) = vcpu_thread(&b);
+    let (tid, done, t) = vcpu_thread(&b);
+    assert!(
+        b.boosts_interrupts(),
+        "a vCPU without an area is boosted too"
+    );
     b.on_interrupt(0);
-    assert!(!b.is_boosted(0), "nobody would unboost it");
+    assert!(b.is_boosted(0));
+    assert_eq!(policy::read(tid).unwrap().policy, libc::SCHED_FIFO);
+    b.settle_host_boost(0, Some('R'));
+    assert!(b.is_boosted(0), "running, within its budget: kept");
+    b.settle_host_boost(0, Some('S'));
+    assert!(!b.is_boosted(0), "asleep (halted): ended");
+    assert_eq!(policy::read(tid).unwrap().policy, libc::SCHED_OTHER);
+    let s = &b.report().vcpus[0];
+    assert_eq!((s.host_ended_halted, s.host_ended_budget), (1, 0), "{s:?}");
+    assert_eq!((s.boosts_interrupt, s.throttles), (1, 0), "{s:?}");
+    // The monitor finds it by itself: the thread sleeps on its channel.
+    b.start().unwrap();
+    b.on_interrupt(0);
+    let t0 = Instant::now();
+    while b.is_boosted(0) && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        !b.is_boosted(0),
+        "the monitor ended the boost of a sleeping thread"
+    );
+    assert_eq!(b.report().vcpus[0].host_ended_halted, 2);
+    // A registered vCPU's boost is the guest's to end.
     b.register(0, AREA, 1);
     b.on_interrupt(0);
     assert!(b.is_boosted(0));
+    b.settle_host_boost(0, Some('S'));
+    assert!(b.is_boosted(0), "the guest unboosts it");
     b.stop();
     assert!(!b.is_boosted(0));
     drop(done);
+    t.join().unwrap();
+}
+
+#[test]
+fn a_host_boost_on_a_vcpu_that_computes_ends_at_its_budget() {
+    if !may_boost() {
+        return;
+    }
+    let (b, _mem) = booster(BoostMode::Dynamic, |_| {});
+    b.set_tuning(BoostTuning {
+        irq_us: 1000,
+        ..Default::default()
+    })
+    .unwrap();
+    let (go, ran, t) = spinning_vcpu_thread(&b, 3);
+    while b.tid(0).is_none() {
+        std::thread::yield_now();
+    }
+    b.on_interrupt(0);
+    assert!(b.is_boosted(0));
+    go.send(()).unwrap();
+    ran.recv().unwrap();
+    // Running all along (as a guest computing on): 3 ms of CPU > 1 ms.
+    b.settle_host_boost(0, Some('R'));
+    assert!(!b.is_boosted(0));
+    let s = &b.report().vcpus[0];
+    assert_eq!(
+        (s.host_ended_budget, s.throttles),
+        (1, 0),
+        "not a throttle: {s:?}"
+    );
+    drop(go);
     t.join().unwrap();
 }
 
