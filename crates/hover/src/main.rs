@@ -98,8 +98,11 @@ struct CompletionsArgs {
 #[derive(Args)]
 struct ManArgs {
     /// A directory (created if missing) to write every page into.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "markdown")]
     out: Option<PathBuf>,
+    /// Print the whole command reference as Markdown instead (docs/CLI.md).
+    #[arg(long)]
+    markdown: bool,
 }
 
 #[derive(Args)]
@@ -417,6 +420,10 @@ fn main() -> ExitCode {
         }
         Command::Man(args) => {
             die_on_broken_pipe();
+            if args.markdown {
+                print!("{}", self_doc::markdown(Cli::command()));
+                return ExitCode::SUCCESS;
+            }
             self_doc::man(Cli::command(), args.out.as_deref())
         }
     }

@@ -1,18 +1,19 @@
-//! README.md against the binary: every example command parses as written,
-//! and every default the README states (in a flag table or a synopsis's
-//! `[--flag VALUE]`) is the one `--help` shows.
+//! README.md and docs/GUIDE.md against the binary: every example command
+//! parses as written, and every default they state (in a flag table or a
+//! synopsis's `[--flag VALUE]`) is the one `--help` shows.
 
 use clap::{CommandFactory, Parser};
 
 use crate::Cli;
 
 const README: &str = include_str!("../../../README.md");
+const GUIDE: &str = include_str!("../../../docs/GUIDE.md");
 
-/// The lines of README's code blocks that start with `hover `.
+/// The lines of README's and the guide's code blocks that start with `hover `.
 fn hover_lines() -> Vec<&'static str> {
     let mut inside = false;
     let mut out = Vec::new();
-    for line in README.lines() {
+    for line in README.lines().chain(GUIDE.lines()) {
         if line.starts_with("```") {
             inside = !inside;
         } else if inside {
@@ -132,11 +133,11 @@ fn readme_defaults_are_the_binarys() {
     }
     // The flag tables of `hover run` (its guards included): | `--flag` | default | ...
     let run = subcommand(&["run".to_string()]);
-    let section = README
-        .split("### `hover run`")
+    let section = GUIDE
+        .split("## `hover run`")
         .nth(1)
-        .and_then(|s| s.split("\n### ").next())
-        .expect("README's hover run section");
+        .and_then(|s| s.split("\n## ").next())
+        .expect("docs/GUIDE.md's hover run section");
     for row in section.lines().filter(|l| l.starts_with("| `--")) {
         let cells: Vec<&str> = row.split('|').map(str::trim).collect();
         let long = cells[1].trim_matches('`').trim_start_matches("--");
@@ -148,13 +149,13 @@ fn readme_defaults_are_the_binarys() {
             .trim_matches('`');
         match default_of(&run, long) {
             None => bad.push(format!(
-                "README's run table has --{long}, which hover run lacks"
+                "docs/GUIDE.md's run table has --{long}, which hover run lacks"
             )),
             Some(Some(d)) => {
                 checked += 1;
                 if d != said {
                     bad.push(format!(
-                        "README's run table: --{long} {said}, the binary's default is {d}"
+                        "docs/GUIDE.md's run table: --{long} {said}, the binary's default is {d}"
                     ));
                 }
             }
@@ -164,7 +165,7 @@ fn readme_defaults_are_the_binarys() {
     assert!(checked >= 20, "only {checked} defaults found");
     assert!(
         bad.is_empty(),
-        "README and the binary disagree:\n{}",
+        "README/docs/GUIDE.md and the binary disagree:\n{}",
         bad.join("\n")
     );
 }

@@ -4,7 +4,7 @@
 //! XSAVE, XCRs, every MSR KVM lists (`KVM_GET_MSR_INDEX_LIST`, plus the KVM
 //! PV MSRs for kvmclock and async PF), the LAPIC, pending events, the MP
 //! state, debug registers, CPUID and the TSC rate. The order of loading is
-//! the one measured to work on this KVM (../shared/platform/README.md):
+//! the one measured to work on this KVM (docs/PLATFORM.md):
 //! CPUID, TSC rate, SREGS2, REGS, FPU, XSAVE, XCRS, MSRS, LAPIC, then
 //! TSC_DEADLINE again (KVM drops a deadline written before the LAPIC),
 //! events, MP state, debug registers.

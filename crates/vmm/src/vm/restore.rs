@@ -1,6 +1,6 @@
 //! Building a VM from a snapshot: the same machine as at boot, then the
 //! saved memory and state, loaded in the order measured to work on this
-//! KVM (../shared/platform/README.md): memory, irqchip, each vCPU
+//! KVM (docs/PLATFORM.md): memory, irqchip, each vCPU
 //! (`vcpu::state`), the clock, the devices.
 
 use std::path::Path;
