@@ -86,7 +86,28 @@ struct Row {
     exits_per_apf: Option<f64>,
     /// Adaptive: the milliseconds the guest's policy kept async PF off.
     adaptive_off_ms: Option<u64>,
+    /// Why this row's figure is not a result (work above the ideal run's:
+    /// the host gave the runs different CPU), flagged rather than shown
+    /// as a gain.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    suspect: Option<String>,
     command: String,
+}
+
+/// How far above the ideal run's work a run may go before its figure is
+/// flagged: the ideal run has no faulting tasks, so more work than it did
+/// means the host gave the runs different CPU, not a gain.
+const ABOVE_IDEAL: f64 = 1.10;
+
+/// Why a run of `total` work beside an ideal run of `ideal` is no result.
+fn suspect(total: u64, ideal: f64) -> Option<String> {
+    let share = total as f64 / ideal;
+    (ideal > 0.0 && share > ABOVE_IDEAL).then(|| {
+        format!(
+            "work {:.0}% of the ideal run's: the host's CPU changed between the runs; run longer or again",
+            100.0 * share
+        )
+    })
 }
 
 const MODES: [&str; 4] = ["ideal", "off", "on", "adaptive"];
@@ -144,6 +165,7 @@ fn run_one(
         insns_per_apf: None,
         exits_per_apf: None,
         adaptive_off_ms: opt("apf.off_ms"),
+        suspect: None,
         workers,
         command: format!(
             "hover run {}",
@@ -201,11 +223,21 @@ pub fn run(exe: &Path, b: &ApfBench, out: &Path) -> Result<(), BenchError> {
         }
     }
     let mut table_rows = Vec::new();
-    let total = |lat: &str, mode: &str| {
+    let total = |rows: &[Row], lat: &str, mode: &str| {
         rows.iter()
             .find(|r| r.latency == lat && r.mode == mode)
             .map(|r| r.total as f64)
     };
+    let ideals: Vec<f64> = rows
+        .iter()
+        .map(|r| total(&rows, &r.latency, "ideal").unwrap_or(f64::NAN))
+        .collect();
+    for (r, ideal) in rows.iter_mut().zip(&ideals) {
+        if r.mode != "ideal" {
+            r.suspect = suspect(r.total, *ideal);
+        }
+    }
+    let total = |lat: &str, mode: &str| total(&rows, lat, mode);
     for r in &rows {
         let ideal = total(&r.latency, "ideal").unwrap_or(f64::NAN);
         let off = total(&r.latency, "off").unwrap_or(f64::NAN);
@@ -224,7 +256,11 @@ pub fn run(exe: &Path, b: &ApfBench, out: &Path) -> Result<(), BenchError> {
                 .join(" "),
             format!("{:.2}", r.total as f64 / 1e9),
             on_off,
-            format!("{:.0}%", 100.0 * r.total as f64 / ideal),
+            format!(
+                "{:.0}%{}",
+                100.0 * r.total as f64 / ideal,
+                if r.suspect.is_some() { " (!)" } else { "" }
+            ),
             r.fault_writes.to_string(),
             r.store_reads.to_string(),
             r.parked_avg_us
@@ -257,6 +293,14 @@ pub fn run(exe: &Path, b: &ApfBench, out: &Path) -> Result<(), BenchError> {
         ],
         &table_rows,
     );
+    for r in rows.iter().filter(|r| r.suspect.is_some()) {
+        println!(
+            "(!) {} {}: {}",
+            r.latency,
+            r.mode,
+            r.suspect.as_deref().unwrap_or("")
+        );
+    }
     let doc = serde_json::json!({
         "scenario": "apf",
         "command": format!(
@@ -358,8 +402,17 @@ mod tests {
             insns_per_apf: None,
             exits_per_apf: None,
             adaptive_off_ms: None,
+            suspect: None,
             command: String::new(),
         }
+    }
+
+    #[test]
+    fn work_above_the_ideal_runs_is_flagged_not_shown_as_a_gain() {
+        assert!(suspect(3_740, 1_000.0).unwrap().contains("374%"));
+        assert_eq!(suspect(1_050, 1_000.0), None, "inside the tolerance");
+        assert_eq!(suspect(500, 1_000.0), None);
+        assert_eq!(suspect(500, f64::NAN), None, "no ideal run");
     }
 
     #[test]

@@ -88,6 +88,11 @@ pub struct Sample {
     /// tasks would have done at their rate of the second before, less what
     /// they did (`migration_run::lost_ms`).
     pub work_lost_ms: f64,
+    /// Why this sample's work figures (`ops_pct`, `work_lost_ms`) are no
+    /// result: a post-copy phase too short to give a rate, or more work
+    /// than the second before predicted. Left out of the summary.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub suspect: Option<String>,
     /// Remote fault latency, us.
     pub fault_p50_us: f64,
     /// See `fault_p50_us`.
@@ -209,6 +214,7 @@ fn sample(
                 total_ms: 0.0,
                 ops_pct: 0.0,
                 work_lost_ms: 0.0,
+                suspect: None,
                 fault_p50_us: 0.0,
                 fault_p99_us: 0.0,
                 demand_pages: 0.0,
@@ -230,7 +236,14 @@ fn sample(
     let before = work_in(&out, t.saturating_sub(khz * 1000), t, khz);
     let during_s = (end - switch.min(end)) as f64 / khz as f64 / 1000.0;
     let during = work_in(&out, switch, end, khz) / during_s.max(0.1);
+    let work_lost_ms = lost_ms(
+        |from, to| work_in(&out, from, to, khz),
+        khz,
+        t,
+        pre_ms.max(0.0) + downtime,
+    );
     Ok(Sample {
+        suspect: suspect(during_s, work_lost_ms),
         mode: name.into(),
         round,
         error: None,
@@ -242,17 +255,33 @@ fn sample(
         } else {
             0.0
         },
-        work_lost_ms: lost_ms(
-            |from, to| work_in(&out, from, to, khz),
-            khz,
-            t,
-            pre_ms.max(0.0) + downtime,
-        ),
+        work_lost_ms,
         fault_p50_us: num(pc, "fault_p50_us"),
         fault_p99_us: num(pc, "fault_p99_us"),
         demand_pages: num(pc, "demand_pages"),
         parked: report(&out, "apf.parked").unwrap_or(0) as f64,
         report: rep,
+    })
+}
+
+/// The shortest post-copy phase whose work rate is a result.
+const MIN_PHASE_S: f64 = 0.5;
+
+/// Why a sample's work figures are no result: a post-copy phase of
+/// `phase_s` seconds (too short to give a rate), or `lost_ms` below zero
+/// (more work than the second before predicted: that second was slow).
+fn suspect(phase_s: f64, lost_ms: f64) -> Option<String> {
+    if phase_s < MIN_PHASE_S {
+        return Some(format!(
+            "the post-copy phase lasted {:.0} ms: too short for a rate (give --postcopy-seconds more, or a slower --link-mbit)",
+            phase_s * 1000.0
+        ));
+    }
+    (lost_ms < 0.0).then(|| {
+        format!(
+            "{:.0} ms more work than the second before predicted: that second was slow (host noise)",
+            -lost_ms
+        )
     })
 }
 
@@ -313,14 +342,25 @@ pub fn run(exe: &Path, b: &PostcopyBench, out: &Path) -> Result<(), BenchError> 
             summarize(&ok.iter().map(|s| f(s)).collect::<Vec<_>>())
                 .map_or("-".into(), |s| s.text(p))
         };
+        // The work figures of flagged samples are left out, and said.
+        let sound: Vec<&&&Sample> = ok.iter().filter(|s| s.suspect.is_none()).collect();
+        let work = |f: &dyn Fn(&Sample) -> f64, p: usize| {
+            let flagged = ok.len() - sound.len();
+            let text = summarize(&sound.iter().map(|s| f(s)).collect::<Vec<_>>())
+                .map_or("-".into(), |s| s.text(p));
+            match flagged {
+                0 => text,
+                n => format!("{text} ({n} flagged)"),
+            }
+        };
         rows.push(vec![
             name.to_string(),
             format!("{}/{}", ok.len(), of.len()),
             cell(&|s| s.downtime_ms, 1),
             cell(&|s| s.guest_downtime_ms, 1),
             cell(&|s| s.total_ms / 1000.0, 1),
-            cell(&|s| s.ops_pct, 0),
-            cell(&|s| s.work_lost_ms, 0),
+            work(&|s| s.ops_pct, 0),
+            work(&|s| s.work_lost_ms, 0),
             cell(&|s| s.fault_p50_us / 1000.0, 1),
             cell(&|s| s.fault_p99_us / 1000.0, 1),
             cell(&|s| s.parked, 0),
@@ -346,7 +386,9 @@ pub fn run(exe: &Path, b: &PostcopyBench, out: &Path) -> Result<(), BenchError> 
             let pct = |name: &str| {
                 samples
                     .iter()
-                    .find(|s| s.round == r && s.mode == name && s.error.is_none())
+                    .find(|s| {
+                        s.round == r && s.mode == name && s.error.is_none() && s.suspect.is_none()
+                    })
                     .map(|s| s.ops_pct)
             };
             let (on, off) = (pct(MODES[1].0)?, pct(MODES[2].0)?);
@@ -357,6 +399,14 @@ pub fn run(exe: &Path, b: &PostcopyBench, out: &Path) -> Result<(), BenchError> 
         "\nops during post-copy, async PF on / off, per round: {}",
         ratio.join(", ")
     );
+    for s in samples.iter().filter(|s| s.suspect.is_some()) {
+        println!(
+            "(!) round {} {}: {}",
+            s.round,
+            s.mode,
+            s.suspect.as_deref().unwrap_or("")
+        );
+    }
     for s in samples.iter().filter(|s| s.error.is_some()) {
         println!(
             "round {} {}: {}",
@@ -423,4 +473,16 @@ pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
         &groups,
         &series,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_phases_and_negative_losses_are_flagged_not_shown() {
+        assert!(suspect(0.2, 10.0).unwrap().contains("200 ms"));
+        assert!(suspect(2.0, -4800.0).unwrap().contains("4800 ms more work"));
+        assert_eq!(suspect(2.0, 120.0), None);
+    }
 }

@@ -132,7 +132,7 @@ pub fn spawn_with_api(
     sock: &Path,
 ) -> Result<std::process::Child, BenchError> {
     let _ = std::fs::remove_file(sock);
-    let child = Command::new(exe)
+    let mut child = Command::new(exe)
         .args(args)
         .args(["--json", "--console", "off"])
         .arg("--api-socket")
@@ -143,12 +143,34 @@ pub fn spawn_with_api(
         .map_err(|e| guest(&format!("cannot start {}: {e}", exe.display())))?;
     let started = Instant::now();
     while !sock.exists() {
+        // A child that failed (a bad flag, a host refusal) says why on its
+        // stderr: shown as it printed it, not as a missing socket.
+        if let Ok(Some(_)) = child.try_wait() {
+            return Err(child_failed(child, "exited before opening its API socket"));
+        }
         if started.elapsed() > std::time::Duration::from_secs(30) {
-            return Err(guest("hover never opened its API socket"));
+            let _ = child.kill();
+            return Err(child_failed(child, "never opened its API socket (30 s)"));
         }
         thread::sleep(std::time::Duration::from_millis(2));
     }
     Ok(child)
+}
+
+/// A child's failure, with what it printed on stderr.
+fn child_failed(child: std::process::Child, what: &str) -> BenchError {
+    match child.wait_with_output() {
+        Ok(out) => {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let said = stderr.trim();
+            guest(&format!(
+                "hover {what} ({}){}{said}",
+                out.status,
+                if said.is_empty() { "" } else { ":\n" }
+            ))
+        }
+        Err(e) => guest(&format!("hover {what}; its output: {e}")),
+    }
 }
 
 /// The TSC rate in kHz, measured once against the monotonic clock over
@@ -165,4 +187,37 @@ pub fn tsc_khz() -> Result<u64, BenchError> {
         return Err(guest("cannot measure the TSC rate"));
     }
     Ok(khz)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_child_that_fails_before_its_socket_is_shown_as_it_printed() {
+        let dir = std::env::temp_dir().join(format!("hover-runner-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join("api.sock");
+        // Stands in for a `hover run` refusing its flags.
+        let err = spawn_with_api(
+            Path::new("/bin/sh"),
+            &[
+                "-c",
+                "echo 'hover: error: --memory 256 bytes is not a multiple of 4 KiB' >&2; exit 2",
+                "sh",
+            ],
+            &sock,
+        )
+        .expect_err("the child failed");
+        let text = err.to_string();
+        assert!(
+            text.contains("exited before opening its API socket"),
+            "{text}"
+        );
+        assert!(
+            text.contains("--memory 256 bytes is not a multiple of 4 KiB"),
+            "{text}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -74,9 +74,10 @@ pub enum CtlAction {
         /// Bytes per second the migration may use (e.g. 100M) [default: no limit].
         #[arg(long, value_parser = crate::parse::parse_size)]
         bandwidth: Option<u64>,
-        /// Give up (and keep running here) after this many seconds.
-        #[arg(long, default_value_t = hover_vmm::migration::DEFAULT_TIMEOUT.as_secs())]
-        timeout: u64,
+        /// Give up (and keep running here) after this long: seconds (120)
+        /// or a duration (2m, 90s).
+        #[arg(long, default_value = "2m", value_parser = crate::parse::parse_timeout)]
+        timeout: std::time::Duration,
         /// Send a digest of memory for the destination to check before running.
         #[arg(long)]
         verify: bool,
@@ -239,7 +240,8 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
                 downtime_ms: Some(*downtime_ms),
                 batch_pages: Some(*batch_pages),
                 bandwidth: *bandwidth,
-                timeout_s: Some(*timeout),
+                // Whole seconds, rounded up: the API's unit.
+                timeout_s: Some(timeout.as_secs() + u64::from(timeout.subsec_nanos() > 0)),
                 verify: *verify,
                 auto_converge: Some(auto_converge == "on"),
                 throttle_initial: Some(*throttle_initial),

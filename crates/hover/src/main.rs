@@ -130,8 +130,8 @@ struct ReceiveArgs {
     #[arg(long)]
     insecure: bool,
     /// Give up (exit 1) if no source has opened a migration stream within
-    /// this long (e.g. 10m) [default: wait for ever].
-    #[arg(long, value_parser = parse_duration)]
+    /// this long: seconds (600) or a duration (10m) [default: wait for ever].
+    #[arg(long, value_parser = parse::parse_timeout)]
     timeout: Option<std::time::Duration>,
     #[command(flatten)]
     devices: host_args::SavedDeviceArgs,

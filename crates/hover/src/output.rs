@@ -274,19 +274,7 @@ pub fn print_ctl(action: &str, v: &serde_json::Value) {
                     .unwrap_or_default()
             );
             out!(w, "halt polling: {}", halt_poll_text(&c["halt_poll"]));
-            let b = &c["boost"];
-            match b["mode"].as_str() {
-                Some("off") | None => out!(w, "boosting: off"),
-                Some(mode) => out!(
-                    w,
-                    "boosting: {mode}, policy {}, at most {} ms per boost, cooldown {} ms, {} boosts/s, monitor every {} us",
-                    policy_text(&b["policy"]),
-                    b["max_ms"],
-                    b["cooldown_ms"],
-                    b["max_rate"],
-                    b["poll_us"]
-                ),
-            }
+            out!(w, "{}", boost_text(&c["boost"]));
             let m = &v["migration"];
             if m.is_object() {
                 out!(
@@ -323,8 +311,8 @@ pub fn print_ctl(action: &str, v: &serde_json::Value) {
             }
         ),
         "balloon" => out!(w, "{}", balloon_text(v)),
-        "halt-poll" => out!(w, "halt polling: {}", v["halt_poll"]),
-        "boost" => out!(w, "boosting: {}", v["boost"]),
+        "halt-poll" => out!(w, "halt polling: {}", halt_poll_text(&v["halt_poll"])),
+        "boost" => out!(w, "{}", boost_text(&v["boost"])),
         "migrate" => out!(
             w,
             "migrated to {}: {} rounds, {} pages ({:.1} MiB) in {:.1} ms; downtime {:.2} ms (the guest saw {:.2} ms)",
@@ -438,19 +426,42 @@ pub fn print_live(v: &serde_json::Value) {
     }
 }
 
-/// `config.halt_poll` as set: "kvm_default", {"fixed": {"window_ns": N}}
-/// or {"auto": {"budget_pct": P}}.
+/// Halt polling as the API gives it (`config.halt_poll`, and `PUT
+/// /vm/halt-poll`'s answer): `{"mode": "fixed", "window_ns": N}`,
+/// `{"mode": "auto", "budget_pct": P}` or `{"mode": "kvm_default"}`.
 fn halt_poll_text(h: &serde_json::Value) -> String {
-    if let Some(ns) = h["fixed"]["window_ns"].as_u64() {
-        return format!("fixed window {ns} ns");
-    }
-    if let Some(p) = h["auto"]["budget_pct"].as_f64() {
-        return format!("governor, budget {p}% of a CPU per vCPU");
-    }
-    match h.as_str() {
+    match h["mode"].as_str() {
+        Some("fixed") => format!("fixed window {} ns", h["window_ns"]),
+        Some("auto") => format!("governor, budget {}% of a CPU per vCPU", h["budget_pct"]),
         Some("kvm_default") => "KVM's module default".into(),
         _ => h.to_string(),
     }
+}
+
+/// Boosting's settings as the API gives them (`config.boost`, and `PUT
+/// /vm/boost`'s answer, which adds this host's tuning).
+fn boost_text(b: &serde_json::Value) -> String {
+    let mode = match b["mode"].as_str() {
+        Some("off") | None => return "boosting: off".into(),
+        Some(mode) => mode,
+    };
+    let mut text = format!(
+        "boosting: {mode}, policy {}, at most {} ms per boost, cooldown {} ms, {} boosts/s, monitor every {} us",
+        policy_text(&b["policy"]),
+        b["max_ms"],
+        b["cooldown_ms"],
+        b["max_rate"],
+        b["poll_us"]
+    );
+    if b["when"].is_string() {
+        text += &format!(
+            "; granted {}, kept across gaps up to {} us, host-side boosts up to {} us of CPU",
+            b["when"].as_str().unwrap_or("?"),
+            b["keep_us"],
+            b["irq_us"]
+        );
+    }
+    text
 }
 
 /// A boost policy as the API gives it: the flags' text (`fifo:10`).

@@ -137,9 +137,41 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(v * scale))
 }
 
+/// A timeout: a duration as [`parse_duration`] takes it (`2m`, `90s`), or
+/// a bare whole number of seconds (`120`); never zero.
+pub fn parse_timeout(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let d = match t.parse::<u64>() {
+        Ok(secs) if secs <= 3600 => Duration::from_secs(secs),
+        Ok(_) => return Err(format!("'{s}' is too long a timeout: at most an hour (3600, 60m)")),
+        Err(_) => parse_duration(t).map_err(|_| {
+            format!("'{s}' is not a timeout: give seconds (120) or a duration with ms, s or m (90s, 2m), at most an hour")
+        })?,
+    };
+    if d.is_zero() {
+        return Err(format!("'{s}': a timeout of zero would give up at once"));
+    }
+    Ok(d)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timeouts_take_seconds_or_durations() {
+        assert_eq!(parse_timeout("120"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_timeout("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(
+            parse_timeout("2m"),
+            Ok(hover_vmm::migration::DEFAULT_TIMEOUT),
+            "ctl migrate --timeout's default is the monitor's"
+        );
+        assert_eq!(parse_timeout("1500ms"), Ok(Duration::from_millis(1500)));
+        for bad in ["0", "0s", "x", "-1", "3601", "2h"] {
+            assert!(parse_timeout(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn balloon_values_parse_and_bad_ones_say_what_is_taken() {

@@ -116,3 +116,50 @@ fn the_firecracker_api_refuses_such_files_and_keeps_answering() {
     let (status, _) = common::firecracker::req(&fc.sock, "GET", "/", "");
     assert_eq!(status, 200);
 }
+
+/// `hover bench` checks its flags before it starts anything: a bad value
+/// ends it with one line naming the flag, exit 2, and no VM is booted
+/// (none of these needs KVM).
+#[test]
+fn bench_flags_are_checked_before_anything_runs() {
+    for (args, says) in [
+        (
+            &["bench", "snapshot", "--memories", "256"][..],
+            "--memories: 256 is not a whole number of 4 KiB pages",
+        ),
+        (
+            &["bench", "migrate", "--memories", "64M,1T"][..],
+            "--memories: 1T is more than",
+        ),
+        (
+            &[
+                "bench",
+                "migrate",
+                "--mode",
+                "postcopy",
+                "--postcopy-memory",
+                "1000",
+            ][..],
+            "--postcopy-memory: 1000 is not a whole number",
+        ),
+        (
+            &["bench", "dirty-log", "--seconds", "0"][..],
+            "--seconds must be in (0, 60]",
+        ),
+        (
+            &["bench", "boost", "--intervals", "5"][..],
+            "--intervals: 5 us is out of range",
+        ),
+    ] {
+        let out = common::hover(args);
+        let stderr = common::text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        // Refused up front: one line, not a child's failure.
+        assert_eq!(
+            stderr.trim().lines().count(),
+            1,
+            "{args:?}: one line: {stderr}"
+        );
+    }
+}

@@ -58,7 +58,8 @@ pub fn bench(args: BenchArgs) -> ExitCode {
                 return ExitCode::from(EXIT_BAD_INPUT);
             }
             if let Some(Peer::Qemu) = peer {
-                if let Err(e) = check_sizes("--memories", &memories).and(check_sizes("--wss", &wss))
+                if let Err(e) =
+                    check_memories("--memories", &memories).and(check_sizes("--wss", &wss))
                 {
                     return e;
                 }
@@ -70,10 +71,11 @@ pub fn bench(args: BenchArgs) -> ExitCode {
                 };
                 hover_bench::migrate_peer::run(&exe, &b, &out)
             } else if mode == "postcopy" {
-                if let Err(e) = check_sizes(
-                    "--postcopy-memory",
-                    &[postcopy_memory.clone(), postcopy_array.clone()],
-                ) {
+                if let Err(e) =
+                    check_memories("--postcopy-memory", std::slice::from_ref(&postcopy_memory)).and(
+                        check_sizes("--postcopy-array", std::slice::from_ref(&postcopy_array)),
+                    )
+                {
                     return e;
                 }
                 let b = hover_bench::postcopy::PostcopyBench {
@@ -89,7 +91,7 @@ pub fn bench(args: BenchArgs) -> ExitCode {
                 if let Err(e) = check_all("--trackers", &trackers, |t| {
                     t.parse::<hover_vmm::migration::Tracker>().map(|_| ())
                 })
-                .and(check_sizes("--memories", &memories))
+                .and(check_memories("--memories", &memories))
                 .and(check_sizes("--wss", &wss))
                 {
                     return e;
@@ -144,7 +146,7 @@ pub fn bench(args: BenchArgs) -> ExitCode {
             dir,
             out,
         } => {
-            if let Err(e) = check_sizes("--memories", &memories) {
+            if let Err(e) = check_memories("--memories", &memories) {
                 return e;
             }
             let b = hover_bench::snapshot::SnapshotBench {
@@ -296,6 +298,27 @@ fn check_all(
 /// Check that every value of a list flag is a size (`256M`, `1G`).
 fn check_sizes(flag: &str, values: &[String]) -> Result<(), ExitCode> {
     check_all(flag, values, |m| parse_size(m).map(|_| ()))
+}
+
+/// Check that every value of a list flag is a guest memory size `hover
+/// run --memory` takes: whole 4 KiB pages, within what Hover maps.
+fn check_memories(flag: &str, values: &[String]) -> Result<(), ExitCode> {
+    check_all(flag, values, |m| {
+        let bytes = parse_size(m)?;
+        let max = hover_vmm::config::machine::MAX_MEMORY;
+        if bytes == 0 || bytes % 4096 != 0 {
+            return Err(format!(
+                "{m} is not a whole number of 4 KiB pages (e.g. 256M)"
+            ));
+        }
+        if bytes > max {
+            return Err(format!(
+                "{m} is more than the {} a guest may have",
+                hover_vmm::config::size_text(max)
+            ));
+        }
+        Ok(())
+    })
 }
 
 fn bench_result(result: Result<(), hover_bench::BenchError>) -> ExitCode {

@@ -98,12 +98,13 @@ impl From<SavedGuest> for GuestImage {
     }
 }
 
-/// How guest RAM is backed.
+/// How guest RAM is backed; in JSON by the names `--memory-backend` takes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MemoryBackend {
     /// Private anonymous memory (the default).
     #[default]
+    #[serde(rename = "anon", alias = "anonymous")]
     Anonymous,
     /// A memfd, so that another process can map the same RAM.
     Memfd,
