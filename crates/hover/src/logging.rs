@@ -3,6 +3,7 @@
 //! (`--log-path`, `PUT /logger`), which then takes them with its own level
 //! and format.
 
+use hover_vmm::sync::Locked;
 use std::io::Write;
 use std::sync::{Mutex, OnceLock};
 
@@ -42,14 +43,14 @@ pub struct LogWriter;
 
 impl Write for LogWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match FILE.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+        match FILE.locked().as_mut() {
             Some(f) => f.write(buf),
             None => std::io::stderr().write(buf),
         }
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        match FILE.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+        match FILE.locked().as_mut() {
             Some(f) => f.flush(),
             None => std::io::stderr().flush(),
         }
@@ -119,7 +120,7 @@ pub fn set_firecracker_logger(l: &Logger) -> Result<(), String> {
     let filter = filter(l.level.as_deref(), l.module.as_deref())?;
     let file = hover_vmm::firecracker::open_log(std::path::Path::new(&l.log_path))
         .map_err(|e| format!("log_path {}: cannot open it: {e}", l.log_path))?;
-    *FILE.lock().unwrap_or_else(|p| p.into_inner()) = Some(file);
+    *FILE.locked() = Some(file);
     reload(filter, false, l.show_level, l.show_log_origin)
 }
 

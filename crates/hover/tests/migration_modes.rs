@@ -4,6 +4,7 @@
 
 mod common;
 
+use hover_vmm::sync::Locked;
 use std::time::Duration;
 
 use common::migrate::{finish, kvstore, new_key, receiver, receiver_with, refused_request};
@@ -26,7 +27,7 @@ fn a_guest_that_outruns_the_link_is_throttled_until_it_converges() {
     if !kvm_for_test("a_guest_that_outruns_the_link_is_throttled_until_it_converges") {
         return;
     }
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = ONE_AT_A_TIME.locked();
     let dir = Scratch::new("migrate-throttle");
     let args = [
         "run",
@@ -134,7 +135,7 @@ fn a_sender_process_migrates_the_guest_with_each_mapping_mode() {
     if !kvm_for_test("a_sender_process_migrates_the_guest_with_each_mapping_mode") {
         return;
     }
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = ONE_AT_A_TIME.locked();
     let dir = Scratch::new("migrate-sender");
     // readv on an authenticated link: the process's frames carry on the
     // VMM's MAC sequence, and the destination checks every one.
@@ -189,7 +190,7 @@ fn vms_under_a_pager_migrate() {
     if !kvm_for_test("vms_under_a_pager_migrate") {
         return;
     }
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = ONE_AT_A_TIME.locked();
     let dir = Scratch::new("migrate-paged");
     let migrate = |src: &Vm, at: &str| {
         let body = serde_json::json!({ "to": at, "verify": true }).to_string();

@@ -27,6 +27,7 @@ pub mod seccomp;
 pub mod signals;
 pub mod state;
 pub mod stats;
+pub mod sync;
 pub mod vcpu;
 pub mod vm;
 

@@ -16,6 +16,7 @@
 //! The watcher reads no outside input (only the signal number the kernel
 //! gives it), so, like the [`crate::seccomp::broker`], it runs unfiltered.
 
+use crate::sync::Locked;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -80,12 +81,12 @@ pub fn install() -> std::io::Result<()> {
 }
 
 fn deliver(sig: i32) {
-    let watcher = WATCHER.lock().unwrap_or_else(|p| p.into_inner());
+    let watcher = WATCHER.locked();
     if let Some((_, handler)) = watcher.as_ref() {
         handler(sig);
         return;
     }
-    for (_, p) in PATHS.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+    for (_, p) in PATHS.locked().iter() {
         let _ = std::fs::remove_file(p);
     }
     eprintln!("hover: {}: ended before a VM ran", name(sig));
@@ -98,7 +99,7 @@ fn deliver(sig: i32) {
 #[must_use = "signals go to the handler only while the guard lives"]
 pub fn watch(handler: impl Fn(i32) + Send + 'static) -> Watch {
     let id = NEXT.fetch_add(1, Ordering::Relaxed);
-    *WATCHER.lock().unwrap_or_else(|p| p.into_inner()) = Some((id, Box::new(handler)));
+    *WATCHER.locked() = Some((id, Box::new(handler)));
     Watch(id)
 }
 
@@ -114,7 +115,7 @@ pub struct Watch(u64);
 
 impl Drop for Watch {
     fn drop(&mut self) {
-        let mut w = WATCHER.lock().unwrap_or_else(|p| p.into_inner());
+        let mut w = WATCHER.locked();
         if w.as_ref().is_some_and(|(id, _)| *id == self.0) {
             *w = None;
         }
@@ -129,7 +130,7 @@ pub fn create_removed_on_signal<T, E>(
     path: PathBuf,
     create: impl FnOnce() -> Result<T, E>,
 ) -> Result<(T, RemoveOnSignal), E> {
-    let mut paths = PATHS.lock().unwrap_or_else(|p| p.into_inner());
+    let mut paths = PATHS.locked();
     let made = create()?;
     let id = NEXT.fetch_add(1, Ordering::Relaxed);
     paths.push((id, path));
@@ -141,10 +142,7 @@ pub struct RemoveOnSignal(u64);
 
 impl Drop for RemoveOnSignal {
     fn drop(&mut self) {
-        PATHS
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|(id, _)| *id != self.0);
+        PATHS.locked().retain(|(id, _)| *id != self.0);
     }
 }
 

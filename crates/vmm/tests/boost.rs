@@ -9,6 +9,7 @@ mod common;
 mod host_threads;
 
 use hover_vmm::config::MachineConfig;
+use hover_vmm::sync::Locked;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -23,7 +24,7 @@ use hover_vmm::{RunOutcome, Vm, VmConfig};
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+    SERIAL.locked()
 }
 
 /// Whether this process may use SCHED_FIFO (CI runs as root; elsewhere

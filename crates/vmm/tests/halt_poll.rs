@@ -4,6 +4,7 @@
 mod common;
 
 use hover_vmm::config::{HostConfig, MachineConfig};
+use hover_vmm::sync::Locked;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
@@ -25,7 +26,7 @@ fn io_file(tag: &str) -> PathBuf {
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+    SERIAL.locked()
 }
 
 fn run(halt_poll: HaltPoll, cmdline: &str, file: Option<PathBuf>) -> RunOutcome {

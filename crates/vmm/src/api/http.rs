@@ -18,6 +18,7 @@
 //! for a moment instead of failing: the server answers again once the
 //! load is gone. Parsing is httparse's.
 
+use crate::sync::{wait_timeout, Locked};
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::AsRawFd;
@@ -107,14 +108,14 @@ struct Connections {
 impl Connections {
     /// Connections counted against the bound (not those closed to make room).
     fn count(&self) -> usize {
-        let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let open = self.open.locked();
         open.values().filter(|o| !o.evicted()).count()
     }
 
     /// Close the connection open longest of those not having a request
     /// answered; whether there was one.
     fn evict_one(&self) -> bool {
-        let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let open = self.open.locked();
         let mut idle: Vec<&Open> = open
             .values()
             .filter(|o| o.state.load(Ordering::Acquire) == IDLE)
@@ -188,11 +189,7 @@ impl HttpServer {
         self.stopping.store(true, Ordering::Release);
         let _ = self.stop.write(1);
         let _ = t.join();
-        let mut open = self
-            .connections
-            .open
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut open = self.connections.open.locked();
         for o in open.values() {
             // Ends a read in progress; an answer being written goes out first
             // (the write side stays open until its thread closes it).
@@ -204,22 +201,11 @@ impl HttpServer {
             if left.is_zero() {
                 break;
             }
-            open = self
-                .connections
-                .gone
-                .wait_timeout(open, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            open = wait_timeout(&self.connections.gone, open, left).0;
         }
         let all_done = open.is_empty();
         drop(open);
-        let threads = std::mem::take(
-            &mut *self
-                .connections
-                .threads
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()),
-        );
+        let threads = std::mem::take(&mut *self.connections.threads.locked());
         // Each has left the table and is returning: joined, so that none
         // outlives the server. (Past the grace, one still writing to a slow
         // client is left to its write timeout.)
@@ -298,18 +284,14 @@ impl Acceptor {
                 continue;
             };
             let state = Arc::new(std::sync::atomic::AtomicU8::new(IDLE));
-            self.connections
-                .open
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(
-                    id,
-                    Open {
-                        stream: kept,
-                        since: Instant::now(),
-                        state: state.clone(),
-                    },
-                );
+            self.connections.open.locked().insert(
+                id,
+                Open {
+                    stream: kept,
+                    since: Instant::now(),
+                    state: state.clone(),
+                },
+            );
             let conn = Connection {
                 stream,
                 limits: self.limits,
@@ -322,28 +304,18 @@ impl Acceptor {
                 .stack_size(256 << 10)
                 .spawn(move || {
                     conn.serve();
-                    let mut open = connections.open.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut open = connections.open.locked();
                     open.remove(&id);
                     connections.gone.notify_all();
                 });
             let spawned = spawned.map(|t| {
-                let mut threads = self
-                    .connections
-                    .threads
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner());
+                let mut threads = self.connections.threads.locked();
                 threads.retain(|t| !t.is_finished());
                 threads.push(t);
             });
             if let Err(e) = spawned {
                 tracing::warn!("API: cannot start a connection thread: {e}");
-                if let Some(s) = self
-                    .connections
-                    .open
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .remove(&id)
-                {
+                if let Some(s) = self.connections.open.locked().remove(&id) {
                     refuse_busy(s.stream);
                 }
             }

@@ -8,6 +8,7 @@
 //! `hover_guest_halt_poll_*{vcpu="N"}`, `hover_boost_*{vcpu="N"}`,
 //! `hover_io_*`, `hover_balloon_*`, `hover_up`.
 
+use crate::sync::Locked;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -243,7 +244,7 @@ pub fn render(src: &LiveSources, controller: &Controller) -> String {
     if let Some(b) = &src.balloon {
         families.extend(balloon_families(&b.report()));
     }
-    let governor = src.governor.lock().unwrap_or_else(|p| p.into_inner());
+    let governor = src.governor.locked();
     if let Some(g) = governor.as_ref().map(|f| f()) {
         families.push(Family::one(
             "halt_poll_window_ns",

@@ -31,6 +31,7 @@ pub use requests::{
     BalloonRequest, HaltPollRequest, MigrateRequest, SnapshotRequest, DEFAULT_HOT_WINDOW_MS,
 };
 
+use crate::sync::Locked;
 use requests::{parse_body, ApiFailure};
 
 use std::collections::BTreeMap;
@@ -154,12 +155,7 @@ impl LiveSources {
             vcpu_histograms,
             vm_stats: crate::stats::read_vm(self.vm_stats.as_ref()),
             pager: self.pager.as_ref().map(|f| f()),
-            halt_poll: self
-                .governor
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .as_ref()
-                .map(|f| f()),
+            halt_poll: self.governor.locked().as_ref().map(|f| f()),
             guest_halt_poll: self.guest_poll.as_ref().map(|f| f()),
             boost: self.boost.as_ref().map(|b| b.report()),
             io: self.io.stats(),

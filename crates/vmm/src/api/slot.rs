@@ -2,6 +2,7 @@
 //! Firecracker API's, which listens before any VM exists): the VM's run
 //! fills it once its vCPUs run and marks it ended when the run ends.
 
+use crate::sync::Locked;
 use std::sync::{Arc, Condvar, Mutex};
 
 use super::Routes;
@@ -36,7 +37,7 @@ pub enum Waited {
 impl ApiSlot {
     /// The routes of the VM running now, if one is.
     pub fn routes(&self) -> Option<Arc<Routes>> {
-        match &*self.0 .0.lock().unwrap_or_else(|p| p.into_inner()) {
+        match &*self.0 .0.locked() {
             State::Filled(r) => Some(r.clone()),
             _ => None,
         }
@@ -47,7 +48,7 @@ impl ApiSlot {
     /// answered before would say nothing true about the VM).
     pub fn wait(&self) -> Waited {
         let (lock, cv) = &*self.0;
-        let mut s = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = lock.locked();
         loop {
             match &*s {
                 State::Filled(r) => return Waited::Running(r.clone()),
@@ -55,13 +56,13 @@ impl ApiSlot {
                 State::Closed => return Waited::Closed,
                 State::Empty => {}
             }
-            s = cv.wait(s).unwrap_or_else(|p| p.into_inner());
+            s = crate::sync::wait(cv, s);
         }
     }
 
     /// The routes of the last run, running or ended (its final figures).
     pub fn last_routes(&self) -> Option<Arc<Routes>> {
-        match &*self.0 .0.lock().unwrap_or_else(|p| p.into_inner()) {
+        match &*self.0 .0.locked() {
             State::Filled(r) | State::Ended(r) => Some(r.clone()),
             _ => None,
         }
@@ -77,7 +78,7 @@ impl ApiSlot {
     /// a run filled keeps its routes.
     pub fn close(&self) {
         let (lock, cv) = &*self.0;
-        let mut s = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = lock.locked();
         if matches!(*s, State::Empty) {
             *s = State::Closed;
         }
@@ -86,7 +87,7 @@ impl ApiSlot {
 
     fn end(&self) {
         let (lock, cv) = &*self.0;
-        let mut s = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = lock.locked();
         if let State::Filled(r) = &*s {
             *s = State::Ended(r.clone());
         }
@@ -95,7 +96,7 @@ impl ApiSlot {
 
     fn set(&self, state: State) {
         let (lock, cv) = &*self.0;
-        *lock.lock().unwrap_or_else(|p| p.into_inner()) = state;
+        *lock.locked() = state;
         cv.notify_all();
     }
 }

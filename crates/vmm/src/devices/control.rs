@@ -5,6 +5,7 @@
 //! RAM, counts against limits, records against the ABI; a bad request gets an
 //! error status and changes nothing.
 
+use crate::sync::Locked;
 use std::sync::Mutex;
 
 use std::time::Duration;
@@ -147,10 +148,7 @@ impl ControlDevice {
 
     /// All reports so far, in arrival order.
     pub fn reports(&self) -> Vec<ReportEntry> {
-        self.reports
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.reports.locked().clone()
     }
 
     /// Stop delivering delayed MSIs and serving I/O (the VM pauses).
@@ -208,7 +206,7 @@ impl ControlDevice {
                 value,
             });
         }
-        *self.reports.lock().unwrap_or_else(|p| p.into_inner()) = reports;
+        *self.reports.locked() = reports;
         if let Some(b) = &self.booster {
             b.restore(&s.boost_areas)?;
         }
@@ -298,7 +296,7 @@ impl ControlDevice {
             return status::BAD_RANGE;
         };
         let mut batch = Vec::with_capacity(count as usize);
-        let kept = self.reports.lock().unwrap_or_else(|p| p.into_inner()).len();
+        let kept = self.reports.locked().len();
         if kept as u64 + count > self.limits.reports as u64 {
             self.report_hit
                 .hit("reports", "guest-reports-max", self.limits.reports);
@@ -315,10 +313,7 @@ impl ControlDevice {
                 value,
             });
         }
-        self.reports
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend(batch);
+        self.reports.locked().extend(batch);
         status::OK
     }
 

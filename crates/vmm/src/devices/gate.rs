@@ -4,6 +4,7 @@
 //! is thus frozen whole: its vCPUs stopped and no device changes guest
 //! memory or raises an interrupt, so its state can be saved consistently.
 
+use crate::sync::Locked;
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 #[derive(Default)]
@@ -24,14 +25,14 @@ pub struct Pass<'a>(&'a Gate);
 
 impl Gate {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.locked()
     }
 
     /// Wait until the gate is open, then go in.
     pub fn enter(&self) -> Pass<'_> {
         let mut s = self.lock();
         while s.closed {
-            s = self.changed.wait(s).unwrap_or_else(|p| p.into_inner());
+            s = crate::sync::wait(&self.changed, s);
         }
         s.inside += 1;
         Pass(self)
@@ -52,7 +53,7 @@ impl Gate {
         let mut s = self.lock();
         s.closed = true;
         while s.inside > 0 {
-            s = self.changed.wait(s).unwrap_or_else(|p| p.into_inner());
+            s = crate::sync::wait(&self.changed, s);
         }
     }
 

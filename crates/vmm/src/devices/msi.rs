@@ -3,6 +3,7 @@
 //! the VM is paused the timers are frozen (nothing is delivered); their
 //! remaining delays are part of the VM's saved state.
 
+use crate::sync::{wait_timeout, Locked};
 use std::collections::BinaryHeap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -47,7 +48,7 @@ struct Shared {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Timers> {
-        self.timers.lock().unwrap_or_else(|p| p.into_inner())
+        self.timers.locked()
     }
 }
 
@@ -158,7 +159,7 @@ impl MsiInjector {
                     timer_loop(&vm, &shared)
                 })
                 .map_err(|e| InjectError::Host(format!("cannot start the MSI thread: {e}")))?;
-            *self.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(h);
+            *self.thread.locked() = Some(h);
             t.thread = true;
         }
         Ok(t)
@@ -198,7 +199,7 @@ impl Drop for MsiInjector {
     fn drop(&mut self) {
         self.shared.lock().stop = true;
         self.shared.changed.notify_all();
-        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(t) = self.thread.locked().take() {
             let _ = t.join();
         }
     }
@@ -229,11 +230,7 @@ fn timer_loop(vm: &VmFd, shared: &Shared) {
             Some(Reverse((due, _, _))) if !t.frozen => due.saturating_duration_since(now),
             _ => Duration::from_secs(3600),
         };
-        t = shared
-            .changed
-            .wait_timeout(t, wait)
-            .unwrap_or_else(|p| p.into_inner())
-            .0;
+        t = wait_timeout(&shared.changed, t, wait).0;
     }
 }
 

@@ -8,6 +8,7 @@
 //! through an irqfd routed as an MSI to the submitting vCPU, whose task is
 //! meanwhile asleep and whose vCPU has typically halted.
 
+use crate::sync::Locked;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::PathBuf;
@@ -230,13 +231,13 @@ impl PvioDevice {
             start_tx: Mutex::new(None),
         });
         let (tx, rx) = mpsc::channel();
-        *dev.start_tx.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+        *dev.start_tx.locked() = Some(tx);
         let weak = Arc::downgrade(&dev);
         let t = crate::seccomp::spawn(crate::seccomp::Kind::Io, "pvio".into(), move || {
             io_thread(weak, rx)
         })
         .map_err(|e| host("start the I/O thread", e))?;
-        *dev.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);
+        *dev.thread.locked() = Some(t);
         Ok(dev)
     }
 
@@ -256,7 +257,7 @@ impl PvioDevice {
         {
             return status::BAD_RANGE;
         }
-        let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ring = self.ring.locked();
         if ring.is_some() {
             return status::BAD_OP;
         }
@@ -276,12 +277,7 @@ impl PvioDevice {
     /// request `done` on.
     fn start(&self, gpa: u64, entries: u64, done: u64) -> Result<(), String> {
         let gone = || "its thread has stopped".to_string();
-        let tx = self
-            .start_tx
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-            .ok_or_else(gone)?;
+        let tx = self.start_tx.locked().clone().ok_or_else(gone)?;
         let (reply, answer) = mpsc::channel();
         tx.send(Start {
             gpa,
@@ -322,7 +318,7 @@ impl PvioDevice {
     /// The device's state (the VM is paused).
     pub fn state(&self) -> PvioState {
         PvioState {
-            ring: *self.ring.lock().unwrap_or_else(|p| p.into_inner()),
+            ring: *self.ring.locked(),
             requests: self.requests.load(Ordering::Relaxed),
             bad_requests: self.bad.load(Ordering::Relaxed),
             io_errors: self.errors.load(Ordering::Relaxed),
@@ -349,7 +345,7 @@ impl PvioDevice {
             .read_obj::<u64>(GuestAddress(gpa + COMPLETED))
             .map_err(|e| format!("the saved I/O ring at {gpa:#x} is outside guest memory: {e}"))?;
         self.start(gpa, entries, done)?;
-        *self.ring.lock().unwrap_or_else(|p| p.into_inner()) = Some((gpa, entries));
+        *self.ring.locked() = Some((gpa, entries));
         // Requests submitted before the snapshot rang a doorbell that is gone.
         let _ = self.doorbell.write(1);
         Ok(())
@@ -475,10 +471,7 @@ impl PvioDevice {
 
     /// What the device did, or `None` if the guest never set it up.
     pub fn stats(&self) -> Option<PvioStats> {
-        self.ring
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()?;
+        self.ring.locked().as_ref()?;
         Some(PvioStats {
             file: self.path.display().to_string(),
             requests: self.requests.load(Ordering::Relaxed),
@@ -493,13 +486,10 @@ impl PvioDevice {
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
         // A thread still waiting to be started ends.
-        self.start_tx
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        self.start_tx.locked().take();
         self.gate.open();
         let _ = self.doorbell.write(1);
-        if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(t) = self.thread.locked().take() {
             let _ = t.join();
         }
     }

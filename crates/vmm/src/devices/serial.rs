@@ -3,6 +3,7 @@
 //! from the thread that emulates the access (`irq_line`); with dynamic
 //! boosting, the vCPU the IOAPIC routes it to is boosted right after.
 
+use crate::sync::Locked;
 use std::io::{self, Write};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -191,7 +192,7 @@ impl SerialConsole {
     fn lock(&self) -> std::sync::MutexGuard<'_, Uart> {
         // A vCPU thread that panicked while holding the lock leaves the UART
         // state intact (each access is one register), so keep using it.
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.0.locked()
     }
 
     /// A guest write to register `offset`.

@@ -4,6 +4,7 @@
 //! the vCPUs, `hover` holds the live figures of `GET /vm/stats` without
 //! the histograms.
 
+use crate::sync::Locked;
 use std::io::Write;
 
 use super::{done, fault, Shared};
@@ -44,7 +45,7 @@ fn line(routes: Option<&Routes>) -> String {
 
 /// Write a line if metrics are configured: whether one was written.
 pub(super) fn flush(shared: &Shared, routes: Option<&Routes>) -> std::io::Result<bool> {
-    let mut file = shared.metrics.lock().unwrap_or_else(|p| p.into_inner());
+    let mut file = shared.metrics.locked();
     match file.as_mut() {
         Some(f) => f.write_all(line(routes).as_bytes()).map(|()| true),
         None => Ok(false),

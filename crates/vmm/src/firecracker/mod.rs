@@ -20,6 +20,7 @@ mod setup;
 
 pub use setup::open_log;
 
+use crate::sync::Locked;
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
@@ -171,7 +172,7 @@ pub fn serve(mut opts: Options) -> Result<Ended, FirecrackerError> {
     let started = match opts.config_file.take() {
         Some(file) => {
             let vm = setup.apply_file(file, &mut opts.set_logger)?;
-            *shared.phase.lock().unwrap_or_else(|p| p.into_inner()) = Phase::Started;
+            *shared.phase.locked() = Phase::Started;
             Some(vm)
         }
         None => None,
@@ -365,7 +366,7 @@ fn query_before_start(shared: &Shared, method: &str, path: &str) -> Option<Answe
     if method != "GET" {
         return None;
     }
-    let config = || shared.config.lock().unwrap_or_else(|p| p.into_inner());
+    let config = || shared.config.locked();
     Some(match path {
         "/" => ok(&models::InstanceInfo {
             app_name: "Hover",
@@ -421,7 +422,7 @@ fn handle(shared: &Shared, req: &http::Request) -> Answer {
             ),
         );
     }
-    if *shared.phase.lock().unwrap_or_else(|p| p.into_inner()) == Phase::Started {
+    if *shared.phase.locked() == Phase::Started {
         return runtime::handle(shared, method, path, &req.body);
     }
     // Queries before the start answer from what is published, so they
@@ -431,23 +432,19 @@ fn handle(shared: &Shared, req: &http::Request) -> Answer {
         return answer;
     }
     let (reply, answer) = mpsc::channel();
-    let sent = shared
-        .to_setup
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .send(Msg::Request(Forwarded {
-            method: method.into(),
-            path: path.into(),
-            body: req.body.clone(),
-            reply,
-        }));
+    let sent = shared.to_setup.locked().send(Msg::Request(Forwarded {
+        method: method.into(),
+        path: path.into(),
+        body: req.body.clone(),
+        reply,
+    }));
     if sent.is_err() {
         return fault(400, "the VMM is stopping");
     }
     match answer.recv() {
         Ok(Outcome::Answer(a)) => a,
         Ok(Outcome::Starting) => {
-            *shared.phase.lock().unwrap_or_else(|p| p.into_inner()) = Phase::Started;
+            *shared.phase.locked() = Phase::Started;
             match shared.slot.wait() {
                 Waited::Running(_) | Waited::Ended => done(),
                 Waited::Closed => fault(

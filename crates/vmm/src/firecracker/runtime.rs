@@ -1,6 +1,7 @@
 //! Once the microVM runs: requests answered on the server's threads,
 //! through the VM's controller.
 
+use crate::sync::Locked;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -26,7 +27,7 @@ fn state_name(s: Lifecycle) -> &'static str {
 
 /// Answer one request once the microVM was started.
 pub(super) fn handle(shared: &Shared, method: &str, path: &str, body: &[u8]) -> Answer {
-    let config = || shared.config.lock().unwrap_or_else(|p| p.into_inner());
+    let config = || shared.config.locked();
     match (method, path) {
         ("GET", "/version") => ok(&super::models::FirecrackerVersion {
             firecracker_version: super::version(),

@@ -2,6 +2,7 @@
 //! the thread that will run it (it may open the files they name), and the
 //! two ways to start one (`InstanceStart`, `snapshot/load`).
 
+use crate::sync::Locked;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -63,7 +64,7 @@ impl Setup {
 
     /// Show the configuration as it is now in `GET /vm/config`.
     fn publish(&self) {
-        let mut c = self.shared.config.lock().unwrap_or_else(|p| p.into_inner());
+        let mut c = self.shared.config.locked();
         c.machine_config = Some(self.machine.clone());
         c.boot_source = self.boot.as_ref().map(|(b, _)| b.clone());
         c.drives = self.devices.drives.clone();
@@ -233,21 +234,13 @@ impl Setup {
     /// `PUT /logger`, or `--log-path`.
     pub(super) fn logger(&mut self, l: &Logger, set: &mut LoggerHook) -> Result<(), String> {
         set(l)?;
-        self.shared
-            .config
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .logger = Some(l.clone());
+        self.shared.config.locked().logger = Some(l.clone());
         Ok(())
     }
 
     /// `PUT /metrics`, or `--metrics-path`.
     pub(super) fn metrics(&mut self, m: &Metrics) -> Result<(), String> {
-        let mut slot = self
-            .shared
-            .metrics
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut slot = self.shared.metrics.locked();
         if slot.is_some() {
             return Err("Reinitialization of metrics not allowed.".into());
         }
@@ -255,11 +248,7 @@ impl Setup {
             .map_err(|e| format!("metrics_path {}: cannot open it: {e}", m.metrics_path))?;
         *slot = Some(file);
         drop(slot);
-        self.shared
-            .config
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .metrics = Some(m.clone());
+        self.shared.config.locked().metrics = Some(m.clone());
         Ok(())
     }
 

@@ -4,6 +4,7 @@
 //! window's are counted, and the first line of the next window says how
 //! many were left out.
 
+use crate::sync::Locked;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -37,7 +38,7 @@ impl LogBudget {
     /// Whether a line may be logged at `now`, and how many were left out
     /// before it (to say so in it); None: leave this one out.
     pub fn take(&self, now: Instant) -> Option<u64> {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.state.locked();
         if s.since.is_none_or(|t| now.duration_since(t) >= self.window) {
             s.since = Some(now);
             s.logged = 0;

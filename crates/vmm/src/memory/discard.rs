@@ -7,6 +7,7 @@
 //! under way is told the page changed (the destination gets the zeros:
 //! KVM's dirty log does not see a page the host dropped).
 
+use crate::sync::ReadWrite;
 use std::io;
 use std::sync::{Arc, RwLock};
 
@@ -80,7 +81,7 @@ impl Discarder {
     /// From now on pages the pager serves are dropped through it
     /// (`None`: the pager stopped or released guest memory).
     pub fn attach_pager(&self, pager: Option<PagerDiscard>) {
-        *self.pager.write().unwrap_or_else(|p| p.into_inner()) = pager;
+        *self.pager.write_now() = pager;
     }
 
     /// Drop `[gpa, gpa + len)`: whole pages inside one RAM region. A range
@@ -96,7 +97,7 @@ impl Discarder {
         else {
             return Err(format!("{len:#x} bytes at {gpa:#x}: not inside guest RAM"));
         };
-        let pager = self.pager.read().unwrap_or_else(|p| p.into_inner());
+        let pager = self.pager.read_now();
         let mut count = DiscardCount::default();
         // Runs of pages the pager does not serve go to the kernel at once.
         let mut run: Option<(u64, u64)> = None;

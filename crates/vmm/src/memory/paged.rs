@@ -24,6 +24,7 @@
 //! STORED -> FETCHING -> ... A fault that arrives while its page is being
 //! evicted marks it WANTED; the evictor queues its fetch when done.
 
+use crate::sync::Locked;
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -226,10 +227,7 @@ impl Shared {
     }
 
     fn enqueue(&self, page: usize, at: Instant) {
-        self.queue
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push_back((page as u32, at));
+        self.queue.locked().push_back((page as u32, at));
         self.queued.notify_one();
     }
 
@@ -239,7 +237,7 @@ impl Shared {
     /// wake-up, and joining it would hang for ever.
     fn halt(&self) {
         {
-            let _q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+            let _q = self.queue.locked();
             self.stop.store(true, Ordering::Release);
         }
         self.queued.notify_all();
@@ -262,10 +260,7 @@ impl Shared {
     /// little early rather than the FIFO growing with every round trip).
     fn queue_for_eviction(&self, page: usize) {
         if !self.in_fifo[page].swap(true, Ordering::AcqRel) {
-            self.fifo
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push_back(page as u32);
+            self.fifo.locked().push_back(page as u32);
         }
     }
 
@@ -295,10 +290,7 @@ impl Shared {
                     // A page the guest gave up and touches again was
                     // recorded at its first touch already.
                     if s & STATE == ABSENT && !self.dropped[page].load(Ordering::Acquire) {
-                        self.first_touch
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .push(page as u32);
+                        self.first_touch.locked().push(page as u32);
                     }
                     self.enqueue(page, at);
                 }

@@ -11,6 +11,7 @@
 //! Without a broker (a library user that never confines its thread) both
 //! run on the caller's thread as before.
 
+use crate::sync::Locked;
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::process::{Child, Command};
@@ -75,10 +76,7 @@ pub fn start() -> io::Result<()> {
 fn ask<T>(make: impl FnOnce(Sender<io::Result<T>>) -> Request) -> Option<io::Result<T>> {
     let broker = BROKER.get()?;
     let (tx, rx) = mpsc::channel();
-    let sent = broker
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .send(make(tx));
+    let sent = broker.locked().send(make(tx));
     Some(match sent {
         Ok(()) => rx
             .recv()

@@ -36,6 +36,7 @@ pub mod broker;
 pub mod filters;
 mod trap;
 
+use crate::sync::Locked;
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -158,7 +159,7 @@ fn program(kind: Kind, mode: Mode) -> Result<BpfProgram, Error> {
     type Cache = Mutex<HashMap<(Kind, Mode), BpfProgram>>;
     static CACHE: OnceLock<Cache> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
-    let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+    let mut c = cache.locked();
     if let Some(p) = c.get(&(kind, mode)) {
         return Ok(p.clone());
     }

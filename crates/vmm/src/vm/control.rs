@@ -3,6 +3,7 @@
 //! engine). Commands are carried out one at a time by the VM's own loop,
 //! between vCPU events, so they never race each other or the guest's end.
 
+use crate::sync::Locked;
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
@@ -333,12 +334,7 @@ impl Controller {
     pub fn request(&self, cmd: Command, timeout: Duration) -> Result<Reply, CommandError> {
         // The VM's loop runs a migration: a command sent now would wait
         // for all of it, then find a VM that may be gone.
-        if let Some(m) = &self
-            .status
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .migration
-        {
+        if let Some(m) = &self.status.locked().migration {
             let how = if m.round == 0 && m.pages_sent == 0 {
                 "connecting".to_string()
             } else {
@@ -360,7 +356,7 @@ impl Controller {
                 Ok(r) => return r,
                 Err(mpsc::RecvTimeoutError::Disconnected) => return Err(CommandError::Gone),
                 Err(mpsc::RecvTimeoutError::Timeout) => {
-                    let state = self.status.lock().unwrap_or_else(|p| p.into_inner()).state;
+                    let state = self.status.locked().state;
                     if state == Lifecycle::Exited {
                         return rx.try_recv().unwrap_or(Err(CommandError::Gone));
                     }
@@ -387,12 +383,7 @@ impl Controller {
     pub fn signal(&self, signal: i32) {
         let (tx, _) = mpsc::channel();
         let _ = self.tx.send(VmEvent::Command(Command::Signal(signal), tx));
-        let hangup = self
-            .status
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .hangup
-            .take();
+        let hangup = self.status.locked().hangup.take();
         if let Some(conn) = hangup {
             conn.shutdown_read();
         }
@@ -401,7 +392,7 @@ impl Controller {
     /// Have the hybrid migration under way switch to post-copy after its
     /// current round (without waiting for the VM's loop, which runs it).
     pub fn switch_to_postcopy(&self) -> Result<(), CommandError> {
-        let mut s = self.status.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.status.locked();
         match &s.migration {
             Some(m) if m.mode == crate::migration::postcopy::Mode::Hybrid => {
                 s.postcopy_now = true;
@@ -422,7 +413,7 @@ impl Controller {
 
     /// The VM's state and configuration, without waiting for its loop.
     pub fn info(&self) -> VmInfo {
-        let s = self.status.lock().unwrap_or_else(|p| p.into_inner());
+        let s = self.status.locked();
         VmInfo {
             state: s.state,
             uptime_ms: s.started.map_or(0, |t| t.elapsed().as_millis() as u64),

@@ -4,6 +4,7 @@
 //! injector behind the control port, and the record of what they write
 //! into guest memory (a migration sends those pages again).
 
+use crate::sync::Locked;
 use std::sync::{Arc, Mutex};
 
 use kvm_ioctls::{IoEventAddress, VmFd};
@@ -346,12 +347,7 @@ impl Persist for DeviceManager {
                 .bus
                 .virtio
                 .iter()
-                .map(|v| {
-                    v.transport
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .state()
-                })
+                .map(|v| v.transport.locked().state())
                 .collect(),
         })
     }
@@ -368,7 +364,7 @@ impl Persist for DeviceManager {
             )));
         }
         for (saved, slot) in s.virtio.iter().zip(&self.bus.virtio) {
-            let mut t = slot.transport.lock().unwrap_or_else(|p| p.into_inner());
+            let mut t = slot.transport.locked();
             t.restore(saved).map_err(unfit)?;
         }
         self.pvio.restore(&s.pvio).map_err(|e| {

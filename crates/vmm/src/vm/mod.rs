@@ -22,6 +22,7 @@ mod run;
 mod save;
 mod source;
 
+use crate::sync::Locked;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -263,10 +264,7 @@ impl Vm {
             Some(p) => {
                 let tx = Mutex::new(events.clone());
                 let on_failure = Box::new(move |msg: String| {
-                    let _ = tx
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .send(VmEvent::PagerFailed(msg));
+                    let _ = tx.locked().send(VmEvent::PagerFailed(msg));
                 });
                 Some(Pager::start(
                     &m.ram,

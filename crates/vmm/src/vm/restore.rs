@@ -3,6 +3,7 @@
 //! KVM (docs/PLATFORM.md): memory, irqchip, each vCPU
 //! (`vcpu::state`), the clock, the devices.
 
+use crate::sync::Locked;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -255,10 +256,7 @@ impl Vm {
             running_tsc: 0,
             pages_loaded: pages,
         });
-        self.status
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .restored_from = Some(from);
+        self.status.locked().restored_from = Some(from);
     }
 
     /// Load a saved state into this built VM, in the order that works:

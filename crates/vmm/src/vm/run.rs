@@ -1,6 +1,7 @@
 //! Running a VM: its vCPU threads, and the control loop that hears vCPU
 //! events and commands until the run ends.
 
+use crate::sync::Locked;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -276,10 +277,7 @@ impl Running {
             let tx = std::sync::Mutex::new(self.vm.events.clone());
             let index = vcpu.index() as usize;
             let sink = Box::new(move |e: VcpuEvent| {
-                let _ = tx
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .send(VmEvent::Vcpu(e));
+                let _ = tx.locked().send(VmEvent::Vcpu(e));
             });
             // An arriving VM's vCPUs wait for its state.
             let paused = self.vm.start_paused || self.vm.arriving.is_some();
@@ -303,7 +301,7 @@ impl Running {
 
     pub(super) fn set_state(&mut self, state: Lifecycle, started: Option<Instant>) {
         self.state = state;
-        let mut s = self.vm.status.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.vm.status.locked();
         s.state = state;
         if started.is_some() {
             s.started = started;
@@ -474,8 +472,7 @@ impl Running {
                 source,
             },
         )?;
-        *self.governor_live.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some(Box::new(gov.report_source()));
+        *self.governor_live.locked() = Some(Box::new(gov.report_source()));
         self.governor = Some(gov);
         Ok(())
     }
@@ -495,12 +492,7 @@ impl Running {
             self.vm.booster.set(new).map_err(CommandError::Host)?;
         }
         self.vm.saved.config.boost = new;
-        self.vm
-            .status
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .config
-            .boost = new;
+        self.vm.status.locked().config.boost = new;
         let mut boost = new.to_json();
         boost["when"] = tuning.when.to_string().into();
         boost["keep_us"] = tuning.keep_us.into();
@@ -527,7 +519,7 @@ impl Running {
         if let Some(mut g) = self.governor.take() {
             g.stop();
             self.governor_reports.push(g.report());
-            *self.governor_live.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            *self.governor_live.locked() = None;
         }
         let set = |ns| {
             halt_poll::set_window(&self.vm.fd, ns)
@@ -542,12 +534,7 @@ impl Running {
                 .map_err(|e| CommandError::Host(e.to_string()))?,
         }
         self.vm.halt_poll = h;
-        self.vm
-            .status
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .config
-            .halt_poll = h;
+        self.vm.status.locked().config.halt_poll = h;
         Ok(())
     }
 

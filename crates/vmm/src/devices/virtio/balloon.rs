@@ -14,6 +14,7 @@
 //! (offered always) and reporting (when configured) in that order, each
 //! present only if its feature was accepted.
 
+use crate::sync::Locked;
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::sync::{Arc, Mutex};
@@ -168,7 +169,7 @@ impl BalloonControl {
     }
 
     fn live(&self) -> std::sync::MutexGuard<'_, Live> {
-        self.live.lock().unwrap_or_else(|p| p.into_inner())
+        self.live.locked()
     }
 
     /// Ask the guest to hold `mib` MiB in the balloon (0: give it all

@@ -11,6 +11,7 @@
 //! itself [`ANNOUNCE_ROUNDS`] times, further apart each time, as QEMU does:
 //! a switch that missed the first still learns where the guest is.
 
+use crate::sync::Locked;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -99,11 +100,7 @@ impl IoThread {
             )?;
         }
         for (d, dev) in devices.iter().enumerate() {
-            let backend = dev
-                .transport
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .backend_fd();
+            let backend = dev.transport.locked().backend_fd();
             if let Some(fd) = backend {
                 epoll.ctl(
                     ControlOperation::Add,
@@ -197,12 +194,7 @@ fn serve(epoll: &Epoll, devices: &[Served], asked: &EventFd, gate: &Gate, stoppi
     loop {
         let timeout = devices
             .iter()
-            .filter_map(|d| {
-                d.transport
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .deadline()
-            })
+            .filter_map(|d| d.transport.locked().deadline())
             .map(|at| {
                 at.saturating_duration_since(Instant::now())
                     .as_millis()
@@ -238,15 +230,12 @@ fn serve(epoll: &Epoll, devices: &[Served], asked: &EventFd, gate: &Gate, stoppi
         }
         if announcing.due() {
             for dev in devices {
-                dev.transport
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .announce();
+                dev.transport.locked().announce();
             }
         }
         // Devices whose deadline passed (the balloon's statistics poll).
         for dev in devices {
-            let mut transport = dev.transport.lock().unwrap_or_else(|p| p.into_inner());
+            let mut transport = dev.transport.locked();
             if transport.deadline().is_some_and(|at| at <= Instant::now())
                 && transport.backend_event()
             {
@@ -261,7 +250,7 @@ fn serve(epoll: &Epoll, devices: &[Served], asked: &EventFd, gate: &Gate, stoppi
             }
             let (d, q) = ((token >> 16) as usize, (token & 0xffff) as usize);
             let Some(dev) = devices.get(d) else { continue };
-            let mut transport = dev.transport.lock().unwrap_or_else(|p| p.into_inner());
+            let mut transport = dev.transport.locked();
             let interrupt = if q as u64 == BACKEND {
                 transport.backend_event()
             } else {

@@ -14,6 +14,7 @@ pub mod net;
 pub mod rng;
 
 use crate::memory::host_writes::TrackedMemory;
+use crate::sync::Locked;
 use virtio_queue::Queue;
 
 /// Where the first device's MMIO window is (in the MMIO hole below the
@@ -65,11 +66,7 @@ pub struct VirtioSlot {
 impl VirtioSlot {
     /// Notify each of the device's ready queues, as its driver would.
     pub fn kick_ready(&self) {
-        let ready = self
-            .transport
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .ready_queues();
+        let ready = self.transport.locked().ready_queues();
         for q in ready {
             if let Some(e) = self.notify.get(q) {
                 let _ = e.write(1);
@@ -84,16 +81,13 @@ impl VirtioSlot {
 
     /// A read in its window.
     pub fn read(&self, addr: u64, data: &mut [u8]) {
-        self.transport
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .read(addr - self.base, data);
+        self.transport.locked().read(addr - self.base, data);
     }
 
     /// A write in its window; a queue notification is passed to the I/O thread.
     pub fn write(&self, addr: u64, data: &[u8]) {
         let (notified, started) = {
-            let mut t = self.transport.lock().unwrap_or_else(|p| p.into_inner());
+            let mut t = self.transport.locked();
             let n = t.write(addr - self.base, data);
             (n, t.take_started())
         };

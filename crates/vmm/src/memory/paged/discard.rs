@@ -10,6 +10,7 @@
 //! busy. A guest that touches pages it reported hurts only itself (it may
 //! read zeros or an older copy of them); nothing else is affected.
 
+use crate::sync::ReadWrite;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -47,7 +48,7 @@ impl PagerDiscard {
     pub fn drop_page(&self, gpa: u64) -> Dropped {
         let sh = &self.shared;
         // Held still against a snapshot reading guest memory.
-        let _busy = sh.busy.read().unwrap_or_else(|p| p.into_inner());
+        let _busy = sh.busy.read_now();
         if sh.released.load(Ordering::Acquire) || sh.stop.load(Ordering::Acquire) {
             return Dropped::NotPaged;
         }

@@ -17,6 +17,7 @@
 //! staging pages dropped with one `madvise`. A store error puts the pages
 //! back and stops the VM: no access is ever served wrong data.
 
+use crate::sync::Locked;
 use std::io;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -137,12 +138,7 @@ impl Shared {
             if moved.len() == EVICT_BATCH {
                 break;
             }
-            let Some(v) = self
-                .fifo
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .pop_front()
-            else {
+            let Some(v) = self.fifo.locked().pop_front() else {
                 return (moved, false);
             };
             let v = v as usize;

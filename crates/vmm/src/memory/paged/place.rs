@@ -1,5 +1,6 @@
 //! Placing pages that arrive before the guest touches them.
 
+use crate::sync::ReadWrite;
 use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -28,7 +29,7 @@ impl Placer {
     /// finds them.
     pub fn place(&self, gpas: &[u64], data: &[u8]) -> io::Result<Vec<usize>> {
         let sh = &self.shared;
-        let _busy = sh.busy.read().unwrap_or_else(|p| p.into_inner());
+        let _busy = sh.busy.read_now();
         let ps = PAGE_SIZE as usize;
         let mut left = Vec::new();
         let mut i = 0;

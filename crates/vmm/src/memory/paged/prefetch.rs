@@ -13,6 +13,7 @@
 //! loader is given only the hot set and stops at nine tenths of the
 //! budget: the rest comes on demand.
 
+use crate::sync::Locked;
 use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -132,8 +133,7 @@ impl Pager {
     pub fn first_touches(&self) -> Vec<u64> {
         let sh = &self.shared;
         sh.first_touch
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .locked()
             .iter()
             .map(|&p| sh.gpa_of(p as usize))
             .collect()

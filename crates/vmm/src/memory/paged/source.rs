@@ -3,6 +3,7 @@
 //! file on a lazy restore; later a migration connection), or zeros. Also how
 //! whoever saves guest memory reads every page with the pager held still.
 
+use crate::sync::ReadWrite;
 use std::io;
 use std::sync::atomic::Ordering;
 
@@ -76,7 +77,7 @@ impl Pager {
     /// Run `f` with every page held still (no fault served meanwhile), giving
     /// it a way to read any guest page: for saving guest memory.
     pub fn with_pages_still<R>(&self, f: impl FnOnce(&PageReader<'_>) -> R) -> R {
-        let _still = self.shared.busy.write().unwrap_or_else(|p| p.into_inner());
+        let _still = self.shared.busy.write_now();
         let sh = &self.shared;
         let content = |gpa: u64, buf: &mut PageBuf| -> io::Result<Option<PageContent>> {
             let Some(page) = sh.page_of_gpa(gpa) else {

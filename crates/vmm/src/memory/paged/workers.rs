@@ -1,5 +1,6 @@
 //! The pager's threads: the fault reader and the fetch workers.
 
+use crate::sync::{Locked, ReadWrite};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
@@ -140,7 +141,7 @@ pub(super) fn worker_loop(sh: Arc<Shared>, staging: u64) {
     let mut buf = PageBuf::new();
     loop {
         let item = {
-            let mut q = sh.queue.lock().unwrap_or_else(|p| p.into_inner());
+            let mut q = sh.queue.locked();
             loop {
                 if sh.stop.load(Ordering::Acquire) {
                     return;
@@ -148,10 +149,10 @@ pub(super) fn worker_loop(sh: Arc<Shared>, staging: u64) {
                 if let Some(item) = q.pop_front() {
                     break item;
                 }
-                q = sh.queued.wait(q).unwrap_or_else(|p| p.into_inner());
+                q = crate::sync::wait(&sh.queued, q);
             }
         };
-        let _busy = sh.busy.read().unwrap_or_else(|p| p.into_inner());
+        let _busy = sh.busy.read_now();
         sh.fetch(item.0 as usize, item.1, &mut buf, &evictor);
     }
 }

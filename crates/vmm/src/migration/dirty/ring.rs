@@ -11,6 +11,7 @@
 //! The same page may appear twice (KVM adds one duplicate per ring-full
 //! exit); duplicates are merged.
 
+use crate::sync::Locked;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -102,7 +103,7 @@ impl Ring {
 
     /// Take every dirty entry: (slot, page offset in the slot).
     fn harvest(&self, out: &mut Vec<(u32, u64)>) -> usize {
-        let mut fetch = self.fetch.lock().unwrap_or_else(|p| p.into_inner());
+        let mut fetch = self.fetch.locked();
         let mut n = 0;
         loop {
             let at = (*fetch % self.entries) as usize * 16;
@@ -178,10 +179,7 @@ impl RingSet {
             let n = r.harvest(&mut got);
             self.per_vcpu[index].fetch_add(n as u64, Ordering::Relaxed);
         }
-        self.overflow
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend(got);
+        self.overflow.locked().extend(got);
         if let Err(e) = self.reset() {
             tracing::warn!("KVM_RESET_DIRTY_RINGS after a full ring: {e}");
         }
@@ -203,7 +201,7 @@ impl RingSet {
 
     /// Harvest every ring and the overflow, reset the rings.
     fn harvest_all(&self) -> Result<Vec<(u32, u64)>, kvm_ioctls::Error> {
-        let mut out = std::mem::take(&mut *self.overflow.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut out = std::mem::take(&mut *self.overflow.locked());
         for (r, count) in self.rings.iter().zip(&self.per_vcpu) {
             count.fetch_add(r.harvest(&mut out) as u64, Ordering::Relaxed);
         }

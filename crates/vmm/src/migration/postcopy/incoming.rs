@@ -6,6 +6,7 @@
 //! or keeps them for a waiting fetch, and re-establishes a broken connection
 //! when the source comes back with RECOVER.
 
+use crate::sync::Locked;
 use std::time::{Duration, Instant};
 
 use hover_abi::layout::PAGE_SIZE;
@@ -75,7 +76,7 @@ impl Incoming {
         report.all_arrived_ms = self.started.elapsed().as_secs_f64() * 1e3;
         if let Err(e) = &result {
             self.pages.fail(e);
-            let mut l = self.pages.link.lock().unwrap_or_else(|p| p.into_inner());
+            let mut l = self.pages.link.locked();
             if let Some(w) = l.writer.as_mut() {
                 let _ = w.frame(Kind::Error, &[e.as_bytes()]);
             }
@@ -178,7 +179,7 @@ impl Incoming {
                     }
                     report.verified = Some(true);
                 }
-                let mut l = self.pages.link.lock().unwrap_or_else(|p| p.into_inner());
+                let mut l = self.pages.link.locked();
                 if let Some(w) = l.writer.as_mut() {
                     // Every page is here either way; the source also
                     // learns of the end from the closed link.

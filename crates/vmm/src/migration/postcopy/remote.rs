@@ -4,6 +4,7 @@
 //! for it; pages that arrive are placed in guest memory or kept for a
 //! waiting fetch. The receiving side (`incoming.rs`) feeds it.
 
+use crate::sync::{wait_timeout, Locked};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -125,7 +126,7 @@ impl RemotePages {
     }
 
     pub(super) fn set_writer(&self, w: Option<FrameWriter<Conn>>) {
-        let mut l = self.link.lock().unwrap_or_else(|p| p.into_inner());
+        let mut l = self.link.locked();
         if w.is_some() {
             l.epoch += 1;
         }
@@ -135,7 +136,7 @@ impl RemotePages {
 
     /// Make every fetch fail from now on (the stream is bad).
     pub fn fail(&self, why: &str) {
-        let mut l = self.link.lock().unwrap_or_else(|p| p.into_inner());
+        let mut l = self.link.locked();
         l.failed.get_or_insert_with(|| why.to_string());
         self.arrived.notify_all();
     }
@@ -153,7 +154,7 @@ impl RemotePages {
                 .write(gpas[i], &data[i * ps..(i + 1) * ps])
                 .map_err(|e| format!("keeping page {:#x}: {e}", gpas[i]))?;
         }
-        let _l = self.link.lock().unwrap_or_else(|p| p.into_inner());
+        let _l = self.link.locked();
         for &g in gpas {
             self.pending[(g / PAGE_SIZE) as usize].store(false, Ordering::Release);
         }
@@ -180,7 +181,7 @@ impl RemotePages {
     /// Cut the link (a page overdue, or the stream bad): the receiving
     /// side sees it and waits for a recovery.
     pub(super) fn drop_link(&self) {
-        let mut l = self.link.lock().unwrap_or_else(|p| p.into_inner());
+        let mut l = self.link.locked();
         if let Some(w) = l.writer.take() {
             w.get_ref().shutdown();
         }
@@ -231,7 +232,7 @@ impl PageSource for RemotePages {
         }
         let t0 = Instant::now();
         self.demand.fetch_add(1, Ordering::Relaxed);
-        let mut l = self.link.lock().unwrap_or_else(|p| p.into_inner());
+        let mut l = self.link.locked();
         let mut asked_in = None;
         let mut deadline = t0 + self.timeout;
         while self.is_pending(gpa) {
@@ -274,11 +275,7 @@ impl PageSource for RemotePages {
             } else {
                 Duration::from_secs(1)
             };
-            l = self
-                .arrived
-                .wait_timeout(l, wait)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            l = wait_timeout(&self.arrived, l, wait).0;
         }
         drop(l);
         self.latency.record(t0.elapsed());

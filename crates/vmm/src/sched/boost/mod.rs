@@ -50,6 +50,7 @@ mod tuning;
 mod unboost;
 
 use crate::config::boost::{BoostConfig, BoostMode, BoostTuning, BoostWhen};
+use crate::sync::Locked;
 pub use report::{BoostReport, VcpuBoostStats};
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -182,7 +183,7 @@ impl Booster {
 
     /// The settings now.
     pub fn config(&self) -> BoostConfig {
-        *self.config.lock().unwrap_or_else(|p| p.into_inner())
+        *self.config.locked()
     }
 
     fn mode(&self) -> BoostMode {
@@ -202,7 +203,7 @@ impl Booster {
             s.throttled_until = None;
             s.window = None;
         }
-        *self.config.lock().unwrap_or_else(|p| p.into_inner()) = new;
+        *self.config.locked() = new;
         for v in 0..self.slots.len() {
             self.set_status(v, 0, status::THROTTLED);
         }
@@ -217,10 +218,7 @@ impl Booster {
     }
 
     fn lock(&self, vcpu: usize) -> MutexGuard<'_, SlotState> {
-        self.slots[vcpu]
-            .state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        self.slots[vcpu].state.locked()
     }
 
     /// Start the monitor thread (dynamic mode only; idempotent).
@@ -228,7 +226,7 @@ impl Booster {
         if self.mode() != BoostMode::Dynamic {
             return Ok(());
         }
-        let mut m = self.monitor.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = self.monitor.locked();
         if m.is_none() {
             let started = monitor::Monitor::start(self.clone())?;
             let _ = self.nudge.set(started.nudge());
@@ -238,11 +236,7 @@ impl Booster {
     }
 
     fn stop_monitor(&self) {
-        let m = self
-            .monitor
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let m = self.monitor.locked().take();
         if let Some(m) = m {
             m.stop();
         }

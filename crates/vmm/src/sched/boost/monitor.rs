@@ -7,6 +7,7 @@
 //! a monitor that waited behind the host load it works against would boost
 //! late.
 
+use crate::sync::{wait_timeout, Locked};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -52,7 +53,7 @@ impl Monitor {
     }
 
     pub(super) fn stop(self) {
-        *self.stop.0.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        *self.stop.0.locked() = true;
         self.stop.1.notify_all();
         let _ = self.thread.join();
     }
@@ -109,7 +110,7 @@ fn run(b: &Booster, stop: &(Mutex<bool>, Condvar)) {
         .map(|_| ThreadFile::new("stat"))
         .collect();
     let mut warned = false;
-    let mut guard = stop.0.lock().unwrap_or_else(|p| p.into_inner());
+    let mut guard = stop.0.locked();
     while !*guard {
         // Read each pass: an arriving VM's rate is set once its state is in.
         let lead_ticks = TIMER_LEAD.as_micros() as u64 * b.tsc_khz() / 1000;
@@ -169,11 +170,7 @@ fn run(b: &Booster, stop: &(Mutex<bool>, Condvar)) {
             }
         }
         let wait = next.saturating_duration_since(Instant::now());
-        guard = stop
-            .1
-            .wait_timeout(guard, wait)
-            .unwrap_or_else(|p| p.into_inner())
-            .0;
+        guard = wait_timeout(&stop.1, guard, wait).0;
     }
 }
 

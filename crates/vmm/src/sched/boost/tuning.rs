@@ -3,6 +3,7 @@
 //! boosting now, and whether the guest's unboost call keeps a boost. The
 //! decisions themselves are `decide.rs`'s pure functions.
 
+use crate::sync::Locked;
 use std::sync::atomic::Ordering;
 
 use super::{decide, policy, BoostTuning, BoostWhen, Booster, SlotState, KEPT_GRACE};
@@ -17,13 +18,13 @@ pub(super) fn host_tsc() -> u64 {
 impl Booster {
     /// This host's tuning now.
     pub fn tuning(&self) -> BoostTuning {
-        *self.tuning.lock().unwrap_or_else(|p| p.into_inner())
+        *self.tuning.locked()
     }
 
     /// Change this host's tuning while the VM runs (`PUT /vm/boost`).
     pub fn set_tuning(&self, t: BoostTuning) -> Result<(), String> {
         t.check()?;
-        *self.tuning.lock().unwrap_or_else(|p| p.into_inner()) = t;
+        *self.tuning.locked() = t;
         Ok(())
     }
 

@@ -2,6 +2,7 @@
 //! (and, when the guest polls, its areas), rebuilds the wake-up
 //! distribution ([`super::model`]) and sets the VM's window.
 
+use crate::sync::Locked;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -160,7 +161,7 @@ impl Governor {
             crate::seccomp::Kind::Governor,
             "halt-poll".into(),
             move || {
-                let lock = || report2.lock().unwrap_or_else(|p| p.into_inner());
+                let lock = || report2.locked();
                 let started = Instant::now();
                 let mut window = first_ns.min(MAX_WINDOW_NS);
                 if let Err(e) = set_window(&vm, window) {
@@ -243,16 +244,13 @@ impl Governor {
 
     /// What the governor has done so far.
     pub fn report(&self) -> GovernorReport {
-        self.report
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.report.locked().clone()
     }
 
     /// A way to read [`Governor::report`] from another thread.
     pub fn report_source(&self) -> impl Fn() -> GovernorReport + Send + Sync + 'static {
         let report = self.report.clone();
-        move || report.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        move || report.locked().clone()
     }
 
     /// Stop the governor.

@@ -22,6 +22,7 @@
 
 pub(super) mod postcopy;
 
+use crate::sync::Locked;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -241,8 +242,7 @@ impl Vm {
         // The guest's TSC rate arrives with its state; the host's until then.
         let vm = Vm::assemble(p.machine, &config, saved.clone(), sink, source, created_at)?;
         // A signal ends the wait for the stream's next frame.
-        vm.status.lock().unwrap_or_else(|p| p.into_inner()).hangup =
-            Some(conn.try_clone().map_err(host("cloning the connection"))?);
+        vm.status.locked().hangup = Some(conn.try_clone().map_err(host("cloning the connection"))?);
         w.frame(Kind::Ready, &[])
             .map_err(host("answering the source"))?;
         Ok((
@@ -315,11 +315,7 @@ impl Running {
             parts,
         } = *a;
         let taken = self.take_rest(&mut r, &mut w, parts);
-        self.vm
-            .status
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .hangup = None;
+        self.vm.status.locked().hangup = None;
         let (remote, pinned_hash) = match taken {
             Ok(t) => t,
             Err(Cut::Signal(sig)) => {
@@ -510,13 +506,7 @@ impl Running {
         // The commit point: from here a signal no longer touches the link
         // (a post-copy's goes on serving the guest); one that came first
         // has shut the stream, and the guest never runs here.
-        let hangup = self
-            .vm
-            .status
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .hangup
-            .take();
+        let hangup = self.vm.status.locked().hangup.take();
         heed_events(&self.vm.events_rx, &mut self.stashed)?;
         if hangup.is_none() {
             return Err(mig(MigrationError::Host(

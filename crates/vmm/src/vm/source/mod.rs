@@ -10,6 +10,7 @@ mod handshake;
 mod link;
 pub(super) mod postcopy;
 
+use crate::sync::Locked;
 use std::time::{Duration, Instant};
 
 use super::control::{CommandError, Lifecycle, MigrationProgress, VmEvent};
@@ -391,15 +392,8 @@ impl Running {
                 elapsed_ms: t0.elapsed().as_millis() as u64,
                 vcpu_throttle_pct: throttle.all(),
             }));
-            let asked = o.mode == Mode::Hybrid
-                && std::mem::take(
-                    &mut self
-                        .vm
-                        .status
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .postcopy_now,
-                );
+            let asked =
+                o.mode == Mode::Hybrid && std::mem::take(&mut self.vm.status.locked().postcopy_now);
             match convergence.after_round(Round {
                 dirty_pages: dirty,
                 left,
@@ -539,11 +533,7 @@ impl Running {
     }
 
     pub(in crate::vm) fn progress(&self, p: Option<MigrationProgress>) {
-        self.vm
-            .status
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .migration = p;
+        self.vm.status.locked().migration = p;
     }
 
     /// A vCPU event that arrived meanwhile (the guest powered off or
