@@ -18,8 +18,8 @@ pub struct CtlArgs {
     /// The VM's API socket (`hover run --api-socket`).
     #[arg(long)]
     pub api_socket: PathBuf,
-    /// Print the VM's JSON answer instead of a summary (not with metrics:
-    /// Prometheus text only).
+    /// Print the VM's JSON answer instead of a summary (`metrics` is
+    /// Prometheus text either way).
     #[arg(long, global = true)]
     pub json: bool,
     #[command(subcommand)]
@@ -71,11 +71,12 @@ pub enum CtlAction {
         /// Pages per batch sent (1: one frame per page, the baseline).
         #[arg(long, default_value_t = hover_vmm::migration::DEFAULT_BATCH_PAGES)]
         batch_pages: usize,
-        /// Bytes per second the migration may use (e.g. 100M) [default: no limit].
+        /// Bytes per second the migration may use, binary units (100M: 100
+        /// MiB/s) [default: no limit].
         #[arg(long, value_parser = crate::parse::parse_size)]
         bandwidth: Option<u64>,
         /// Give up (and keep running here) after this long: seconds (120)
-        /// or a duration (2m, 90s).
+        /// or a duration (2m, 90s; whole seconds, rounded up), at most 60m.
         #[arg(long, default_value = "2m", value_parser = crate::parse::parse_timeout)]
         timeout: std::time::Duration,
         /// Send a digest of memory for the destination to check before running.

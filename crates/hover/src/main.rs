@@ -130,7 +130,8 @@ struct ReceiveArgs {
     #[arg(long)]
     insecure: bool,
     /// Give up (exit 1) if no source has opened a migration stream within
-    /// this long: seconds (600) or a duration (10m) [default: wait for ever].
+    /// this long: seconds (600) or a duration (10m), at most 60m [default:
+    /// wait for ever].
     #[arg(long, value_parser = parse::parse_timeout)]
     timeout: Option<std::time::Duration>,
     #[command(flatten)]
@@ -340,7 +341,7 @@ struct RunArgs {
     /// no deflate on OOM). Pages the guest gives back (inflated or
     /// reported free) leave host memory at once; `hover ctl balloon`
     /// changes the target live.
-    #[arg(long, value_name = "[target=SIZE][,reporting=on|off][,stats=SECONDS]", num_args = 0..=1, default_missing_value = "", value_parser = parse::parse_balloon, requires = "kernel")]
+    #[arg(long, value_name = "[target=SIZE][,reporting=on|off][,stats=SECONDS][,deflate-on-oom=on|off]", num_args = 0..=1, default_missing_value = "", value_parser = parse::parse_balloon, requires = "kernel")]
     balloon: Option<hover_vmm::config::BalloonConfig>,
     /// Guest command line: for the built-in guest its workload, e.g.
     /// "workload=hello" (the default); for `--kernel` the kernel's command

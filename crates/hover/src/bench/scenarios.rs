@@ -200,8 +200,8 @@ pub(super) enum Scenario {
         out: PathBuf,
     },
     /// Seed 4's experiment: each dirty tracker turned on and harvested
-    /// every period while a kvstore guest writes at a fixed rate, nothing
-    /// sent: the guest's ops/s (and per round over bitmap's), KVM page
+    /// every period while a kvstore guest writes (at --rate, or as fast as
+    /// it can), nothing sent: the guest's ops/s (and per round over bitmap's), KVM page
     /// faults/s, harvest time; trackers rotated in each round.
     DirtyLog {
         /// Trackers (comma-separated; `none`: no tracking, the baseline).

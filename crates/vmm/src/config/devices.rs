@@ -23,7 +23,9 @@ pub struct BalloonConfig {
     pub free_page_reporting: bool,
     /// Let the guest deflate when it runs out of memory.
     pub deflate_on_oom: bool,
-    /// Seconds between requests for the guest's statistics (0: none).
+    /// Seconds between requests for the guest's statistics (0: none). In
+    /// JSON by the name `PUT /vm/balloon` and the balloon's report use.
+    #[serde(rename = "stats_polling_interval_s", alias = "stats_interval_s")]
     pub stats_interval_s: u32,
 }
 
