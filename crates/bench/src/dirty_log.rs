@@ -24,8 +24,9 @@ use hover_vmm::api::ApiClient;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::migration_run::{report, sum_stat, timeline_sum};
+use crate::migration_run::{report, timeline_sum};
 use crate::plot;
+use crate::runner::sum_stat;
 use crate::runner::{guest, rdtsc, spawn_with_api, tsc_khz, wait_json};
 use crate::stats::{ratios, spread};
 use crate::{table, BenchError};

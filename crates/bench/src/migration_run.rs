@@ -11,7 +11,7 @@ use std::time::Duration;
 use hover_vmm::api::ApiClient;
 use serde_json::Value;
 
-use crate::runner::{guest, rdtsc, spawn_with_api, wait_json};
+use crate::runner::{guest, rdtsc, spawn_with_api, sum_stat, wait_json};
 use crate::BenchError;
 
 /// How long the guest runs before it is migrated.
@@ -59,13 +59,6 @@ pub(crate) fn listening_at(child: &mut Child) -> Result<String, BenchError> {
         .filter(|a| a.starts_with("tcp:") || a.starts_with("unix:"))
         .ok_or_else(|| guest(&format!("hover receive said {line:?}")))?
         .to_string())
-}
-
-pub(crate) fn sum_stat(stats: &Value, name: &str) -> u64 {
-    stats
-        .as_array()
-        .map(|v| v.iter().filter_map(|s| s[name].as_u64()).sum())
-        .unwrap_or(0)
 }
 
 pub(crate) fn report(outcome: &Value, key: &str) -> Option<u64> {

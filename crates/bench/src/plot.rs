@@ -418,39 +418,6 @@ pub fn lines(
     Ok(())
 }
 
-/// Draw again, from a results file a scenario wrote (`apf.json`,
-/// `boost.json`, `dirty_log.json`, `halt_poll.json`, `migrate.json`,
-/// `migrate_postcopy.json`, `snapshot.json`), the plot it drew, into `out`: a plot is always drawn
-/// from the stored samples, so one drawn today and one drawn later from the
-/// same file are the same.
-pub fn from_results(file: &Path, out: &Path) -> Result<(), BenchError> {
-    let bad = |why: String| BenchError::Input(format!("{}: {why}", file.display()));
-    let text = std::fs::read_to_string(file).map_err(|e| bad(e.to_string()))?;
-    let doc: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
-    let draw: fn(&serde_json::Value, &Path) -> Result<(), BenchError> =
-        match doc["scenario"].as_str() {
-            Some("apf") => crate::apf::plot,
-            Some("boost") => crate::boost::plot,
-            Some("dirty-log") => crate::dirty_log::plot,
-            Some("halt-poll") if doc["rows"].is_array() => crate::halt_poll::plot,
-            Some("migrate") => crate::migrate::plot,
-            Some("migrate-postcopy") => crate::postcopy::plot,
-            Some("snapshot") => crate::snapshot::plot,
-            Some(other) => return Err(bad(format!("scenario {other:?} draws no plot"))),
-            None => {
-                return Err(bad(
-                    "no \"scenario\": not a results file of hover bench".into()
-                ))
-            }
-        };
-    std::fs::create_dir_all(out).map_err(|source| BenchError::Write {
-        path: out.display().to_string(),
-        source,
-    })?;
-    draw(&doc, out)
-}
-
 /// The error for a plot with nothing to draw (a results file whose rows
 /// are missing or renamed): never an empty picture.
 fn nothing_to_draw(path: &Path) -> BenchError {
@@ -461,4 +428,4 @@ fn nothing_to_draw(path: &Path) -> BenchError {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -34,7 +34,7 @@ impl Run {
 
     /// KVM statistic `stat` summed over the vCPUs (0 where absent).
     pub fn vcpu_stat(&self, stat: &str) -> u64 {
-        crate::migration_run::sum_stat(&self.outcome["vcpu_stats"], stat)
+        sum_stat(&self.outcome["vcpu_stats"], stat)
     }
 
     /// The guest's report `key` (the first one, from any vCPU).
@@ -96,6 +96,15 @@ pub fn run_hover(exe: &Path, args: &[&str]) -> Result<Run, BenchError> {
         exited,
         outcome,
     })
+}
+
+/// KVM statistic `name` summed over the per-vCPU statistics `stats` (an
+/// outcome's `vcpu_stats`; 0 where absent).
+pub(crate) fn sum_stat(stats: &Value, name: &str) -> u64 {
+    stats
+        .as_array()
+        .map(|v| v.iter().filter_map(|s| s[name].as_u64()).sum())
+        .unwrap_or(0)
 }
 
 /// A scenario's failure with a message.

@@ -128,7 +128,6 @@ pub(crate) fn firecracker(args: FirecrackerArgs) -> ExitCode {
         config_file,
         host: HostConfig {
             console: args.console,
-            api_socket: None,
             page_store: PageStore::default(),
             io_file: args.files.io_file,
             limits: GuestLimits::default(),

@@ -258,7 +258,6 @@ pub(crate) fn host_config(
     }
     Ok(HostConfig {
         console: console_for(out.console.clone(), out.json),
-        api_socket: out.api_socket.clone(),
         page_store: PageStore {
             path: files.page_store.clone(),
             latency: files.page_store_latency,

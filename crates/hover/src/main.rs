@@ -489,9 +489,16 @@ fn guest_image(out: &std::path::Path) -> ExitCode {
     }
 }
 
-/// Run `vm` to its end; SIGTERM or SIGINT meanwhile ends it as the API's
-/// shutdown does (`ended: signal`, exit status 128 + the signal).
-pub(crate) fn run_vm(vm: Vm) -> Result<hover_vmm::RunOutcome, Error> {
+/// Run `vm` to its end, its API on `api_socket` if given; SIGTERM or
+/// SIGINT meanwhile ends it as the API's shutdown does (`ended: signal`,
+/// exit status 128 + the signal).
+pub(crate) fn run_vm(
+    mut vm: Vm,
+    api_socket: Option<&std::path::Path>,
+) -> Result<hover_vmm::RunOutcome, Error> {
+    if let Some(path) = api_socket {
+        vm.serve_api(Box::new(hover_vmm::api::SocketApi::new(path)));
+    }
     let controller = vm.controller();
     let _signals = hover_vmm::signals::watch(move |sig| controller.signal(sig));
     let ran = vm.run();
@@ -552,7 +559,7 @@ fn receive(args: ReceiveArgs) -> ExitCode {
             },
             announce,
         )
-        .and_then(run_vm),
+        .and_then(|vm| run_vm(vm, args.out.api_socket.as_deref())),
         args.out.json,
         args.out.stats,
     )
@@ -576,7 +583,7 @@ fn restore(args: RestoreArgs) -> ExitCode {
         },
     };
     finish(
-        Vm::restore(&args.path, &opts).and_then(run_vm),
+        Vm::restore(&args.path, &opts).and_then(|vm| run_vm(vm, args.out.api_socket.as_deref())),
         args.out.json,
         args.out.stats,
     )
@@ -596,7 +603,7 @@ fn run(args: RunArgs) -> ExitCode {
     host.taps = args.net.iter().map(|n| n.tap.clone()).collect();
     let config = VmConfig { machine, host };
     finish(
-        Vm::new(&config).and_then(run_vm),
+        Vm::new(&config).and_then(|vm| run_vm(vm, args.out.api_socket.as_deref())),
         args.out.json,
         args.out.stats,
     )

@@ -84,11 +84,15 @@ fn run_cycle(i: usize, scratch: &Path) {
         },
         host: HostConfig {
             console: ConsoleTarget::Off,
-            api_socket: Some(scratch.join("vm.sock")),
             ..Default::default()
         },
     })
-    .and_then(Vm::run)
+    .and_then(|mut vm| {
+        vm.serve_api(Box::new(hover_vmm::api::SocketApi::new(
+            &scratch.join("vm.sock"),
+        )));
+        vm.run()
+    })
     .unwrap_or_else(|e| panic!("cycle {i} ({cmdline}): {e}"));
     assert_eq!(out.exit_code, 0, "cycle {i} ({cmdline})");
 }

@@ -32,7 +32,7 @@ pub fn bench(args: BenchArgs) -> ExitCode {
             Some(Peer::Qemu) => hover_bench::boot::run_peer(&exe, runs, &out),
             None => Ok(()),
         }),
-        Scenario::Plot { file, out } => hover_bench::plot::from_results(&file, &out),
+        Scenario::Plot { file, out } => hover_bench::replot::from_results(&file, &out),
         Scenario::Runtime { runs, peer, out } => {
             hover_bench::runtime::run(&exe, runs, peer.is_some(), &out)
         }

@@ -25,7 +25,11 @@ pub mod slot;
 pub use routes::Endpoint;
 pub use server::ApiServer;
 
+pub use server::SocketApi;
 pub use slot::ApiSlot;
+pub use slot::SlotApi;
+
+pub use crate::vm::{GovernorSource, LiveSources};
 
 pub use requests::{
     BalloonRequest, HaltPollRequest, MigrateRequest, SnapshotRequest, DEFAULT_HOT_WINDOW_MS,
@@ -36,17 +40,16 @@ use requests::{parse_body, ApiFailure};
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use http::Answer;
 use serde::Serialize;
 
-use crate::devices::pvio::{PvioDevice, PvioStats};
+use crate::devices::pvio::PvioStats;
 use crate::memory::paged::PagerStats;
 use crate::sched::guest_poll::GuestPoll;
 use crate::sched::halt_poll::GovernorReport;
-use crate::stats::KvmStats;
 use crate::vm::{Command, Controller};
 
 pub use client::{query, ApiClient};
@@ -94,31 +97,6 @@ pub enum ApiError {
         /// The VM's error message.
         message: String,
     },
-}
-
-/// Reads the report of a running governor.
-pub type GovernorSource = Box<dyn Fn() -> GovernorReport + Send + Sync>;
-
-/// Where live figures come from.
-pub struct LiveSources {
-    /// One stats fd per vCPU.
-    pub vcpu_stats: Vec<KvmStats>,
-    /// The VM's stats fd.
-    pub vm_stats: Option<KvmStats>,
-    /// The pager's counters, if paging.
-    pub pager: Option<Box<dyn Fn() -> PagerStats + Send + Sync>>,
-    /// The report of the governor running now, if any.
-    pub governor: Arc<Mutex<Option<GovernorSource>>>,
-    /// The booster, when boosting is on.
-    pub boost: Option<Arc<crate::sched::boost::Booster>>,
-    /// The I/O device.
-    pub io: Arc<PvioDevice>,
-    /// The guest's own halt polling (`idle=haltpoll`).
-    pub guest_poll: Option<Box<dyn Fn() -> GuestPoll + Send + Sync>>,
-    /// The balloon's control, if the VM has a balloon.
-    pub balloon: Option<Arc<crate::devices::virtio::balloon::BalloonControl>>,
-    /// When the vCPUs started.
-    pub started: Instant,
 }
 
 /// The answer to `GET /vm/stats`.

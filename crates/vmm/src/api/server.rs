@@ -246,3 +246,42 @@ impl Drop for ApiServer {
         self.stop();
     }
 }
+
+/// A VM's API on a socket of its own (`--api-socket`): bound unpublished
+/// as the run starts, published once the vCPUs run, removed at the end.
+pub struct SocketApi {
+    path: PathBuf,
+    server: Option<ApiServer>,
+}
+
+impl SocketApi {
+    /// Serve the VM's API at `path` while it runs.
+    pub fn new(path: &Path) -> Self {
+        SocketApi {
+            path: path.into(),
+            server: None,
+        }
+    }
+}
+
+impl crate::vm::ApiHost for SocketApi {
+    fn start(&mut self, sources: LiveSources, controller: Controller) -> Result<(), crate::Error> {
+        self.server = Some(ApiServer::start_unpublished(
+            &self.path, sources, controller,
+        )?);
+        Ok(())
+    }
+
+    fn publish(&mut self) -> Result<(), crate::Error> {
+        match self.server.as_mut() {
+            Some(server) => Ok(server.publish()?),
+            None => Ok(()),
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut server) = self.server.take() {
+            server.stop();
+        }
+    }
+}

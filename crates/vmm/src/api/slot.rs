@@ -109,3 +109,46 @@ impl Drop for SlotFill {
         self.0.end();
     }
 }
+
+/// A VM's API in an [`ApiSlot`] of a server that outlives it: filled once
+/// the vCPUs run, marked ended when the run ends.
+pub struct SlotApi {
+    slot: ApiSlot,
+    routes: Option<Routes>,
+    fill: Option<SlotFill>,
+}
+
+impl SlotApi {
+    /// Serve the VM's API in `slot` while it runs.
+    pub fn new(slot: ApiSlot) -> Self {
+        SlotApi {
+            slot,
+            routes: None,
+            fill: None,
+        }
+    }
+}
+
+impl crate::vm::ApiHost for SlotApi {
+    fn start(
+        &mut self,
+        sources: crate::vm::LiveSources,
+        controller: crate::vm::Controller,
+    ) -> Result<(), crate::Error> {
+        self.routes = Some(Routes::new(sources, controller));
+        Ok(())
+    }
+
+    fn publish(&mut self) -> Result<(), crate::Error> {
+        if let Some(routes) = self.routes.take() {
+            self.fill = Some(self.slot.fill(routes));
+        }
+        Ok(())
+    }
+
+    fn stop(&mut self) {
+        // Dropping the fill marks the run ended; the routes stay for a
+        // last look.
+        self.fill = None;
+    }
+}

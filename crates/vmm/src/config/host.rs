@@ -108,8 +108,6 @@ pub struct PageStore {
 pub struct HostConfig {
     /// Where the serial console goes.
     pub console: ConsoleTarget,
-    /// Serve the control API on this Unix socket while running.
-    pub api_socket: Option<PathBuf>,
     /// Where an overcommitted VM's evicted pages go.
     pub page_store: PageStore,
     /// The paravirtual I/O device's file (created if missing; kept at

@@ -195,7 +195,7 @@ pub fn serve(mut opts: Options) -> Result<Ended, FirecrackerError> {
         },
     };
     // The handler of the request that started it set the phase.
-    vm.serve_api_in(shared.slot.clone());
+    vm.serve_api(Box::new(crate::api::SlotApi::new(shared.slot.clone())));
     let controller = vm.controller();
     // The VM hears signals from now on (the newest watcher wins, so none
     // falls between the two); one that came while it was built is passed on.

@@ -8,6 +8,7 @@
 //! tracking alone, `source/` and `destination/` the two ends of a
 //! migration, `outcome.rs` how the run ended.
 
+mod api_host;
 mod control;
 mod destination;
 mod device_manager;
@@ -48,6 +49,7 @@ use crate::{Error, KvmOp};
 use hover_abi::layout::PAGE_SIZE;
 use hover_abi::pv::{FEATURE_ASYNC_PF, FEATURE_ASYNC_PF_INT};
 
+pub use api_host::{ApiHost, GovernorSource, LiveSources};
 pub use control::{
     Command, CommandError, Controller, DeviceInfo, Lifecycle, Reply, SnapshotInfo, VmInfo,
 };
@@ -78,7 +80,7 @@ pub struct Vm {
     released_pager: Option<ReleasedPager>,
     halt_poll: HaltPoll,
     /// Where its API is served while it runs.
-    api: run::ApiAt,
+    api: Option<Box<dyn ApiHost>>,
     /// Start with every vCPU paused ([`Vm::start_paused`]).
     start_paused: bool,
     seccomp: crate::seccomp::Mode,
@@ -305,10 +307,7 @@ impl Vm {
             pager,
             released_pager: None,
             halt_poll: config.machine.halt_poll,
-            api: match &config.host.api_socket {
-                Some(path) => run::ApiAt::Socket(path.clone()),
-                None => run::ApiAt::Nowhere,
-            },
+            api: None,
             start_paused: false,
             migration_key: config.host.migration_key.clone(),
             seccomp: config.host.seccomp,

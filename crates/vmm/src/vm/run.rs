@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use kvm_bindings::{kvm_msr_entry, Msrs};
 
+use super::api_host::{ApiHost, GovernorSource, LiveSources};
 use super::control::{Command, CommandError, Lifecycle, Reply, VmEvent};
 use super::outcome::{us_since, EndReason, RunOutcome};
 use super::Vm;
-use crate::api::{ApiServer, ApiSlot, GovernorSource, LiveSources, Routes};
 use crate::config::BoostUpdate;
 use crate::config::HaltPoll;
 use crate::memory::paged::PagerStats;
@@ -38,35 +38,6 @@ enum End {
     Migrated,
 }
 
-/// Where a VM serves its API while it runs.
-#[derive(Clone)]
-pub(super) enum ApiAt {
-    /// Not at all.
-    Nowhere,
-    /// On a socket of its own (`--api-socket`).
-    Socket(std::path::PathBuf),
-    /// In a server that outlives it ([`Vm::serve_api_in`]).
-    Slot(ApiSlot),
-}
-
-/// The API of a running VM.
-enum Api {
-    /// On its own socket.
-    Socket(ApiServer),
-    /// In another server's slot (emptied when dropped).
-    Slot(crate::api::slot::SlotFill),
-}
-
-impl Api {
-    /// Stop serving this VM (its socket is removed, or the slot emptied).
-    fn stop(self) {
-        match self {
-            Api::Socket(mut server) => server.stop(),
-            Api::Slot(fill) => drop(fill),
-        }
-    }
-}
-
 /// A VM whose vCPU threads run.
 pub(super) struct Running {
     pub(super) vm: Vm,
@@ -85,11 +56,11 @@ pub(super) struct Running {
 }
 
 impl Vm {
-    /// Serve Hover's API routes in `slot` while this VM runs, instead of
-    /// on an API socket of its own (the Firecracker API's server listens
-    /// before the VM exists and goes on after it).
-    pub fn serve_api_in(&mut self, slot: ApiSlot) {
-        self.api = ApiAt::Slot(slot);
+    /// Serve this VM's API through `host` while it runs (`api::SocketApi`
+    /// for `--api-socket`; `api::SlotApi` in the Firecracker API's server,
+    /// which listens before the VM exists and goes on after it).
+    pub fn serve_api(&mut self, host: Box<dyn ApiHost>) {
+        self.api = Some(host);
     }
 
     /// Run every vCPU on its own thread until the guest powers off or a
@@ -125,16 +96,12 @@ impl Vm {
             r.start_governor(budget_pct)?;
         }
         let started_at = Instant::now();
-        // A slot is filled once the vCPUs run (below): the server that
-        // owns it answers the request that started the VM then.
-        let mut api = match &r.vm.api {
-            ApiAt::Socket(path) => Some(Api::Socket(ApiServer::start_unpublished(
-                path,
-                r.live_sources(started_at),
-                r.vm.controller(),
-            )?)),
-            ApiAt::Slot(_) | ApiAt::Nowhere => None,
-        };
+        // Served once the vCPUs run (below): bound now, so that a socket
+        // path in the way fails the start.
+        let mut api = r.vm.api.take();
+        if let Some(host) = api.as_mut() {
+            host.start(r.live_sources(started_at), r.vm.controller())?;
+        }
         r.vm.booster.start().map_err(|source| Error::Host {
             what: "start the boost monitor",
             source,
@@ -173,14 +140,9 @@ impl Vm {
                 }
                 // Clients find the API once the vCPUs run (a client that
                 // saw the socket early found a VM it could not pause yet).
-                let published = match (&r.vm.api, api.as_mut()) {
-                    (ApiAt::Slot(slot), _) => {
-                        let routes = Routes::new(r.live_sources(started_at), r.vm.controller());
-                        api = Some(Api::Slot(slot.fill(routes)));
-                        Ok(())
-                    }
-                    (_, Some(Api::Socket(server))) => server.publish().map_err(Error::from),
-                    _ => Ok(()),
+                let published = match api.as_mut() {
+                    Some(host) => host.publish(),
+                    None => Ok(()),
                 };
                 published.and_then(|()| r.serve())
             }
@@ -194,8 +156,8 @@ impl Vm {
         r.vm.booster.stop();
         // Before the pager stops: its fetches may wait on pages in flight.
         let postcopy = r.vm.postcopy_in.take().map(|p| p.finish());
-        if let Some(api) = api {
-            api.stop();
+        if let Some(mut host) = api {
+            host.stop();
         }
         r.vm.devices.bus.serial.flush();
         if let Some(p) = r.vm.pager.as_mut() {

@@ -54,7 +54,7 @@ pub fn report(o: &RunOutcome, key: &str) -> u64 {
 /// and not yet running; its API on `api_socket` if given.
 #[allow(dead_code)]
 pub fn quiet_vm(memory: u64, cmdline: &str, api_socket: Option<std::path::PathBuf>) -> Vm {
-    Vm::new(&VmConfig {
+    let mut vm = Vm::new(&VmConfig {
         machine: MachineConfig {
             memory,
             cmdline: cmdline.into(),
@@ -62,9 +62,12 @@ pub fn quiet_vm(memory: u64, cmdline: &str, api_socket: Option<std::path::PathBu
         },
         host: HostConfig {
             console: ConsoleTarget::Off,
-            api_socket,
             ..Default::default()
         },
     })
-    .unwrap_or_else(|e| panic!("{cmdline}: {e}"))
+    .unwrap_or_else(|e| panic!("{cmdline}: {e}"));
+    if let Some(path) = api_socket {
+        vm.serve_api(Box::new(hover_vmm::api::SocketApi::new(&path)));
+    }
+    vm
 }

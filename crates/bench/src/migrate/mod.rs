@@ -37,10 +37,13 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::mapping::{map_samples, map_table, sender_sample, sender_table, SENDERS};
-use crate::migration_run::{migrate_once, ops_during_pct, sum_stat, work_lost_ms};
+pub mod mapping;
+
+use crate::migration_run::{migrate_once, ops_during_pct, work_lost_ms};
+use crate::runner::sum_stat;
 use crate::stats::summarize;
 use crate::{plot, table, BenchError};
+use mapping::{map_samples, map_table, sender_sample, sender_table, SENDERS};
 
 /// The scenario's knobs.
 #[derive(Clone, Debug)]

@@ -8,7 +8,7 @@ use std::path::Path;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::migrate::MigrateBench;
+use super::MigrateBench;
 use crate::migration_run::migrate_once;
 use crate::runner::guest;
 use crate::stats::{summarize, Summary};
