@@ -10,6 +10,9 @@ use hover_vmm::api::{
     ApiClient, ApiError, BalloonRequest, Endpoint, HaltPollRequest, MigrateRequest, SnapshotRequest,
 };
 use hover_vmm::config::boost::{BoostMode, BoostUpdate, BoostWhen};
+use hover_vmm::migration::mapper::MapMode;
+use hover_vmm::migration::postcopy::Mode;
+use hover_vmm::migration::Tracker;
 
 use crate::{die_on_broken_pipe, output, EXIT_BAD_INPUT, EXIT_HOST_FAILURE};
 
@@ -63,8 +66,8 @@ pub enum CtlAction {
         /// writing left unprotected and sent at the end (hybrid, seed 4), or
         /// per-vCPU dirty rings (ring; a VM started with --dirty-ring, and
         /// then only ring).
-        #[arg(long, default_value = "bitmap", value_parser = ["bitmap", "manual", "hybrid", "ring"])]
-        dirty_tracking: String,
+        #[arg(long, default_value = "bitmap", value_parser = listed::<Tracker>(&["bitmap", "manual", "hybrid", "ring"]))]
+        dirty_tracking: Tracker,
         /// The longest pause allowed for the final round, milliseconds.
         #[arg(long, default_value_t = hover_vmm::migration::DEFAULT_DOWNTIME.as_millis() as u64)]
         downtime_ms: u64,
@@ -99,14 +102,14 @@ pub enum CtlAction {
         /// each page (per-page), process_vm_readv per batch (readv) or one
         /// mapping made once (persistent); the mapping ones need
         /// --memory-backend memfd [default: the VMM sends itself].
-        #[arg(long, value_parser = ["per-page", "readv", "persistent"])]
-        sender_process: Option<String>,
+        #[arg(long, value_parser = listed::<MapMode>(&["per-page", "readv", "persistent"]))]
+        sender_process: Option<MapMode>,
         /// How memory moves: every page before the guest runs there
         /// (precopy), the guest runs there at once and memory follows on
         /// demand and in the background (postcopy), or pre-copy rounds
         /// until they stop converging, then post-copy (hybrid).
-        #[arg(long, default_value = "precopy", value_parser = ["precopy", "postcopy", "hybrid"])]
-        mode: String,
+        #[arg(long, default_value = "precopy", value_parser = listed::<Mode>(&["precopy", "postcopy", "hybrid"]))]
+        mode: Mode,
         /// Reconnect a post-copy migration whose connection broke (the VM
         /// here is postcopy-paused) to the destination, which waits at its
         /// --listen address.
@@ -194,6 +197,16 @@ fn to_json<T: serde::Serialize>(body: &T) -> String {
 
 /// `--mode` of `hover ctl boost`: the values listed in `--help`, each
 /// one a mode.
+/// A flag whose values are `names` (listed in `--help`), each parsed into
+/// the API's own type.
+fn listed<T>(names: &'static [&'static str]) -> impl clap::builder::TypedValueParser<Value = T>
+where
+    T: std::str::FromStr<Err = String> + Clone + Send + Sync + 'static,
+{
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(names).try_map(|s| s.parse::<T>())
+}
+
 fn boost_modes() -> impl clap::builder::TypedValueParser<Value = BoostMode> {
     use clap::builder::TypedValueParser;
     clap::builder::PossibleValuesParser::new(["off", "dynamic", "static"])
@@ -237,7 +250,7 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
         } => {
             let body = MigrateRequest {
                 to: to.clone(),
-                dirty_tracking: Some(dirty_tracking.clone()),
+                dirty_tracking: Some(*dirty_tracking),
                 downtime_ms: Some(*downtime_ms),
                 batch_pages: Some(*batch_pages),
                 bandwidth: *bandwidth,
@@ -248,8 +261,8 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
                 throttle_initial: Some(*throttle_initial),
                 throttle_step: Some(*throttle_step),
                 throttle_max: Some(*throttle_max),
-                sender_process: sender_process.clone(),
-                mode: Some(mode.clone()),
+                sender_process: *sender_process,
+                mode: Some(*mode),
                 recover: *recover,
                 insecure: *insecure,
             };

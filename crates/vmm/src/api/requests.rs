@@ -91,7 +91,7 @@ pub struct MigrateRequest {
     pub to: String,
     /// `bitmap`, `manual`, `hybrid` or `ring`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub dirty_tracking: Option<String>,
+    pub dirty_tracking: Option<crate::migration::Tracker>,
     /// The longest pause allowed for the final round, ms.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub downtime_ms: Option<u64>,
@@ -121,10 +121,10 @@ pub struct MigrateRequest {
     pub throttle_max: Option<u8>,
     /// `per-page`, `readv` or `persistent`: send from a separate process.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub sender_process: Option<String>,
+    pub sender_process: Option<crate::migration::mapper::MapMode>,
     /// `precopy`, `postcopy` or `hybrid`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub mode: Option<String>,
+    pub mode: Option<crate::migration::postcopy::Mode>,
     /// Post-copy: reconnect to a destination waiting for its missing pages.
     #[serde(default)]
     pub recover: bool,
@@ -136,14 +136,10 @@ pub struct MigrateRequest {
 impl MigrateRequest {
     /// The migration's options, checked: the field at fault otherwise.
     pub(super) fn options(&self) -> Result<crate::migration::MigrateOptions, ApiFailure> {
-        use crate::migration::{MigrateOptions, Tracker};
+        use crate::migration::MigrateOptions;
         let to = self.to.parse().map_err(|e| ApiFailure::bad("to", e))?;
         let mut o = MigrateOptions::to(to);
-        if let Some(t) = &self.dirty_tracking {
-            o.tracker = t
-                .parse::<Tracker>()
-                .map_err(|e| ApiFailure::bad("dirty_tracking", e))?;
-        }
+        o.tracker = self.dirty_tracking.unwrap_or(o.tracker);
         if let Some(ms) = self.downtime_ms {
             o.downtime = Duration::from_millis(ms);
         }
@@ -160,15 +156,8 @@ impl MigrateRequest {
         t.initial = self.throttle_initial.unwrap_or(t.initial);
         t.step = self.throttle_step.unwrap_or(t.step);
         t.max = self.throttle_max.unwrap_or(t.max);
-        if let Some(m) = &self.sender_process {
-            o.sender_process = Some(
-                m.parse()
-                    .map_err(|e| ApiFailure::bad("sender_process", e))?,
-            );
-        }
-        if let Some(m) = &self.mode {
-            o.mode = m.parse().map_err(|e| ApiFailure::bad("mode", e))?;
-        }
+        o.sender_process = self.sender_process.or(o.sender_process);
+        o.mode = self.mode.unwrap_or(o.mode);
         o.recover = self.recover;
         o.insecure = self.insecure;
         o.check()
@@ -370,6 +359,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_migrate_request_with_an_unknown_name_is_refused_naming_its_field() {
+        for (body, field) in [
+            (
+                r#"{"to":"unix:/x","dirty_tracking":"often"}"#,
+                "dirty_tracking",
+            ),
+            (r#"{"to":"unix:/x","mode":"sideways"}"#, "mode"),
+            (
+                r#"{"to":"unix:/x","sender_process":"mmap"}"#,
+                "sender_process",
+            ),
+        ] {
+            let e = parse_body::<MigrateRequest>(body.as_bytes()).unwrap_err();
+            assert_eq!((e.status, e.field.as_deref()), (400, Some(field)), "{body}");
+        }
+        let m = parse_body::<MigrateRequest>(
+            br#"{"to":"unix:/x","dirty_tracking":"ring","mode":"postcopy","sender_process":"per-page"}"#,
+        )
+        .unwrap();
+        assert_eq!(m.dirty_tracking, Some(crate::migration::Tracker::Ring));
+        assert_eq!(m.mode, Some(crate::migration::postcopy::Mode::Postcopy));
+        assert_eq!(
+            m.sender_process,
+            Some(crate::migration::mapper::MapMode::PerPage)
+        );
+    }
+
+    #[test]
     fn halt_poll_requests_name_the_bad_field() {
         let parse = |s: &str| parse_body::<HaltPollRequest>(s.as_bytes()).and_then(|r| r.setting());
         assert_eq!(
@@ -400,7 +417,7 @@ mod tests {
         let m = MigrateRequest {
             to: "unix:/tmp/in.sock".into(),
             downtime_ms: Some(7),
-            mode: Some("hybrid".into()),
+            mode: Some(crate::migration::postcopy::Mode::Hybrid),
             verify: true,
             ..Default::default()
         };

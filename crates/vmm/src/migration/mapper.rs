@@ -17,10 +17,11 @@ use std::io;
 use std::os::fd::RawFd;
 
 use hover_abi::layout::PAGE_SIZE;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-/// How a separate process reads guest memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+/// How a separate process reads guest memory (in JSON by the names
+/// `--sender-process` takes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum MapMode {
     /// `mmap` + copy + `munmap` per page.

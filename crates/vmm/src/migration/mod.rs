@@ -32,13 +32,13 @@ pub mod wire;
 
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub use transport::Addr;
 use wire::WireError;
 
-/// How dirty pages are found.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+/// How dirty pages are found (in JSON by the names `--dirty-tracking` takes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Tracker {
     /// `KVM_GET_DIRTY_LOG`.

@@ -14,10 +14,10 @@ pub mod remote;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-/// How a migration moves memory.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+/// How a migration moves memory (in JSON by the names `--mode` takes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// Every page before the guest runs at the destination.
