@@ -436,3 +436,44 @@ fn a_pvh_booted_guest_on_two_vcpus_is_restored_whole() {
         .collect();
     assert_eq!(cpus.len(), 2, "the tasks ran on both vCPUs: {o}");
 }
+
+/// Halt polling and boosting changed while the VM runs are what the VM
+/// is from then on: `GET /vm` shows them, and a snapshot saves them (the
+/// restored VM runs with them).
+#[test]
+fn settings_changed_live_are_saved_with_the_vm() {
+    if !kvm_for_test("settings_changed_live_are_saved_with_the_vm") {
+        return;
+    }
+    let dir = Scratch::new("live-settings");
+    let run = ["run", "--cmdline", "workload=spin tasks=1 seconds=600"];
+    let vm = Vm::spawn(&run, &dir.path("vm.sock"));
+    let api = vm.api();
+    let window = r#"{"mode": "fixed", "window_ns": 50000}"#;
+    api.json("PUT", "/vm/halt-poll", Some(window)).unwrap();
+    api.json("PUT", "/vm/boost", Some(r#"{"max_ms": 7}"#))
+        .unwrap();
+    let live = api.json("GET", "/vm", None).unwrap();
+    let want: serde_json::Value = serde_json::from_str(window).unwrap();
+    assert_eq!(live["config"]["halt_poll"], want, "{live}");
+    assert_eq!(live["config"]["boost"]["max_ms"], 7, "{live}");
+    let snap = dir.path("vm.snap");
+    let body = serde_json::json!({ "path": snap, "stop": true }).to_string();
+    api.json("PUT", "/vm/snapshot", Some(&body)).unwrap();
+    let (code, outcome, stderr) = vm.wait();
+    assert_eq!(
+        (code, &outcome["ended"]),
+        (Some(0), &"snapshot".into()),
+        "{stderr}"
+    );
+    let restored = Vm::spawn(
+        &["restore", snap.to_str().unwrap()],
+        &dir.path("again.sock"),
+    );
+    let v = restored.api().json("GET", "/vm", None).unwrap();
+    assert_eq!(v["config"]["halt_poll"], want, "{v}");
+    assert_eq!(v["config"]["boost"]["max_ms"], 7, "{v}");
+    restored.api().json("PUT", "/vm/shutdown", None).unwrap();
+    let (code, _, stderr) = restored.wait();
+    assert_eq!(code, Some(0), "{stderr}");
+}

@@ -32,7 +32,6 @@ use kvm_ioctls::{Kvm, VmFd};
 
 use crate::arch::x86_64::{acpi, cpuid, pvh, tables};
 use crate::boot::{self};
-use crate::config::HaltPoll;
 use crate::config::{BootProtocol, ConfigError, VmConfig};
 use crate::devices::serial::ConsoleSink;
 use crate::memory::host_writes::GuestWriter;
@@ -78,7 +77,6 @@ pub struct Vm {
     /// What a pager let go of (a prefetching restore that finished
     /// loading) left behind.
     released_pager: Option<ReleasedPager>,
-    halt_poll: HaltPoll,
     /// Where its API is served while it runs.
     api: Option<Box<dyn ApiHost>>,
     /// Start with every vCPU paused ([`Vm::start_paused`]).
@@ -86,7 +84,6 @@ pub struct Vm {
     seccomp: crate::seccomp::Mode,
     /// The key this VM's outgoing migrations prove (`--migration-key`).
     migration_key: Option<Arc<crate::config::MigrationKey>>,
-    saved: SavedMachine,
     restored: Option<RestoreReport>,
     rings: Option<Arc<RingSet>>,
     throttle: Arc<Throttle>,
@@ -98,6 +95,8 @@ pub struct Vm {
     postcopy_in: Option<destination::postcopy::PostcopyIn>,
     events: Sender<VmEvent>,
     events_rx: Receiver<VmEvent>,
+    /// The VM's state as the API reads it, and the one live copy of its
+    /// machine configuration ([`Vm::config`]).
     status: Arc<Mutex<Status>>,
 }
 
@@ -115,7 +114,18 @@ impl Vm {
     /// boot area. A Linux guest has none (those addresses are its own
     /// memory): None.
     pub(crate) fn guest_poll_areas(&self) -> Option<vm_memory::GuestMemoryMmap> {
-        (!self.saved.config.guest.is_linux()).then(|| self.ram.memory().clone())
+        (!self.config().guest.is_linux()).then(|| self.ram.memory().clone())
+    }
+
+    /// What the VM is now: the configuration it was built from, with what
+    /// changed live. Held once (in its status, which the API reads).
+    pub(crate) fn config(&self) -> crate::config::MachineConfig {
+        self.status.locked().config.clone()
+    }
+
+    /// Change the live configuration (a setting changed while the VM runs).
+    pub(crate) fn change_config(&self, change: impl FnOnce(&mut crate::config::MachineConfig)) {
+        change(&mut self.status.locked().config);
     }
 
     /// Build a VM from `config`: validate it, map RAM, create the irqchip and
@@ -284,10 +294,17 @@ impl Vm {
             memory = config.machine.memory,
             "VM built"
         );
+        // The one live copy of what the VM is: what it was built from,
+        // with each disk's size as it opened; live changes (halt polling,
+        // boosting) go here, and saves and migrations read it.
+        let mut machine = saved.config;
+        for (disk, &size) in machine.disks.iter_mut().zip(devices.disk_sizes()) {
+            disk.size = size;
+        }
         let status = Arc::new(Mutex::new(Status {
             state: Lifecycle::Created,
             started: None,
-            config: saved.config.clone(),
+            config: machine,
             restored_from: None,
             migration: None,
             postcopy_now: false,
@@ -306,12 +323,10 @@ impl Vm {
             vm_stats,
             pager,
             released_pager: None,
-            halt_poll: config.machine.halt_poll,
             api: None,
             start_paused: false,
             migration_key: config.host.migration_key.clone(),
             seccomp: config.host.seccomp,
-            saved,
             restored: None,
             rings,
             throttle,

@@ -216,8 +216,7 @@ pub(super) fn collect(
         balloon: vm.devices.balloon_report(),
         halt_poll: governor,
         guest_halt_poll: vm.guest_poll_areas().and_then(|mem| {
-            let g =
-                crate::sched::guest_poll::read(&mem, vm.saved.config.vcpus, &Default::default());
+            let g = crate::sched::guest_poll::read(&mem, vm.config().vcpus, &Default::default());
             (g.max_ns > 0).then_some(g)
         }),
         boost: {

@@ -285,7 +285,7 @@ impl Vm {
         Irqchips(&self.fd).load(&s.machine.irqchip)?;
         // The PIT is a Linux guest's (the VM built from its configuration
         // has one exactly then).
-        match (&s.machine.pit, self.saved.config.guest.is_linux()) {
+        match (&s.machine.pit, self.config().guest.is_linux()) {
             (Some(pit), true) => Pit(&self.fd).load(pit)?,
             (None, false) => {}
             (Some(_), false) => {
@@ -418,7 +418,7 @@ impl Vm {
             self.postcopy_in,
             Some(super::destination::postcopy::PostcopyIn::Arriving(_))
         );
-        if self.saved.config.memory_budget.is_some() || arriving {
+        if self.config().memory_budget.is_some() || arriving {
             return Ok(());
         }
         let Some(pager) = self.pager.take() else {

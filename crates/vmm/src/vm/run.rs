@@ -92,7 +92,7 @@ impl Vm {
             governor_live: Arc::default(),
             postcopy_left: None,
         };
-        if let HaltPoll::Auto { budget_pct } = r.vm.halt_poll {
+        if let HaltPoll::Auto { budget_pct } = r.vm.config().halt_poll {
             r.start_governor(budget_pct)?;
         }
         let started_at = Instant::now();
@@ -453,8 +453,7 @@ impl Running {
         if new != self.vm.booster.config() {
             self.vm.booster.set(new).map_err(CommandError::Host)?;
         }
-        self.vm.saved.config.boost = new;
-        self.vm.status.locked().config.boost = new;
+        self.vm.change_config(|c| c.boost = new);
         let mut boost = new.to_json();
         boost["when"] = tuning.when.to_string().into();
         boost["keep_us"] = tuning.keep_us.into();
@@ -495,8 +494,7 @@ impl Running {
                 .start_governor(budget_pct)
                 .map_err(|e| CommandError::Host(e.to_string()))?,
         }
-        self.vm.halt_poll = h;
-        self.vm.status.locked().config.halt_poll = h;
+        self.vm.change_config(|c| c.halt_poll = h);
         Ok(())
     }
 
@@ -520,7 +518,7 @@ impl Running {
             boost: Some(self.vm.booster.clone()),
             io: self.vm.devices.pvio.clone(),
             guest_poll: self.vm.guest_poll_areas().map(|mem| {
-                let n = self.vm.saved.config.vcpus;
+                let n = self.vm.config().vcpus;
                 let warned = std::sync::atomic::AtomicBool::new(false);
                 Box::new(move || crate::sched::guest_poll::read(&mem, n, &warned))
                     as Box<dyn Fn() -> _ + Send + Sync>

@@ -95,21 +95,14 @@ impl Running {
         Ok((state, pages))
     }
 
-    /// What the VM is now, as saved and sent: the configuration it was
-    /// built from, with what changed live (halt polling) and what was
-    /// learnt when its devices opened (each disk's size).
+    /// What the VM is now, as saved and sent: its one live configuration
+    /// ([`Vm::config`]: what it was built from, each disk's size as it
+    /// opened, what changed live) and where its image ends.
     pub(super) fn saved_machine(&self) -> crate::state::SavedMachine {
-        let mut config = self.vm.saved.clone();
-        config.config.halt_poll = self.vm.halt_poll;
-        for (disk, &size) in config
-            .config
-            .disks
-            .iter_mut()
-            .zip(self.vm.devices.disk_sizes())
-        {
-            disk.size = size;
+        crate::state::SavedMachine {
+            config: self.vm.config(),
+            image_end: self.vm.image_end,
         }
-        config
     }
 
     /// Everything but memory, as a state document (the VM is paused).
@@ -131,7 +124,7 @@ impl Running {
                 irqchip: Irqchips(&self.vm.fd).save().map_err(CommandError::Host)?,
                 clock: Clock(&self.vm.fd).save().map_err(CommandError::Host)?,
                 host_tsc: state::host_tsc(),
-                pit: match self.vm.saved.config.guest.is_linux() {
+                pit: match self.vm.config().guest.is_linux() {
                     true => Some(Pit(&self.vm.fd).save().map_err(CommandError::Host)?),
                     false => None,
                 },

@@ -197,7 +197,7 @@ impl Vm {
         let report = h.finish();
         let arrived = report.is_ok();
         self.postcopy_in = Some(PostcopyIn::Arrived(report));
-        if !arrived || self.saved.config.memory_budget.is_some() {
+        if !arrived || self.config().memory_budget.is_some() {
             return Ok(());
         }
         let Some(pager) = self.pager.as_mut() else {
