@@ -23,7 +23,9 @@ pub mod mac;
 pub mod mapper;
 pub mod opening;
 pub mod page_lists;
+pub mod page_sender;
 pub mod postcopy;
+pub mod precopy;
 pub mod received;
 pub mod sender;
 pub mod throttle;
@@ -325,6 +327,18 @@ pub enum MigrationError {
 }
 
 impl MigrationError {
+    /// A failure of the connection itself while doing `what` (the peer
+    /// died, stalled or closed): the other side's fault, not this host's;
+    /// a stall is said as one.
+    pub fn link(what: &str, e: std::io::Error) -> MigrationError {
+        MigrationError::Link(match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                format!("{what}: the destination stopped reading (timed out)")
+            }
+            _ => format!("{what}: {e}"),
+        })
+    }
+
     /// Whether the other side or its input is at fault (bad stream,
     /// unfit VM, refusal), rather than this host.
     pub fn is_bad_input(&self) -> bool {

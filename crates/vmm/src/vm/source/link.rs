@@ -6,14 +6,14 @@
 use std::time::Duration;
 
 use crate::migration::transport::Conn;
-use crate::migration::wire::{FrameReader, FrameWriter};
+use crate::migration::wire::FrameReader;
 use crate::migration::MigrationError;
 
 /// How long connecting may take.
 pub(in crate::vm) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a read or write may stall before the peer counts as gone.
 pub(in crate::vm) const IO_TIMEOUT: Duration = Duration::from_secs(30);
-pub(in crate::vm) type Writer = FrameWriter<Conn>;
+pub(in crate::vm) use crate::migration::page_sender::Writer;
 pub(in crate::vm) type Reader = FrameReader<Conn>;
 
 pub(in crate::vm) fn io(what: &'static str) -> impl Fn(std::io::Error) -> MigrationError {
@@ -21,14 +21,7 @@ pub(in crate::vm) fn io(what: &'static str) -> impl Fn(std::io::Error) -> Migrat
 }
 
 /// A failure of the connection itself (the peer died, stalled or closed):
-/// the destination's fault, not this host's; a stall is said as one.
+/// the destination's fault, not this host's ([`MigrationError::link`]).
 pub(in crate::vm) fn link(what: &'static str) -> impl Fn(std::io::Error) -> MigrationError {
-    move |e| {
-        MigrationError::Link(match e.kind() {
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-                format!("{what}: the destination stopped reading (timed out)")
-            }
-            _ => format!("{what}: {e}"),
-        })
-    }
+    move |e| MigrationError::link(what, e)
 }

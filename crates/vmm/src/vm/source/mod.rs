@@ -16,96 +16,21 @@ use std::time::{Duration, Instant};
 use super::control::{CommandError, Lifecycle, MigrationProgress, VmEvent};
 use super::run::Running;
 use crate::memory::host_writes::HostWrites;
-use crate::migration::batch::{BatchError, Batcher};
-use crate::migration::convergence::{Convergence, Decision, Round};
+use crate::migration::convergence::Decision;
 use crate::migration::dirty::{merge, DirtyTracker};
+use crate::migration::page_sender::PageSender;
 use crate::migration::postcopy::Mode;
+use crate::migration::precopy::{Dirty, Rounds, Sent};
 use crate::migration::sender::ProcessSender;
-use crate::migration::throttle::{Policy, Ticker};
+use crate::migration::throttle::Ticker;
 use crate::migration::transport::Conn;
 use crate::migration::wire::{Kind, MODE_POSTCOPY, MODE_PRECOPY};
-use crate::migration::{transfer_time, MigrateOptions, MigrationError, MigrationReport};
+use crate::migration::{MigrateOptions, MigrationError, MigrationReport};
 use crate::state::memory;
 use crate::vcpu::VcpuEvent;
 pub(in crate::vm) use downtime::Downtime;
 use handshake::{allowed, catch_up, expect, handshake, open};
-use hover_abi::layout::PAGE_SIZE;
 use link::{io, link, Writer, CONNECT_TIMEOUT, IO_TIMEOUT};
-
-/// A round smaller than this is not used to measure the link's rate.
-const MIN_RATE_BYTES: u64 = 1 << 20;
-
-/// Pages asked of a sender process at a time: fine enough for the
-/// bandwidth limit's pacing, coarse enough that its round trips do not
-/// count.
-const PROCESS_CHUNK: usize = 1024;
-
-/// Sends pages in batches, copying each batch out of guest memory first (a
-/// frame's CRC needs a copy the running guest cannot change under it), or
-/// has a sender process do it.
-pub(in crate::vm) struct PageSender {
-    frames: Batcher,
-    pub(in crate::vm) bandwidth: Option<u64>,
-    pub(in crate::vm) started: Instant,
-    pub(in crate::vm) pages: u64,
-    pub(in crate::vm) throttled: bool,
-    process: Option<ProcessSender>,
-    /// Bytes the sender process wrote.
-    process_bytes: u64,
-}
-
-impl PageSender {
-    /// Bytes sent so far, by this thread and the sender process.
-    pub(in crate::vm) fn bytes(&self, w: &Writer) -> u64 {
-        w.bytes + self.process_bytes
-    }
-
-    /// Send the pages of `ram` at `gpas`; in the first round, pages of
-    /// zeros are skipped (the destination's memory starts as zeros).
-    /// Returns pages sent.
-    pub(in crate::vm) fn send(
-        &mut self,
-        ram: &crate::memory::GuestRam,
-        pager: Option<&crate::memory::paged::Pager>,
-        w: &mut Writer,
-        gpas: &[u64],
-        skip_zero: bool,
-    ) -> Result<u64, MigrationError> {
-        if let Some(p) = &mut self.process {
-            let mut sent = 0;
-            for chunk in gpas.chunks(PROCESS_CHUNK) {
-                // The helper's own failures are this host's, not the link's.
-                let (n, bytes) = p
-                    .send(chunk, skip_zero, w.mac_mut())
-                    .map_err(io("sending memory"))?;
-                sent += n;
-                self.pages += n;
-                self.process_bytes += bytes;
-                self.throttled |= pace(self.bandwidth, self.started, w.bytes + self.process_bytes);
-            }
-            return Ok(sent);
-        }
-        let (bandwidth, started, process_bytes) =
-            (self.bandwidth, self.started, self.process_bytes);
-        let mut throttled = false;
-        let sent = self
-            .frames
-            .send(
-                w,
-                gpas,
-                skip_zero,
-                &mut |chunk, out| memory::read_pages(ram, pager, chunk, out),
-                &mut |w| throttled |= pace(bandwidth, started, w.bytes + process_bytes),
-            )
-            .map_err(|e| match e {
-                BatchError::Read(e) => io("reading guest memory")(e),
-                BatchError::Write(e) => link("sending memory")(e),
-            })?;
-        self.throttled |= throttled;
-        self.pages += sent;
-        Ok(sent)
-    }
-}
 
 /// What the guest dirtied since the last harvest, with the monitor's own
 /// writes to guest memory; the harvest's time goes in the report.
@@ -118,26 +43,6 @@ fn harvest(
     let harvested = tracker.harvest()?;
     report.harvest_us.push(at.elapsed().as_micros() as u64);
     Ok(merge(harvested, host_writes.take()))
-}
-
-/// Hold back to `bandwidth` after `bytes` sent since `started`; whether it
-/// had to wait.
-pub(in crate::vm) fn pace(bandwidth: Option<u64>, started: Instant, bytes: u64) -> bool {
-    let wait = pace_wait(bandwidth, started, bytes);
-    if !wait.is_zero() {
-        std::thread::sleep(wait);
-    }
-    !wait.is_zero()
-}
-
-/// How long a sender that has sent `bytes` since `started` must wait to
-/// keep to `bandwidth` (zero: it may go on now).
-pub(in crate::vm) fn pace_wait(bandwidth: Option<u64>, started: Instant, bytes: u64) -> Duration {
-    let Some(bw) = bandwidth else {
-        return Duration::ZERO;
-    };
-    let due = Duration::from_secs_f64(bytes as f64 / bw as f64);
-    due.saturating_sub(started.elapsed())
 }
 
 impl Running {
@@ -266,30 +171,20 @@ impl Running {
             sender_process: o.sender_process,
             ..Default::default()
         };
-        let mut sender = PageSender {
-            frames: Batcher::new(o.batch_pages),
-            bandwidth: o.bandwidth,
-            started: Instant::now(),
-            pages: 0,
-            throttled: false,
-            process: match o.sender_process {
-                Some(mode) => Some(
-                    ProcessSender::spawn(mode, &self.vm.ram, conn, o.batch_pages, w.mac())
-                        .map_err(|e| {
-                            MigrationError::Host(format!("starting the sender process: {e}"))
-                        })?,
-                ),
-                None => None,
-            },
-            process_bytes: 0,
+        let process = match o.sender_process {
+            Some(mode) => Some(
+                ProcessSender::spawn(mode, &self.vm.ram, conn, o.batch_pages, w.mac()).map_err(
+                    |e| MigrationError::Host(format!("starting the sender process: {e}")),
+                )?,
+            ),
+            None => None,
         };
+        let mut sender = PageSender::new(o.batch_pages, o.bandwidth, process);
         // Round 0: everything the guest has touched. Then what it dirtied.
         let mut pending = memory::pages_to_send(&self.vm.ram, self.vm.pager.as_ref())
             .map_err(io("listing guest memory"))?;
-        let mut rate: Option<f64> = None;
-        let (mut sent_bytes, mut sending) = (0u64, Duration::ZERO);
         let throttle = self.vm.throttle.clone();
-        let mut policy = Policy::new(o.throttle, throttle.all().len());
+        let mut rounds = Rounds::new(o, throttle.all().len());
         let mut ticker = None;
         tracker.vcpu_dirty_pages();
         // Under way from here (a hybrid one can be told to switch).
@@ -313,7 +208,6 @@ impl Running {
             report.rounds += 1;
             pending = rest;
         }
-        let mut convergence = Convergence::new(o.downtime, o.timeout, o.mode == Mode::Hybrid);
         while !switch {
             // A link that stalls mid-round ends the migration by its
             // --timeout, not a full I/O timeout later.
@@ -324,7 +218,7 @@ impl Running {
                 self.stashed.push_back(e);
                 return Err(MigrationError::GuestEnded);
             }
-            match convergence.before_round(t0.elapsed()) {
+            match rounds.before_round(t0.elapsed()) {
                 Decision::Postcopy => {
                     tracing::info!(
                         "hybrid migration: not converged within {:?}, switching to post-copy",
@@ -334,21 +228,9 @@ impl Running {
                     break;
                 }
                 Decision::GiveUp => {
-                    let most = policy.peak().iter().copied().max().unwrap_or(0);
-                    let hint = if !o.throttle.on {
-                        "; turn --auto-converge on, or raise --timeout or --downtime-ms"
-                    } else if most < o.throttle.max {
-                        "; raise --timeout, --downtime-ms or --throttle-step"
-                    } else {
-                        "; raise --timeout or --downtime-ms, or lower the guest's write rate"
-                    };
-                    return Err(MigrationError::NoConvergence(format!(
-                        "not done after {:?} ({} rounds; the last had {} dirty pages, the link moves {:.0} MB/s, vCPUs throttled up to {most}%){hint}",
-                        o.timeout,
-                        report.rounds,
-                        pending.len(),
-                        rate.unwrap_or(0.0) / 1e6
-                    )));
+                    return Err(MigrationError::NoConvergence(
+                        rounds.give_up(report.rounds, pending.len()),
+                    ));
                 }
                 Decision::Pause => break,
                 Decision::Continue => {}
@@ -363,43 +245,42 @@ impl Running {
             )?;
             report.round_pages.push(sent);
             report.rounds += 1;
-            let bytes = sender.bytes(&w) - bytes0;
-            let took = start.elapsed();
-            (sent_bytes, sending) = (sent_bytes + bytes, sending + took);
-            if bytes >= MIN_RATE_BYTES {
-                rate = Some(bytes as f64 / took.as_secs_f64().max(1e-6));
-            } else if rate.is_none() && sent_bytes > 0 {
-                // Only small rounds so far (a guest that touched little):
-                // their sum is the best guess of the link's rate.
-                rate = Some(sent_bytes as f64 / sending.as_secs_f64().max(1e-6));
-            }
             // Half the downtime may go to memory a tracker holds back.
-            let held =
-                (rate.unwrap_or(0.0) * o.downtime.as_secs_f64() / 2.0 / PAGE_SIZE as f64) as u64;
-            tracker.set_deferral_budget(held);
+            tracker.set_deferral_budget(rounds.sent(Sent {
+                pages: sent,
+                bytes: sender.bytes(&w) - bytes0,
+                took: start.elapsed(),
+            }));
             pending = harvest(tracker, &self.vm.devices.host_writes, &mut report)?;
-            let dirty = pending.len() as u64 + tracker.deferred_pages();
-            let left = transfer_time(dirty, rate.unwrap_or(0.0));
-            tracing::debug!(round = report.rounds, sent, dirty, ?left, "pre-copy round");
+            let asked =
+                o.mode == Mode::Hybrid && std::mem::take(&mut self.vm.status.locked().postcopy_now);
+            let dirty = Dirty {
+                pages: pending.len() as u64 + tracker.deferred_pages(),
+                per_vcpu: tracker.vcpu_dirty_pages(),
+                elapsed: t0.elapsed(),
+                postcopy_asked: asked,
+            };
+            let step = rounds.round(sent, &dirty);
+            let left = step.left;
+            tracing::debug!(
+                round = report.rounds,
+                sent,
+                dirty = dirty.pages,
+                ?left,
+                "pre-copy round"
+            );
             self.progress(Some(MigrationProgress {
                 mode: o.mode,
                 postcopy_pages_left: None,
                 round: report.rounds,
                 pages_sent: sender.pages,
-                dirty_pages: dirty,
-                rate_mb_s: rate.unwrap_or(0.0) / 1e6,
+                dirty_pages: dirty.pages,
+                rate_mb_s: rounds.rate() / 1e6,
                 expected_downtime_ms: left.as_secs_f64().min(1e9) * 1e3,
                 elapsed_ms: t0.elapsed().as_millis() as u64,
                 vcpu_throttle_pct: throttle.all(),
             }));
-            let asked =
-                o.mode == Mode::Hybrid && std::mem::take(&mut self.vm.status.locked().postcopy_now);
-            match convergence.after_round(Round {
-                dirty_pages: dirty,
-                left,
-                elapsed: t0.elapsed(),
-                postcopy_asked: asked,
-            }) {
+            match step.decision {
                 Decision::Pause => break,
                 Decision::Postcopy => {
                     tracing::info!(asked, "hybrid migration: switching to post-copy");
@@ -408,14 +289,7 @@ impl Running {
                 }
                 Decision::Continue | Decision::GiveUp => {}
             }
-            // Once the rest fits, the rounds left only trim it: slowing the
-            // guest more would not pay.
-            let per_vcpu = tracker.vcpu_dirty_pages();
-            let slow = match convergence.fits() {
-                true => None,
-                false => policy.after_round(sent, dirty, per_vcpu.as_deref()),
-            };
-            if let Some(pct) = slow {
+            if let Some(pct) = step.throttle {
                 tracing::debug!(?pct, "throttling vCPUs");
                 for (i, &p) in pct.iter().enumerate() {
                     throttle.set(i, p);
@@ -461,7 +335,7 @@ impl Running {
         // well: its destination was told the stream switches (and takes
         // no pre-copy end), and gets what is left, a few pages, on demand.
         let switch = switch || o.mode == Mode::Hybrid;
-        report.vcpu_throttle_pct = policy.peak().to_vec();
+        report.vcpu_throttle_pct = rounds.peak().to_vec();
         // The guest stops in a moment: no more slowing down.
         throttle.clear();
         drop(ticker);
@@ -527,7 +401,7 @@ impl Running {
         report.total_ms = t0.elapsed().as_secs_f64() * 1e3;
         report.pages_sent = sender.pages;
         report.bytes_sent = sender.bytes(&w);
-        report.sender_process_cpu_us = sender.process.as_ref().map_or(0, |p| p.cpu_us);
+        report.sender_process_cpu_us = sender.process_cpu_us();
         report.throttled = sender.throttled;
         Ok(report)
     }
