@@ -45,6 +45,16 @@ fn harvest(
     Ok(merge(harvested, host_writes.take()))
 }
 
+/// A migration under way: its stream, page sender and report, and the
+/// pages still to send.
+struct Outgoing {
+    w: Writer,
+    r: link::Reader,
+    sender: PageSender,
+    report: MigrationReport,
+    pending: Vec<u64>,
+}
+
 impl Running {
     /// Migrate the VM to `o.to`. On success the run is to end: the guest
     /// runs at the destination.
@@ -138,6 +148,24 @@ impl Running {
         tracker: &mut dyn DirtyTracker,
         t0: Instant,
     ) -> Result<MigrationReport, MigrationError> {
+        let mut out = self.open_outgoing(o, conn, tracker)?;
+        let (switch, ticker) = self.precopy_rounds(o, conn, tracker, &mut out, t0)?;
+        let switch = self.before_pause(o, conn, tracker, &mut out, switch)?;
+        // The guest stops in a moment: no more slowing down.
+        self.vm.throttle.clear();
+        drop(ticker);
+        self.pause_and_finish(o, tracker, out, switch, t0)
+    }
+
+    /// The stream opened and told what comes (configuration, mode),
+    /// tracking on, round 0's pages listed; a pure post-copy's boot area
+    /// sent at once.
+    fn open_outgoing(
+        &mut self,
+        o: &MigrateOptions,
+        conn: &Conn,
+        tracker: &mut dyn DirtyTracker,
+    ) -> Result<Outgoing, MigrationError> {
         // A stalled destination ends the migration within its timeout.
         conn.set_timeout(Some(IO_TIMEOUT.min(o.timeout)))
             .map_err(io("setting the connection's timeout"))?;
@@ -183,19 +211,16 @@ impl Running {
         // Round 0: everything the guest has touched. Then what it dirtied.
         let mut pending = memory::pages_to_send(&self.vm.ram, self.vm.pager.as_ref())
             .map_err(io("listing guest memory"))?;
-        let throttle = self.vm.throttle.clone();
-        let mut rounds = Rounds::new(o, throttle.all().len());
-        let mut ticker = None;
+        // Counted from here.
         tracker.vcpu_dirty_pages();
         // Under way from here (a hybrid one can be told to switch).
         self.progress(Some(MigrationProgress {
             mode: o.mode,
             dirty_pages: pending.len() as u64,
-            vcpu_throttle_pct: throttle.all(),
+            vcpu_throttle_pct: self.vm.throttle.all(),
             ..Default::default()
         }));
-        let mut switch = o.mode == Mode::Postcopy;
-        if switch {
+        if o.mode == Mode::Postcopy {
             // Pure post-copy: the pinned boot area (which must be there
             // before the guest runs) crosses while the guest still runs
             // here, so the pause carries only what the guest dirties of it
@@ -208,6 +233,37 @@ impl Running {
             report.rounds += 1;
             pending = rest;
         }
+        Ok(Outgoing {
+            w,
+            r,
+            sender,
+            report,
+            pending,
+        })
+    }
+
+    /// The rounds while the guest runs, until the rest fits the pause
+    /// (or, hybrid, post-copy takes over: `true`); the throttle's ticker,
+    /// to stop once the guest pauses.
+    fn precopy_rounds(
+        &mut self,
+        o: &MigrateOptions,
+        conn: &Conn,
+        tracker: &mut dyn DirtyTracker,
+        out: &mut Outgoing,
+        t0: Instant,
+    ) -> Result<(bool, Option<Ticker>), MigrationError> {
+        let Outgoing {
+            w,
+            sender,
+            report,
+            pending,
+            ..
+        } = out;
+        let throttle = self.vm.throttle.clone();
+        let mut rounds = Rounds::new(o, throttle.all().len());
+        let mut ticker = None;
+        let mut switch = o.mode == Mode::Postcopy;
         while !switch {
             // A link that stalls mid-round ends the migration by its
             // --timeout, not a full I/O timeout later.
@@ -235,12 +291,12 @@ impl Running {
                 Decision::Pause => break,
                 Decision::Continue => {}
             }
-            let (start, bytes0) = (Instant::now(), sender.bytes(&w));
+            let (start, bytes0) = (Instant::now(), sender.bytes(w));
             let sent = sender.send(
                 &self.vm.ram,
                 self.vm.pager.as_ref(),
-                &mut w,
-                &pending,
+                w,
+                pending,
                 report.rounds == 0,
             )?;
             report.round_pages.push(sent);
@@ -248,10 +304,10 @@ impl Running {
             // Half the downtime may go to memory a tracker holds back.
             tracker.set_deferral_budget(rounds.sent(Sent {
                 pages: sent,
-                bytes: sender.bytes(&w) - bytes0,
+                bytes: sender.bytes(w) - bytes0,
                 took: start.elapsed(),
             }));
-            pending = harvest(tracker, &self.vm.devices.host_writes, &mut report)?;
+            *pending = harvest(tracker, &self.vm.devices.host_writes, report)?;
             let asked =
                 o.mode == Mode::Hybrid && std::mem::take(&mut self.vm.status.locked().postcopy_now);
             let dirty = Dirty {
@@ -306,6 +362,27 @@ impl Running {
                 }
             }
         }
+        report.vcpu_throttle_pct = rounds.peak().to_vec();
+        Ok((switch, ticker))
+    }
+
+    /// Before the pause: the full I/O timeout again, and the destination
+    /// caught up; whether the stream ends by post-copy.
+    fn before_pause(
+        &mut self,
+        o: &MigrateOptions,
+        conn: &Conn,
+        tracker: &mut dyn DirtyTracker,
+        out: &mut Outgoing,
+        switch: bool,
+    ) -> Result<bool, MigrationError> {
+        let Outgoing {
+            w,
+            r,
+            sender,
+            report,
+            pending,
+        } = out;
         // The end (catching up, the final round, the destination's start)
         // gets the full I/O timeout again, whatever the rounds left of it.
         conn.set_timeout(Some(IO_TIMEOUT.min(o.timeout)))
@@ -316,30 +393,40 @@ impl Running {
         // acknowledgement, 2026-11-25). Pages the guest dirties meanwhile
         // go in the final round; when the wait outlasted the downtime
         // target, one more round carries them first, while the guest runs.
-        let mut drained = catch_up(&mut w, &mut r)?;
+        let mut drained = catch_up(w, r)?;
         if !switch && drained > o.downtime {
-            let sent = sender.send(
-                &self.vm.ram,
-                self.vm.pager.as_ref(),
-                &mut w,
-                &pending,
-                false,
-            )?;
+            let sent = sender.send(&self.vm.ram, self.vm.pager.as_ref(), w, pending, false)?;
             report.round_pages.push(sent);
             report.rounds += 1;
-            pending = harvest(tracker, &self.vm.devices.host_writes, &mut report)?;
-            drained += catch_up(&mut w, &mut r)?;
+            *pending = harvest(tracker, &self.vm.devices.host_writes, report)?;
+            drained += catch_up(w, r)?;
         }
         report.drain_us = drained.as_micros() as u64;
         // A hybrid migration whose rounds converged ends by the switch as
         // well: its destination was told the stream switches (and takes
         // no pre-copy end), and gets what is left, a few pages, on demand.
         let switch = switch || o.mode == Mode::Hybrid;
-        report.vcpu_throttle_pct = rounds.peak().to_vec();
-        // The guest stops in a moment: no more slowing down.
-        throttle.clear();
-        drop(ticker);
+        Ok(switch)
+    }
 
+    /// The pause and the final round, then the state and the end of the
+    /// stream (or the switch to post-copy); the report once the guest runs
+    /// at the destination.
+    fn pause_and_finish(
+        &mut self,
+        o: &MigrateOptions,
+        tracker: &mut dyn DirtyTracker,
+        out: Outgoing,
+        switch: bool,
+        t0: Instant,
+    ) -> Result<MigrationReport, MigrationError> {
+        let Outgoing {
+            mut w,
+            mut r,
+            mut sender,
+            mut report,
+            pending,
+        } = out;
         // The final round: the guest stops here.
         let mut down = Downtime::start();
         if self.state == Lifecycle::Running {
