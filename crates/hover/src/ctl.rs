@@ -29,6 +29,98 @@ pub struct CtlArgs {
     pub action: CtlAction,
 }
 
+/// `hover ctl migrate`'s flags.
+#[derive(Args)]
+pub struct MigrateArgs {
+    /// Where: tcp:HOST:PORT or unix:PATH.
+    #[arg(long)]
+    to: String,
+    /// How dirty pages are found: KVM's dirty bitmap (bitmap), the bitmap
+    /// with manual re-protection (manual), sections the guest keeps
+    /// writing left unprotected and sent at the end (hybrid, seed 4), or
+    /// per-vCPU dirty rings (ring; a VM started with --dirty-ring, and
+    /// then only ring).
+    #[arg(long, default_value = "bitmap", value_parser = listed::<Tracker>(&["bitmap", "manual", "hybrid", "ring"]))]
+    dirty_tracking: Tracker,
+    /// The longest pause allowed for the final round, milliseconds.
+    #[arg(long, default_value_t = hover_vmm::migration::DEFAULT_DOWNTIME.as_millis() as u64)]
+    downtime_ms: u64,
+    /// Pages per batch sent (1: one frame per page, the baseline).
+    #[arg(long, default_value_t = hover_vmm::migration::DEFAULT_BATCH_PAGES)]
+    batch_pages: usize,
+    /// Bytes per second the migration may use, binary units (100M: 100
+    /// MiB/s) [default: no limit].
+    #[arg(long, value_parser = crate::parse::parse_size)]
+    bandwidth: Option<u64>,
+    /// Give up (and keep running here) after this long: seconds (120)
+    /// or a duration (2m, 90s; whole seconds, rounded up), at most 60m.
+    #[arg(long, default_value = "2m", value_parser = crate::parse::parse_timeout)]
+    timeout: std::time::Duration,
+    /// Send a digest of memory for the destination to check before running.
+    #[arg(long)]
+    verify: bool,
+    /// Slow vCPUs that dirty memory faster than the link moves it (the
+    /// dirtiest ones with --dirty-tracking ring, all of them otherwise).
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    auto_converge: String,
+    /// The first throttle, percent of a vCPU's time taken away.
+    #[arg(long, default_value_t = hover_vmm::migration::throttle::DEFAULT_INITIAL_PCT)]
+    throttle_initial: u8,
+    /// Added per further round that does not converge, percent.
+    #[arg(long, default_value_t = hover_vmm::migration::throttle::DEFAULT_STEP_PCT)]
+    throttle_step: u8,
+    /// The most a vCPU is throttled, percent (at most 99).
+    #[arg(long, default_value_t = hover_vmm::migration::throttle::MAX_PCT)]
+    throttle_max: u8,
+    /// Send from a separate process that reads guest memory by mmap of
+    /// each page (per-page), process_vm_readv per batch (readv) or one
+    /// mapping made once (persistent); the mapping ones need
+    /// --memory-backend memfd [default: the VMM sends itself].
+    #[arg(long, value_parser = listed::<MapMode>(&["per-page", "readv", "persistent"]))]
+    sender_process: Option<MapMode>,
+    /// How memory moves: every page before the guest runs there
+    /// (precopy), the guest runs there at once and memory follows on
+    /// demand and in the background (postcopy), or pre-copy rounds
+    /// until they stop converging, then post-copy (hybrid).
+    #[arg(long, default_value = "precopy", value_parser = listed::<Mode>(&["precopy", "postcopy", "hybrid"]))]
+    mode: Mode,
+    /// Reconnect a post-copy migration whose connection broke (the VM
+    /// here is postcopy-paused) to the destination, which waits at its
+    /// --listen address.
+    #[arg(long)]
+    recover: bool,
+    /// Over TCP without a migration key (the VMM was started without
+    /// --migration-key): anyone who can reach or imitate the
+    /// destination gets the VM, and frames carry only a CRC.
+    #[arg(long)]
+    insecure: bool,
+}
+
+impl MigrateArgs {
+    /// The `PUT /vm/migrate` body these flags ask for.
+    fn body(&self) -> MigrateRequest {
+        let timeout = self.timeout;
+        MigrateRequest {
+            to: self.to.clone(),
+            dirty_tracking: Some(self.dirty_tracking),
+            downtime_ms: Some(self.downtime_ms),
+            batch_pages: Some(self.batch_pages),
+            bandwidth: self.bandwidth,
+            // Whole seconds, rounded up: the API's unit.
+            timeout_s: Some(timeout.as_secs() + u64::from(timeout.subsec_nanos() > 0)),
+            verify: self.verify,
+            auto_converge: Some(self.auto_converge == "on"),
+            throttle_initial: Some(self.throttle_initial),
+            throttle_step: Some(self.throttle_step),
+            throttle_max: Some(self.throttle_max),
+            sender_process: self.sender_process,
+            mode: Some(self.mode),
+            recover: self.recover,
+            insecure: self.insecure,
+        }
+    }
+}
+
 #[derive(Subcommand)]
 pub enum CtlAction {
     /// The VM's state, configuration and uptime.
@@ -57,70 +149,7 @@ pub enum CtlAction {
     /// post-copy or hybrid: --mode). Over TCP the VMMs prove a shared
     /// --migration-key (or --insecure). The VM here ends once the guest runs
     /// there; on any failure before that it runs on here.
-    Migrate {
-        /// Where: tcp:HOST:PORT or unix:PATH.
-        #[arg(long)]
-        to: String,
-        /// How dirty pages are found: KVM's dirty bitmap (bitmap), the bitmap
-        /// with manual re-protection (manual), sections the guest keeps
-        /// writing left unprotected and sent at the end (hybrid, seed 4), or
-        /// per-vCPU dirty rings (ring; a VM started with --dirty-ring, and
-        /// then only ring).
-        #[arg(long, default_value = "bitmap", value_parser = listed::<Tracker>(&["bitmap", "manual", "hybrid", "ring"]))]
-        dirty_tracking: Tracker,
-        /// The longest pause allowed for the final round, milliseconds.
-        #[arg(long, default_value_t = hover_vmm::migration::DEFAULT_DOWNTIME.as_millis() as u64)]
-        downtime_ms: u64,
-        /// Pages per batch sent (1: one frame per page, the baseline).
-        #[arg(long, default_value_t = hover_vmm::migration::DEFAULT_BATCH_PAGES)]
-        batch_pages: usize,
-        /// Bytes per second the migration may use, binary units (100M: 100
-        /// MiB/s) [default: no limit].
-        #[arg(long, value_parser = crate::parse::parse_size)]
-        bandwidth: Option<u64>,
-        /// Give up (and keep running here) after this long: seconds (120)
-        /// or a duration (2m, 90s; whole seconds, rounded up), at most 60m.
-        #[arg(long, default_value = "2m", value_parser = crate::parse::parse_timeout)]
-        timeout: std::time::Duration,
-        /// Send a digest of memory for the destination to check before running.
-        #[arg(long)]
-        verify: bool,
-        /// Slow vCPUs that dirty memory faster than the link moves it (the
-        /// dirtiest ones with --dirty-tracking ring, all of them otherwise).
-        #[arg(long, default_value = "on", value_parser = ["on", "off"])]
-        auto_converge: String,
-        /// The first throttle, percent of a vCPU's time taken away.
-        #[arg(long, default_value_t = hover_vmm::migration::throttle::DEFAULT_INITIAL_PCT)]
-        throttle_initial: u8,
-        /// Added per further round that does not converge, percent.
-        #[arg(long, default_value_t = hover_vmm::migration::throttle::DEFAULT_STEP_PCT)]
-        throttle_step: u8,
-        /// The most a vCPU is throttled, percent (at most 99).
-        #[arg(long, default_value_t = hover_vmm::migration::throttle::MAX_PCT)]
-        throttle_max: u8,
-        /// Send from a separate process that reads guest memory by mmap of
-        /// each page (per-page), process_vm_readv per batch (readv) or one
-        /// mapping made once (persistent); the mapping ones need
-        /// --memory-backend memfd [default: the VMM sends itself].
-        #[arg(long, value_parser = listed::<MapMode>(&["per-page", "readv", "persistent"]))]
-        sender_process: Option<MapMode>,
-        /// How memory moves: every page before the guest runs there
-        /// (precopy), the guest runs there at once and memory follows on
-        /// demand and in the background (postcopy), or pre-copy rounds
-        /// until they stop converging, then post-copy (hybrid).
-        #[arg(long, default_value = "precopy", value_parser = listed::<Mode>(&["precopy", "postcopy", "hybrid"]))]
-        mode: Mode,
-        /// Reconnect a post-copy migration whose connection broke (the VM
-        /// here is postcopy-paused) to the destination, which waits at its
-        /// --listen address.
-        #[arg(long)]
-        recover: bool,
-        /// Over TCP without a migration key (the VMM was started without
-        /// --migration-key): anyone who can reach or imitate the
-        /// destination gets the VM, and frames carry only a CRC.
-        #[arg(long)]
-        insecure: bool,
-    },
+    Migrate(MigrateArgs),
     /// Have the hybrid migration under way switch to post-copy after its
     /// current round.
     Postcopy,
@@ -221,53 +250,16 @@ pub(crate) fn boost_whens() -> impl clap::builder::TypedValueParser<Value = Boos
         .map(|s| s.parse::<BoostWhen>().expect("a listed condition parses"))
 }
 
-/// Carry out `hover ctl`.
-pub fn ctl(args: CtlArgs) -> ExitCode {
-    die_on_broken_pipe();
-    let client = ApiClient::new(&args.api_socket, Duration::from_secs(600));
-    let (endpoint, body) = match &args.action {
+/// The endpoint and body of `action`'s request (a flag the API would
+/// refuse is refused here, exit 2).
+fn request(action: &CtlAction) -> Result<(Endpoint, Option<String>), ExitCode> {
+    Ok(match action {
         CtlAction::Get => (Endpoint::Info, None),
         CtlAction::Pause => (Endpoint::Pause, None),
         CtlAction::Resume => (Endpoint::Resume, None),
         CtlAction::Shutdown => (Endpoint::Shutdown, None),
         CtlAction::Stats => (Endpoint::Stats, None),
-        CtlAction::Migrate {
-            to,
-            dirty_tracking,
-            downtime_ms,
-            batch_pages,
-            bandwidth,
-            timeout,
-            verify,
-            auto_converge,
-            throttle_initial,
-            throttle_step,
-            throttle_max,
-            sender_process,
-            mode,
-            recover,
-            insecure,
-        } => {
-            let body = MigrateRequest {
-                to: to.clone(),
-                dirty_tracking: Some(*dirty_tracking),
-                downtime_ms: Some(*downtime_ms),
-                batch_pages: Some(*batch_pages),
-                bandwidth: *bandwidth,
-                // Whole seconds, rounded up: the API's unit.
-                timeout_s: Some(timeout.as_secs() + u64::from(timeout.subsec_nanos() > 0)),
-                verify: *verify,
-                auto_converge: Some(auto_converge == "on"),
-                throttle_initial: Some(*throttle_initial),
-                throttle_step: Some(*throttle_step),
-                throttle_max: Some(*throttle_max),
-                sender_process: *sender_process,
-                mode: Some(*mode),
-                recover: *recover,
-                insecure: *insecure,
-            };
-            (Endpoint::Migrate, Some(to_json(&body)))
-        }
+        CtlAction::Migrate(m) => (Endpoint::Migrate, Some(to_json(&m.body()))),
         CtlAction::Metrics => (Endpoint::Metrics, None),
         CtlAction::Postcopy => (Endpoint::Postcopy, None),
         CtlAction::Snapshot {
@@ -305,7 +297,7 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
                     eprintln!(
                         "hover: error: halt-poll needs --window-ns N, --auto or --kvm-default"
                     );
-                    return ExitCode::from(EXIT_BAD_INPUT);
+                    return Err(ExitCode::from(EXIT_BAD_INPUT));
                 }
             };
             (Endpoint::HaltPoll, Some(to_json(&body)))
@@ -313,11 +305,11 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
         CtlAction::Balloon { target, stats } => {
             if target.is_none() && stats.is_none() {
                 eprintln!("hover: error: balloon needs --target SIZE, --stats SECONDS or both");
-                return ExitCode::from(EXIT_BAD_INPUT);
+                return Err(ExitCode::from(EXIT_BAD_INPUT));
             }
             if let Some(t) = target.filter(|t| t % (1 << 20) != 0) {
                 eprintln!("hover: error: --target {t}: give whole MiB (e.g. 64M, 0)");
-                return ExitCode::from(EXIT_BAD_INPUT);
+                return Err(ExitCode::from(EXIT_BAD_INPUT));
             }
             let body = BalloonRequest {
                 target_mib: target.map(|t| t >> 20),
@@ -349,8 +341,18 @@ pub fn ctl(args: CtlArgs) -> ExitCode {
             };
             (Endpoint::Boost, Some(to_json(&body)))
         }
+    })
+}
+
+/// Carry out `hover ctl`.
+pub fn ctl(args: CtlArgs) -> ExitCode {
+    die_on_broken_pipe();
+    let client = ApiClient::new(&args.api_socket, Duration::from_secs(600));
+    let (endpoint, body) = match request(&args.action) {
+        Ok(r) => r,
+        Err(code) => return code,
     };
-    if let CtlAction::Migrate { .. } = args.action {
+    if let CtlAction::Migrate(_) = args.action {
         return match migrate_with_progress(&args.api_socket, body.as_deref()) {
             Ok(v) if args.json => {
                 println!("{v}");
@@ -408,7 +410,7 @@ impl CtlArgs {
             CtlAction::Snapshot { .. } => "snapshot",
             CtlAction::Stats => "stats",
             CtlAction::Metrics => "metrics",
-            CtlAction::Migrate { .. } => "migrate",
+            CtlAction::Migrate(_) => "migrate",
             CtlAction::HaltPoll { .. } => "halt-poll",
             CtlAction::Boost { .. } => "boost",
             CtlAction::Balloon { .. } => "balloon",

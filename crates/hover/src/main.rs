@@ -5,6 +5,9 @@
 //! (flags, configuration, guest image); 3 when the guest crashes; 1 for any
 //! other failure of the host.
 
+// Functions that fit on a screen: at most 120 lines (clippy.toml).
+#![warn(clippy::too_many_lines)]
+
 mod bench;
 mod ctl;
 mod firecracker;

@@ -32,38 +32,7 @@ fn mib(bytes: u64) -> String {
 pub fn print_summary(o: &RunOutcome) {
     let mut w = std::io::stdout().lock();
     let t = &o.timings;
-    match (o.ended, o.exit_vcpu) {
-        (EndReason::PowerOff, Some(vcpu)) => out!(
-            w,
-            "hover: guest exited with code {} (from vCPU {vcpu})",
-            o.exit_code
-        ),
-        (EndReason::Reboot, _) => out!(
-            w,
-            "hover: the guest rebooted; the VM ended (start it again to boot anew)"
-        ),
-        (EndReason::Shutdown, _) => out!(
-            w,
-            "hover: the VM was shut down (through its API, or Ctrl-A x on its console)"
-        ),
-        (EndReason::Signal, _) => out!(
-            w,
-            "hover: the VM was ended by {} (exit status {})",
-            hover_vmm::signals::name(o.exit_code as i32 - 128),
-            o.exit_code
-        ),
-        (EndReason::Snapshot, _) => {
-            out!(
-                w,
-                "hover: the VM was stopped after a snapshot: it lives on in the file"
-            )
-        }
-        (EndReason::Migrated, _) => out!(
-            w,
-            "hover: the VM migrated: its guest runs at the destination"
-        ),
-        (EndReason::PowerOff, None) => out!(w, "hover: guest exited with code {}", o.exit_code),
-    }
+    out!(w, "{}", ended_text(o));
     if let Some(r) = &o.restore {
         out!(
             w,
@@ -90,42 +59,7 @@ pub fn print_summary(o: &RunOutcome) {
         ms(t.exit_us)
     );
     if let Some(p) = &o.pager {
-        let from_snapshot = if p.source_reads > 0 {
-            format!(", {} read from the snapshot", p.source_reads)
-        } else {
-            String::new()
-        };
-        let store = match (p.evictions, p.store_direct) {
-            (0, _) => "",
-            (_, true) => "",
-            (_, false) => " (store without O_DIRECT)",
-        };
-        // The budget covers the pageable region only: the pinned boot area
-        // and guest image stay outside it (and a lazy restore's or a
-        // post-copy destination's pager has no budget at all).
-        let budget = if p.budget_pages >= p.pageable_pages {
-            format!("no budget ({} pageable pages)", p.pageable_pages)
-        } else {
-            format!(
-                "budget {} ({} of {} pageable pages; the pinned boot area and guest image are outside it)",
-                mib(p.budget_pages * 4096),
-                p.budget_pages,
-                p.pageable_pages
-            )
-        };
-        out!(
-            w,
-            "pager: {budget}, {} resident; {} faults: {} zero-filled{}, {} read from the store (mean {:.1} us); {} evicted ({}){}",
-            mib(p.resident_pages * 4096),
-            p.faults,
-            p.zero_fills,
-            from_snapshot,
-            p.store_reads,
-            p.fetch_latency_avg_us,
-            p.evictions,
-            p.evict_mode,
-            store
-        );
+        out!(w, "{}", pager_text(p));
     }
     if let Some(g) = o
         .guest_halt_poll
@@ -195,6 +129,73 @@ pub fn print_summary(o: &RunOutcome) {
         mib(m.vmm_pss),
         mib(m.vmm_private)
     );
+}
+
+/// How the run ended, in one line.
+fn ended_text(o: &RunOutcome) -> String {
+    match (o.ended, o.exit_vcpu) {
+        (EndReason::PowerOff, Some(vcpu)) => format!(
+            "hover: guest exited with code {} (from vCPU {vcpu})",
+            o.exit_code
+        ),
+        (EndReason::Reboot, _) => {
+            "hover: the guest rebooted; the VM ended (start it again to boot anew)".into()
+        }
+        (EndReason::Shutdown, _) => {
+            "hover: the VM was shut down (through its API, or Ctrl-A x on its console)".into()
+        }
+        (EndReason::Signal, _) => format!(
+            "hover: the VM was ended by {} (exit status {})",
+            hover_vmm::signals::name(o.exit_code as i32 - 128),
+            o.exit_code
+        ),
+        (EndReason::Snapshot, _) => {
+            "hover: the VM was stopped after a snapshot: it lives on in the file".into()
+        }
+        (EndReason::Migrated, _) => {
+            "hover: the VM migrated: its guest runs at the destination".into()
+        }
+        (EndReason::PowerOff, None) => format!("hover: guest exited with code {}", o.exit_code),
+    }
+}
+
+/// The pager's line of the outcome.
+fn pager_text(p: &hover_vmm::memory::paged::PagerStats) -> String {
+    let from_snapshot = if p.source_reads > 0 {
+        format!(", {} read from the snapshot", p.source_reads)
+    } else {
+        String::new()
+    };
+    let store = match (p.evictions, p.store_direct) {
+        (0, _) => "",
+        (_, true) => "",
+        (_, false) => " (store without O_DIRECT)",
+    };
+    // The budget covers the pageable region only: the pinned boot area
+    // and guest image stay outside it (and a lazy restore's or a
+    // post-copy destination's pager has no budget at all).
+    let budget = if p.budget_pages >= p.pageable_pages {
+        format!("no budget ({} pageable pages)", p.pageable_pages)
+    } else {
+        format!(
+            "budget {} ({} of {} pageable pages; the pinned boot area and guest image are outside it)",
+            mib(p.budget_pages * 4096),
+            p.budget_pages,
+            p.pageable_pages
+        )
+    };
+    format!(
+        "pager: {budget}, {} resident; {} faults: {} zero-filled{}, {} read from the store (mean {:.1} us); {} evicted ({}){}",
+        mib(p.resident_pages * 4096),
+        p.faults,
+        p.zero_fills,
+        from_snapshot,
+        p.store_reads,
+        p.fetch_latency_avg_us,
+        p.evictions,
+        p.evict_mode,
+        store
+    )
 }
 
 /// Print the outcome as one JSON document.

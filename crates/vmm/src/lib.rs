@@ -9,6 +9,8 @@
 //! ends the run, and returns a [`RunOutcome`].
 //! docs/ARCHITECTURE.md walks the boot sequence step by step.
 #![deny(missing_docs)]
+// Functions that fit on a screen: at most 120 lines (clippy.toml).
+#![warn(clippy::too_many_lines)]
 
 pub mod api;
 pub mod arch;

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use crate::parse::parse_size;
 pub use scenarios::BenchArgs;
-use scenarios::{BoostHost, BoostTest, Device, Peer, Scenario};
+use scenarios::{BoostArgs, BoostHost, BoostTest, Device, MigrateArgs, Peer, Scenario};
 
 use crate::{die_on_broken_pipe, fail, EXIT_BAD_INPUT, EXIT_HOST_FAILURE};
 
@@ -36,78 +36,7 @@ pub fn bench(args: BenchArgs) -> ExitCode {
         Scenario::Runtime { runs, peer, out } => {
             hover_bench::runtime::run(&exe, runs, peer.is_some(), &out)
         }
-        Scenario::Migrate {
-            trackers,
-            memories,
-            wss,
-            rate,
-            batches,
-            runs,
-            transport,
-            mode,
-            peer,
-            link_mbit,
-            link_delay_ms,
-            postcopy_memory,
-            postcopy_array,
-            postcopy_seconds,
-            out,
-        } => {
-            if peer.is_some() && mode == "postcopy" {
-                eprintln!("hover: error: --peer qemu compares pre-copy only (--mode precopy): QEMU's post-copy has no counterpart of Hover's async-PF destination to compare");
-                return ExitCode::from(EXIT_BAD_INPUT);
-            }
-            if let Some(Peer::Qemu) = peer {
-                if let Err(e) =
-                    check_memories("--memories", &memories).and(check_sizes("--wss", &wss))
-                {
-                    return e;
-                }
-                let b = hover_bench::migrate_peer::PeerMigrateBench {
-                    memories,
-                    wss,
-                    rate,
-                    runs,
-                };
-                hover_bench::migrate_peer::run(&exe, &b, &out)
-            } else if mode == "postcopy" {
-                if let Err(e) =
-                    check_memories("--postcopy-memory", std::slice::from_ref(&postcopy_memory)).and(
-                        check_sizes("--postcopy-array", std::slice::from_ref(&postcopy_array)),
-                    )
-                {
-                    return e;
-                }
-                let b = hover_bench::postcopy::PostcopyBench {
-                    memory: postcopy_memory,
-                    array: postcopy_array,
-                    link_mbit,
-                    delay_ms: link_delay_ms,
-                    runs,
-                    seconds: postcopy_seconds,
-                };
-                hover_bench::postcopy::run(&exe, &b, &out)
-            } else {
-                if let Err(e) = check_all("--trackers", &trackers, |t| {
-                    t.parse::<hover_vmm::migration::Tracker>().map(|_| ())
-                })
-                .and(check_memories("--memories", &memories))
-                .and(check_sizes("--wss", &wss))
-                {
-                    return e;
-                }
-                let b = hover_bench::migrate::MigrateBench {
-                    trackers,
-                    memories,
-                    wss,
-                    rate,
-                    batches,
-                    runs,
-                    transport,
-                };
-                hover_bench::migrate::run(&exe, &b, &out)
-            }
-        }
+        Scenario::Migrate(args) => return migrate(&exe, args),
         Scenario::DirtyLog {
             trackers,
             memory,
@@ -158,81 +87,7 @@ pub fn bench(args: BenchArgs) -> ExitCode {
             };
             hover_bench::snapshot::run(&exe, &b, &out)
         }
-        Scenario::Boost {
-            seconds,
-            runs,
-            intervals,
-            buffers,
-            work_us,
-            background,
-            hogs,
-            uart_count,
-            variants,
-            keep_us,
-            hosts,
-            tests,
-            out,
-        } => {
-            let bad = intervals.iter().find(|&&i| !(10..=1_000_000).contains(&i));
-            if let Some(i) = bad {
-                eprintln!("hover: error: --intervals: {i} us is out of range: give 10 to 1000000");
-                return ExitCode::from(EXIT_BAD_INPUT);
-            }
-            if let Some(m) = buffers.iter().find(|&&m| work_us >= m * 1000 || m > 1000) {
-                eprintln!("hover: error: --buffers: a {m} ms buffer cannot hold --work-us {work_us} (buffers are 1 to 1000 ms, longer than the work)");
-                return ExitCode::from(EXIT_BAD_INPUT);
-            }
-            if keep_us > hover_vmm::config::boost::MAX_KEEP_US {
-                eprintln!(
-                    "hover: error: --keep-us {keep_us} is out of range: give 0 to {}",
-                    hover_vmm::config::boost::MAX_KEEP_US
-                );
-                return ExitCode::from(EXIT_BAD_INPUT);
-            }
-            if background > 16
-                || hogs > 256
-                || seconds == 0
-                || seconds > 3600
-                || uart_count > 100_000
-            {
-                eprintln!(
-                    "hover: error: give --background 0-16, --hogs 0-256, --seconds 1-3600 and --uart-count 0-100000"
-                );
-                return ExitCode::from(EXIT_BAD_INPUT);
-            }
-            hover_bench::boost::run(
-                &exe,
-                &hover_bench::boost::BoostBench {
-                    seconds,
-                    runs,
-                    intervals,
-                    buffers,
-                    work_us,
-                    background,
-                    hogs,
-                    uart_count,
-                    variants,
-                    keep_us,
-                    hosts: hosts
-                        .iter()
-                        .map(|h| match h {
-                            BoostHost::Idle => hover_bench::boost::Host::Idle,
-                            BoostHost::Busy => hover_bench::boost::Host::Busy,
-                        })
-                        .collect(),
-                    tests: tests
-                        .iter()
-                        .map(|t| match t {
-                            BoostTest::Timer => hover_bench::boost::TestKind::Timer,
-                            BoostTest::Audio => hover_bench::boost::TestKind::Audio,
-                            BoostTest::Uart => hover_bench::boost::TestKind::Uart,
-                            BoostTest::Rogue => hover_bench::boost::TestKind::Rogue,
-                        })
-                        .collect(),
-                },
-                &out,
-            )
-        }
+        Scenario::Boost(args) => return boost(&exe, args),
         Scenario::HaltPoll {
             seconds,
             runs,
@@ -276,6 +131,158 @@ pub fn bench(args: BenchArgs) -> ExitCode {
             };
             hover_bench::apf::run(&exe, &b, &out)
         }
+    })
+}
+
+/// `hover bench migrate`: its flags checked, then the scenario its mode
+/// and peer choose.
+fn migrate(exe: &std::path::Path, args: MigrateArgs) -> ExitCode {
+    let MigrateArgs {
+        trackers,
+        memories,
+        wss,
+        rate,
+        batches,
+        runs,
+        transport,
+        mode,
+        peer,
+        link_mbit,
+        link_delay_ms,
+        postcopy_memory,
+        postcopy_array,
+        postcopy_seconds,
+        out,
+    } = args;
+    bench_result({
+        if peer.is_some() && mode == "postcopy" {
+            eprintln!("hover: error: --peer qemu compares pre-copy only (--mode precopy): QEMU's post-copy has no counterpart of Hover's async-PF destination to compare");
+            return ExitCode::from(EXIT_BAD_INPUT);
+        }
+        if let Some(Peer::Qemu) = peer {
+            if let Err(e) = check_memories("--memories", &memories).and(check_sizes("--wss", &wss))
+            {
+                return e;
+            }
+            let b = hover_bench::migrate_peer::PeerMigrateBench {
+                memories,
+                wss,
+                rate,
+                runs,
+            };
+            hover_bench::migrate_peer::run(exe, &b, &out)
+        } else if mode == "postcopy" {
+            if let Err(e) =
+                check_memories("--postcopy-memory", std::slice::from_ref(&postcopy_memory)).and(
+                    check_sizes("--postcopy-array", std::slice::from_ref(&postcopy_array)),
+                )
+            {
+                return e;
+            }
+            let b = hover_bench::postcopy::PostcopyBench {
+                memory: postcopy_memory,
+                array: postcopy_array,
+                link_mbit,
+                delay_ms: link_delay_ms,
+                runs,
+                seconds: postcopy_seconds,
+            };
+            hover_bench::postcopy::run(exe, &b, &out)
+        } else {
+            if let Err(e) = check_all("--trackers", &trackers, |t| {
+                t.parse::<hover_vmm::migration::Tracker>().map(|_| ())
+            })
+            .and(check_memories("--memories", &memories))
+            .and(check_sizes("--wss", &wss))
+            {
+                return e;
+            }
+            let b = hover_bench::migrate::MigrateBench {
+                trackers,
+                memories,
+                wss,
+                rate,
+                batches,
+                runs,
+                transport,
+            };
+            hover_bench::migrate::run(exe, &b, &out)
+        }
+    })
+}
+
+/// `hover bench boost`: its flags checked, then the scenario.
+fn boost(exe: &std::path::Path, args: BoostArgs) -> ExitCode {
+    let BoostArgs {
+        seconds,
+        runs,
+        intervals,
+        buffers,
+        work_us,
+        background,
+        hogs,
+        uart_count,
+        variants,
+        keep_us,
+        hosts,
+        tests,
+        out,
+    } = args;
+    bench_result({
+        let bad = intervals.iter().find(|&&i| !(10..=1_000_000).contains(&i));
+        if let Some(i) = bad {
+            eprintln!("hover: error: --intervals: {i} us is out of range: give 10 to 1000000");
+            return ExitCode::from(EXIT_BAD_INPUT);
+        }
+        if let Some(m) = buffers.iter().find(|&&m| work_us >= m * 1000 || m > 1000) {
+            eprintln!("hover: error: --buffers: a {m} ms buffer cannot hold --work-us {work_us} (buffers are 1 to 1000 ms, longer than the work)");
+            return ExitCode::from(EXIT_BAD_INPUT);
+        }
+        if keep_us > hover_vmm::config::boost::MAX_KEEP_US {
+            eprintln!(
+                "hover: error: --keep-us {keep_us} is out of range: give 0 to {}",
+                hover_vmm::config::boost::MAX_KEEP_US
+            );
+            return ExitCode::from(EXIT_BAD_INPUT);
+        }
+        if background > 16 || hogs > 256 || seconds == 0 || seconds > 3600 || uart_count > 100_000 {
+            eprintln!(
+                        "hover: error: give --background 0-16, --hogs 0-256, --seconds 1-3600 and --uart-count 0-100000"
+                    );
+            return ExitCode::from(EXIT_BAD_INPUT);
+        }
+        hover_bench::boost::run(
+            exe,
+            &hover_bench::boost::BoostBench {
+                seconds,
+                runs,
+                intervals,
+                buffers,
+                work_us,
+                background,
+                hogs,
+                uart_count,
+                variants,
+                keep_us,
+                hosts: hosts
+                    .iter()
+                    .map(|h| match h {
+                        BoostHost::Idle => hover_bench::boost::Host::Idle,
+                        BoostHost::Busy => hover_bench::boost::Host::Busy,
+                    })
+                    .collect(),
+                tests: tests
+                    .iter()
+                    .map(|t| match t {
+                        BoostTest::Timer => hover_bench::boost::TestKind::Timer,
+                        BoostTest::Audio => hover_bench::boost::TestKind::Audio,
+                        BoostTest::Uart => hover_bench::boost::TestKind::Uart,
+                        BoostTest::Rogue => hover_bench::boost::TestKind::Rogue,
+                    })
+                    .collect(),
+            },
+            &out,
+        )
     })
 }
 

@@ -88,117 +88,11 @@ pub(super) enum Scenario {
     /// ops/s during vs before, its page faults), batch sizes (pages/s, CPU
     /// cycles per page), a sender process per mapping mode, and the mapping
     /// micro-benchmark (per-page mmap vs process_vm_readv vs one mapping).
-    Migrate {
-        /// Trackers (comma-separated).
-        #[arg(
-            long,
-            default_value = "bitmap,manual,hybrid,ring",
-            value_delimiter = ',',
-            value_parser = ["bitmap", "manual", "hybrid", "ring"]
-        )]
-        trackers: Vec<String>,
-        /// Guest memory sizes (comma-separated).
-        #[arg(long, default_value = "256M,1G,4G", value_delimiter = ',')]
-        memories: Vec<String>,
-        /// kvstore's working sets (comma-separated).
-        #[arg(long, default_value = "16M,64M", value_delimiter = ',')]
-        wss: Vec<String>,
-        /// kvstore's operations per second.
-        #[arg(long, default_value_t = 100_000)]
-        rate: u64,
-        /// Batch sizes (pages, comma-separated).
-        #[arg(long, default_value = "1,16,256,1024", value_delimiter = ',')]
-        batches: Vec<usize>,
-        /// Rounds.
-        #[arg(long, default_value_t = 2)]
-        runs: u32,
-        /// The link between the two VMMs: a Unix socket, or TCP on loopback.
-        #[arg(long, default_value = "unix", value_parser = ["unix", "tcp"])]
-        transport: String,
-        /// precopy: the trackers, batching and mapping tables (seeds 3, 4);
-        /// postcopy: post-copy with async PF on and off beside pre-copy and
-        /// hybrid over a link with latency and a rate limit (seeds 1+3+4).
-        #[arg(long, default_value = "precopy", value_parser = ["precopy", "postcopy"])]
-        mode: String,
-        /// Pre-copy beside this peer VMM instead of the trackers, batching
-        /// and mapping tables (`qemu`: QEMU microvm migrating the same
-        /// 1-vCPU kvstore guest over TCP, dirty bitmap and dirty ring, beside
-        /// `hover` with `bitmap` and `ring`; `--memories`, `--wss`, `--rate`
-        /// and `--runs` apply); skipped with a message if it is not installed.
-        #[arg(long, value_enum)]
-        peer: Option<Peer>,
-        /// Post-copy: the link's rate each way, Mbit/s.
-        #[arg(long, default_value_t = 200)]
-        link_mbit: u64,
-        /// Post-copy: the link's one-way latency, ms.
-        #[arg(long, default_value_t = 1.0)]
-        link_delay_ms: f64,
-        /// Post-copy: guest memory.
-        #[arg(long, default_value = "1G")]
-        postcopy_memory: String,
-        /// Post-copy: bm's array, the memory the faulting tasks write.
-        #[arg(long, default_value = "128M")]
-        postcopy_array: String,
-        /// Post-copy: how long bm runs per sample (warm-up and migration included), s.
-        #[arg(long, default_value_t = 18)]
-        postcopy_seconds: u32,
-        /// Directory for the JSON results and the plot.
-        #[arg(long, default_value = "bench-results")]
-        out: PathBuf,
-    },
+    Migrate(MigrateArgs),
     /// The vCPU priority boosting seed's tables: a real-time timer task and
     /// an audio task in the guest, host idle and busy (hog threads the bench
     /// starts), a host-side latency probe; vanilla, dynamic boost, static RT.
-    Boost {
-        /// Seconds per run.
-        #[arg(long, default_value_t = 5)]
-        seconds: u32,
-        /// Rounds (modes interleaved within each).
-        #[arg(long, default_value_t = 3)]
-        runs: u32,
-        /// Timer intervals, microseconds (comma-separated).
-        #[arg(long, default_value = "500,1000", value_delimiter = ',')]
-        intervals: Vec<u64>,
-        /// Audio buffers, milliseconds (comma-separated).
-        #[arg(long, default_value = "2,4,10", value_delimiter = ',')]
-        buffers: Vec<u64>,
-        /// Audio computation per buffer, microseconds.
-        #[arg(long, default_value_t = 500)]
-        work_us: u64,
-        /// Spinning guest tasks beside the real-time one (the rest of a busy guest).
-        #[arg(long, default_value_t = 1)]
-        background: u32,
-        /// Host hog threads when the host is busy (0: one per CPU).
-        #[arg(long, default_value_t = 0)]
-        hogs: usize,
-        /// Bytes the serial-line test sends per run, one interrupt each (0: no serial test).
-        #[arg(long, default_value_t = 2000)]
-        uart_count: u64,
-        /// Also dynamic boosting with other host tuning, each a mode of
-        /// its own (comma-separated): no-keep (--boost-keep-us 0: an
-        /// unboost call each time), keep (--boost-keep-us, see --keep-us),
-        /// contended (--boost-when contended), keep-contended (both).
-        #[arg(long, value_delimiter = ',', value_parser = ["no-keep", "keep", "contended", "keep-contended"])]
-        variants: Vec<String>,
-        /// The keep variant's --boost-keep-us.
-        #[arg(long, default_value_t = 2000)]
-        keep_us: u64,
-        /// The hosts to run on (comma-separated): idle, busy.
-        #[arg(long, value_enum, value_delimiter = ',', default_value = "idle,busy")]
-        hosts: Vec<BoostHost>,
-        /// The tests to run (comma-separated): timer (each of --intervals),
-        /// audio (each of --buffers), uart, rogue.
-        #[arg(
-            long,
-            value_enum,
-            value_delimiter = ',',
-            default_value = "timer,audio,uart,rogue"
-        )]
-        tests: Vec<BoostTest>,
-        /// Directory for the JSON results and the plot.
-        #[arg(long, default_value = "bench-results")]
-        out: PathBuf,
-    },
+    Boost(BoostArgs),
     /// Seed 4's experiment: each dirty tracker turned on and harvested
     /// every period while a kvstore guest writes (at --rate, or as fast as
     /// it can), nothing sent: the guest's ops/s (and per round over bitmap's), KVM page
@@ -325,4 +219,118 @@ pub enum BoostTest {
     Uart,
     /// The rogue guests and the host probe.
     Rogue,
+}
+
+/// `hover bench boost`'s flags.
+#[derive(Args)]
+pub(super) struct BoostArgs {
+    /// Seconds per run.
+    #[arg(long, default_value_t = 5)]
+    pub(super) seconds: u32,
+    /// Rounds (modes interleaved within each).
+    #[arg(long, default_value_t = 3)]
+    pub(super) runs: u32,
+    /// Timer intervals, microseconds (comma-separated).
+    #[arg(long, default_value = "500,1000", value_delimiter = ',')]
+    pub(super) intervals: Vec<u64>,
+    /// Audio buffers, milliseconds (comma-separated).
+    #[arg(long, default_value = "2,4,10", value_delimiter = ',')]
+    pub(super) buffers: Vec<u64>,
+    /// Audio computation per buffer, microseconds.
+    #[arg(long, default_value_t = 500)]
+    pub(super) work_us: u64,
+    /// Spinning guest tasks beside the real-time one (the rest of a busy guest).
+    #[arg(long, default_value_t = 1)]
+    pub(super) background: u32,
+    /// Host hog threads when the host is busy (0: one per CPU).
+    #[arg(long, default_value_t = 0)]
+    pub(super) hogs: usize,
+    /// Bytes the serial-line test sends per run, one interrupt each (0: no serial test).
+    #[arg(long, default_value_t = 2000)]
+    pub(super) uart_count: u64,
+    /// Also dynamic boosting with other host tuning, each a mode of
+    /// its own (comma-separated): no-keep (--boost-keep-us 0: an
+    /// unboost call each time), keep (--boost-keep-us, see --keep-us),
+    /// contended (--boost-when contended), keep-contended (both).
+    #[arg(long, value_delimiter = ',', value_parser = ["no-keep", "keep", "contended", "keep-contended"])]
+    pub(super) variants: Vec<String>,
+    /// The keep variant's --boost-keep-us.
+    #[arg(long, default_value_t = 2000)]
+    pub(super) keep_us: u64,
+    /// The hosts to run on (comma-separated): idle, busy.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "idle,busy")]
+    pub(super) hosts: Vec<BoostHost>,
+    /// The tests to run (comma-separated): timer (each of --intervals),
+    /// audio (each of --buffers), uart, rogue.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "timer,audio,uart,rogue"
+    )]
+    pub(super) tests: Vec<BoostTest>,
+    /// Directory for the JSON results and the plot.
+    #[arg(long, default_value = "bench-results")]
+    pub(super) out: PathBuf,
+}
+
+/// `hover bench migrate`'s flags.
+#[derive(Args)]
+pub(super) struct MigrateArgs {
+    /// Trackers (comma-separated).
+    #[arg(
+        long,
+        default_value = "bitmap,manual,hybrid,ring",
+        value_delimiter = ',',
+        value_parser = ["bitmap", "manual", "hybrid", "ring"]
+    )]
+    pub(super) trackers: Vec<String>,
+    /// Guest memory sizes (comma-separated).
+    #[arg(long, default_value = "256M,1G,4G", value_delimiter = ',')]
+    pub(super) memories: Vec<String>,
+    /// kvstore's working sets (comma-separated).
+    #[arg(long, default_value = "16M,64M", value_delimiter = ',')]
+    pub(super) wss: Vec<String>,
+    /// kvstore's operations per second.
+    #[arg(long, default_value_t = 100_000)]
+    pub(super) rate: u64,
+    /// Batch sizes (pages, comma-separated).
+    #[arg(long, default_value = "1,16,256,1024", value_delimiter = ',')]
+    pub(super) batches: Vec<usize>,
+    /// Rounds.
+    #[arg(long, default_value_t = 2)]
+    pub(super) runs: u32,
+    /// The link between the two VMMs: a Unix socket, or TCP on loopback.
+    #[arg(long, default_value = "unix", value_parser = ["unix", "tcp"])]
+    pub(super) transport: String,
+    /// precopy: the trackers, batching and mapping tables (seeds 3, 4);
+    /// postcopy: post-copy with async PF on and off beside pre-copy and
+    /// hybrid over a link with latency and a rate limit (seeds 1+3+4).
+    #[arg(long, default_value = "precopy", value_parser = ["precopy", "postcopy"])]
+    pub(super) mode: String,
+    /// Pre-copy beside this peer VMM instead of the trackers, batching
+    /// and mapping tables (`qemu`: QEMU microvm migrating the same
+    /// 1-vCPU kvstore guest over TCP, dirty bitmap and dirty ring, beside
+    /// `hover` with `bitmap` and `ring`; `--memories`, `--wss`, `--rate`
+    /// and `--runs` apply); skipped with a message if it is not installed.
+    #[arg(long, value_enum)]
+    pub(super) peer: Option<Peer>,
+    /// Post-copy: the link's rate each way, Mbit/s.
+    #[arg(long, default_value_t = 200)]
+    pub(super) link_mbit: u64,
+    /// Post-copy: the link's one-way latency, ms.
+    #[arg(long, default_value_t = 1.0)]
+    pub(super) link_delay_ms: f64,
+    /// Post-copy: guest memory.
+    #[arg(long, default_value = "1G")]
+    pub(super) postcopy_memory: String,
+    /// Post-copy: bm's array, the memory the faulting tasks write.
+    #[arg(long, default_value = "128M")]
+    pub(super) postcopy_array: String,
+    /// Post-copy: how long bm runs per sample (warm-up and migration included), s.
+    #[arg(long, default_value_t = 18)]
+    pub(super) postcopy_seconds: u32,
+    /// Directory for the JSON results and the plot.
+    #[arg(long, default_value = "bench-results")]
+    pub(super) out: PathBuf,
 }

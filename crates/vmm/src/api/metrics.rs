@@ -166,6 +166,183 @@ fn kvm_families(
     out
 }
 
+/// The pager's families (a VM under a pager).
+fn pager_families(p: &crate::memory::paged::PagerStats) -> Vec<Family> {
+    let mut families = Vec::new();
+    for (name, help, counter, v) in [
+        (
+            "pager_faults",
+            "guest page faults the pager heard",
+            true,
+            p.faults,
+        ),
+        (
+            "pager_zero_fills",
+            "first touches served with zeros",
+            true,
+            p.zero_fills,
+        ),
+        (
+            "pager_store_reads",
+            "pages read back from the page store",
+            true,
+            p.store_reads,
+        ),
+        (
+            "pager_source_reads",
+            "pages read from the page source (snapshot)",
+            true,
+            p.source_reads,
+        ),
+        (
+            "pager_evictions",
+            "pages evicted to the page store",
+            true,
+            p.evictions,
+        ),
+        (
+            "pager_resident_pages",
+            "pageable pages resident now",
+            false,
+            p.resident_pages,
+        ),
+        (
+            "pager_budget_pages",
+            "pageable pages the budget allows",
+            false,
+            p.budget_pages,
+        ),
+        (
+            "pager_discarded_pages",
+            "pages dropped because the guest gave them up (balloon)",
+            true,
+            p.discarded_pages,
+        ),
+    ] {
+        families.push(Family::one(name, help, counter, v));
+    }
+    families
+}
+
+/// Boosting's families, per vCPU.
+fn boost_families(b: &crate::sched::boost::BoostReport) -> Vec<Family> {
+    let mut families = Vec::new();
+    type Field = fn(&crate::sched::boost::VcpuBoostStats) -> u64;
+    let fields: [(&str, &str, Field); 11] = [
+        ("boost_boosts", "vCPU thread boosts granted", |s| s.boosts),
+        (
+            "boost_unboosts",
+            "boosts ended by the guest's unboost call",
+            |s| s.unboosts,
+        ),
+        ("boost_throttles", "boosts revoked by the throttle", |s| {
+            s.throttles
+        }),
+        (
+            "boost_boosted_us",
+            "wall time spent boosted, microseconds",
+            |s| s.boosted_us,
+        ),
+        ("boost_errors", "boosts the OS refused", |s| s.errors),
+        (
+            "boost_kept",
+            "unboost calls that kept the boost across a short gap (--boost-keep-us)",
+            |s| s.kept,
+        ),
+        (
+            "boost_budget_unboosts",
+            "unboost calls that would have kept the boost but for its CPU budget",
+            |s| s.budget_unboosts,
+        ),
+        (
+            "boost_quiet_unboosts",
+            "unboosts the guest made by a write to its area, without a call (--boost-keep-us)",
+            |s| s.quiet_unboosts,
+        ),
+        (
+            "boost_not_contended",
+            "monitor passes that granted no boost for want of contention (--boost-when contended)",
+            |s| s.not_contended,
+        ),
+        (
+            "boost_host_ended_halted",
+            "host-side boosts (no boost area: a Linux guest) ended as the vCPU halted",
+            |s| s.host_ended_halted,
+        ),
+        (
+            "boost_host_ended_budget",
+            "host-side boosts ended at --boost-irq-us of the thread's CPU time",
+            |s| s.host_ended_budget,
+        ),
+    ];
+    for (name, help, f) in fields {
+        families.push(Family {
+            name: name.into(),
+            help: help.into(),
+            counter: true,
+            samples: b
+                .vcpus
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (vec![("vcpu".to_string(), i.to_string())], f(s)))
+                .collect(),
+        });
+    }
+    families
+}
+
+/// The guest's own halt polling, per vCPU.
+fn guest_poll_families(g: &crate::sched::guest_poll::GuestPoll) -> Vec<Family> {
+    let mut families = Vec::new();
+    type Field = fn(&crate::sched::guest_poll::GuestPollVcpu) -> u64;
+    let fields: [(&str, &str, bool, Field); 4] = [
+        (
+            "guest_halt_poll_window_ns",
+            "the poll window the guest uses before it halts (idle=haltpoll)",
+            false,
+            |v| v.window_ns,
+        ),
+        (
+            "guest_halt_poll_polls",
+            "guest idle polls started",
+            true,
+            |v| v.polls,
+        ),
+        (
+            "guest_halt_poll_hits",
+            "guest idle polls that found work",
+            true,
+            |v| v.hits,
+        ),
+        (
+            "guest_halt_poll_irqs_skipped",
+            "I/O completion interrupts skipped: the guest was polling",
+            true,
+            |v| v.irqs_skipped,
+        ),
+    ];
+    for (name, help, counter, f) in fields {
+        families.push(Family {
+            name: name.into(),
+            help: help.into(),
+            counter,
+            samples: g
+                .vcpus
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (vec![("vcpu".to_string(), i.to_string())], f(s)))
+                .collect(),
+        });
+    }
+    families.push(Family::one(
+        "guest_halt_poll_max_ns",
+        "the longest guest poll the monitor allows",
+        false,
+        g.max_ns,
+    ));
+    families
+}
+
 /// Read every source now and encode the exposition.
 pub fn render(src: &LiveSources, controller: &Controller) -> String {
     let mut families = vec![Family::one(
@@ -188,58 +365,7 @@ pub fn render(src: &LiveSources, controller: &Controller) -> String {
         .collect();
     families.extend(kvm_families("vm", &vm));
     if let Some(p) = src.pager.as_ref().map(|f| f()) {
-        for (name, help, counter, v) in [
-            (
-                "pager_faults",
-                "guest page faults the pager heard",
-                true,
-                p.faults,
-            ),
-            (
-                "pager_zero_fills",
-                "first touches served with zeros",
-                true,
-                p.zero_fills,
-            ),
-            (
-                "pager_store_reads",
-                "pages read back from the page store",
-                true,
-                p.store_reads,
-            ),
-            (
-                "pager_source_reads",
-                "pages read from the page source (snapshot)",
-                true,
-                p.source_reads,
-            ),
-            (
-                "pager_evictions",
-                "pages evicted to the page store",
-                true,
-                p.evictions,
-            ),
-            (
-                "pager_resident_pages",
-                "pageable pages resident now",
-                false,
-                p.resident_pages,
-            ),
-            (
-                "pager_budget_pages",
-                "pageable pages the budget allows",
-                false,
-                p.budget_pages,
-            ),
-            (
-                "pager_discarded_pages",
-                "pages dropped because the guest gave them up (balloon)",
-                true,
-                p.discarded_pages,
-            ),
-        ] {
-            families.push(Family::one(name, help, counter, v));
-        }
+        families.extend(pager_families(&p));
     }
     if let Some(b) = &src.balloon {
         families.extend(balloon_families(&b.report()));
@@ -255,115 +381,10 @@ pub fn render(src: &LiveSources, controller: &Controller) -> String {
     }
     drop(governor);
     if let Some(b) = src.boost.as_ref().map(|b| b.report()) {
-        type Field = fn(&crate::sched::boost::VcpuBoostStats) -> u64;
-        let fields: [(&str, &str, Field); 11] = [
-            ("boost_boosts", "vCPU thread boosts granted", |s| s.boosts),
-            (
-                "boost_unboosts",
-                "boosts ended by the guest's unboost call",
-                |s| s.unboosts,
-            ),
-            ("boost_throttles", "boosts revoked by the throttle", |s| {
-                s.throttles
-            }),
-            (
-                "boost_boosted_us",
-                "wall time spent boosted, microseconds",
-                |s| s.boosted_us,
-            ),
-            ("boost_errors", "boosts the OS refused", |s| s.errors),
-            (
-                "boost_kept",
-                "unboost calls that kept the boost across a short gap (--boost-keep-us)",
-                |s| s.kept,
-            ),
-            (
-                "boost_budget_unboosts",
-                "unboost calls that would have kept the boost but for its CPU budget",
-                |s| s.budget_unboosts,
-            ),
-            (
-                "boost_quiet_unboosts",
-                "unboosts the guest made by a write to its area, without a call (--boost-keep-us)",
-                |s| s.quiet_unboosts,
-            ),
-            (
-                "boost_not_contended",
-                "monitor passes that granted no boost for want of contention (--boost-when contended)",
-                |s| s.not_contended,
-            ),
-            (
-                "boost_host_ended_halted",
-                "host-side boosts (no boost area: a Linux guest) ended as the vCPU halted",
-                |s| s.host_ended_halted,
-            ),
-            (
-                "boost_host_ended_budget",
-                "host-side boosts ended at --boost-irq-us of the thread's CPU time",
-                |s| s.host_ended_budget,
-            ),
-        ];
-        for (name, help, f) in fields {
-            families.push(Family {
-                name: name.into(),
-                help: help.into(),
-                counter: true,
-                samples: b
-                    .vcpus
-                    .iter()
-                    .enumerate()
-                    .map(|(i, s)| (vec![("vcpu".to_string(), i.to_string())], f(s)))
-                    .collect(),
-            });
-        }
+        families.extend(boost_families(&b));
     }
     if let Some(g) = src.guest_poll.as_ref().map(|f| f()) {
-        type Field = fn(&crate::sched::guest_poll::GuestPollVcpu) -> u64;
-        let fields: [(&str, &str, bool, Field); 4] = [
-            (
-                "guest_halt_poll_window_ns",
-                "the poll window the guest uses before it halts (idle=haltpoll)",
-                false,
-                |v| v.window_ns,
-            ),
-            (
-                "guest_halt_poll_polls",
-                "guest idle polls started",
-                true,
-                |v| v.polls,
-            ),
-            (
-                "guest_halt_poll_hits",
-                "guest idle polls that found work",
-                true,
-                |v| v.hits,
-            ),
-            (
-                "guest_halt_poll_irqs_skipped",
-                "I/O completion interrupts skipped: the guest was polling",
-                true,
-                |v| v.irqs_skipped,
-            ),
-        ];
-        for (name, help, counter, f) in fields {
-            families.push(Family {
-                name: name.into(),
-                help: help.into(),
-                counter,
-                samples: g
-                    .vcpus
-                    .iter()
-                    .enumerate()
-                    .map(|(i, s)| (vec![("vcpu".to_string(), i.to_string())], f(s)))
-                    .collect(),
-            });
-        }
-        families.push(Family::one(
-            "guest_halt_poll_max_ns",
-            "the longest guest poll the monitor allows",
-            false,
-            g.max_ns,
-        ));
+        families.extend(guest_poll_families(&g));
     }
     if let Some(io) = src.io.stats() {
         for (name, help, v) in [

@@ -132,6 +132,15 @@ fn base() -> Vec<Allow> {
     v
 }
 
+/// Raising an interrupt with KVM_IRQ_LINE (and reading the IOAPIC's
+/// route) and boosting the vCPU it reaches, as the serial port's, the
+/// virtio and the MSI timer threads do.
+fn interrupts_and_boosts() -> Vec<Allow> {
+    let mut v = vec![ioctl_types(&[KVM]), (libc::SYS_tgkill, Vec::new())];
+    v.extend(priorities());
+    v
+}
+
 /// Raising and lowering threads' priorities (boosting; the pager's nice).
 fn priorities() -> Vec<Allow> {
     any(&[
@@ -145,297 +154,346 @@ fn priorities() -> Vec<Allow> {
 
 fn allow_list(kind: Kind) -> Vec<Allow> {
     let mut v = base();
-    match kind {
-        Kind::Vcpu => {
-            v.push(ioctl_types(&[KVM]));
-            // A virtio-net driver's FEATURES_OK sets its tap's offloads
-            // (an MMIO register write, served on the vCPU's thread): that
-            // one tun request and no other.
-            v.push((
-                libc::SYS_ioctl,
-                vec![rule(vec![cond(1, Op::Eq, TUNSETOFFLOAD)])],
-            ));
-            v.extend(priorities());
-            v.push((libc::SYS_tgkill, Vec::new()));
-        }
-        Kind::Pager => {
-            v.push(ioctl_types(&[UFFD]));
-            v.push(open_read_only());
-            v.push(prctl(&[libc::PR_SET_TIMERSLACK, libc::PR_SET_NAME]));
-            v.extend(priorities());
-            // The fault thread starts the fetch workers, which inherit its
-            // filter (one filter prepared for the 17 threads, not 17;
-            // `super::spawn_member`): threads only (CLONE_THREAD), so no
-            // process and no namespace; `clone3`, whose flags a filter
-            // cannot read, fails with ENOSYS and glibc falls back to this.
-            v.push((
-                libc::SYS_clone,
-                vec![rule(vec![cond(
-                    0,
-                    Op::MaskedEq(libc::CLONE_THREAD as u64),
-                    libc::CLONE_THREAD as u64,
-                )])],
-            ));
-            v.extend(any(&[
-                libc::SYS_read,
-                libc::SYS_pread64,
-                libc::SYS_pwrite64,
-                libc::SYS_poll,
-                libc::SYS_ppoll,
-                libc::SYS_fdatasync,
-                // A page that keeps faulting though placed: what the
-                // kernel holds there goes into the failure message.
-                libc::SYS_mincore,
-                // Batched store writes (memory/aio.rs).
-                libc::SYS_io_setup,
-                libc::SYS_io_submit,
-                libc::SYS_io_getevents,
-                libc::SYS_io_destroy,
-            ]));
-        }
-        Kind::Io => {
-            v.extend(priorities());
-            v.extend(any(&[
-                libc::SYS_openat,
-                libc::SYS_fstat,
-                libc::SYS_statx,
-                libc::SYS_fstatfs,
-                libc::SYS_fcntl,
-                libc::SYS_unlink,
-                libc::SYS_read,
-                libc::SYS_pwrite64,
-                libc::SYS_tgkill,
-            ]));
-        }
-        Kind::Api => {
-            v.push(open_read_only());
-            // Naming its request threads.
-            v.push(prctl(&[libc::PR_SET_NAME]));
-            v.extend(any(&[
-                libc::SYS_clone3,
-                libc::SYS_clone,
-                libc::SYS_accept4,
-                libc::SYS_accept,
-                libc::SYS_getsockname,
-                libc::SYS_getpeername,
-                libc::SYS_setsockopt,
-                libc::SYS_getsockopt,
-                libc::SYS_read,
-                libc::SYS_recvfrom,
-                libc::SYS_sendto,
-                libc::SYS_writev,
-                libc::SYS_shutdown,
-                libc::SYS_poll,
-                libc::SYS_ppoll,
-                // The server's stop signal.
-                libc::SYS_eventfd2,
-                libc::SYS_pread64,
-                libc::SYS_fcntl,
-                libc::SYS_statx,
-                libc::SYS_fstat,
-                libc::SYS_lseek,
-            ]));
-        }
-        Kind::Governor => {
-            v.push(ioctl_types(&[KVM]));
-            v.extend(any(&[libc::SYS_pread64, libc::SYS_read]));
-        }
-        Kind::Boost => {
-            v.push(prctl(&[libc::PR_SET_TIMERSLACK]));
-            v.extend(priorities());
-            v.push((libc::SYS_tgkill, Vec::new()));
-            // Each vCPU thread's schedstat (`--boost-when contended`):
-            // opened once, read again at offset 0 each poll.
-            v.push(open_read_only());
-            v.push((libc::SYS_pread64, Vec::new()));
-        }
-        Kind::Virtio => {
-            // Its eventfds (epoll, read), disks (positional reads and
-            // writes, fdatasync; a seek and a read straight into guest
-            // memory for a request's data); entropy comes from getrandom
-            // (base). The balloon drops pages (madvise, base) and frees
-            // their page-store slots (fallocate, punching holes). While
-            // boosting is on it raises interrupts itself (KVM_IRQ_LINE,
-            // the IOAPIC's route read back) and boosts their vCPUs, as the
-            // serial port's threads do.
-            v.push(ioctl_types(&[KVM]));
-            v.extend(priorities());
-            v.extend(any(&[
-                libc::SYS_tgkill,
-                libc::SYS_fallocate,
-                libc::SYS_lseek,
-                libc::SYS_epoll_wait,
-                libc::SYS_epoll_pwait,
-                libc::SYS_read,
-                libc::SYS_pread64,
-                libc::SYS_pwrite64,
-                libc::SYS_preadv,
-                libc::SYS_pwritev,
-                libc::SYS_fdatasync,
-            ]));
-        }
-        Kind::Console => {
-            // Standard input and its stop eventfd (poll, read); the UART's
-            // interrupt (KVM_IRQ_LINE) and the boost it gives, as the
-            // timer's.
-            v.push(ioctl_types(&[KVM]));
-            v.extend(priorities());
-            v.extend(any(&[
-                libc::SYS_tgkill,
-                libc::SYS_poll,
-                libc::SYS_ppoll,
-                libc::SYS_read,
-            ]));
-        }
-        Kind::Timer => {
-            v.push(ioctl_types(&[KVM]));
-            v.extend(priorities());
-            v.push((libc::SYS_tgkill, Vec::new()));
-        }
-        Kind::Migration => {
-            v.push(ioctl_types(&[KVM, UFFD]));
-            // Naming the recovery's opening threads.
-            v.push(prctl(&[libc::PR_SET_NAME]));
-            v.extend(any(&[
-                libc::SYS_read,
-                libc::SYS_readv,
-                libc::SYS_writev,
-                libc::SYS_recvfrom,
-                libc::SYS_sendto,
-                libc::SYS_pread64,
-                libc::SYS_pwrite64,
-                libc::SYS_poll,
-                libc::SYS_ppoll,
-                libc::SYS_shutdown,
-                libc::SYS_tgkill,
-                libc::SYS_fcntl,
-                libc::SYS_setsockopt,
-                libc::SYS_getsockopt,
-                // Post-copy recovery: the destination listens again (on a
-                // socket made 0600 before it is bound) and checks each
-                // connection's opening on a thread of its own.
-                libc::SYS_clone3,
-                libc::SYS_clone,
-                libc::SYS_fchmod,
-                libc::SYS_socket,
-                libc::SYS_bind,
-                libc::SYS_listen,
-                libc::SYS_accept4,
-                libc::SYS_getsockname,
-                libc::SYS_newfstatat,
-                libc::SYS_statx,
-                libc::SYS_unlink,
-            ]));
-        }
-        Kind::Control => {
-            // Threads the control thread starts after it is confined (all
-            // of them, in `hover receive`) carry its filter under their
-            // own: it must allow whatever theirs do.
-            for kind in KINDS {
-                if !matches!(kind, Kind::Control | Kind::Sender) {
-                    v.extend(allow_list(kind));
-                }
-            }
-            v.push(ioctl_types(&[KVM, UFFD, TTY]));
-            // A destination (`hover receive`) opens its VM's taps once
-            // confined, and a tap's existence is checked by its index
-            // (`if_nametoindex`): that socket request and no other.
-            v.push((
-                libc::SYS_ioctl,
-                vec![rule(vec![cond(1, Op::Eq, libc::SIOCGIFINDEX)])],
-            ));
-            v.push(prctl(&[
-                libc::PR_GET_SECCOMP,
-                // Letting the sender process read guest memory (Yama).
-                libc::PR_SET_PTRACER,
-                // Threads started later install their own filters.
-                libc::PR_SET_NO_NEW_PRIVS,
-                libc::PR_SET_SECCOMP,
-            ]));
-            v.extend(any(&[
-                libc::SYS_seccomp,
-                libc::SYS_rt_sigaction,
-                // Files the user names: snapshots, page stores, sockets.
-                libc::SYS_openat,
-                libc::SYS_read,
-                libc::SYS_readv,
-                libc::SYS_pread64,
-                libc::SYS_preadv,
-                libc::SYS_pwrite64,
-                libc::SYS_lseek,
-                libc::SYS_fsync,
-                libc::SYS_fdatasync,
-                libc::SYS_ftruncate,
-                libc::SYS_fallocate,
-                libc::SYS_fstat,
-                libc::SYS_newfstatat,
-                libc::SYS_statx,
-                libc::SYS_fstatfs,
-                libc::SYS_getdents64,
-                libc::SYS_readlink,
-                // Whether --io-file is writable (restore, receive).
-                libc::SYS_access,
-                libc::SYS_faccessat,
-                libc::SYS_faccessat2,
-                libc::SYS_unlink,
-                libc::SYS_linkat,
-                libc::SYS_chmod,
-                libc::SYS_fchmod,
-                libc::SYS_fcntl,
-                libc::SYS_mincore,
-                libc::SYS_memfd_create,
-                libc::SYS_userfaultfd,
-                libc::SYS_eventfd2,
-                libc::SYS_pipe2,
-                // A destination's virtio I/O thread is set up here once
-                // confined (its epoll and the queues' descriptors in it).
-                libc::SYS_epoll_create1,
-                libc::SYS_epoll_ctl,
-                // Migration peers and the API socket.
-                libc::SYS_socket,
-                libc::SYS_socketpair,
-                libc::SYS_connect,
-                libc::SYS_bind,
-                libc::SYS_listen,
-                libc::SYS_accept4,
-                libc::SYS_accept,
-                libc::SYS_getsockname,
-                libc::SYS_getpeername,
-                libc::SYS_setsockopt,
-                libc::SYS_getsockopt,
-                libc::SYS_shutdown,
-                libc::SYS_sendto,
-                libc::SYS_recvfrom,
-                libc::SYS_sendmsg,
-                libc::SYS_recvmsg,
-                libc::SYS_poll,
-                libc::SYS_ppoll,
-                // Threads; reaping (and killing) the sender process the
-                // broker started (never starting a program: no execve).
-                libc::SYS_clone,
-                libc::SYS_clone3,
-                libc::SYS_wait4,
-                libc::SYS_kill,
-                libc::SYS_tgkill,
-                libc::SYS_geteuid,
-                libc::SYS_getuid,
-                libc::SYS_prlimit64,
-            ]));
-        }
-        Kind::Sender => {
-            v.extend(any(&[
-                libc::SYS_read,
-                libc::SYS_readv,
-                libc::SYS_writev,
-                libc::SYS_pread64,
-                libc::SYS_preadv,
-                libc::SYS_process_vm_readv,
-                libc::SYS_sendto,
-                libc::SYS_recvfrom,
-                libc::SYS_poll,
-            ]));
+    let own = match kind {
+        Kind::Vcpu => vcpu(),
+        Kind::Pager => pager(),
+        Kind::Io => io(),
+        Kind::Api => api(),
+        Kind::Governor => governor(),
+        Kind::Boost => boost(),
+        Kind::Virtio => virtio(),
+        Kind::Console => console(),
+        Kind::Timer => timer(),
+        Kind::Migration => migration(),
+        Kind::Control => control(),
+        Kind::Sender => sender(),
+    };
+    v.extend(own);
+    v
+}
+
+/// What vCPU threads may call, beyond [`base`].
+fn vcpu() -> Vec<Allow> {
+    let mut v = Vec::new();
+    v.push(ioctl_types(&[KVM]));
+    // A virtio-net driver's FEATURES_OK sets its tap's offloads
+    // (an MMIO register write, served on the vCPU's thread): that
+    // one tun request and no other.
+    v.push((
+        libc::SYS_ioctl,
+        vec![rule(vec![cond(1, Op::Eq, TUNSETOFFLOAD)])],
+    ));
+    v.extend(priorities());
+    v.push((libc::SYS_tgkill, Vec::new()));
+    v
+}
+
+/// What the pager and its fetch workers may call, beyond [`base`].
+fn pager() -> Vec<Allow> {
+    let mut v = Vec::new();
+    v.push(ioctl_types(&[UFFD]));
+    v.push(open_read_only());
+    v.push(prctl(&[libc::PR_SET_TIMERSLACK, libc::PR_SET_NAME]));
+    v.extend(priorities());
+    // The fault thread starts the fetch workers, which inherit its
+    // filter (one filter prepared for the 17 threads, not 17;
+    // `super::spawn_member`): threads only (CLONE_THREAD), so no
+    // process and no namespace; `clone3`, whose flags a filter
+    // cannot read, fails with ENOSYS and glibc falls back to this.
+    v.push((
+        libc::SYS_clone,
+        vec![rule(vec![cond(
+            0,
+            Op::MaskedEq(libc::CLONE_THREAD as u64),
+            libc::CLONE_THREAD as u64,
+        )])],
+    ));
+    v.extend(any(&[
+        libc::SYS_read,
+        libc::SYS_pread64,
+        libc::SYS_pwrite64,
+        libc::SYS_poll,
+        libc::SYS_ppoll,
+        libc::SYS_fdatasync,
+        // A page that keeps faulting though placed: what the
+        // kernel holds there goes into the failure message.
+        libc::SYS_mincore,
+        // Batched store writes (memory/aio.rs).
+        libc::SYS_io_setup,
+        libc::SYS_io_submit,
+        libc::SYS_io_getevents,
+        libc::SYS_io_destroy,
+    ]));
+    v
+}
+
+/// What the paravirtual I/O device may call, beyond [`base`].
+fn io() -> Vec<Allow> {
+    let mut v = Vec::new();
+    v.extend(priorities());
+    v.extend(any(&[
+        libc::SYS_openat,
+        libc::SYS_fstat,
+        libc::SYS_statx,
+        libc::SYS_fstatfs,
+        libc::SYS_fcntl,
+        libc::SYS_unlink,
+        libc::SYS_read,
+        libc::SYS_pwrite64,
+        libc::SYS_tgkill,
+    ]));
+    v
+}
+
+/// What the API's threads may call, beyond [`base`].
+fn api() -> Vec<Allow> {
+    let mut v = Vec::new();
+    v.push(open_read_only());
+    // Naming its request threads.
+    v.push(prctl(&[libc::PR_SET_NAME]));
+    v.extend(any(&[
+        libc::SYS_clone3,
+        libc::SYS_clone,
+        libc::SYS_accept4,
+        libc::SYS_accept,
+        libc::SYS_getsockname,
+        libc::SYS_getpeername,
+        libc::SYS_setsockopt,
+        libc::SYS_getsockopt,
+        libc::SYS_read,
+        libc::SYS_recvfrom,
+        libc::SYS_sendto,
+        libc::SYS_writev,
+        libc::SYS_shutdown,
+        libc::SYS_poll,
+        libc::SYS_ppoll,
+        // The server's stop signal.
+        libc::SYS_eventfd2,
+        libc::SYS_pread64,
+        libc::SYS_fcntl,
+        libc::SYS_statx,
+        libc::SYS_fstat,
+        libc::SYS_lseek,
+    ]));
+    v
+}
+
+/// What the halt-poll governor may call, beyond [`base`].
+fn governor() -> Vec<Allow> {
+    let mut v = Vec::new();
+    v.push(ioctl_types(&[KVM]));
+    v.extend(any(&[libc::SYS_pread64, libc::SYS_read]));
+    v
+}
+
+/// What the boost monitor may call, beyond [`base`].
+fn boost() -> Vec<Allow> {
+    let mut v = Vec::new();
+    v.push(prctl(&[libc::PR_SET_TIMERSLACK]));
+    v.extend(priorities());
+    v.push((libc::SYS_tgkill, Vec::new()));
+    // Each vCPU thread's schedstat (`--boost-when contended`):
+    // opened once, read again at offset 0 each poll.
+    v.push(open_read_only());
+    v.push((libc::SYS_pread64, Vec::new()));
+    v
+}
+
+/// What the virtio I/O thread may call, beyond [`base`].
+fn virtio() -> Vec<Allow> {
+    let mut v = Vec::new();
+    // Its eventfds (epoll, read), disks (positional reads and
+    // writes, fdatasync; a seek and a read straight into guest
+    // memory for a request's data); entropy comes from getrandom
+    // (base). The balloon drops pages (madvise, base) and frees
+    // their page-store slots (fallocate, punching holes). While
+    // boosting is on it raises interrupts itself (KVM_IRQ_LINE,
+    // the IOAPIC's route read back) and boosts their vCPUs, as the
+    // serial port's threads do.
+    v.extend(interrupts_and_boosts());
+    v.extend(any(&[
+        libc::SYS_fallocate,
+        libc::SYS_lseek,
+        libc::SYS_epoll_wait,
+        libc::SYS_epoll_pwait,
+        libc::SYS_read,
+        libc::SYS_pread64,
+        libc::SYS_pwrite64,
+        libc::SYS_preadv,
+        libc::SYS_pwritev,
+        libc::SYS_fdatasync,
+    ]));
+    v
+}
+
+/// What the console input thread may call, beyond [`base`].
+fn console() -> Vec<Allow> {
+    let mut v = Vec::new();
+    // Standard input and its stop eventfd (poll, read); the UART's
+    // interrupt (KVM_IRQ_LINE) and the boost it gives, as the
+    // timer's.
+    v.extend(interrupts_and_boosts());
+    v.extend(any(&[libc::SYS_poll, libc::SYS_ppoll, libc::SYS_read]));
+    v
+}
+
+/// What the MSI timer thread may call, beyond [`base`].
+fn timer() -> Vec<Allow> {
+    interrupts_and_boosts()
+}
+
+/// What a migration's threads may call, beyond [`base`].
+fn migration() -> Vec<Allow> {
+    let mut v = Vec::new();
+    v.push(ioctl_types(&[KVM, UFFD]));
+    // Naming the recovery's opening threads.
+    v.push(prctl(&[libc::PR_SET_NAME]));
+    v.extend(any(&[
+        libc::SYS_read,
+        libc::SYS_readv,
+        libc::SYS_writev,
+        libc::SYS_recvfrom,
+        libc::SYS_sendto,
+        libc::SYS_pread64,
+        libc::SYS_pwrite64,
+        libc::SYS_poll,
+        libc::SYS_ppoll,
+        libc::SYS_shutdown,
+        libc::SYS_tgkill,
+        libc::SYS_fcntl,
+        libc::SYS_setsockopt,
+        libc::SYS_getsockopt,
+        // Post-copy recovery: the destination listens again (on a
+        // socket made 0600 before it is bound) and checks each
+        // connection's opening on a thread of its own.
+        libc::SYS_clone3,
+        libc::SYS_clone,
+        libc::SYS_fchmod,
+        libc::SYS_socket,
+        libc::SYS_bind,
+        libc::SYS_listen,
+        libc::SYS_accept4,
+        libc::SYS_getsockname,
+        libc::SYS_newfstatat,
+        libc::SYS_statx,
+        libc::SYS_unlink,
+    ]));
+    v
+}
+
+/// What the control thread (a superset of every kind it starts) may call, beyond [`base`].
+fn control() -> Vec<Allow> {
+    let mut v = Vec::new();
+    // Threads the control thread starts after it is confined (all
+    // of them, in `hover receive`) carry its filter under their
+    // own: it must allow whatever theirs do.
+    for kind in KINDS {
+        if !matches!(kind, Kind::Control | Kind::Sender) {
+            v.extend(allow_list(kind));
         }
     }
+    v.push(ioctl_types(&[KVM, UFFD, TTY]));
+    // A destination (`hover receive`) opens its VM's taps once
+    // confined, and a tap's existence is checked by its index
+    // (`if_nametoindex`): that socket request and no other.
+    v.push((
+        libc::SYS_ioctl,
+        vec![rule(vec![cond(1, Op::Eq, libc::SIOCGIFINDEX)])],
+    ));
+    v.push(prctl(&[
+        libc::PR_GET_SECCOMP,
+        // Letting the sender process read guest memory (Yama).
+        libc::PR_SET_PTRACER,
+        // Threads started later install their own filters.
+        libc::PR_SET_NO_NEW_PRIVS,
+        libc::PR_SET_SECCOMP,
+    ]));
+    v.extend(any(&[
+        libc::SYS_seccomp,
+        libc::SYS_rt_sigaction,
+        // Files the user names: snapshots, page stores, sockets.
+        libc::SYS_openat,
+        libc::SYS_read,
+        libc::SYS_readv,
+        libc::SYS_pread64,
+        libc::SYS_preadv,
+        libc::SYS_pwrite64,
+        libc::SYS_lseek,
+        libc::SYS_fsync,
+        libc::SYS_fdatasync,
+        libc::SYS_ftruncate,
+        libc::SYS_fallocate,
+        libc::SYS_fstat,
+        libc::SYS_newfstatat,
+        libc::SYS_statx,
+        libc::SYS_fstatfs,
+        libc::SYS_getdents64,
+        libc::SYS_readlink,
+        // Whether --io-file is writable (restore, receive).
+        libc::SYS_access,
+        libc::SYS_faccessat,
+        libc::SYS_faccessat2,
+        libc::SYS_unlink,
+        libc::SYS_linkat,
+        libc::SYS_chmod,
+        libc::SYS_fchmod,
+        libc::SYS_fcntl,
+        libc::SYS_mincore,
+        libc::SYS_memfd_create,
+        libc::SYS_userfaultfd,
+        libc::SYS_eventfd2,
+        libc::SYS_pipe2,
+        // A destination's virtio I/O thread is set up here once
+        // confined (its epoll and the queues' descriptors in it).
+        libc::SYS_epoll_create1,
+        libc::SYS_epoll_ctl,
+        // Migration peers and the API socket.
+        libc::SYS_socket,
+        libc::SYS_socketpair,
+        libc::SYS_connect,
+        libc::SYS_bind,
+        libc::SYS_listen,
+        libc::SYS_accept4,
+        libc::SYS_accept,
+        libc::SYS_getsockname,
+        libc::SYS_getpeername,
+        libc::SYS_setsockopt,
+        libc::SYS_getsockopt,
+        libc::SYS_shutdown,
+        libc::SYS_sendto,
+        libc::SYS_recvfrom,
+        libc::SYS_sendmsg,
+        libc::SYS_recvmsg,
+        libc::SYS_poll,
+        libc::SYS_ppoll,
+        // Threads; reaping (and killing) the sender process the
+        // broker started (never starting a program: no execve).
+        libc::SYS_clone,
+        libc::SYS_clone3,
+        libc::SYS_wait4,
+        libc::SYS_kill,
+        libc::SYS_tgkill,
+        libc::SYS_geteuid,
+        libc::SYS_getuid,
+        libc::SYS_prlimit64,
+    ]));
+    v
+}
+
+/// What a migration's sender process may call, beyond [`base`].
+fn sender() -> Vec<Allow> {
+    let mut v = Vec::new();
+    v.extend(any(&[
+        libc::SYS_read,
+        libc::SYS_readv,
+        libc::SYS_writev,
+        libc::SYS_pread64,
+        libc::SYS_preadv,
+        libc::SYS_process_vm_readv,
+        libc::SYS_sendto,
+        libc::SYS_recvfrom,
+        libc::SYS_poll,
+    ]));
     v
 }
 

@@ -38,6 +38,34 @@ enum End {
     Migrated,
 }
 
+impl End {
+    /// Why the run ended, the guest's exit code and the vCPU that ended it;
+    /// or the error a run that failed returns.
+    fn reason(self) -> Result<(EndReason, u32, Option<usize>), Error> {
+        Ok(match self {
+            End::PowerOff { vcpu, code } => (EndReason::PowerOff, code, Some(vcpu)),
+            End::Reboot { vcpu } => (EndReason::Reboot, 0, Some(vcpu)),
+            End::Shutdown => (EndReason::Shutdown, 0, None),
+            End::Signal(s) => (
+                EndReason::Signal,
+                u32::from(crate::signals::exit_status(s)),
+                None,
+            ),
+            End::Snapshot => (EndReason::Snapshot, 0, None),
+            End::Migrated => (EndReason::Migrated, 0, None),
+            End::Crash(crash) => return Err(Error::GuestCrash(Box::new(crash))),
+            End::Failed(error) => return Err(KvmOp::Run.err()(error)),
+            End::Pager(msg) => return Err(Error::PagerFailed(msg)),
+            End::VcpuGone(vcpu) => {
+                return Err(Error::Host {
+                    what: "run the vCPUs",
+                    source: std::io::Error::other(format!("the thread of vCPU {vcpu} panicked")),
+                })
+            }
+        })
+    }
+}
+
 /// A VM whose vCPU threads run.
 pub(super) struct Running {
     pub(super) vm: Vm,
@@ -168,28 +196,7 @@ impl Vm {
             r.governor_reports.push(g.report());
         }
         r.vm.devices.pvio.stop();
-        let end = end?;
-        let (ended, exit_code, exit_vcpu) = match end {
-            End::PowerOff { vcpu, code } => (EndReason::PowerOff, code, Some(vcpu)),
-            End::Reboot { vcpu } => (EndReason::Reboot, 0, Some(vcpu)),
-            End::Shutdown => (EndReason::Shutdown, 0, None),
-            End::Signal(s) => (
-                EndReason::Signal,
-                u32::from(crate::signals::exit_status(s)),
-                None,
-            ),
-            End::Snapshot => (EndReason::Snapshot, 0, None),
-            End::Migrated => (EndReason::Migrated, 0, None),
-            End::Crash(crash) => return Err(Error::GuestCrash(Box::new(crash))),
-            End::Failed(error) => return Err(KvmOp::Run.err()(error)),
-            End::Pager(msg) => return Err(Error::PagerFailed(msg)),
-            End::VcpuGone(vcpu) => {
-                return Err(Error::Host {
-                    what: "run the vCPUs",
-                    source: std::io::Error::other(format!("the thread of vCPU {vcpu} panicked")),
-                })
-            }
-        };
+        let (ended, exit_code, exit_vcpu) = end?.reason()?;
         let mut outcome = super::outcome::collect(
             &r.vm,
             r.governor_reports.last().cloned(),

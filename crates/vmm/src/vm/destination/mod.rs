@@ -66,6 +66,61 @@ fn refuse(conn: &Conn, w: &mut FrameWriter<Conn>, e: &Error) {
 /// How long the source may go quiet in the middle of a migration.
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Guest memory here digests to `want`, the source's digest (the frame
+/// ended at stream offset `end_at`).
+fn check_digest(vm: &Vm, want: u32, end_at: u64) -> Result<(), Cut> {
+    let got = memory::digest(&vm.ram, vm.pager.as_ref()).map_err(host("digesting guest memory"))?;
+    if got != want {
+        return Err(Cut::Refused(Error::Migration(unfit(
+            "DIGEST",
+            end_at,
+            format!("guest memory here digests to {got:#x}, the source's to {want:#x}"),
+        ))));
+    }
+    Ok(())
+}
+
+/// A PAGES frame's pages put where they go: guest memory, or (above the
+/// pinned boot area) the pager's received pages under a budget or a
+/// post-copy's kept ones; each pinned page noted for the hash. How many.
+fn place_pages(
+    ram: &crate::memory::GuestRam,
+    f: &crate::migration::wire::Frame,
+    image_end: u64,
+    mut pinned: Option<&mut PinnedHash>,
+    (received, remote): (Option<&ReceivedPages>, Option<&RemotePages>),
+) -> Result<u64, Cut> {
+    let mig = |e: MigrationError| Cut::Refused(Error::Migration(e));
+    let (gpas, data) =
+        split_pages(&f.payload).map_err(|reason| mig(unfit("PAGES", f.offset, reason)))?;
+    for (gpa, page) in gpas.iter().zip(data.chunks_exact(PAGE_SIZE as usize)) {
+        if !ram.contains(*gpa, PAGE_SIZE) {
+            return Err(mig(unfit(
+                "PAGES",
+                f.offset,
+                format!("page {gpa:#x} is outside guest memory"),
+            )));
+        }
+        if let Some(p) = pinned.as_mut() {
+            p.note(*gpa, page);
+        }
+        let kept = match (received, remote) {
+            _ if *gpa < image_end => None,
+            (Some(r), _) => Some(r.write(*gpa, page)),
+            (_, Some(r)) => Some(r.keep(*gpa, page)),
+            (None, None) => None,
+        };
+        match kept {
+            Some(k) => k.map_err(|e| mig(MigrationError::Host(format!("keeping a page: {e}"))))?,
+            _ => ram
+                .memory()
+                .write_slice(page, GuestAddress(*gpa))
+                .map_err(|e| mig(MigrationError::Host(e.to_string())))?,
+        }
+    }
+    Ok(gpas.len() as u64)
+}
+
 fn unfit(section: &'static str, offset: u64, reason: String) -> MigrationError {
     MigrationError::Unfit {
         section,
@@ -342,6 +397,31 @@ impl Running {
         Ok(None)
     }
 
+    /// Load the arrived `s` (its frame at stream offset `state_at`): every
+    /// held vCPU thread loads its own state at once.
+    fn load_arrived_state(&mut self, s: &VmState, state_at: u64) -> Result<(), Cut> {
+        let vcpus = &self.vcpus;
+        self.vm
+            .load_state_with(s, |states| {
+                // Every held thread loads its own state at once; every
+                // reply is read (the channels stay in step), the first
+                // refusal reported.
+                for (h, st) in vcpus.iter().zip(states) {
+                    h.send(VcpuMsg::Restore(Box::new(st.clone())));
+                }
+                let replies: Vec<_> = vcpus.iter().map(|h| h.reply()).collect();
+                replies
+                    .into_iter()
+                    .enumerate()
+                    .try_for_each(|(i, r)| match r {
+                        Some(VcpuReply::Restored(r)) => r.map_err(|e| (i, e)),
+                        _ => Err((i, StateError::ThreadGone)),
+                    })
+            })
+            .map_err(|e| load(e, "STATE", state_at))?;
+        Ok(())
+    }
+
     /// The frames after READY, up to RUNNING sent. Ok: a post-copy's page
     /// source and pinned hash, for its receiver.
     #[allow(clippy::type_complexity)]
@@ -373,36 +453,13 @@ impl Running {
             })?;
             match f.kind {
                 Kind::Pages => {
-                    let (gpas, data) = split_pages(&f.payload)
-                        .map_err(|reason| mig(unfit("PAGES", f.offset, reason)))?;
-                    for (gpa, page) in gpas.iter().zip(data.chunks_exact(PAGE_SIZE as usize)) {
-                        if !ram.contains(*gpa, PAGE_SIZE) {
-                            return Err(mig(unfit(
-                                "PAGES",
-                                f.offset,
-                                format!("page {gpa:#x} is outside guest memory"),
-                            )));
-                        }
-                        if let Some(p) = pinned.as_mut() {
-                            p.note(*gpa, page);
-                        }
-                        let kept = match (&received, &remote) {
-                            _ if *gpa < saved.image_end => None,
-                            (Some(r), _) => Some(r.write(*gpa, page)),
-                            (_, Some(r)) => Some(r.keep(*gpa, page)),
-                            (None, None) => None,
-                        };
-                        match kept {
-                            Some(k) => k.map_err(|e| {
-                                mig(MigrationError::Host(format!("keeping a page: {e}")))
-                            })?,
-                            _ => ram
-                                .memory()
-                                .write_slice(page, GuestAddress(*gpa))
-                                .map_err(|e| mig(MigrationError::Host(e.to_string())))?,
-                        }
-                    }
-                    pages += gpas.len() as u64;
+                    pages += place_pages(
+                        &self.vm.ram,
+                        &f,
+                        saved.image_end,
+                        pinned.as_mut(),
+                        (received.as_deref(), remote.as_deref()),
+                    )?;
                 }
                 Kind::State => {
                     let s: VmState = decode("STATE", f.offset, &f.payload).map_err(mig)?;
@@ -467,36 +524,10 @@ impl Running {
         let pinned_hash = pinned.map(|p| p.sum());
         // Checked with the pager running: pages may wait in its source.
         if let Some(want) = digest {
-            let got = memory::digest(&self.vm.ram, self.vm.pager.as_ref())
-                .map_err(host("digesting guest memory"))?;
-            if got != want {
-                return Err(mig(unfit(
-                    "DIGEST",
-                    end_at,
-                    format!("guest memory here digests to {got:#x}, the source's to {want:#x}"),
-                )));
-            }
+            check_digest(&self.vm, want, end_at)?;
         }
         heed_events(&self.vm.events_rx, &mut self.stashed)?;
-        let vcpus = &self.vcpus;
-        self.vm
-            .load_state_with(&s, |states| {
-                // Every held thread loads its own state at once; every
-                // reply is read (the channels stay in step), the first
-                // refusal reported.
-                for (h, st) in vcpus.iter().zip(states) {
-                    h.send(VcpuMsg::Restore(Box::new(st.clone())));
-                }
-                let replies: Vec<_> = vcpus.iter().map(|h| h.reply()).collect();
-                replies
-                    .into_iter()
-                    .enumerate()
-                    .try_for_each(|(i, r)| match r {
-                        Some(VcpuReply::Restored(r)) => r.map_err(|e| (i, e)),
-                        _ => Err((i, StateError::ThreadGone)),
-                    })
-            })
-            .map_err(|e| load(e, "STATE", state_at))?;
+        self.load_arrived_state(&s, state_at)?;
         let how = match (&received, &remote) {
             (_, Some(_)) => "postcopy",
             (Some(_), _) => "lazy",
