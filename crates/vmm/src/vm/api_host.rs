@@ -11,12 +11,10 @@ use super::Controller;
 use crate::devices::pvio::PvioDevice;
 use crate::memory::paged::PagerStats;
 use crate::sched::guest_poll::GuestPoll;
-use crate::sched::halt_poll::GovernorReport;
 use crate::stats::KvmStats;
 use crate::Error;
 
-/// Reads the report of a running governor.
-pub type GovernorSource = Box<dyn Fn() -> GovernorReport + Send + Sync>;
+pub use crate::sched::halt_poll::GovernorSource;
 
 /// Where live figures come from.
 pub struct LiveSources {

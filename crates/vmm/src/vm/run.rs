@@ -3,19 +3,20 @@
 
 use crate::sync::Locked;
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+
 use std::time::{Duration, Instant};
 
 use kvm_bindings::{kvm_msr_entry, Msrs};
 
-use super::api_host::{ApiHost, GovernorSource, LiveSources};
+use super::api_host::{ApiHost, LiveSources};
 use super::control::{Command, CommandError, Lifecycle, Reply, VmEvent};
 use super::outcome::{us_since, EndReason, RunOutcome};
 use super::Vm;
 use crate::config::BoostUpdate;
 use crate::config::HaltPoll;
 use crate::memory::paged::PagerStats;
-use crate::sched::halt_poll::{self, Governor, GovernorReport};
+use crate::sched::boost::UpdateError;
+use crate::sched::halt_poll::{HaltPollControl, HaltPollError};
 use crate::state;
 use crate::stats::KvmStats;
 use crate::vcpu::thread::{Kicker, VcpuHandle, VcpuMsg, VcpuReply};
@@ -73,12 +74,8 @@ pub(super) struct Running {
     pub(super) state: Lifecycle,
     /// Events taken off the channel during a long command, to handle next.
     pub(super) stashed: VecDeque<VmEvent>,
-    governor: Option<Governor>,
-    /// Spare statistics handles for starting a governor later.
-    governor_stats: Vec<KvmStats>,
-    governor_reports: Vec<GovernorReport>,
-    /// What the API reads for the governor now running, if any.
-    governor_live: Arc<Mutex<Option<GovernorSource>>>,
+    /// Halt polling, as set and changed live.
+    halt_poll: HaltPollControl,
     /// A post-copy phase that broke off, kept for its recovery.
     pub(super) postcopy_left: Option<super::source::postcopy::Interrupted>,
 }
@@ -109,19 +106,26 @@ impl Vm {
             .map(KvmStats::try_clone)
             .collect::<Result<Vec<_>, _>>()
             .unwrap_or_default();
+        let halt_poll =
+            HaltPollControl::new(self.fd.clone(), governor_stats, self.guest_poll_areas());
         let mut r = Running {
             vm: self,
             vcpus: Vec::new(),
             state: Lifecycle::Created,
             stashed: VecDeque::new(),
-            governor: None,
-            governor_stats,
-            governor_reports: Vec::new(),
-            governor_live: Arc::default(),
+            halt_poll,
             postcopy_left: None,
         };
         if let HaltPoll::Auto { budget_pct } = r.vm.config().halt_poll {
-            r.start_governor(budget_pct)?;
+            r.halt_poll.start_governor(budget_pct).map_err(|e| {
+                let why = match e {
+                    HaltPollError::Host(why) | HaltPollError::Invalid { reason: why, .. } => why,
+                };
+                Error::Host {
+                    what: "start the halt-poll governor",
+                    source: std::io::Error::other(why),
+                }
+            })?;
         }
         let started_at = Instant::now();
         // Served once the vCPUs run (below): bound now, so that a socket
@@ -191,15 +195,12 @@ impl Vm {
         if let Some(p) = r.vm.pager.as_mut() {
             p.stop();
         }
-        if let Some(mut g) = r.governor.take() {
-            g.stop();
-            r.governor_reports.push(g.report());
-        }
+        r.halt_poll.stop();
         r.vm.devices.pvio.stop();
         let (ended, exit_code, exit_vcpu) = end?.reason()?;
         let mut outcome = super::outcome::collect(
             &r.vm,
-            r.governor_reports.last().cloned(),
+            r.halt_poll.last_report(),
             ended,
             exit_code,
             exit_vcpu,
@@ -417,90 +418,20 @@ impl Running {
         Ok(())
     }
 
-    fn start_governor(&mut self, budget_pct: f64) -> Result<(), Error> {
-        let stats = self
-            .governor_stats
-            .iter()
-            .map(KvmStats::try_clone)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|source| Error::Host {
-                what: "open KVM statistics for the halt-poll governor",
-                source,
-            })?;
-        let guest = self.vm.guest_poll_areas();
-        // Without it (no sysfs), the governor starts with polling off.
-        let first = halt_poll::kvm_default_window().unwrap_or_else(|e| {
-            tracing::warn!(
-                "halt-poll governor starts with polling off: cannot read KVM's default window: {e}"
-            );
-            0
-        });
-        let gov = Governor::start(self.vm.fd.clone(), stats, budget_pct, first, guest).map_err(
-            |source| Error::Host {
-                what: "start the halt-poll governor",
-                source,
-            },
-        )?;
-        *self.governor_live.locked() = Some(Box::new(gov.report_source()));
-        self.governor = Some(gov);
-        Ok(())
-    }
-
     fn set_boost(&mut self, u: &BoostUpdate) -> Result<Reply, CommandError> {
-        let invalid = |(field, reason)| CommandError::Invalid { field, reason };
-        let new = u.apply(self.vm.booster.config()).map_err(invalid)?;
-        // Checked before anything changes: a bad tuning changes nothing.
-        let tuning = u.apply_tuning(self.vm.booster.tuning()).map_err(invalid)?;
-        self.vm
-            .booster
-            .set_tuning(tuning)
-            .map_err(CommandError::Host)?;
-        // A change of this host's tuning alone leaves boosts, throttles and
-        // cool-downs as they are; any other change starts boosting afresh.
-        if new != self.vm.booster.config() {
-            self.vm.booster.set(new).map_err(CommandError::Host)?;
-        }
-        self.vm.change_config(|c| c.boost = new);
-        let mut boost = new.to_json();
-        boost["when"] = tuning.when.to_string().into();
-        boost["keep_us"] = tuning.keep_us.into();
-        boost["irq_us"] = tuning.irq_us.into();
+        let (config, boost) = self.vm.booster.update(u).map_err(|e| match e {
+            UpdateError::Invalid { field, reason } => CommandError::Invalid { field, reason },
+            UpdateError::Host(e) => CommandError::Host(e),
+        })?;
+        self.vm.change_config(|c| c.boost = config);
         Ok(Reply::Boost { boost })
     }
 
     fn set_halt_poll(&mut self, h: HaltPoll) -> Result<(), CommandError> {
-        let invalid = |field, reason: String| CommandError::Invalid { field, reason };
-        // The same check as at start (the setting's own).
-        h.check().map_err(|e| {
-            let field = match e {
-                crate::config::ConfigError::HaltPollTooLarge(_) => "window_ns",
-                _ => "budget_pct",
-            };
-            invalid(field, e.to_string())
+        self.halt_poll.set(h).map_err(|e| match e {
+            HaltPollError::Invalid { field, reason } => CommandError::Invalid { field, reason },
+            HaltPollError::Host(e) => CommandError::Host(e),
         })?;
-        if !halt_poll::supported(&self.vm.fd) {
-            return Err(invalid(
-                "mode",
-                "this KVM cannot set halt polling per VM (no KVM_CAP_HALT_POLL)".into(),
-            ));
-        }
-        if let Some(mut g) = self.governor.take() {
-            g.stop();
-            self.governor_reports.push(g.report());
-            *self.governor_live.locked() = None;
-        }
-        let set = |ns| {
-            halt_poll::set_window(&self.vm.fd, ns)
-                .map_err(|e| CommandError::Host(format!("KVM_CAP_HALT_POLL: {e}")))
-        };
-        match h {
-            HaltPoll::Fixed { window_ns } => set(window_ns)?,
-            HaltPoll::KvmDefault => set(halt_poll::kvm_default_window()
-                .map_err(|e| invalid("mode", format!("cannot read KVM's default window: {e}")))?)?,
-            HaltPoll::Auto { budget_pct } => self
-                .start_governor(budget_pct)
-                .map_err(|e| CommandError::Host(e.to_string()))?,
-        }
         self.vm.change_config(|c| c.halt_poll = h);
         Ok(())
     }
@@ -521,7 +452,7 @@ impl Running {
                 .pager
                 .as_ref()
                 .map(|p| Box::new(p.stats_source()) as Box<dyn Fn() -> PagerStats + Send + Sync>),
-            governor: self.governor_live.clone(),
+            governor: self.halt_poll.live(),
             boost: Some(self.vm.booster.clone()),
             io: self.vm.devices.pvio.clone(),
             guest_poll: self.vm.guest_poll_areas().map(|mem| {

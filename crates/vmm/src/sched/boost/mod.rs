@@ -52,6 +52,7 @@ mod unboost;
 use crate::config::boost::{BoostConfig, BoostMode, BoostTuning, BoostWhen};
 use crate::sync::Locked;
 pub use report::{BoostReport, VcpuBoostStats};
+pub use tuning::UpdateError;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -1,12 +1,15 @@
 //! This host's tuning of dynamic boosting (`--boost-when`,
-//! `--boost-keep-us`; `HostConfig::boost_tuning`): whether a vCPU is worth
-//! boosting now, and whether the guest's unboost call keeps a boost. The
+//! `--boost-keep-us`, `--boost-irq-us`; `HostConfig::boost_tuning`):
+//! whether a vCPU is worth boosting now, and whether the guest's unboost
+//! call keeps a boost; and a live change of the settings with the tuning
+//! (`Booster::update`, `PUT /vm/boost`). The
 //! decisions themselves are `decide.rs`'s pure functions.
 
 use crate::sync::Locked;
 use std::sync::atomic::Ordering;
 
 use super::{decide, policy, BoostTuning, BoostWhen, Booster, SlotState, KEPT_GRACE};
+use crate::config::boost::{BoostConfig, BoostUpdate};
 
 /// The TSC now: the guest's TSC is the host's here (docs/ARCHITECTURE.md),
 /// so guest deadlines compare with it directly.
@@ -15,7 +18,44 @@ pub(super) fn host_tsc() -> u64 {
     unsafe { core::arch::x86_64::_rdtsc() }
 }
 
+/// Why a live change of boosting was not taken.
+#[derive(Debug)]
+pub enum UpdateError {
+    /// A value out of range: the request's field, and why.
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// This host failed (the monitor thread).
+    Host(String),
+}
+
 impl Booster {
+    /// A live change (`PUT /vm/boost`): checked whole before anything
+    /// changes; this host's tuning taken as given; any other change
+    /// unboosts every thread and starts boosting afresh, while a change of
+    /// the tuning alone leaves boosts, throttles and cool-downs as they
+    /// are. The VM's new settings, and the answer (settings and tuning).
+    pub fn update(
+        self: &std::sync::Arc<Self>,
+        u: &BoostUpdate,
+    ) -> Result<(BoostConfig, serde_json::Value), UpdateError> {
+        let invalid = |(field, reason)| UpdateError::Invalid { field, reason };
+        let new = u.apply(self.config()).map_err(invalid)?;
+        let tuning = u.apply_tuning(self.tuning()).map_err(invalid)?;
+        self.set_tuning(tuning).map_err(UpdateError::Host)?;
+        if new != self.config() {
+            self.set(new).map_err(UpdateError::Host)?;
+        }
+        let mut answer = new.to_json();
+        answer["when"] = tuning.when.to_string().into();
+        answer["keep_us"] = tuning.keep_us.into();
+        answer["irq_us"] = tuning.irq_us.into();
+        Ok((new, answer))
+    }
+
     /// This host's tuning now.
     pub fn tuning(&self) -> BoostTuning {
         *self.tuning.locked()

@@ -1,5 +1,6 @@
 //! Halt polling (seed 5): per-VM control through `KVM_CAP_HALT_POLL`, and a
-//! governor that picks the poll window from measured wake-ups.
+//! governor that picks the poll window from measured wake-ups; a running
+//! VM's setting, changed live, is [`HaltPollControl`] (`control.rs`).
 //!
 //! When a vCPU halts, KVM can spin ("poll") for a while before putting the
 //! vCPU thread to sleep; a wake-up that arrives within the window is caught
@@ -21,8 +22,10 @@
 //! takes its failed polls out of the same budget: KVM only sees the halts
 //! the guest's poll did not cover, and gets what budget is left.
 
+mod control;
 mod governor;
 pub mod model;
+pub use control::{GovernorSource, HaltPollControl, HaltPollError};
 pub use governor::{Governor, GovernorReport};
 pub use model::{add_period, choose_window, WakeHist};
 use std::time::Duration;
