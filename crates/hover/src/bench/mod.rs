@@ -213,6 +213,10 @@ fn migrate(exe: &std::path::Path, args: MigrateArgs) -> ExitCode {
 
 /// `hover bench boost`: its flags checked, then the scenario.
 fn boost(exe: &std::path::Path, args: BoostArgs) -> ExitCode {
+    if let Err(e) = args.check() {
+        eprintln!("hover: error: {e}");
+        return ExitCode::from(EXIT_BAD_INPUT);
+    }
     let BoostArgs {
         seconds,
         runs,
@@ -229,28 +233,6 @@ fn boost(exe: &std::path::Path, args: BoostArgs) -> ExitCode {
         out,
     } = args;
     bench_result({
-        let bad = intervals.iter().find(|&&i| !(10..=1_000_000).contains(&i));
-        if let Some(i) = bad {
-            eprintln!("hover: error: --intervals: {i} us is out of range: give 10 to 1000000");
-            return ExitCode::from(EXIT_BAD_INPUT);
-        }
-        if let Some(m) = buffers.iter().find(|&&m| work_us >= m * 1000 || m > 1000) {
-            eprintln!("hover: error: --buffers: a {m} ms buffer cannot hold --work-us {work_us} (buffers are 1 to 1000 ms, longer than the work)");
-            return ExitCode::from(EXIT_BAD_INPUT);
-        }
-        if keep_us > hover_vmm::config::boost::MAX_KEEP_US {
-            eprintln!(
-                "hover: error: --keep-us {keep_us} is out of range: give 0 to {}",
-                hover_vmm::config::boost::MAX_KEEP_US
-            );
-            return ExitCode::from(EXIT_BAD_INPUT);
-        }
-        if background > 16 || hogs > 256 || seconds == 0 || seconds > 3600 || uart_count > 100_000 {
-            eprintln!(
-                        "hover: error: give --background 0-16, --hogs 0-256, --seconds 1-3600 and --uart-count 0-100000"
-                    );
-            return ExitCode::from(EXIT_BAD_INPUT);
-        }
         hover_bench::boost::run(
             exe,
             &hover_bench::boost::BoostBench {

@@ -334,3 +334,80 @@ pub(super) struct MigrateArgs {
     #[arg(long, default_value = "bench-results")]
     pub(super) out: PathBuf,
 }
+
+impl BoostArgs {
+    /// Every value in range, or one line naming the flag that is not.
+    pub(super) fn check(&self) -> Result<(), String> {
+        if let Some(i) = self
+            .intervals
+            .iter()
+            .find(|&&i| !(10..=1_000_000).contains(&i))
+        {
+            return Err(format!(
+                "--intervals: {i} us is out of range: give 10 to 1000000"
+            ));
+        }
+        let work_us = self.work_us;
+        if let Some(m) = self
+            .buffers
+            .iter()
+            .find(|&&m| work_us >= m * 1000 || m > 1000)
+        {
+            return Err(format!("--buffers: a {m} ms buffer cannot hold --work-us {work_us} (buffers are 1 to 1000 ms, longer than the work)"));
+        }
+        let max_keep = hover_vmm::config::boost::MAX_KEEP_US;
+        if self.keep_us > max_keep {
+            return Err(format!(
+                "--keep-us {} is out of range: give 0 to {max_keep}",
+                self.keep_us
+            ));
+        }
+        if self.background > 16
+            || self.hogs > 256
+            || !(1..=3600).contains(&self.seconds)
+            || self.uart_count > 100_000
+        {
+            return Err(
+                "give --background 0-16, --hogs 0-256, --seconds 1-3600 and --uart-count 0-100000"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        boost: BoostArgs,
+    }
+
+    fn check(args: &[&str]) -> Result<(), String> {
+        let mut argv = vec!["boost"];
+        argv.extend_from_slice(args);
+        Cli::try_parse_from(argv).unwrap().boost.check()
+    }
+
+    #[test]
+    fn boost_flags_are_checked_on_their_own_type() {
+        assert_eq!(check(&[]), Ok(()), "the defaults");
+        for (args, says) in [
+            (&["--intervals", "5"][..], "--intervals: 5 us"),
+            (
+                &["--buffers", "1", "--work-us", "1000"][..],
+                "--buffers: a 1 ms buffer",
+            ),
+            (&["--keep-us", "100001"][..], "--keep-us 100001"),
+            (&["--seconds", "0"][..], "--seconds 1-3600"),
+            (&["--hogs", "257"][..], "--hogs 0-256"),
+        ] {
+            let e = check(args).unwrap_err();
+            assert!(e.contains(says), "{args:?}: {e}");
+        }
+    }
+}
