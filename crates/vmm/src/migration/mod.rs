@@ -327,6 +327,12 @@ pub enum MigrationError {
 }
 
 impl MigrationError {
+    /// A failure of this host while doing `what` (reading guest memory,
+    /// the sender process, a timeout it could not set).
+    pub fn host(what: &str, e: std::io::Error) -> MigrationError {
+        MigrationError::Host(format!("{what}: {e}"))
+    }
+
     /// A failure of the connection itself while doing `what` (the peer
     /// died, stalled or closed): the other side's fault, not this host's;
     /// a stall is said as one.

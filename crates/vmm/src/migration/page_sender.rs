@@ -17,11 +17,6 @@ use crate::state::memory;
 /// The stream a source writes.
 pub type Writer = FrameWriter<Conn>;
 
-/// A failure of this host (reading guest memory, the sender process).
-fn host(what: &'static str) -> impl Fn(std::io::Error) -> MigrationError {
-    move |e| MigrationError::Host(format!("{what}: {e}"))
-}
-
 /// Pages asked of a sender process at a time: fine enough for the
 /// bandwidth limit's pacing, coarse enough that its round trips do not
 /// count.
@@ -87,7 +82,7 @@ impl PageSender {
                 // The helper's own failures are this host's, not the link's.
                 let (n, bytes) = p
                     .send(chunk, skip_zero, w.mac_mut())
-                    .map_err(host("sending memory"))?;
+                    .map_err(|e| MigrationError::host("sending memory", e))?;
                 sent += n;
                 self.pages += n;
                 self.process_bytes += bytes;
@@ -108,7 +103,7 @@ impl PageSender {
                 &mut |w| throttled |= pace(bandwidth, started, w.bytes + process_bytes),
             )
             .map_err(|e| match e {
-                BatchError::Read(e) => host("reading guest memory")(e),
+                BatchError::Read(e) => MigrationError::host("reading guest memory", e),
                 BatchError::Write(e) => MigrationError::link("sending memory", e),
             })?;
         self.throttled |= throttled;

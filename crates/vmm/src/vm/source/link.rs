@@ -17,7 +17,7 @@ pub(in crate::vm) use crate::migration::page_sender::Writer;
 pub(in crate::vm) type Reader = FrameReader<Conn>;
 
 pub(in crate::vm) fn io(what: &'static str) -> impl Fn(std::io::Error) -> MigrationError {
-    move |e| MigrationError::Host(format!("{what}: {e}"))
+    move |e| MigrationError::host(what, e)
 }
 
 /// A failure of the connection itself (the peer died, stalled or closed):
