@@ -207,12 +207,46 @@ pub fn run_peer(exe: &Path, runs: u32, out: &Path) -> Result<(), BenchError> {
         ],
         &rows,
     );
-    table::write_json(
-        out,
-        "boot_peer.json",
-        &serde_json::json!({ "scenario": "boot --peer qemu", "samples": samples }),
-    )?;
-    Ok(())
+    let doc = serde_json::json!({
+        "scenario": PEER_SCENARIO,
+        "command": format!("hover bench boot --peer qemu --runs {runs}"),
+        "date": crate::plot::today(),
+        "samples": samples,
+    });
+    table::write_json(out, "boot_peer.json", &doc)?;
+    plot_peer(&doc, out)
+}
+
+/// The `scenario` of `boot_peer.json`, which `hover bench plot` reads.
+pub const PEER_SCENARIO: &str = "boot --peer qemu";
+
+/// `boot_peer.svg` from `boot_peer.json`'s document: the time to the first
+/// console byte and to the exit, `hover run` beside QEMU microvm (median of
+/// rounds, min-max whisker). QEMU `pc`, seconds where these are
+/// milliseconds, stays in the table: on the same axis it would flatten the
+/// two compared here.
+pub fn plot_peer(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
+    use crate::plot::{bars, caption_of, Bars, Figure};
+    let samples = doc["samples"].as_array().cloned().unwrap_or_default();
+    let col = |k: &str| -> Vec<f64> { samples.iter().filter_map(|s| s[k].as_f64()).collect() };
+    let series = [("hover run", "hover"), ("QEMU microvm", "microvm")].map(|(label, key)| Bars {
+        label: label.into(),
+        rounds: vec![
+            col(&format!("{key}_first_byte_ms")),
+            col(&format!("{key}_exit_ms")),
+        ],
+    });
+    bars(
+        &out.join("boot_peer.svg"),
+        &Figure {
+            title: "Boot beside QEMU: the built-in guest as a whole process".into(),
+            caption: caption_of(doc, "hover bench boot --peer qemu"),
+            x_desc: "from the process's start (workload=hello, 1 vCPU, 256 MiB, same image)".into(),
+            y_desc: "ms".into(),
+        },
+        &["first console byte".to_string(), "exit".to_string()],
+        &series,
+    )
 }
 
 fn peer_rounds(

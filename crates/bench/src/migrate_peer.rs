@@ -362,7 +362,65 @@ pub fn run(exe: &Path, b: &PeerMigrateBench, out: &Path) -> Result<(), BenchErro
         qemu.display()
     );
     table::print(&HEADERS, &rows(b, &samples));
-    table::write_json(out, "migrate_peer.json", &samples)
+    let doc = json!({
+        "scenario": SCENARIO,
+        "command": format!(
+            "hover bench migrate --peer qemu --memories {} --wss {} --rate {} --runs {}",
+            b.memories.join(","),
+            b.wss.join(","),
+            b.rate,
+            b.runs
+        ),
+        "date": crate::plot::today(),
+        "samples": samples,
+    });
+    table::write_json(out, "migrate_peer.json", &doc)?;
+    plot(&doc, out)
+}
+
+/// The `scenario` of `migrate_peer.json`, which `hover bench plot` reads.
+pub const SCENARIO: &str = "migrate --peer qemu";
+
+/// `migrate_peer.svg` from `migrate_peer.json`'s document: per guest
+/// memory and working set, the downtime each VMM reported with each
+/// tracker (median of rounds, min-max whisker).
+pub fn plot(doc: &Value, out: &Path) -> Result<(), BenchError> {
+    use crate::plot::{bars, caption_of, distinct, Bars, Figure};
+    let samples = doc["samples"].as_array().cloned().unwrap_or_default();
+    let text = |s: &Value, k: &str| s[k].as_str().unwrap_or("").to_string();
+    let groups = distinct(samples.iter().map(|s| (text(s, "memory"), text(s, "wss"))));
+    let series: Vec<Bars> = distinct(samples.iter().map(|s| (text(s, "vmm"), text(s, "tracker"))))
+        .into_iter()
+        .map(|(vmm, tracker)| Bars {
+            rounds: groups
+                .iter()
+                .map(|(m, w)| {
+                    samples
+                        .iter()
+                        .filter(|s| text(s, "memory") == *m && text(s, "wss") == *w)
+                        .filter(|s| text(s, "vmm") == vmm && text(s, "tracker") == tracker)
+                        .filter_map(|s| s["downtime_ms"].as_f64())
+                        .collect()
+                })
+                .collect(),
+            label: format!("{vmm}, {tracker}"),
+        })
+        .collect();
+    let labels: Vec<String> = groups
+        .iter()
+        .map(|(m, w)| format!("{m} guest, {w} written"))
+        .collect();
+    bars(
+        &out.join("migrate_peer.svg"),
+        &Figure {
+            title: "Pre-copy live migration beside QEMU: downtime each VMM reported".into(),
+            caption: caption_of(doc, "hover bench migrate --peer qemu"),
+            x_desc: "guest memory and kvstore's working set (1 vCPU, TCP loopback)".into(),
+            y_desc: "downtime, ms".into(),
+        },
+        &labels,
+        &series,
+    )
 }
 
 const HEADERS: [&str; 12] = [

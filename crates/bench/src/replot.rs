@@ -8,8 +8,9 @@ use std::path::Path;
 use crate::BenchError;
 
 /// Draw again, from a results file a scenario wrote (`apf.json`,
-/// `boost.json`, `dirty_log.json`, `halt_poll.json`, `migrate.json`,
-/// `migrate_postcopy.json`, `snapshot.json`), the plot it drew, into `out`: a plot is always drawn
+/// `boost.json`, `boot_peer.json`, `dirty_log.json`, `halt_poll.json`,
+/// `migrate.json`, `migrate_peer.json`, `migrate_postcopy.json`,
+/// `snapshot.json`), the plots it drew, into `out`: a plot is always drawn
 /// from the stored samples, so one drawn today and one drawn later from the
 /// same file are the same.
 pub fn from_results(file: &Path, out: &Path) -> Result<(), BenchError> {
@@ -26,6 +27,8 @@ pub fn from_results(file: &Path, out: &Path) -> Result<(), BenchError> {
             Some("migrate") => crate::migrate::plot,
             Some("migrate-postcopy") => crate::postcopy::plot,
             Some("snapshot") => crate::snapshot::plot,
+            Some(crate::migrate_peer::SCENARIO) => crate::migrate_peer::plot,
+            Some(crate::boot::PEER_SCENARIO) => crate::boot::plot_peer,
             Some(other) => return Err(bad(format!("scenario {other:?} draws no plot"))),
             None => {
                 return Err(bad(

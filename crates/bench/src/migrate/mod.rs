@@ -38,11 +38,14 @@ use serde::Serialize;
 use serde_json::Value;
 
 pub mod mapping;
+mod plot;
+
+pub use self::plot::plot;
 
 use crate::migration_run::{migrate_once, ops_during_pct, work_lost_ms};
 use crate::runner::sum_stat;
 use crate::stats::summarize;
-use crate::{plot, table, BenchError};
+use crate::{table, BenchError};
 use mapping::{map_samples, map_table, sender_sample, sender_table, SENDERS};
 
 /// The scenario's knobs.
@@ -399,60 +402,11 @@ pub fn run(exe: &Path, b: &MigrateBench, out: &Path) -> Result<(), BenchError> {
             b.runs,
             b.transport
         ),
-        "date": plot::today(),
+        "date": crate::plot::today(),
         "trackers": json_rows, "batches": bjson, "senders": sjson, "mapping": mjson,
         "tracker_samples": trackers, "batch_samples": batches,
         "sender_samples": senders, "mapping_samples": maps,
     });
     table::write_json(out, "migrate.json", &doc)?;
     plot(&doc, out)
-}
-
-/// `migrate_downtime.svg` from `migrate.json`'s document: per guest memory
-/// and working set, each tracker's downtime (median of rounds, min-max
-/// whisker).
-pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
-    let samples = doc["tracker_samples"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let groups = plot::distinct(samples.iter().map(|s| {
-        (
-            s["memory"].as_str().unwrap_or("").to_string(),
-            s["wss"].as_str().unwrap_or("").to_string(),
-        )
-    }));
-    let trackers = plot::distinct_field(&samples, "tracker");
-    let series: Vec<plot::Bars> = trackers
-        .iter()
-        .map(|t| plot::Bars {
-            label: t.clone(),
-            rounds: groups
-                .iter()
-                .map(|(m, w)| {
-                    samples
-                        .iter()
-                        .filter(|s| s["memory"] == m.as_str() && s["wss"] == w.as_str())
-                        .filter(|s| s["tracker"] == t.as_str())
-                        .filter_map(|s| s["report"]["downtime_ms"].as_f64())
-                        .collect()
-                })
-                .collect(),
-        })
-        .collect();
-    let labels: Vec<String> = groups
-        .iter()
-        .map(|(m, w)| format!("{m} guest, {w} written"))
-        .collect();
-    plot::bars(
-        &out.join("migrate_downtime.svg"),
-        &plot::Figure {
-            title: "Seeds 3 and 4, pre-copy live migration: downtime by dirty tracker".into(),
-            caption: plot::caption_of(doc, "hover bench migrate"),
-            x_desc: "guest memory and kvstore's working set".into(),
-            y_desc: "downtime, ms".into(),
-        },
-        &labels,
-        &series,
-    )
 }
