@@ -18,10 +18,9 @@ use crate::devices::control::ControlDevice;
 use crate::devices::virtio::block::Block;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::memory::host_writes::{GuestWriter, HostWrites, TrackedMemory};
-use crate::migration::page_lists;
-use crate::migration::wire::{self, FrameReader, Kind};
+use crate::migration::message::Message;
+use crate::migration::wire::{self, Frame, FrameReader, Kind};
 use crate::sched::boost::Booster;
-use crate::state::{SavedMachine, VmState};
 
 /// The ELF loader's checks on a guest image (`--guest PATH`).
 pub fn elf(data: &[u8]) {
@@ -75,7 +74,15 @@ pub fn snapshot(data: &[u8]) {
 /// the kind in the low bits: the decoders behind the CRC are fuzzed too.
 pub fn migration_stream(data: &[u8]) {
     match data.split_first() {
-        Some((&k, payload)) if k & 0x80 != 0 => decode(k & 0x7f, payload),
+        Some((&k, payload)) if k & 0x80 != 0 => {
+            if let Some(kind) = Kind::from(u32::from(k & 0x7f)) {
+                decode(Frame {
+                    kind,
+                    offset: 0,
+                    payload: payload.to_vec(),
+                });
+            }
+        }
         _ => {
             let mut r = FrameReader::new(data);
             match r.hello() {
@@ -88,36 +95,24 @@ pub fn migration_stream(data: &[u8]) {
                 Err(_) => return,
             }
             while let Ok(f) = r.frame() {
-                decode(f.kind as u8, &f.payload);
+                decode(f);
             }
         }
     }
 }
 
-fn decode(kind: u8, payload: &[u8]) {
+/// A frame's message decoded, and what needs the guest's size checked
+/// against a 1 GiB guest.
+fn decode(frame: Frame) {
     const END: u64 = 1 << 30;
-    {
-        match Kind::from(kind as u32).unwrap_or(Kind::End) {
-            Kind::Conf => {
-                let _ = postcard::from_bytes::<SavedMachine>(payload);
-            }
-            Kind::State => {
-                let _ = postcard::from_bytes::<VmState>(payload);
-            }
-            Kind::Pages => {
-                let _ = page_lists::split_pages(payload);
-            }
-            Kind::Postcopy | Kind::Missing => {
-                let _ = page_lists::decode_page_set(payload, END);
-            }
-            Kind::Request => {
-                let _ = page_lists::decode_addrs(payload, END);
-            }
-            Kind::Error => {
-                let _ = String::from_utf8_lossy(payload);
-            }
-            _ => {}
+    match Message::decode(frame) {
+        Ok(Message::Postcopy(set) | Message::Missing(set)) => {
+            let _ = set.pages(END);
         }
+        Ok(Message::Request(req)) => {
+            let _ = req.pages(END);
+        }
+        _ => {}
     }
 }
 

@@ -51,7 +51,7 @@ fn default_hold_pages() -> u64 {
 
 impl DirtyLogBody {
     /// The command's request, checked.
-    pub(super) fn request(&self) -> Result<crate::vm::DirtyLogRequest, ApiFailure> {
+    pub(super) fn request(&self) -> Result<crate::migration::dirty::DirtyLogRequest, ApiFailure> {
         let tracker = self
             .dirty_tracking
             .parse()
@@ -62,7 +62,7 @@ impl DirtyLogBody {
                 format!("{} is out of range: give 1 to 10000", self.period_ms),
             ));
         }
-        let max = crate::vm::MAX_DIRTY_LOG.as_secs_f64();
+        let max = crate::migration::dirty::MAX_DIRTY_LOG.as_secs_f64();
         if !(self.seconds > 0.0 && self.seconds <= max) {
             return Err(ApiFailure::bad(
                 "seconds",
@@ -72,7 +72,7 @@ impl DirtyLogBody {
                 ),
             ));
         }
-        Ok(crate::vm::DirtyLogRequest {
+        Ok(crate::migration::dirty::DirtyLogRequest {
             tracker,
             period: Duration::from_millis(self.period_ms),
             duration: Duration::from_secs_f64(self.seconds),

@@ -12,6 +12,7 @@
 //! by the caller's thread in [`serve`] (`setup.rs`), which then runs the
 //! VM; once it runs, requests go to the VM's controller (`runtime.rs`).
 
+mod checks;
 mod devices;
 mod metrics;
 pub mod models;

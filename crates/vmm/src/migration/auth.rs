@@ -20,8 +20,9 @@ use std::io::{self, Read, Write};
 use std::sync::Arc;
 
 pub use super::mac::{FrameMac, MAC_BYTES};
+use super::message::Message;
 use super::transport::Addr;
-use super::wire::{peer_text, Frame, FrameReader, FrameWriter, Kind, HELLO_AUTH};
+use super::wire::{FrameReader, FrameWriter, HELLO_AUTH};
 use super::MigrationError;
 pub use crate::config::MigrationKey;
 use crate::host::random_bytes;
@@ -95,20 +96,19 @@ fn expect_auth(
     len: usize,
     me: Reading,
 ) -> Result<Vec<u8>, MigrationError> {
-    let Frame { kind, payload, .. } = r.frame()?;
-    match (kind, me) {
-        (Kind::Auth, _) if payload.len() == len => Ok(payload),
-        (Kind::Auth, _) => Err(auth_error(format!(
+    match (r.message()?.message, me) {
+        (Message::Auth(payload), _) if payload.len() == len => Ok(payload),
+        (Message::Auth(payload), _) => Err(auth_error(format!(
             "an AUTH frame of {} bytes where {len} belong",
             payload.len()
         ))),
-        (Kind::Error, Reading::Source) => Err(MigrationError::Refused(peer_text(&payload))),
-        (Kind::Error, Reading::Destination) => Err(auth_error(format!(
-            "the source gave up: {}",
-            peer_text(&payload)
-        ))),
+        (Message::Error(why), Reading::Source) => Err(MigrationError::Refused(why)),
+        (Message::Error(why), Reading::Destination) => {
+            Err(auth_error(format!("the source gave up: {why}")))
+        }
         (other, _) => Err(auth_error(format!(
-            "the peer sent {other:?} where its AUTH frame belongs"
+            "the peer sent {} where its AUTH frame belongs",
+            other.kind().name()
         ))),
     }
 }
@@ -126,7 +126,7 @@ pub fn client(
     random_bytes(&mut ns).map_err(|e| MigrationError::Host(format!("a random nonce: {e}")))?;
     // A destination that refuses at once (no key, another key policy)
     // closes before reading this: its ERROR is the answer, not the pipe.
-    let sent = w.frame(Kind::Auth, &[&ns]);
+    let sent = w.send(&Message::Auth(ns.to_vec()));
     let answer = expect_auth(r, 2 * NONCE, Reading::Source);
     let answer = match (sent, answer) {
         (_, Ok(a)) => a,
@@ -138,10 +138,11 @@ pub fn client(
     if blake3::Hash::from(theirs) != proof(key, DESTINATION_PROOF, &ns, &nd) {
         let why = "the destination does not hold this migration key (its proof does not match)";
         // Tell the destination, so that its log says why too.
-        let _ = w.frame(Kind::Error, &[why.as_bytes()]);
+        let _ = w.send(&Message::Error(why.into()));
         return Err(auth_error(why));
     }
-    w.frame(Kind::Auth, &[proof(key, SOURCE_PROOF, &ns, &nd).as_bytes()])
+    let mine = proof(key, SOURCE_PROOF, &ns, &nd);
+    w.send(&Message::Auth(mine.as_bytes().to_vec()))
         .map_err(link)?;
     w.set_mac(frame_mac(key, &ns, &nd, 0));
     r.set_mac(frame_mac(key, &ns, &nd, 1));
@@ -178,7 +179,8 @@ pub fn server(
     let mut nd = [0u8; NONCE];
     random_bytes(&mut nd).map_err(|e| MigrationError::Host(format!("a random nonce: {e}")))?;
     let mine = proof(key, DESTINATION_PROOF, &ns, &nd);
-    w.frame(Kind::Auth, &[&nd, mine.as_bytes()]).map_err(link)?;
+    w.send(&Message::Auth([&nd[..], mine.as_bytes()].concat()))
+        .map_err(link)?;
     let proved: [u8; 32] = expect_auth(r, 32, Reading::Destination)?[..]
         .try_into()
         .expect("checked length");
@@ -196,6 +198,7 @@ pub fn server(
 mod tests {
     use super::*;
     use crate::migration::transport::Conn;
+    use crate::migration::wire::Kind;
     use std::os::unix::net::UnixStream;
 
     /// A key from `s` and a fixed mix of characters (enough kinds of
@@ -229,7 +232,7 @@ mod tests {
             match server(destination_key.as_ref(), flags, &mut dr, &mut dw) {
                 Ok(()) => Ok((dr, dw)),
                 Err(e) => {
-                    let _ = dw.frame(Kind::Error, &[e.to_string().as_bytes()]);
+                    let _ = dw.send(&Message::Error(e.to_string()));
                     Err(e)
                 }
             }

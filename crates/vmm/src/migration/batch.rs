@@ -7,8 +7,7 @@ use std::io::{self, Write};
 
 use hover_abi::layout::PAGE_SIZE;
 
-use super::page_lists::pages_header;
-use super::wire::{FrameWriter, Kind};
+use super::wire::FrameWriter;
 use crate::state::memory::is_zero;
 
 /// Reads the pages at the addresses given into the buffer, a page each.
@@ -98,7 +97,7 @@ impl Batcher {
         if self.gpas.is_empty() {
             return Ok(0);
         }
-        w.frame(Kind::Pages, &[&pages_header(&self.gpas), &self.buf])
+        w.send_pages(&self.gpas, &self.buf)
             .map_err(BatchError::Write)?;
         let n = self.gpas.len() as u64;
         self.gpas.clear();

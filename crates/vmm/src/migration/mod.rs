@@ -7,7 +7,8 @@
 //!
 //! Here: the dirty trackers (`dirty`), the stream format (`wire`, framed
 //! and MAC'd: `mac`, `auth` for the pre-shared key's proof), the
-//! connections (`transport`, `opening` for a recovery's), what a round
+//! connections (`transport`, `opening` for a recovery's), what each frame
+//! means (`message`), what a round
 //! sends (`page_lists`, `batch`, `sender` and `mapper` for the sending
 //! process of seed 3), convergence and auto-converge (`convergence`,
 //! `throttle`), what the destination received (`received`), and the
@@ -21,6 +22,7 @@ pub mod convergence;
 pub mod dirty;
 pub mod mac;
 pub mod mapper;
+pub mod message;
 pub mod opening;
 pub mod page_lists;
 pub mod page_sender;

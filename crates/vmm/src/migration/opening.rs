@@ -19,8 +19,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::auth;
+use super::message::Message;
 use super::transport::{Conn, Listener, Timed};
-use super::wire::{FrameReader, FrameWriter, Kind};
+use super::wire::{FrameReader, FrameWriter};
 use super::MigrationError;
 use crate::config::MigrationKey;
 
@@ -97,11 +98,11 @@ fn open(conn: &Conn, key: Option<&MigrationKey>) -> Result<Opened, MigrationErro
 fn turn_away(conn: &Conn, w: Option<&mut FrameWriter<Conn>>, why: &str) {
     match w {
         Some(w) => {
-            let _ = w.frame(Kind::Error, &[why.as_bytes()]);
+            let _ = w.send(&Message::Error(why.into()));
         }
         None => {
             if let Ok(c) = conn.try_clone() {
-                let _ = FrameWriter::new(c).frame(Kind::Error, &[why.as_bytes()]);
+                let _ = FrameWriter::new(c).send(&Message::Error(why.into()));
             }
         }
     }

@@ -51,7 +51,7 @@ pub enum Command {
     Migrate(crate::migration::MigrateOptions),
     /// Track dirty pages for a while without sending any (seed 4's
     /// experiment).
-    DirtyLog(super::dirty_log::DirtyLogRequest),
+    DirtyLog(crate::migration::dirty::DirtyLogRequest),
 }
 
 impl Command {
@@ -100,7 +100,7 @@ pub enum Reply {
         boost: serde_json::Value,
     },
     /// What dirty tracking did.
-    DirtyLog(super::dirty_log::DirtyLogReport),
+    DirtyLog(crate::migration::dirty::DirtyLogReport),
 }
 
 /// A snapshot, once written.

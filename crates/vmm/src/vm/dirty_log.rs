@@ -1,70 +1,24 @@
-//! Dirty tracking on its own (`PUT /vm/dirty-log`): one tracker turned on
-//! and harvested every period for a while, exactly as a migration's rounds
-//! would, with no page sent. It measures what tracking costs the guest
+//! Dirty tracking on its own (`PUT /vm/dirty-log`, its request and report
+//! in `migration::dirty`): one tracker turned on and harvested every
+//! period for a while, exactly as a migration's rounds would, with no page
+//! sent. It measures what tracking costs the guest
 //! (seed 4's experiment: `hover bench dirty-log`), apart from the link.
 
-use std::time::{Duration, Instant};
-
-use serde::Serialize;
+use std::time::Instant;
 
 use super::control::{CommandError, Lifecycle};
 use super::run::Running;
-use crate::migration::dirty::{
-    BitmapTracker, DirtyTracker, HybridTracker, ManualTracker, RingTracker,
-};
+use crate::migration::dirty::{self, DirtyLogReport, DirtyLogRequest, DirtyTracker, MAX_DIRTY_LOG};
 use crate::migration::{MigrationError, Tracker};
 
-/// Longest tracking run accepted.
-pub const MAX_DIRTY_LOG: Duration = Duration::from_secs(60);
-
-/// What to track, how often to harvest, for how long.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DirtyLogRequest {
-    /// The tracker.
-    pub tracker: Tracker,
-    /// Time between harvests.
-    pub period: Duration,
-    /// How long tracking stays on.
-    pub duration: Duration,
-    /// Pages the hybrid tracker may hold back unprotected (a migration
-    /// sets this from the link's rate and the downtime target).
-    pub hold_pages: u64,
-}
-
-/// What tracking did.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct DirtyLogReport {
-    /// The tracker.
-    pub tracker: String,
-    /// Harvests made.
-    pub harvests: u32,
-    /// Mean time of a harvest, microseconds.
-    pub harvest_us_mean: f64,
-    /// Longest harvest, microseconds.
-    pub harvest_us_max: u64,
-    /// Mean pages a harvest found dirty (and would send).
-    pub pages_per_harvest: f64,
-    /// Pages the tracker held back at the end (hybrid: hot sections).
-    pub held_pages: u64,
-    /// From tracking on to off, milliseconds.
-    pub elapsed_ms: f64,
-}
-
 impl Running {
-    /// The tracker `t` for this VM: rings only with rings, and only rings then.
+    /// The tracker `t` for this VM (`migration::dirty::tracker`).
     pub(super) fn tracker(&self, t: Tracker) -> Result<Box<dyn DirtyTracker>, CommandError> {
-        let (fd, ram) = (self.vm.fd.clone(), &self.vm.ram);
-        let invalid = |reason: &str| CommandError::Invalid {
-            field: "dirty_tracking",
-            reason: reason.into(),
-        };
-        Ok(match (t, &self.vm.rings) {
-            (Tracker::Ring, Some(r)) => Box::new(RingTracker::new(fd, ram, r.clone())),
-            (Tracker::Ring, None) => return Err(invalid("ring tracking needs the VM started with --dirty-ring ENTRIES (rings must exist before the vCPUs)")),
-            (_, Some(_)) => return Err(invalid("this VM has dirty rings (--dirty-ring), and KVM refuses the bitmap ioctls then: use ring")),
-            (Tracker::Manual, None) => Box::new(ManualTracker::new(fd, ram)),
-            (Tracker::Hybrid, None) => Box::new(HybridTracker::new(fd, ram)),
-            (Tracker::Bitmap, None) => Box::new(BitmapTracker::new(fd, ram)),
+        dirty::tracker(t, self.vm.fd.clone(), &self.vm.ram, self.vm.rings.as_ref()).map_err(|e| {
+            CommandError::Invalid {
+                field: "dirty_tracking",
+                reason: e.to_string(),
+            }
         })
     }
 
@@ -118,10 +72,7 @@ impl Running {
         self.vm.devices.host_writes.record(false);
         result?;
         report.elapsed_ms = t0.elapsed().as_secs_f64() * 1e3;
-        if report.harvests > 0 {
-            report.harvest_us_mean = total_us as f64 / report.harvests as f64;
-            report.pages_per_harvest = pages as f64 / report.harvests as f64;
-        }
+        report.finish(total_us, pages);
         Ok(report)
     }
 }

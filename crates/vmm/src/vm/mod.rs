@@ -55,7 +55,6 @@ pub use control::{
 pub(crate) use control::{Status, VmEvent};
 pub use destination::ReceiveOptions;
 use device_manager::DeviceManager;
-pub use dirty_log::{DirtyLogReport, DirtyLogRequest, MAX_DIRTY_LOG};
 pub use hot_set::MAX_HOT_WINDOW;
 use machine::{pv_withheld, Machine};
 pub use outcome::{BootTimings, EndReason, MemoryUsage, RestoreReport, RunOutcome};

@@ -1,4 +1,5 @@
 use super::*;
+use std::io::Write;
 
 fn server(limits: Limits) -> (std::path::PathBuf, HttpServer) {
     static N: AtomicU64 = AtomicU64::new(0);

@@ -2,16 +2,19 @@
 //! pre-copy engine drives, behind one trait (`bitmap`: KVM_GET_DIRTY_LOG;
 //! `manual`: manual re-protection with KVM_CLEAR_DIRTY_LOG; `hybrid`:
 //! sections that stay hot are left unprotected, seed 4; `ring`: the
-//! per-vCPU dirty rings of a VM started with `--dirty-ring`). The record of
+//! per-vCPU dirty rings of a VM started with `--dirty-ring`), which one a
+//! VM gets and tracking asked for on its own (`choice`). The record of
 //! the monitor's own writes to guest memory (KVM logs only the guest's) is
 //! `memory::host_writes`, where the monitor's writer keeps it.
 
 mod bitmap;
+mod choice;
 mod hybrid;
 mod manual;
 pub mod ring;
 
 pub use bitmap::BitmapTracker;
+pub use choice::{tracker, ChoiceError, DirtyLogReport, DirtyLogRequest, MAX_DIRTY_LOG};
 pub use hybrid::{HotSections, HybridTracker, SECTION_PAGES};
 pub use manual::ManualTracker;
 pub use ring::{RingSet, RingTracker};

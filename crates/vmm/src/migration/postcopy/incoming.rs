@@ -9,14 +9,12 @@
 use crate::sync::Locked;
 use std::time::{Duration, Instant};
 
-use hover_abi::layout::PAGE_SIZE;
-
 use super::{page_hash, PostcopyReport};
 use crate::memory::paged::Placer;
+use crate::migration::message::{Digest, Message, PageSet};
 use crate::migration::opening::{self, Opened, WaitError, Waiting};
-use crate::migration::page_lists::{encode_page_set, split_pages};
 use crate::migration::transport::{Addr, Conn, Listener};
-use crate::migration::wire::{FrameReader, FrameWriter, Kind, WireError};
+use crate::migration::wire::{FrameReader, FrameWriter, WireError};
 
 pub use super::remote::{RemotePages, DEFAULT_PAGE_TIMEOUT};
 
@@ -78,7 +76,7 @@ impl Incoming {
             self.pages.fail(e);
             let mut l = self.pages.link.locked();
             if let Some(w) = l.writer.as_mut() {
-                let _ = w.frame(Kind::Error, &[e.as_bytes()]);
+                let _ = w.send(&Message::Error(e.clone()));
             }
             l.writer = None;
         }
@@ -127,40 +125,33 @@ impl Incoming {
         report: &mut PostcopyReport,
     ) -> Result<bool, Broken> {
         let link = Broken::Link;
-        let f = match self.reader.frame() {
-            Ok(f) => f,
+        let got = match self.reader.message() {
+            Ok(got) => got,
             Err(e @ (WireError::Io { .. } | WireError::Truncated { .. })) => {
                 return Err(link(format!("the connection to the source broke: {e}")))
             }
             Err(e) => return Err(link(format!("the stream is damaged: {e}"))),
         };
-        let at = f.offset;
-        match f.kind {
-            Kind::Pages => {
-                let (gpas, data) = split_pages(&f.payload)
+        let at = got.offset;
+        match got.message {
+            Message::Pages(p) => {
+                self.pages
+                    .check_arrivals(p.gpas())
                     .map_err(|r| link(format!("PAGES frame at offset {at}: {r}")))?;
                 self.pages
-                    .check_arrivals(&gpas)
-                    .map_err(|r| link(format!("PAGES frame at offset {at}: {r}")))?;
-                self.pages
-                    .arrive(&gpas, data, &self.placer)
+                    .arrive(p.gpas(), p.data(), &self.placer)
                     .map_err(Broken::Local)?;
-                for (g, p) in gpas.iter().zip(data.chunks_exact(PAGE_SIZE as usize)) {
-                    self.hash = self.hash.wrapping_add(page_hash(*g, p));
+                for (g, page) in p.iter() {
+                    self.hash = self.hash.wrapping_add(page_hash(g, page));
                 }
-                report.pages_received += gpas.len() as u64;
+                report.pages_received += p.gpas().len() as u64;
                 Ok(false)
             }
-            Kind::Digest => {
-                let b: [u8; 8] = f.payload.as_slice().try_into().map_err(|_| {
-                    link(format!(
-                        "DIGEST frame at offset {at}: not an 8-byte post-copy hash"
-                    ))
-                })?;
-                *expected = Some(u64::from_le_bytes(b));
+            Message::Digest(Digest::Postcopy(h)) => {
+                *expected = Some(h);
                 Ok(false)
             }
-            Kind::End => {
+            Message::End => {
                 let left = self.pages.remaining();
                 if left > 0 {
                     return Err(link(format!(
@@ -183,19 +174,17 @@ impl Incoming {
                 if let Some(w) = l.writer.as_mut() {
                     // Every page is here either way; the source also
                     // learns of the end from the closed link.
-                    if let Err(e) = w.frame(Kind::Done, &[]) {
+                    if let Err(e) = w.send(&Message::Done) {
                         tracing::warn!("post-copy: cannot tell the source we are done: {e}");
                     }
                 }
                 l.writer = None;
                 Ok(true)
             }
-            Kind::Error => Err(link(format!(
-                "the source gave up: {}",
-                crate::migration::wire::peer_text(&f.payload)
-            ))),
+            Message::Error(why) => Err(link(format!("the source gave up: {why}"))),
             other => Err(link(format!(
-                "a {other:?} frame at offset {at} does not belong in post-copy"
+                "a {} frame at offset {at} does not belong in post-copy",
+                other.kind().name()
             ))),
         }
     }
@@ -239,14 +228,17 @@ impl Incoming {
         } = o;
         conn.set_timeout(Some(Duration::from_secs(30)))
             .map_err(|e| err(&e))?;
-        let f = r.frame().map_err(|e| err(&e))?;
-        if f.kind != Kind::Recover {
-            let _ = w.frame(Kind::Error, &[b"expected RECOVER"]);
+        let first = r.message().map_err(|e| err(&e))?.message;
+        if !matches!(first, Message::Recover) {
+            let _ = w.send(&Message::Error("expected RECOVER".into()));
             conn.shutdown();
-            return Err(format!("the first frame was {:?}, not RECOVER", f.kind));
+            return Err(format!(
+                "the first frame was {}, not RECOVER",
+                first.kind().name()
+            ));
         }
-        let missing = encode_page_set(self.pages.pending_gpas(), self.end);
-        w.frame(Kind::Missing, &[&missing]).map_err(|e| err(&e))?;
+        let missing = PageSet::of(self.pages.pending_gpas(), self.end);
+        w.send(&Message::Missing(missing)).map_err(|e| err(&e))?;
         self.reader = r;
         self.pages.set_writer(Some(w));
         Ok(())

@@ -11,9 +11,9 @@ use hover_abi::layout::PAGE_SIZE;
 
 use super::PostcopyReport;
 use crate::migration::batch::ReadPages;
-use crate::migration::page_lists::{decode_addrs, pages_header};
+use crate::migration::message::{Digest, Message};
 use crate::migration::transport::Conn;
-use crate::migration::wire::{FrameReader, FrameWriter, Kind};
+use crate::migration::wire::{FrameReader, FrameWriter};
 
 /// How long the destination may stay silent once every page is sent.
 const DONE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -142,19 +142,20 @@ fn listen(mut r: FrameReader<Conn>, end: u64) -> Receiver<Msg> {
         crate::seccomp::Kind::Migration,
         "postcopy-requests".into(),
         move || loop {
-            let msg = match r.frame() {
-                Ok(f) => match f.kind {
-                    Kind::Request => match decode_addrs(&f.payload, end) {
+            let msg = match r.message() {
+                Ok(got) => match got.message {
+                    Message::Request(req) => match req.pages(end) {
                         Ok(g) => Msg::Request(g),
                         Err(e) => {
-                            Msg::Refused(format!("REQUEST frame at offset {}: {e}", f.offset))
+                            Msg::Refused(format!("REQUEST frame at offset {}: {e}", got.offset))
                         }
                     },
-                    Kind::Done => Msg::Done,
-                    Kind::Error => Msg::Refused(crate::migration::wire::peer_text(&f.payload)),
+                    Message::Done => Msg::Done,
+                    Message::Error(why) => Msg::Refused(why),
                     other => Msg::Refused(format!(
-                        "a {other:?} frame at offset {} does not belong in post-copy",
-                        f.offset
+                        "a {} frame at offset {} does not belong in post-copy",
+                        other.kind().name(),
+                        got.offset
                     )),
                 },
                 Err(e) => Msg::Lost(e.to_string()),
@@ -268,10 +269,10 @@ impl Serve<'_> {
             }
             if gpas.is_empty() {
                 if let Some(h) = self.hash {
-                    w.frame(Kind::Digest, &[&h.to_le_bytes()])
+                    w.send(&Message::Digest(Digest::Postcopy(h)))
                         .map_err(|e| ServeError::Lost(e.to_string()))?;
                 }
-                w.frame(Kind::End, &[])
+                w.send(&Message::End)
                     .map_err(|e| ServeError::Lost(e.to_string()))?;
                 ended = true;
                 continue;
@@ -280,7 +281,7 @@ impl Serve<'_> {
             let buf = &mut data[..gpas.len() * ps];
             (self.read)(&gpas, buf)
                 .map_err(|e| ServeError::Host(format!("reading guest memory: {e}")))?;
-            if let Err(e) = w.frame(Kind::Pages, &[&pages_header(&gpas), buf]) {
+            if let Err(e) = w.send_pages(&gpas, buf) {
                 // In flight or not, the destination will say what it misses.
                 return Err(ServeError::Lost(e.to_string()));
             }

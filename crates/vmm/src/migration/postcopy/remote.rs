@@ -15,10 +15,10 @@ use hover_abi::layout::PAGE_SIZE;
 use super::{page_hash, LatencyHist, PostcopyReport};
 use crate::memory::paged::{PageSource, Placer};
 use crate::memory::store::PageBuf;
-use crate::migration::page_lists::encode_addrs;
+use crate::migration::message::{Message, Request};
 use crate::migration::received::ReceivedPages;
 use crate::migration::transport::Conn;
-use crate::migration::wire::{FrameWriter, Kind};
+use crate::migration::wire::FrameWriter;
 
 /// How long a demanded page may take while the connection is up.
 pub const DEFAULT_PAGE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -244,7 +244,7 @@ impl PageSource for RemotePages {
             if asked_in != Some(l.epoch) {
                 if let Some(w) = l.writer.as_mut() {
                     // A broken connection shows on the reading side too.
-                    if w.frame(Kind::Request, &[&encode_addrs(&[gpa])]).is_ok() {
+                    if w.send(&Message::Request(Request::of(&[gpa]))).is_ok() {
                         self.requests.fetch_add(1, Ordering::Relaxed);
                         asked_in = Some(l.epoch);
                         deadline = Instant::now() + self.timeout;
@@ -330,9 +330,10 @@ mod tests {
         let mut got = Vec::new();
         source.read_to_end(&mut got).unwrap();
         let mut f = FrameReader::new(&got[..]);
-        let req = f.frame().unwrap();
-        assert_eq!(req.kind, Kind::Request);
-        assert_eq!(req.payload, encode_addrs(&[2 * ps]));
+        let Message::Request(req) = f.message().unwrap().message else {
+            panic!("not a request")
+        };
+        assert_eq!(req.pages(8 * ps).unwrap(), vec![2 * ps]);
         // The fetch is still waiting (for a recovery), not failed.
         std::thread::sleep(Duration::from_millis(100));
         assert!(

@@ -37,14 +37,12 @@ use super::run::Running;
 use super::{open_console, Vm};
 use crate::memory::paged::PageSource;
 use crate::migration::auth::LinkAuth;
+use crate::migration::message::{Digest, Message, Mode, Pages, RunningFrame};
 use crate::migration::opening::{self, Opened, Waiting};
-use crate::migration::page_lists::{decode_page_set, split_pages};
 use crate::migration::postcopy::incoming::{self, RemotePages};
 use crate::migration::received::ReceivedPages;
 use crate::migration::transport::{Addr, Conn, Listener};
-use crate::migration::wire::{
-    FrameReader, FrameWriter, Kind, RunningFrame, MODE_POSTCOPY, MODE_PRECOPY,
-};
+use crate::migration::wire::{FrameReader, FrameWriter};
 use crate::migration::MigrationError;
 use crate::state::{self, memory, SavedMachine, VmState};
 use crate::vcpu::state::StateError;
@@ -59,7 +57,7 @@ fn refuse(conn: &Conn, w: &mut FrameWriter<Conn>, e: &Error) {
         Error::Migration(m) => m.to_string(),
         other => other.to_string(),
     };
-    let _ = w.frame(Kind::Error, &[msg.as_bytes()]);
+    let _ = w.send(&Message::Error(msg));
     conn.shutdown();
 }
 
@@ -80,45 +78,44 @@ fn check_digest(vm: &Vm, want: u32, end_at: u64) -> Result<(), Cut> {
     Ok(())
 }
 
-/// A PAGES frame's pages put where they go: guest memory, or (above the
-/// pinned boot area) the pager's received pages under a budget or a
-/// post-copy's kept ones; each pinned page noted for the hash. How many.
+/// A PAGES message's pages (its frame at `offset`) put where they go:
+/// guest memory, or (above the pinned boot area) the pager's received
+/// pages under a budget or a post-copy's kept ones; each pinned page noted
+/// for the hash. How many.
 fn place_pages(
     ram: &crate::memory::GuestRam,
-    f: &crate::migration::wire::Frame,
+    (pages, offset): (&Pages, u64),
     image_end: u64,
     mut pinned: Option<&mut PinnedHash>,
     (received, remote): (Option<&ReceivedPages>, Option<&RemotePages>),
 ) -> Result<u64, Cut> {
     let mig = |e: MigrationError| Cut::Refused(Error::Migration(e));
-    let (gpas, data) =
-        split_pages(&f.payload).map_err(|reason| mig(unfit("PAGES", f.offset, reason)))?;
-    for (gpa, page) in gpas.iter().zip(data.chunks_exact(PAGE_SIZE as usize)) {
-        if !ram.contains(*gpa, PAGE_SIZE) {
+    for (gpa, page) in pages.iter() {
+        if !ram.contains(gpa, PAGE_SIZE) {
             return Err(mig(unfit(
                 "PAGES",
-                f.offset,
+                offset,
                 format!("page {gpa:#x} is outside guest memory"),
             )));
         }
         if let Some(p) = pinned.as_mut() {
-            p.note(*gpa, page);
+            p.note(gpa, page);
         }
         let kept = match (received, remote) {
-            _ if *gpa < image_end => None,
-            (Some(r), _) => Some(r.write(*gpa, page)),
-            (_, Some(r)) => Some(r.keep(*gpa, page)),
+            _ if gpa < image_end => None,
+            (Some(r), _) => Some(r.write(gpa, page)),
+            (_, Some(r)) => Some(r.keep(gpa, page)),
             (None, None) => None,
         };
         match kept {
             Some(k) => k.map_err(|e| mig(MigrationError::Host(format!("keeping a page: {e}"))))?,
             _ => ram
                 .memory()
-                .write_slice(page, GuestAddress(*gpa))
+                .write_slice(page, GuestAddress(gpa))
                 .map_err(|e| mig(MigrationError::Host(e.to_string())))?,
         }
     }
-    Ok(gpas.len() as u64)
+    Ok(pages.gpas().len() as u64)
 }
 
 fn unfit(section: &'static str, offset: u64, reason: String) -> MigrationError {
@@ -129,12 +126,13 @@ fn unfit(section: &'static str, offset: u64, reason: String) -> MigrationError {
     }
 }
 
-fn decode<T: serde::de::DeserializeOwned>(
-    section: &'static str,
-    offset: u64,
-    b: &[u8],
-) -> Result<T, MigrationError> {
-    postcard::from_bytes(b).map_err(|e| unfit(section, offset, format!("cannot be decoded: {e}")))
+/// `found` (its frame at `offset`) came where `section` belongs.
+fn misplaced(section: &'static str, offset: u64, found: &Message) -> MigrationError {
+    unfit(
+        section,
+        offset,
+        format!("found a {} frame", found.kind().name()),
+    )
 }
 
 /// How `hover receive` waits for its source.
@@ -232,34 +230,16 @@ impl Vm {
         let mig = |e: MigrationError| Error::Migration(e);
         conn.set_timeout(Some(IO_TIMEOUT))
             .map_err(host("setting the connection's timeout"))?;
-        let f = r.frame().map_err(|e| mig(e.into()))?;
-        if f.kind != Kind::Conf {
-            return Err(mig(unfit(
-                "CONF",
-                f.offset,
-                format!("found a {:?} frame", f.kind),
-            )));
-        }
-        let saved: SavedMachine = decode("CONF", f.offset, &f.payload).map_err(mig)?;
-        let conf_at = f.offset;
-        let f = r.frame().map_err(|e| mig(e.into()))?;
-        let (postcopy, verify) = match (f.kind, f.payload.as_slice()) {
-            (Kind::Mode, [MODE_PRECOPY, v]) => (false, *v != 0),
-            (Kind::Mode, [MODE_POSTCOPY, v]) => (true, *v != 0),
-            (Kind::Mode, other) => {
-                return Err(mig(unfit(
-                    "MODE",
-                    f.offset,
-                    format!("{other:?} is not a migration mode and verify flag"),
-                )))
-            }
-            (other, _) => {
-                return Err(mig(unfit(
-                    "MODE",
-                    f.offset,
-                    format!("found a {other:?} frame"),
-                )))
-            }
+        let got = r.message().map_err(|e| mig(e.into()))?;
+        let conf_at = got.offset;
+        let saved: SavedMachine = match got.message {
+            Message::Conf(c) => *c,
+            other => return Err(mig(misplaced("CONF", conf_at, &other))),
+        };
+        let got = r.message().map_err(|e| mig(e.into()))?;
+        let Mode { postcopy, verify } = match got.message {
+            Message::Mode(m) => m,
+            other => return Err(mig(misplaced("MODE", got.offset, &other))),
         };
         let p = prepare(&saved, opts).map_err(|e| load(e, "CONF", conf_at))?;
         let cpuid = p.set_cpuid().map_err(|e| load(e, "CONF", conf_at))?;
@@ -298,7 +278,7 @@ impl Vm {
         let vm = Vm::assemble(p.machine, &config, saved.clone(), sink, source, created_at)?;
         // A signal ends the wait for the stream's next frame.
         vm.status.locked().hangup = Some(conn.try_clone().map_err(host("cloning the connection"))?);
-        w.frame(Kind::Ready, &[])
+        w.send(&Message::Ready)
             .map_err(host("answering the source"))?;
         Ok((
             vm,
@@ -445,66 +425,62 @@ impl Running {
             (None, None, 0);
         loop {
             heed_events(&self.vm.events_rx, &mut self.stashed)?;
-            let f = r.frame().map_err(|e| {
+            let got = r.message().map_err(|e| {
                 match heed_events(&self.vm.events_rx, &mut self.stashed) {
                     Err(stopped) => stopped,
                     Ok(()) => mig(e.into()),
                 }
             })?;
-            match f.kind {
-                Kind::Pages => {
+            let at = got.offset;
+            match got.message {
+                Message::Pages(p) => {
                     pages += place_pages(
                         &self.vm.ram,
-                        &f,
+                        (&p, at),
                         saved.image_end,
                         pinned.as_mut(),
                         (received.as_deref(), remote.as_deref()),
                     )?;
                 }
-                Kind::State => {
-                    let s: VmState = decode("STATE", f.offset, &f.payload).map_err(mig)?;
+                Message::State(s) => {
                     if s.config != saved {
                         return Err(mig(unfit(
                             "STATE",
-                            f.offset,
+                            at,
                             "its configuration differs from the one sent first".into(),
                         )));
                     }
-                    state = Some((f.offset, s));
+                    state = Some((at, *s));
                 }
-                Kind::Digest => {
-                    let b: [u8; 4] = f.payload.as_slice().try_into().map_err(|_| {
-                        mig(unfit("DIGEST", f.offset, "not a 4-byte digest".into()))
-                    })?;
-                    digest = Some(u32::from_le_bytes(b));
-                }
+                Message::Digest(Digest::Memory(d)) => digest = Some(d),
                 // The source waits for this before it pauses its guest,
                 // so that the pause never waits behind a backlog here.
-                Kind::Sync => w
-                    .frame(Kind::Synced, &[])
+                Message::Sync => w
+                    .send(&Message::Synced)
                     .map_err(host("answering the source"))?,
-                Kind::End if !postcopy => break,
-                Kind::Postcopy if postcopy && state.is_some() => {
-                    let gpas = decode_page_set(&f.payload, ram.end())
-                        .map_err(|reason| mig(unfit("POSTCOPY", f.offset, reason)))?;
+                Message::End if !postcopy => break,
+                Message::Postcopy(set) if postcopy && state.is_some() => {
+                    let gpas = set
+                        .pages(ram.end())
+                        .map_err(|reason| mig(unfit("POSTCOPY", at, reason)))?;
                     if let Some(g) = gpas.iter().find(|&&g| g < saved.image_end) {
                         return Err(mig(unfit(
                             "POSTCOPY",
-                            f.offset,
+                            at,
                             format!("page {g:#x} is in the pinned boot area, which must arrive before the guest runs"),
                         )));
                     }
                     let remote = remote.as_ref().expect("post-copy has its page source");
                     remote
                         .mark_pending(&gpas)
-                        .map_err(|reason| mig(unfit("POSTCOPY", f.offset, reason)))?;
+                        .map_err(|reason| mig(unfit("POSTCOPY", at, reason)))?;
                     break;
                 }
                 other => {
                     return Err(mig(unfit(
                         "stream",
-                        f.offset,
-                        format!("a {other:?} frame does not belong here"),
+                        at,
+                        format!("a {} frame does not belong here", other.kind().name()),
                     )))
                 }
             }
@@ -548,7 +524,7 @@ impl Running {
             tsc: state::host_tsc(),
             load_us: ended.elapsed().as_micros() as u64,
         };
-        w.frame(Kind::Running, &[&running.encode()])
+        w.send(&Message::Running(running))
             .map_err(host("answering the source"))?;
         Ok((remote, pinned_hash))
     }

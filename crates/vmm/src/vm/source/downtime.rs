@@ -6,7 +6,8 @@ use std::time::Instant;
 
 use super::handshake::expect;
 use super::link::Reader;
-use crate::migration::wire::{Kind, RunningFrame};
+use crate::migration::message::Message;
+use crate::migration::wire::Kind;
 use crate::migration::{lap_us, DowntimeBreakdown, MigrationError, MigrationReport};
 use crate::state;
 
@@ -45,9 +46,11 @@ impl Downtime {
         report: &mut MigrationReport,
         tsc_khz: u32,
     ) -> Result<(), MigrationError> {
-        let running = expect(r, Kind::Running)?;
+        let at = expect(r, Kind::Running, |m| match m {
+            Message::Running(at) => Some(at),
+            _ => None,
+        })?;
         let waited = self.lap.elapsed().as_micros() as u64;
-        let at = RunningFrame::decode(&running).unwrap_or_default();
         if at.tsc != 0 {
             report.guest_downtime_ms =
                 at.tsc.saturating_sub(self.pause_tsc) as f64 / tsc_khz.max(1) as f64;

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use super::link::{io, link, Reader, Writer};
 use crate::config::MigrationKey;
 use crate::migration::auth::{self, LinkAuth};
+use crate::migration::message::Message;
 use crate::migration::transport::{Addr, Conn};
-use crate::migration::wire::{peer_text, FrameReader, FrameWriter, Kind, HELLO_AUTH};
+use crate::migration::wire::{FrameReader, FrameWriter, Kind, HELLO_AUTH};
 use crate::migration::MigrationError;
 
 /// How a source that may not use `to` without a key is told to fix it.
@@ -45,15 +46,24 @@ pub(in crate::vm) fn open(
     Ok((w, r))
 }
 
-/// Wait for `want` from the destination; its ERROR becomes a refusal.
-pub(in crate::vm) fn expect(r: &mut Reader, want: Kind) -> Result<Vec<u8>, MigrationError> {
-    let f = r.frame()?;
-    match f.kind {
-        k if k == want => Ok(f.payload),
-        Kind::Error => Err(MigrationError::Refused(peer_text(&f.payload))),
-        other => Err(MigrationError::Refused(format!(
-            "the destination answered {other:?} where {want:?} belongs"
-        ))),
+/// Wait for a `want` message from the destination, what `pick` takes of
+/// it; its ERROR becomes a refusal, any other message too.
+pub(in crate::vm) fn expect<T>(
+    r: &mut Reader,
+    want: Kind,
+    pick: fn(Message) -> Option<T>,
+) -> Result<T, MigrationError> {
+    let m = r.message()?.message;
+    let found = m.kind();
+    match m {
+        Message::Error(why) => Err(MigrationError::Refused(why)),
+        m => pick(m).ok_or_else(|| {
+            MigrationError::Refused(format!(
+                "the destination answered {} where {} belongs",
+                found.name(),
+                want.name()
+            ))
+        }),
     }
 }
 
@@ -68,9 +78,12 @@ pub(in crate::vm) fn handshake(
     r: &mut Reader,
 ) -> Result<(), MigrationError> {
     let Err(e) = sent else { return Ok(()) };
-    match r.frame() {
-        Ok(f) if f.kind == Kind::Error => Err(MigrationError::Refused(peer_text(&f.payload))),
-        _ => Err(link(what)(e)),
+    match r.message() {
+        Ok(got) => match got.message {
+            Message::Error(why) => Err(MigrationError::Refused(why)),
+            _ => Err(link(what)(e)),
+        },
+        Err(_) => Err(link(what)(e)),
     }
 }
 
@@ -78,9 +91,11 @@ pub(in crate::vm) fn handshake(
 /// every frame sent before is applied there. How long that took.
 pub(in crate::vm) fn catch_up(w: &mut Writer, r: &mut Reader) -> Result<Duration, MigrationError> {
     let at = Instant::now();
-    w.frame(Kind::Sync, &[])
+    w.send(&Message::Sync)
         .map_err(link("asking the destination to catch up"))?;
-    expect(r, Kind::Synced)?;
+    expect(r, Kind::Synced, |m| {
+        matches!(m, Message::Synced).then_some(())
+    })?;
     Ok(at.elapsed())
 }
 

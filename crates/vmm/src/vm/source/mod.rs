@@ -18,13 +18,14 @@ use super::run::Running;
 use crate::memory::host_writes::HostWrites;
 use crate::migration::convergence::Decision;
 use crate::migration::dirty::{merge, DirtyTracker};
+use crate::migration::message::{self, Digest, Message};
 use crate::migration::page_sender::PageSender;
 use crate::migration::postcopy::Mode;
 use crate::migration::precopy::{Dirty, Rounds, Sent};
 use crate::migration::sender::ProcessSender;
 use crate::migration::throttle::Ticker;
 use crate::migration::transport::Conn;
-use crate::migration::wire::{Kind, MODE_POSTCOPY, MODE_PRECOPY};
+use crate::migration::wire::Kind;
 use crate::migration::{MigrateOptions, MigrationError, MigrationReport};
 use crate::state::memory;
 use crate::vcpu::VcpuEvent;
@@ -171,22 +172,19 @@ impl Running {
             .map_err(io("setting the connection's timeout"))?;
         let (mut w, mut r) = open(conn, self.vm.migration_key.as_deref())?;
         let config = self.saved_machine();
-        let conf = postcard::to_allocvec(&config).expect("state types always encode");
         handshake(
-            w.frame(Kind::Conf, &[&conf]),
+            w.send(&Message::Conf(Box::new(config))),
             "sending the configuration",
             &mut r,
         )?;
-        let mode = match o.mode {
-            Mode::Precopy => MODE_PRECOPY,
-            Mode::Postcopy | Mode::Hybrid => MODE_POSTCOPY,
+        let mode = message::Mode {
+            postcopy: !matches!(o.mode, Mode::Precopy),
+            verify: o.verify,
         };
-        handshake(
-            w.frame(Kind::Mode, &[&[mode, o.verify as u8]]),
-            "sending the mode",
-            &mut r,
-        )?;
-        expect(&mut r, Kind::Ready)?;
+        handshake(w.send(&Message::Mode(mode)), "sending the mode", &mut r)?;
+        expect(&mut r, Kind::Ready, |m| {
+            matches!(m, Message::Ready).then_some(())
+        })?;
 
         tracker.start()?;
         self.vm.devices.host_writes.record(true);
@@ -473,17 +471,17 @@ impl Running {
             return self.switch_to_postcopy(o, switch);
         }
         let st = self.final_round(&mut sender, &mut w, &last, None, &mut report, &mut down)?;
-        w.frame(Kind::State, &[&st])
+        w.send(&Message::State(Box::new(st)))
             .map_err(link("sending the state"))?;
         down.parts.state_us = down.lap();
         if o.verify {
             let d = memory::digest(&self.vm.ram, self.vm.pager.as_ref())
                 .map_err(io("digesting guest memory"))?;
-            w.frame(Kind::Digest, &[&d.to_le_bytes()])
+            w.send(&Message::Digest(Digest::Memory(d)))
                 .map_err(link("sending the digest"))?;
         }
         down.parts.verify_us = down.lap();
-        w.frame(Kind::End, &[]).map_err(link("ending the stream"))?;
+        w.send(&Message::End).map_err(link("ending the stream"))?;
         down.await_running(&mut r, &mut report, self.vm.tsc_khz)?;
         report.total_ms = t0.elapsed().as_secs_f64() * 1e3;
         report.pages_sent = sender.pages;
@@ -517,8 +515,8 @@ impl Running {
 
 impl Running {
     /// The final round's `pages` out and the state (`state`, or gathered
-    /// now), encoded (the VM is paused): how pre-copy ends and post-copy's
-    /// switch begins.
+    /// now; the VM is paused): how pre-copy ends and post-copy's switch
+    /// begins.
     pub(in crate::vm) fn final_round(
         &self,
         sender: &mut PageSender,
@@ -527,17 +525,16 @@ impl Running {
         state: Option<crate::state::VmState>,
         report: &mut MigrationReport,
         down: &mut Downtime,
-    ) -> Result<Vec<u8>, MigrationError> {
+    ) -> Result<crate::state::VmState, MigrationError> {
         let sent = sender.send(&self.vm.ram, self.vm.pager.as_ref(), w, pages, false)?;
         report.round_pages.push(sent);
         report.rounds += 1;
         down.parts.final_pages_us = down.lap();
-        let st = match state {
-            Some(st) => st,
+        match state {
+            Some(st) => Ok(st),
             None => self
                 .collect_state()
-                .map_err(|e| MigrationError::Host(e.to_string()))?,
-        };
-        Ok(postcard::to_allocvec(&st).expect("state types always encode"))
+                .map_err(|e| MigrationError::Host(e.to_string())),
+        }
     }
 }

@@ -10,7 +10,7 @@ use super::super::control::{CommandError, Lifecycle, MigrationProgress};
 use super::super::run::Running;
 use super::handshake::{allowed, expect, open};
 use super::link::{io, link, Reader, Writer};
-use crate::migration::page_lists::{decode_page_set, encode_page_set};
+use crate::migration::message::{Message, PageSet};
 use crate::migration::page_sender::{pace_wait, PageSender};
 use crate::migration::postcopy::outgoing::{Pending, Serve, ServeError};
 use crate::migration::postcopy::{page_hash, Mode, PostcopyReport};
@@ -94,14 +94,11 @@ impl Running {
             &mut report,
             &mut down,
         )?;
-        w.frame(Kind::State, &[&st])
+        w.send(&Message::State(Box::new(st)))
             .map_err(link("sending the state"))?;
         let end = self.vm.ram.end();
-        w.frame(
-            Kind::Postcopy,
-            &[&encode_page_set(rest.iter().copied(), end)],
-        )
-        .map_err(link("sending the missing pages"))?;
+        w.send(&Message::Postcopy(PageSet::of(rest.iter().copied(), end)))
+            .map_err(link("sending the missing pages"))?;
         down.parts.state_us = down.lap();
         let mut r = r;
         down.await_running(&mut r, &mut report, self.vm.tsc_khz)?;
@@ -176,16 +173,20 @@ impl Running {
             conn.set_timeout(Some(super::link::IO_TIMEOUT))
                 .map_err(io("setting the connection's timeout"))?;
             let (mut w, mut r) = open(&conn, self.vm.migration_key.as_deref())?;
-            w.frame(Kind::Recover, &[])
+            w.send(&Message::Recover)
                 .map_err(link("asking to recover"))?;
-            let missing = expect(&mut r, Kind::Missing)?;
-            let gpas = decode_page_set(&missing, self.vm.ram.end()).map_err(|reason| {
-                MigrationError::Unfit {
-                    section: "MISSING",
-                    offset: 16,
-                    reason,
-                }
+            let missing = expect(&mut r, Kind::Missing, |m| match m {
+                Message::Missing(set) => Some(set),
+                _ => None,
             })?;
+            let gpas =
+                missing
+                    .pages(self.vm.ram.end())
+                    .map_err(|reason| MigrationError::Unfit {
+                        section: "MISSING",
+                        offset: 16,
+                        reason,
+                    })?;
             Ok((w, r, gpas))
         })();
         let (w, r, gpas) = match attempt {
