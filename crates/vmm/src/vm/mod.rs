@@ -69,34 +69,78 @@ pub struct Vm {
     devices: DeviceManager,
     tsc_khz: u32,
     image_end: u64,
-    created_at: Instant,
-    vcpu_stats: Vec<KvmStats>,
-    vm_stats: Option<KvmStats>,
+    /// KVM's binary statistics of each vCPU and of the VM.
+    kvm_stats: KvmCounters,
     pager: Option<Pager>,
     /// What a pager let go of (a prefetching restore that finished
     /// loading) left behind.
     released_pager: Option<ReleasedPager>,
-    /// Where its API is served while it runs.
-    api: Option<Box<dyn ApiHost>>,
-    /// Start with every vCPU paused ([`Vm::start_paused`]).
-    start_paused: bool,
-    seccomp: crate::seccomp::Mode,
-    /// The key this VM's outgoing migrations prove (`--migration-key`).
-    migration_key: Option<Arc<crate::config::MigrationKey>>,
-    restored: Option<RestoreReport>,
+    /// How this host runs it: API, start, confinement, migration key.
+    hosting: Hosting,
+    /// How it came here when it was not booted: restored, or arriving.
+    arrival: Arrival,
     rings: Option<Arc<RingSet>>,
     throttle: Arc<Throttle>,
     booster: Arc<Booster>,
-    /// A migration arriving into this VM: the rest of its stream, taken
-    /// once every thread runs ([`run::Running::arrive`]).
-    arriving: Option<Box<destination::Arriving>>,
-    /// A post-copy destination's memory: arriving, or arrived.
-    postcopy_in: Option<destination::postcopy::PostcopyIn>,
     events: Sender<VmEvent>,
     events_rx: Receiver<VmEvent>,
     /// The VM's state as the API reads it, and the one live copy of its
     /// machine configuration ([`Vm::config`]).
     status: Arc<Mutex<Status>>,
+}
+
+/// KVM's binary statistics (`stats.rs`), read by the API, the outcome and
+/// the halt-poll governor.
+struct KvmCounters {
+    /// One per vCPU, in vCPU order.
+    vcpus: Vec<KvmStats>,
+    /// The VM's own, where KVM offers them.
+    vm: Option<KvmStats>,
+}
+
+impl KvmCounters {
+    /// Open each vCPU's and the VM's. Binary statistics need Linux 5.14;
+    /// without them the run still works, with none.
+    fn open(vcpus: &[Vcpu], fd: &VmFd) -> KvmCounters {
+        let vcpus = vcpus
+            .iter()
+            .map(|v| KvmStats::open(v.fd()))
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap_or_else(|e| {
+                tracing::warn!("KVM binary statistics unavailable: {e}");
+                Vec::new()
+            });
+        KvmCounters {
+            vcpus,
+            vm: KvmStats::open(fd).ok(),
+        }
+    }
+}
+
+/// How this host runs the VM, apart from what the VM is.
+struct Hosting {
+    /// When it began to be built (boot timings count from here).
+    created_at: Instant,
+    /// Where its API is served while it runs.
+    api: Option<Box<dyn ApiHost>>,
+    /// Start with every vCPU paused ([`Vm::start_paused`]).
+    start_paused: bool,
+    /// How its threads are confined (`--seccomp`).
+    seccomp: crate::seccomp::Mode,
+    /// The key its outgoing migrations prove (`--migration-key`).
+    migration_key: Option<Arc<crate::config::MigrationKey>>,
+}
+
+/// How a VM that was not booted came here.
+#[derive(Default)]
+struct Arrival {
+    /// A restore's report (a migration that arrived has one too).
+    restored: Option<RestoreReport>,
+    /// A migration arriving into this VM: the rest of its stream, taken
+    /// once every thread runs ([`run::Running::arrive`]).
+    arriving: Option<Box<destination::Arriving>>,
+    /// A post-copy destination's memory: arriving, or arrived.
+    postcopy_in: Option<destination::postcopy::PostcopyIn>,
 }
 
 /// What a released pager leaves behind.
@@ -237,16 +281,7 @@ impl Vm {
         for v in &mut vcpus {
             v.attach_throttle(throttle.clone());
         }
-        // Binary stats need Linux 5.14; without them the run still works.
-        let vcpu_stats = vcpus
-            .iter()
-            .map(|v| KvmStats::open(v.fd()))
-            .collect::<Result<Vec<_>, _>>();
-        let vcpu_stats = vcpu_stats.unwrap_or_else(|e| {
-            tracing::warn!("KVM binary statistics unavailable: {e}");
-            Vec::new()
-        });
-        let vm_stats = KvmStats::open(fd.as_ref()).ok();
+        let kvm_stats = KvmCounters::open(&vcpus, &fd);
         let (devices, booster) = DeviceManager::new(&fd, &m.ram, config, tsc_khz, sink)?;
         for v in &mut vcpus {
             v.attach_booster(booster.clone());
@@ -317,21 +352,20 @@ impl Vm {
             devices,
             tsc_khz,
             image_end: saved.image_end,
-            created_at,
-            vcpu_stats,
-            vm_stats,
+            kvm_stats,
             pager,
             released_pager: None,
-            api: None,
-            start_paused: false,
-            migration_key: config.host.migration_key.clone(),
-            seccomp: config.host.seccomp,
-            restored: None,
+            hosting: Hosting {
+                created_at,
+                api: None,
+                start_paused: false,
+                migration_key: config.host.migration_key.clone(),
+                seccomp: config.host.seccomp,
+            },
+            arrival: Arrival::default(),
             rings,
             throttle,
             booster,
-            arriving: None,
-            postcopy_in: None,
             events,
             events_rx,
             status,
@@ -390,7 +424,7 @@ impl Vm {
     /// paused through the API before the guest ran (a Firecracker snapshot
     /// load without `resume_vm`).
     pub fn start_paused(&mut self) {
-        self.start_paused = true;
+        self.hosting.start_paused = true;
     }
 
     /// A controller for this VM: commands sent before [`Vm::run`] starts

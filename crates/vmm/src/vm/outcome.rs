@@ -187,7 +187,7 @@ pub(super) fn collect(
     exited: Instant,
     vcpu_cpu_us: Vec<u64>,
 ) -> RunOutcome {
-    let us = |t: Instant| us_since(vm.created_at, t);
+    let us = |t: Instant| us_since(vm.hosting.created_at, t);
     let reports = vm.devices.bus.control.reports();
     let first_instruction_us = tsc_ref.and_then(|(at, tsc0)| {
         report::find(&reports, "boot_tsc")
@@ -195,7 +195,7 @@ pub(super) fn collect(
             .and_then(|tsc| tsc.checked_sub(tsc0))
             .map(|ticks| us(at) + ticks * 1000 / vm.tsc_khz.max(1) as u64)
     });
-    let (vcpu_stats, vcpu_histograms) = crate::stats::read_vcpus(&vm.vcpu_stats);
+    let (vcpu_stats, vcpu_histograms) = crate::stats::read_vcpus(&vm.kvm_stats.vcpus);
     RunOutcome {
         ended,
         exit_code: code,
@@ -207,7 +207,7 @@ pub(super) fn collect(
             first_console_byte_us: vm.devices.bus.serial.first_byte_at().map(us),
             exit_us: us(exited),
         },
-        restore: vm.restored.clone(),
+        restore: vm.arrival.restored.clone(),
         memory: memory_usage(&vm.ram),
         console_bytes: vm.devices.bus.serial.bytes_written(),
         vcpu_stats,
@@ -226,7 +226,7 @@ pub(super) fn collect(
         vcpu_cpu_us,
         io: vm.devices.pvio.stats(),
         postcopy: None,
-        vm_stats: crate::stats::read_vm(vm.vm_stats.as_ref()),
+        vm_stats: crate::stats::read_vm(vm.kvm_stats.vm.as_ref()),
     }
 }
 

@@ -249,10 +249,10 @@ impl Vm {
     /// Record where this VM came from (a snapshot, a migration): in the
     /// outcome and in `GET /vm`.
     pub(crate) fn mark_restored(&mut self, from: String, memory_restore: &'static str, pages: u64) {
-        self.restored = Some(RestoreReport {
+        self.arrival.restored = Some(RestoreReport {
             snapshot: from.clone(),
             memory_restore,
-            to_running_us: us_since(self.created_at, Instant::now()),
+            to_running_us: us_since(self.hosting.created_at, Instant::now()),
             running_tsc: 0,
             pages_loaded: pages,
         });
@@ -415,7 +415,7 @@ impl Vm {
     /// faults might wait with nobody to serve them).
     pub(super) fn release_loaded_pager(&mut self) -> Result<(), String> {
         let arriving = matches!(
-            self.postcopy_in,
+            self.arrival.postcopy_in,
             Some(super::destination::postcopy::PostcopyIn::Arriving(_))
         );
         if self.config().memory_budget.is_some() || arriving {

@@ -85,7 +85,7 @@ impl Vm {
     /// for `--api-socket`; `api::SlotApi` in the Firecracker API's server,
     /// which listens before the VM exists and goes on after it).
     pub fn serve_api(&mut self, host: Box<dyn ApiHost>) {
-        self.api = Some(host);
+        self.hosting.api = Some(host);
     }
 
     /// Run every vCPU on its own thread until the guest powers off or a
@@ -95,13 +95,14 @@ impl Vm {
     pub fn run(self) -> Result<RunOutcome, Error> {
         // The run may be on another thread than the one that built the VM.
         crate::host::block_file_size_signal();
-        crate::seccomp::set_mode(self.seccomp);
-        let tsc_ref = match (&self.restored, &self.arriving) {
+        crate::seccomp::set_mode(self.hosting.seccomp);
+        let tsc_ref = match (&self.arrival.restored, &self.arrival.arriving) {
             (None, None) => Some(self.read_guest_tsc()?),
             _ => None,
         };
         let governor_stats = self
-            .vcpu_stats
+            .kvm_stats
+            .vcpus
             .iter()
             .map(KvmStats::try_clone)
             .collect::<Result<Vec<_>, _>>()
@@ -130,7 +131,7 @@ impl Vm {
         let started_at = Instant::now();
         // Served once the vCPUs run (below): bound now, so that a socket
         // path in the way fails the start.
-        let mut api = r.vm.api.take();
+        let mut api = r.vm.hosting.api.take();
         if let Some(host) = api.as_mut() {
             host.start(r.live_sources(started_at), r.vm.controller())?;
         }
@@ -147,7 +148,9 @@ impl Vm {
         r.vm.begin_prefetch();
         // Every thread runs: from here this one is confined too.
         let spawned = spawned
-            .and_then(|()| crate::seccomp::confine_control(r.vm.seccomp).map_err(Error::from))
+            .and_then(|()| {
+                crate::seccomp::confine_control(r.vm.hosting.seccomp).map_err(Error::from)
+            })
             // An arriving migration's state, now that everything else runs.
             .and_then(|()| r.arrive())
             .inspect(|_| {
@@ -159,12 +162,12 @@ impl Vm {
         let end = match spawned {
             Ok(Some(signal)) => Ok(End::Signal(signal)),
             Ok(None) => {
-                if let Some(rep) = r.vm.restored.as_mut() {
-                    rep.to_running_us = us_since(r.vm.created_at, Instant::now());
+                if let Some(rep) = r.vm.arrival.restored.as_mut() {
+                    rep.to_running_us = us_since(r.vm.hosting.created_at, Instant::now());
                     rep.running_tsc = state::host_tsc();
                 }
                 r.set_state(Lifecycle::Running, Some(started_at));
-                if r.vm.start_paused {
+                if r.vm.hosting.start_paused {
                     // The vCPUs started paused: freeze the rest as a pause does.
                     r.vm.devices.pause();
                     r.vm.booster.pause();
@@ -187,7 +190,7 @@ impl Vm {
         r.vm.devices.stop_virtio();
         r.vm.booster.stop();
         // Before the pager stops: its fetches may wait on pages in flight.
-        let postcopy = r.vm.postcopy_in.take().map(|p| p.finish());
+        let postcopy = r.vm.arrival.postcopy_in.take().map(|p| p.finish());
         if let Some(mut host) = api {
             host.stop();
         }
@@ -250,7 +253,7 @@ impl Running {
                 let _ = tx.locked().send(VmEvent::Vcpu(e));
             });
             // An arriving VM's vCPUs wait for its state.
-            let paused = self.vm.start_paused || self.vm.arriving.is_some();
+            let paused = self.vm.hosting.start_paused || self.vm.arrival.arriving.is_some();
             let h = VcpuHandle::spawn(vcpu, self.vm.devices.bus.clone(), paused, sink).map_err(
                 |source| Error::Host {
                     what: "start a vCPU thread",
@@ -440,7 +443,8 @@ impl Running {
     fn live_sources(&self, started: Instant) -> LiveSources {
         let vcpu_stats = self
             .vm
-            .vcpu_stats
+            .kvm_stats
+            .vcpus
             .iter()
             .map(KvmStats::try_clone)
             .collect::<Result<Vec<_>, _>>();

@@ -202,7 +202,7 @@ impl Vm {
         let created_at = Instant::now();
         match Vm::begin_arrival(&conn, &mut r, &mut w, opts, created_at) {
             Ok((mut vm, a)) => {
-                vm.arriving = Some(Box::new(Arriving {
+                vm.arrival.arriving = Some(Box::new(Arriving {
                     conn,
                     r,
                     w,
@@ -339,7 +339,7 @@ impl Running {
     /// a signal came first (Ok(Some(signal)): the run ends as a signal
     /// ends it); either way the vCPUs never ran.
     pub(in crate::vm) fn arrive(&mut self) -> Result<Option<i32>, Error> {
-        let Some(a) = self.vm.arriving.take() else {
+        let Some(a) = self.vm.arrival.arriving.take() else {
             return Ok(None);
         };
         let Arriving {

@@ -144,7 +144,7 @@ impl Vm {
             placer,
             reader: r,
             recover_at,
-            key: self.migration_key.clone(),
+            key: self.hosting.migration_key.clone(),
             hash: 0,
             end,
             started: Instant::now(),
@@ -171,7 +171,7 @@ impl Vm {
                 });
             },
         )?;
-        self.postcopy_in = Some(PostcopyIn::Arriving(IncomingHandle {
+        self.arrival.postcopy_in = Some(PostcopyIn::Arriving(IncomingHandle {
             done,
             conn,
             stop,
@@ -186,17 +186,17 @@ impl Vm {
     /// (`PrefetchLoaded`, [`Vm::release_loaded_pager`]): a first touch of
     /// fresh memory is then an ordinary fault, not a trip through the pager.
     pub(in crate::vm) fn postcopy_arrived(&mut self) -> Result<(), String> {
-        let h = match self.postcopy_in.take() {
+        let h = match self.arrival.postcopy_in.take() {
             Some(PostcopyIn::Arriving(h)) => h,
             other => {
-                self.postcopy_in = other;
+                self.arrival.postcopy_in = other;
                 return Ok(());
             }
         };
         let pages = h.pages.clone();
         let report = h.finish();
         let arrived = report.is_ok();
-        self.postcopy_in = Some(PostcopyIn::Arrived(report));
+        self.arrival.postcopy_in = Some(PostcopyIn::Arrived(report));
         if !arrived || self.config().memory_budget.is_some() {
             return Ok(());
         }

@@ -94,7 +94,7 @@ impl Running {
                 });
             }
         }
-        allowed(self.vm.migration_key.as_ref(), &o.to, o.insecure).map_err(|reason| {
+        allowed(self.vm.hosting.migration_key.as_ref(), &o.to, o.insecure).map_err(|reason| {
             CommandError::Invalid {
                 field: "to",
                 reason,
@@ -170,7 +170,7 @@ impl Running {
         // A stalled destination ends the migration within its timeout.
         conn.set_timeout(Some(IO_TIMEOUT.min(o.timeout)))
             .map_err(io("setting the connection's timeout"))?;
-        let (mut w, mut r) = open(conn, self.vm.migration_key.as_deref())?;
+        let (mut w, mut r) = open(conn, self.vm.hosting.migration_key.as_deref())?;
         let config = self.saved_machine();
         handshake(
             w.send(&Message::Conf(Box::new(config))),

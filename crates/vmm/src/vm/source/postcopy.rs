@@ -152,7 +152,7 @@ impl Running {
                 reason: "this VM's post-copy migration broke off: only `recover` (to the same destination) carries it on".into(),
             });
         }
-        allowed(self.vm.migration_key.as_ref(), &o.to, o.insecure).map_err(|reason| {
+        allowed(self.vm.hosting.migration_key.as_ref(), &o.to, o.insecure).map_err(|reason| {
             CommandError::Invalid {
                 field: "to",
                 reason,
@@ -172,7 +172,7 @@ impl Running {
             })?;
             conn.set_timeout(Some(super::link::IO_TIMEOUT))
                 .map_err(io("setting the connection's timeout"))?;
-            let (mut w, mut r) = open(&conn, self.vm.migration_key.as_deref())?;
+            let (mut w, mut r) = open(&conn, self.vm.hosting.migration_key.as_deref())?;
             w.send(&Message::Recover)
                 .map_err(link("asking to recover"))?;
             let missing = expect(&mut r, Kind::Missing, |m| match m {
