@@ -50,6 +50,25 @@ pub struct DirtyLogBench {
     pub runs: u32,
 }
 
+impl DirtyLogBench {
+    /// Its flags checked (trackers known, a window of (0, 60] s, sizes).
+    pub fn check(&self) -> Result<(), BenchError> {
+        const KNOWN: [&str; 5] = ["none", "bitmap", "manual", "hybrid", "ring"];
+        crate::flags::each("--trackers", &self.trackers, |t| match KNOWN.contains(&t) {
+            true => Ok(()),
+            false => Err(format!(
+                "unknown tracker '{t}': use none, bitmap, manual, hybrid or ring"
+            )),
+        })?;
+        if !(self.seconds > 0.0 && self.seconds <= 60.0) {
+            return Err(BenchError::Input("--seconds must be in (0, 60]".into()));
+        }
+        crate::flags::memories("--memory", std::slice::from_ref(&self.memory))?;
+        crate::flags::sizes("--wss", std::slice::from_ref(&self.wss))?;
+        crate::flags::runs(self.runs)
+    }
+}
+
 /// One window.
 #[derive(Clone, Debug, Serialize)]
 pub struct Sample {

@@ -7,6 +7,7 @@ pub mod apf;
 pub mod boost;
 pub mod boot;
 pub mod dirty_log;
+pub mod flags;
 pub mod halt_poll;
 pub mod halt_poll_peer;
 pub mod hostload;

@@ -48,6 +48,15 @@ pub struct PeerMigrateBench {
     pub runs: u32,
 }
 
+impl PeerMigrateBench {
+    /// Its flags checked (sizes whole pages).
+    pub fn check(&self) -> Result<(), BenchError> {
+        crate::flags::memories("--memories", &self.memories)?;
+        crate::flags::sizes("--wss", &self.wss)?;
+        crate::flags::runs(self.runs)
+    }
+}
+
 /// Entries per vCPU dirty ring, both VMMs.
 const RING_ENTRIES: u32 = 4096;
 /// The downtime target given to both (Hover's default).

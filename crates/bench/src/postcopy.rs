@@ -51,6 +51,15 @@ pub struct PostcopyBench {
     pub seconds: u32,
 }
 
+impl PostcopyBench {
+    /// Its flags checked (the guest's memory whole pages, the array a size).
+    pub fn check(&self) -> Result<(), BenchError> {
+        crate::flags::memories("--postcopy-memory", std::slice::from_ref(&self.memory))?;
+        crate::flags::sizes("--postcopy-array", std::slice::from_ref(&self.array))?;
+        crate::flags::runs(self.runs)
+    }
+}
+
 /// (name, migration mode, guest async PF).
 const MODES: [(&str, &str, &str); 4] = [
     ("pre-copy", "precopy", "on"),

@@ -46,6 +46,15 @@ pub struct SnapshotBench {
     pub dir: PathBuf,
 }
 
+impl SnapshotBench {
+    /// Its flags checked (memories whole pages, the working set a size).
+    pub fn check(&self) -> Result<(), BenchError> {
+        crate::flags::memories("--memories", &self.memories)?;
+        crate::flags::sizes("--working-set", std::slice::from_ref(&self.working_set))?;
+        crate::flags::runs(self.runs)
+    }
+}
+
 impl Default for SnapshotBench {
     fn default() -> Self {
         SnapshotBench {

@@ -150,6 +150,18 @@ fn bench_flags_are_checked_before_anything_runs() {
             &["bench", "boost", "--intervals", "5"][..],
             "--intervals: 5 us is out of range",
         ),
+        (
+            &["bench", "dirty-log", "--memory", "1000"][..],
+            "--memory: 1000 is not a whole number",
+        ),
+        (
+            &["bench", "snapshot", "--working-set", "lots"][..],
+            "--working-set: 'lots' is not a size",
+        ),
+        (
+            &["bench", "migrate", "--peer", "qemu", "--wss", "16Q"][..],
+            "--wss: '16Q' is not a size",
+        ),
     ] {
         let out = common::hover(args);
         let stderr = common::text(&out.stderr);

@@ -67,6 +67,18 @@ pub struct MigrateBench {
     pub transport: String,
 }
 
+impl MigrateBench {
+    /// Its flags checked (trackers known, sizes whole pages).
+    pub fn check(&self) -> Result<(), BenchError> {
+        crate::flags::each("--trackers", &self.trackers, |t| {
+            t.parse::<hover_vmm::migration::Tracker>().map(drop)
+        })?;
+        crate::flags::memories("--memories", &self.memories)?;
+        crate::flags::sizes("--wss", &self.wss)?;
+        crate::flags::runs(self.runs)
+    }
+}
+
 impl Default for MigrateBench {
     fn default() -> Self {
         MigrateBench {

@@ -5,7 +5,6 @@ mod scenarios;
 
 use std::process::ExitCode;
 
-use crate::parse::parse_size;
 pub use scenarios::BenchArgs;
 use scenarios::{BoostArgs, BoostHost, BoostTest, Device, MigrateArgs, Peer, Scenario};
 
@@ -47,15 +46,6 @@ pub fn bench(args: BenchArgs) -> ExitCode {
             runs,
             out,
         } => {
-            let known = ["none", "bitmap", "manual", "hybrid", "ring"];
-            if let Some(t) = trackers.iter().find(|t| !known.contains(&t.as_str())) {
-                eprintln!("hover: error: --trackers: unknown tracker '{t}': use none, bitmap, manual, hybrid or ring");
-                return ExitCode::from(crate::EXIT_BAD_INPUT);
-            }
-            if !(seconds > 0.0 && seconds <= 60.0) || runs == 0 {
-                eprintln!("hover: error: --seconds must be in (0, 60] and --runs at least 1");
-                return ExitCode::from(crate::EXIT_BAD_INPUT);
-            }
             let b = hover_bench::dirty_log::DirtyLogBench {
                 trackers,
                 memory,
@@ -65,7 +55,8 @@ pub fn bench(args: BenchArgs) -> ExitCode {
                 seconds,
                 runs,
             };
-            hover_bench::dirty_log::run(&exe, &b, &out)
+            b.check()
+                .and_then(|()| hover_bench::dirty_log::run(&exe, &b, &out))
         }
         Scenario::Snapshot {
             memories,
@@ -75,9 +66,6 @@ pub fn bench(args: BenchArgs) -> ExitCode {
             dir,
             out,
         } => {
-            if let Err(e) = check_memories("--memories", &memories) {
-                return e;
-            }
             let b = hover_bench::snapshot::SnapshotBench {
                 memories,
                 working_set,
@@ -85,7 +73,8 @@ pub fn bench(args: BenchArgs) -> ExitCode {
                 hot_windows_ms,
                 dir,
             };
-            hover_bench::snapshot::run(&exe, &b, &out)
+            b.check()
+                .and_then(|()| hover_bench::snapshot::run(&exe, &b, &out))
         }
         Scenario::Boost(args) => return boost(&exe, args),
         Scenario::HaltPoll {
@@ -160,25 +149,15 @@ fn migrate(exe: &std::path::Path, args: MigrateArgs) -> ExitCode {
             return ExitCode::from(EXIT_BAD_INPUT);
         }
         if let Some(Peer::Qemu) = peer {
-            if let Err(e) = check_memories("--memories", &memories).and(check_sizes("--wss", &wss))
-            {
-                return e;
-            }
             let b = hover_bench::migrate_peer::PeerMigrateBench {
                 memories,
                 wss,
                 rate,
                 runs,
             };
-            hover_bench::migrate_peer::run(exe, &b, &out)
+            b.check()
+                .and_then(|()| hover_bench::migrate_peer::run(exe, &b, &out))
         } else if mode == "postcopy" {
-            if let Err(e) =
-                check_memories("--postcopy-memory", std::slice::from_ref(&postcopy_memory)).and(
-                    check_sizes("--postcopy-array", std::slice::from_ref(&postcopy_array)),
-                )
-            {
-                return e;
-            }
             let b = hover_bench::postcopy::PostcopyBench {
                 memory: postcopy_memory,
                 array: postcopy_array,
@@ -187,16 +166,9 @@ fn migrate(exe: &std::path::Path, args: MigrateArgs) -> ExitCode {
                 runs,
                 seconds: postcopy_seconds,
             };
-            hover_bench::postcopy::run(exe, &b, &out)
+            b.check()
+                .and_then(|()| hover_bench::postcopy::run(exe, &b, &out))
         } else {
-            if let Err(e) = check_all("--trackers", &trackers, |t| {
-                t.parse::<hover_vmm::migration::Tracker>().map(|_| ())
-            })
-            .and(check_memories("--memories", &memories))
-            .and(check_sizes("--wss", &wss))
-            {
-                return e;
-            }
             let b = hover_bench::migrate::MigrateBench {
                 trackers,
                 memories,
@@ -206,7 +178,8 @@ fn migrate(exe: &std::path::Path, args: MigrateArgs) -> ExitCode {
                 runs,
                 transport,
             };
-            hover_bench::migrate::run(exe, &b, &out)
+            b.check()
+                .and_then(|()| hover_bench::migrate::run(exe, &b, &out))
         }
     })
 }
@@ -265,48 +238,6 @@ fn boost(exe: &std::path::Path, args: BoostArgs) -> ExitCode {
             },
             &out,
         )
-    })
-}
-
-/// Check every value of a list flag; the first bad one ends `hover` with
-/// a one-line error and the bad-input status.
-fn check_all(
-    flag: &str,
-    values: &[String],
-    check: impl Fn(&String) -> Result<(), String>,
-) -> Result<(), ExitCode> {
-    for v in values {
-        if let Err(e) = check(v) {
-            eprintln!("hover: error: {flag}: {e}");
-            return Err(ExitCode::from(EXIT_BAD_INPUT));
-        }
-    }
-    Ok(())
-}
-
-/// Check that every value of a list flag is a size (`256M`, `1G`).
-fn check_sizes(flag: &str, values: &[String]) -> Result<(), ExitCode> {
-    check_all(flag, values, |m| parse_size(m).map(|_| ()))
-}
-
-/// Check that every value of a list flag is a guest memory size `hover
-/// run --memory` takes: whole 4 KiB pages, within what Hover maps.
-fn check_memories(flag: &str, values: &[String]) -> Result<(), ExitCode> {
-    check_all(flag, values, |m| {
-        let bytes = parse_size(m)?;
-        let max = hover_vmm::config::machine::MAX_MEMORY;
-        if bytes == 0 || bytes % 4096 != 0 {
-            return Err(format!(
-                "{m} is not a whole number of 4 KiB pages (e.g. 256M)"
-            ));
-        }
-        if bytes > max {
-            return Err(format!(
-                "{m} is more than the {} a guest may have",
-                hover_vmm::config::size_text(max)
-            ));
-        }
-        Ok(())
     })
 }
 
