@@ -326,6 +326,9 @@ pub enum MigrationError {
     /// A host-side failure.
     #[error("{0}")]
     Host(String),
+    /// A post-copy's destination did not get every page.
+    #[error("post-copy: {0}")]
+    Postcopy(#[from] postcopy::PostcopyError),
 }
 
 impl MigrationError {

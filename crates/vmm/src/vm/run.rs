@@ -214,11 +214,7 @@ impl Vm {
         );
         outcome.postcopy = match postcopy {
             Some(Ok(report)) => Some(report),
-            Some(Err(e)) => {
-                return Err(Error::Migration(crate::migration::MigrationError::Host(
-                    format!("post-copy: {e}"),
-                )))
-            }
+            Some(Err(e)) => return Err(Error::Migration(e.into())),
             None => None,
         };
         Ok(outcome)
@@ -301,11 +297,7 @@ impl Running {
                 VmEvent::Vcpu(VcpuEvent::Failed { error, .. }) => return Ok(End::Failed(error)),
                 VmEvent::Vcpu(VcpuEvent::Panicked { vcpu }) => return Ok(End::VcpuGone(vcpu)),
                 VmEvent::PagerFailed(msg) => return Ok(End::Pager(msg)),
-                VmEvent::PostcopyArrived => {
-                    if let Err(msg) = self.vm.postcopy_arrived() {
-                        return Ok(End::Pager(msg));
-                    }
-                }
+                VmEvent::PostcopyArrived => self.vm.postcopy_arrived(),
                 VmEvent::PrefetchLoaded => {
                     if let Err(msg) = self.vm.release_loaded_pager() {
                         return Ok(End::Pager(msg));

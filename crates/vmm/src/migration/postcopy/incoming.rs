@@ -9,7 +9,7 @@
 use crate::sync::Locked;
 use std::time::{Duration, Instant};
 
-use super::{page_hash, PostcopyReport};
+use super::{page_hash, PostcopyError, PostcopyReport};
 use crate::memory::paged::Placer;
 use crate::migration::message::{Digest, Message, PageSet};
 use crate::migration::opening::{self, Opened, WaitError, Waiting};
@@ -64,7 +64,7 @@ impl Incoming {
     /// Receive until the source says every page was sent; the report. On a
     /// bad stream every waiting fetch fails (the VM stops: no page is ever
     /// served wrong) and the error is returned.
-    pub fn run(mut self, events: &dyn LinkEvents) -> Result<PostcopyReport, String> {
+    pub fn run(mut self, events: &dyn LinkEvents) -> Result<PostcopyReport, PostcopyError> {
         let mut report = PostcopyReport {
             pages_at_switch: self.pages.remaining(),
             ..Default::default()
@@ -73,10 +73,11 @@ impl Incoming {
         self.pages.fill_report(&mut report);
         report.all_arrived_ms = self.started.elapsed().as_secs_f64() * 1e3;
         if let Err(e) = &result {
-            self.pages.fail(e);
+            let why = e.to_string();
+            self.pages.fail(&why);
             let mut l = self.pages.link.locked();
             if let Some(w) = l.writer.as_mut() {
-                let _ = w.send(&Message::Error(e.clone()));
+                let _ = w.send(&Message::Error(why));
             }
             l.writer = None;
         }
@@ -87,13 +88,13 @@ impl Incoming {
         &mut self,
         events: &dyn LinkEvents,
         report: &mut PostcopyReport,
-    ) -> Result<(), String> {
+    ) -> Result<(), PostcopyError> {
         let mut expected: Option<u64> = None;
         loop {
             match self.step(&mut expected, report) {
                 Ok(true) => return Ok(()),
                 Ok(false) => {}
-                Err(Broken::Local(e)) => return Err(e),
+                Err(Broken::Local(e)) => return Err(PostcopyError::Local(e)),
                 Err(Broken::Link(why)) => {
                     // Whatever broke the link (a cut, a corrupted frame, a
                     // peer that sends what it must not, a page that never
@@ -102,8 +103,11 @@ impl Incoming {
                     self.pages.drop_link();
                     // Listening before the guest is held: whoever sees it
                     // held (`GET /vm`: paused) may start the recovery at once.
-                    let listener = Listener::bind(&self.recover_at).map_err(|e| {
-                        format!("cannot listen at {} for the recovery: {e}", self.recover_at)
+                    let listener = Listener::bind(&self.recover_at).map_err(|source| {
+                        PostcopyError::Listen {
+                            at: self.recover_at.to_string(),
+                            source,
+                        }
                     })?;
                     tracing::error!(
                         "post-copy: {why}; the guest waits for `hover ctl migrate --recover --to {}` on the source",
@@ -195,7 +199,7 @@ impl Incoming {
     /// (migration/opening.rs): each on its own thread, the key proved
     /// again, 5 s for the opening. The listener stays open across failed
     /// attempts, so the address never goes away while the guest waits.
-    fn reconnect(&mut self, listener: &Listener) -> Result<(), String> {
+    fn reconnect(&mut self, listener: &Listener) -> Result<(), PostcopyError> {
         loop {
             let how = Waiting {
                 key: self.key.clone(),
@@ -205,12 +209,9 @@ impl Incoming {
             let opened = match opening::wait(listener, &how) {
                 Ok(o) => o,
                 Err(WaitError::Stopped) => {
-                    return Err(format!(
-                        "the run ended while waiting for the source to come back: {} pages of the guest's memory never arrived, the guest is lost",
-                        self.pages.remaining()
-                    ))
+                    return Err(PostcopyError::NeverRecovered(self.pages.remaining()))
                 }
-                Err(e) => return Err(format!("waiting for the recovery connection: {e}")),
+                Err(e) => return Err(PostcopyError::Recovery(e.to_string())),
             };
             match self.take_recovery(opened) {
                 Ok(()) => return Ok(()),

@@ -140,6 +140,35 @@ impl LatencyHist {
     }
 }
 
+/// Why a post-copy's destination did not get every page (the run's
+/// error: the guest cannot go on without them).
+#[derive(Debug, thiserror::Error)]
+pub enum PostcopyError {
+    /// This host failed placing or keeping a page.
+    #[error("{0}")]
+    Local(String),
+    /// The link broke and could not be waited on for a recovery.
+    #[error("cannot listen at {at} for the recovery: {source}")]
+    Listen {
+        /// The recovery address.
+        at: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The link broke and the wait for the source to come back failed.
+    #[error("waiting for the recovery connection: {0}")]
+    Recovery(String),
+    /// The run ended while the guest waited for a recovery.
+    #[error("the run ended while waiting for the source to come back: {0} pages of the guest's memory never arrived, the guest is lost")]
+    NeverRecovered(u64),
+    /// The run ended with memory still arriving.
+    #[error("the run ended and memory was still arriving after {0:?}")]
+    Unfinished(Duration),
+    /// The receiving thread stopped without a report.
+    #[error("the post-copy receiver stopped")]
+    ReceiverGone,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::super::control::{Command, Controller, VmEvent};
 use super::super::Vm;
 use crate::migration::postcopy::incoming::{Incoming, LinkEvents, RemotePages};
-use crate::migration::postcopy::{page_hash, PostcopyReport};
+use crate::migration::postcopy::{page_hash, PostcopyError, PostcopyReport};
 use crate::migration::transport::{Addr, Conn};
 use crate::migration::wire::{FrameReader, FrameWriter};
 use hover_abi::layout::PAGE_SIZE;
@@ -22,7 +22,7 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The receiving thread of a running post-copy, and its result.
 pub(crate) struct IncomingHandle {
-    done: Receiver<Result<PostcopyReport, String>>,
+    done: Receiver<Result<PostcopyReport, PostcopyError>>,
     conn: Conn,
     stop: Arc<std::sync::atomic::AtomicBool>,
     /// The pages, for loading those held here once all have arrived.
@@ -31,7 +31,7 @@ pub(crate) struct IncomingHandle {
 
 impl IncomingHandle {
     /// Wait for the post-copy phase to end; its report.
-    pub(crate) fn finish(self) -> Result<PostcopyReport, String> {
+    pub(crate) fn finish(self) -> Result<PostcopyReport, PostcopyError> {
         // Memory still arriving keeps coming; a wait for a source that
         // broke off ends now (the guest is gone: nobody would need it).
         self.stop.store(true, std::sync::atomic::Ordering::Release);
@@ -39,11 +39,9 @@ impl IncomingHandle {
             Ok(r) => r,
             Err(RecvTimeoutError::Timeout) => {
                 self.conn.shutdown();
-                Err(format!(
-                    "the run ended and memory was still arriving after {FINISH_TIMEOUT:?}"
-                ))
+                Err(PostcopyError::Unfinished(FINISH_TIMEOUT))
             }
-            Err(RecvTimeoutError::Disconnected) => Err("the post-copy receiver stopped".into()),
+            Err(RecvTimeoutError::Disconnected) => Err(PostcopyError::ReceiverGone),
         }
     }
 }
@@ -102,12 +100,12 @@ pub(in crate::vm) enum PostcopyIn {
     /// The receiving thread runs.
     Arriving(IncomingHandle),
     /// Every page arrived (or the phase failed): its report.
-    Arrived(Result<PostcopyReport, String>),
+    Arrived(Result<PostcopyReport, PostcopyError>),
 }
 
 impl PostcopyIn {
     /// Its report, the receiving thread stopped first if it still runs.
-    pub(in crate::vm) fn finish(self) -> Result<PostcopyReport, String> {
+    pub(in crate::vm) fn finish(self) -> Result<PostcopyReport, PostcopyError> {
         match self {
             PostcopyIn::Arriving(h) => h.finish(),
             PostcopyIn::Arrived(report) => report,
@@ -185,12 +183,12 @@ impl Vm {
     /// the switch into guest memory, after which the pager lets go of it
     /// (`PrefetchLoaded`, [`Vm::release_loaded_pager`]): a first touch of
     /// fresh memory is then an ordinary fault, not a trip through the pager.
-    pub(in crate::vm) fn postcopy_arrived(&mut self) -> Result<(), String> {
+    pub(in crate::vm) fn postcopy_arrived(&mut self) {
         let h = match self.arrival.postcopy_in.take() {
             Some(PostcopyIn::Arriving(h)) => h,
             other => {
                 self.arrival.postcopy_in = other;
-                return Ok(());
+                return;
             }
         };
         let pages = h.pages.clone();
@@ -198,10 +196,10 @@ impl Vm {
         let arrived = report.is_ok();
         self.arrival.postcopy_in = Some(PostcopyIn::Arrived(report));
         if !arrived || self.config().memory_budget.is_some() {
-            return Ok(());
+            return;
         }
         let Some(pager) = self.pager.as_mut() else {
-            return Ok(());
+            return;
         };
         let events = self.events.clone();
         let loaded = Box::new(move || {
@@ -218,6 +216,5 @@ impl Vm {
         ) {
             tracing::warn!("post-copy: cannot load the pages held since the switch (the pager keeps serving them): {e}");
         }
-        Ok(())
     }
 }
