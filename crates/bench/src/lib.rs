@@ -11,6 +11,7 @@ pub mod flags;
 pub mod halt_poll;
 pub mod halt_poll_peer;
 pub mod hostload;
+pub mod lab;
 pub mod migrate;
 pub mod migrate_peer;
 mod migration_run;

@@ -10,7 +10,7 @@ use crate::BenchError;
 /// Draw again, from a results file a scenario wrote (`apf.json`,
 /// `boost.json`, `boot_peer.json`, `dirty_log.json`, `halt_poll.json`,
 /// `migrate.json`, `migrate_peer.json`, `migrate_postcopy.json`,
-/// `snapshot.json`), the plots it drew, into `out`: a plot is always drawn
+/// `snapshot.json`, a lab run's figures: `lab.rs`), the plots it drew, into `out`: a plot is always drawn
 /// from the stored samples, so one drawn today and one drawn later from the
 /// same file are the same.
 pub fn from_results(file: &Path, out: &Path) -> Result<(), BenchError> {
@@ -29,6 +29,7 @@ pub fn from_results(file: &Path, out: &Path) -> Result<(), BenchError> {
             Some("snapshot") => crate::snapshot::plot,
             Some(crate::migrate_peer::SCENARIO) => crate::migrate_peer::plot,
             Some(crate::boot::PEER_SCENARIO) => crate::boot::plot_peer,
+            Some(crate::lab::SCENARIO) => crate::lab::plot,
             Some(other) => return Err(bad(format!("scenario {other:?} draws no plot"))),
             None => {
                 return Err(bad(

@@ -61,7 +61,6 @@ use std::time::{Duration, Instant};
 use hover_abi::boost::{offset, status};
 
 use crate::memory::host_writes::GuestWriter;
-pub use policy::BoostPolicy;
 use policy::SchedParams;
 
 /// How long before an announced real-time wake-up the monitor boosts.

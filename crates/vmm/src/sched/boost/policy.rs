@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-pub use crate::config::boost::{BoostPolicy, DEFAULT_FIFO_PRIO, DEFAULT_NICE};
+use crate::config::boost::BoostPolicy;
 
 /// A thread's scheduling as the OS reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
