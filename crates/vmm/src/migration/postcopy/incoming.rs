@@ -229,14 +229,14 @@ impl Incoming {
         } = o;
         conn.set_timeout(Some(Duration::from_secs(30)))
             .map_err(|e| err(&e))?;
-        let first = r.message().map_err(|e| err(&e))?.message;
-        if !matches!(first, Message::Recover) {
+        let first = r.message().map(|got| got.message);
+        if !matches!(first, Ok(Message::Recover)) {
             let _ = w.send(&Message::Error("expected RECOVER".into()));
             conn.shutdown();
-            return Err(format!(
-                "the first frame was {}, not RECOVER",
-                first.kind().name()
-            ));
+            return Err(match first {
+                Ok(m) => format!("the first frame was {}, not RECOVER", m.kind().name()),
+                Err(e) => err(&e),
+            });
         }
         let missing = PageSet::of(self.pages.pending_gpas(), self.end);
         w.send(&Message::Missing(missing)).map_err(|e| err(&e))?;

@@ -158,6 +158,11 @@ fn listen(mut r: FrameReader<Conn>, end: u64) -> Receiver<Msg> {
                         got.offset
                     )),
                 },
+                // A frame that is not what its kind carries: the
+                // destination sent it, the link did not break.
+                Err(e @ crate::migration::wire::WireError::Unfit { .. }) => {
+                    Msg::Refused(e.to_string())
+                }
                 Err(e) => Msg::Lost(e.to_string()),
             };
             let last = !matches!(msg, Msg::Request(_));
