@@ -87,18 +87,48 @@ mod tests {
             ("migrate.json", "migrate_downtime.svg", 4, 24),
             ("migrate_postcopy.json", "migrate_postcopy.svg", 1, 3),
             ("snapshot.json", "snapshot.svg", 3, 30),
+            ("2026-11-28/apf.json", "apf.svg", 4, 8),
+            ("2026-11-28/boot_peer.json", "boot_peer.svg", 2, 4),
+            ("2026-11-28/dirty_log.json", "dirty_log.svg", 1, 6),
+            ("2026-11-28/migrate.json", "migrate_downtime.svg", 4, 24),
+            ("2026-11-28/migrate.json", "migrate_batches.svg", 1, 4),
+            ("2026-11-28/migrate.json", "migrate_mapping.svg", 3, 12),
+            ("2026-11-28/migrate_peer.json", "migrate_peer.svg", 4, 24),
+            (
+                "2026-11-28/migrate_postcopy.json",
+                "migrate_postcopy.svg",
+                1,
+                3,
+            ),
+            ("2026-11-28/snapshot.json", "snapshot.svg", 3, 30),
+            ("2026-11-28/boost.json", "boost.svg", 4, 8),
+            ("2026-11-28/halt_poll.json", "halt_poll.svg", 2, 20),
+            ("2026-11-28/linux_boost.json", "linux_boost.svg", 2, 4),
+            (
+                "2026-11-28/linux_balloon_waves.json",
+                "linux_balloon_waves.svg",
+                1,
+                4,
+            ),
         ];
         for (file, svg, series, drawn) in cases {
             from_results(&docs.join(file), &dir).unwrap();
             let text = std::fs::read_to_string(dir.join(svg)).unwrap();
-            assert_eq!(whiskers(&text), drawn, "{svg}: a whisker per bar or point");
+            assert_eq!(
+                whiskers(&text),
+                drawn,
+                "{file} {svg}: a whisker per bar or point"
+            );
             if svg != "snapshot.svg" {
                 let bars: usize = (0..series).map(|k| rects_of(&text, k) - 1).sum();
-                assert_eq!(bars, drawn, "{svg}: bars");
+                assert_eq!(bars, drawn, "{file} {svg}: bars");
             }
+            let doc: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(docs.join(file)).unwrap()).unwrap();
+            let command = doc["command"].as_str().unwrap_or("hover bench");
             assert!(
-                text.contains("hover bench"),
-                "{svg}: the caption names the command"
+                text.contains(&command.replace('"', "&quot;")) || text.contains(command),
+                "{file} {svg}: the caption names the command"
             );
         }
         std::fs::remove_dir_all(&dir).unwrap();

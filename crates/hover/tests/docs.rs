@@ -199,6 +199,71 @@ fn readme_results_cite_the_newest_run_of_each_command() {
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
+/// Each row of README's results table points at its section of
+/// docs/RESULTS.md (the current figures, one section per mechanism) and at
+/// a plot that exists; that section ran the row's commands on the row's
+/// dates and shows the same plot.
+#[test]
+fn each_results_row_has_its_current_section_and_plot() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let results = std::fs::read_to_string(root().join("docs/RESULTS.md")).unwrap();
+    let table = readme
+        .split("\n## Results")
+        .nth(1)
+        .expect("README's results");
+    let mut bad = Vec::new();
+    for row in table
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| mechanism"))
+    {
+        let cells: Vec<&str> = row.split(" | ").collect();
+        let (cited, last) = (cells.get(3).copied().unwrap_or(""), cells.last().unwrap());
+        let targets = links(last);
+        let Some(section) = targets
+            .iter()
+            .find_map(|t| t.strip_prefix("docs/RESULTS.md#"))
+        else {
+            bad.push(format!(
+                "{}: no link to its section of docs/RESULTS.md",
+                cells[0]
+            ));
+            continue;
+        };
+        let Some(plot) = targets.iter().find(|t| t.ends_with(".svg")) else {
+            bad.push(format!("{}: no plot", cells[0]));
+            continue;
+        };
+        if !root().join(plot).exists() {
+            bad.push(format!("{}: plot {plot} does not exist", cells[0]));
+        }
+        // The section: from its heading to the next `## `.
+        let text = results
+            .split("\n## ")
+            .find(|s| anchors(&format!("## {}", s.lines().next().unwrap_or(""))) == [section])
+            .unwrap_or("");
+        if text.is_empty() {
+            bad.push(format!(
+                "{}: docs/RESULTS.md has no section #{section}",
+                cells[0]
+            ));
+            continue;
+        }
+        let plot_there = plot.trim_start_matches("docs/");
+        if !text.contains(plot_there) {
+            bad.push(format!("#{section} does not show {plot_there}"));
+        }
+        let pieces: Vec<&str> = cited.split('`').collect();
+        for pair in pieces[1..].chunks(2) {
+            let (command, after) = (pair[0], pair.get(1).copied().unwrap_or(""));
+            let date = dates(after).pop().unwrap_or_default();
+            if !text.contains(command) || !text.contains(&date) {
+                bad.push(format!("#{section} does not cite `{command}` of {date}"));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
 /// The YYYY-MM-DD dates in a text, in order.
 fn dates(text: &str) -> Vec<String> {
     let b = text.as_bytes();
