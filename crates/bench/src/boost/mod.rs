@@ -160,7 +160,7 @@ struct Row {
 /// Run the scenario with the `hover` binary at `exe`.
 pub fn run(exe: &Path, b: &BoostBench, out: &Path) -> Result<(), BenchError> {
     println!(
-        "hover bench boost: 2 vCPUs, {} s per run, {} rounds, {} background guest task(s); busy host = {} hog thread(s) pinned per CPU",
+        "hover bench boost: 2 vCPUs, {} s per run, {} rounds, {} background guest task(s); busy host = {} hog thread(s), pinned to the CPUs in turn",
         b.seconds,
         b.runs,
         b.background,

@@ -171,13 +171,15 @@ pub(super) enum Scenario {
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
     },
-    /// Draw a scenario's plot again from the results file it wrote (e.g.
-    /// docs/bench/apf.json): the stored samples, nothing measured.
+    /// Draw a scenario's plots again from the results file it wrote (e.g.
+    /// docs/bench/2026-11-28/apf.json): the stored samples, nothing
+    /// measured.
     Plot {
-        /// The results file (apf.json, boost.json, dirty_log.json, halt_poll.json,
-        /// migrate.json, migrate_postcopy.json or snapshot.json).
+        /// The results file (apf.json, boost.json, boot_peer.json,
+        /// dirty_log.json, halt_poll.json, migrate.json, migrate_peer.json,
+        /// migrate_postcopy.json, snapshot.json, or a KVM lab run's figures).
         file: PathBuf,
-        /// Directory for the SVG.
+        /// Directory for the SVGs.
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
     },

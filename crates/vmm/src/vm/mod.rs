@@ -6,7 +6,8 @@
 //! `control.rs` is how it is steered meanwhile, `save.rs` a snapshot,
 //! `hot_set.rs` the pages a snapshot records as hot, `dirty_log.rs`
 //! tracking alone, `source/` and `destination/` the two ends of a
-//! migration, `outcome.rs` how the run ended.
+//! migration, `outcome.rs` how the run ended, `api_host.rs` what the VM
+//! offers an API server (which attaches through the `ApiHost` trait).
 
 mod api_host;
 mod control;

@@ -1,8 +1,11 @@
 //! Virtio devices for Linux guests, over virtio-mmio (virtio 1.x): the
-//! transport once ([`mmio`]), each device in a file of its own with its
-//! state beside it ([`block`], [`rng`]), and the I/O thread that serves
-//! their queues ([`io_thread`]): queue notifications reach it through
-//! ioeventfds (no exit to user space), interrupts leave through irqfds.
+//! transport once ([`mmio`], its saved state in `mmio/persist.rs`), each
+//! device in a file of its own with its state beside it ([`block`],
+//! [`net`], [`rng`], [`balloon`] with what the API sets of it), and the
+//! I/O thread that serves their queues ([`io_thread`]): queue
+//! notifications reach it through ioeventfds (no exit to user space),
+//! interrupts leave through irqfds (or by `KVM_IRQ_LINE` from the I/O
+//! thread while boosting is on: `devices/irq_line.rs`).
 //! Rings are walked by the `virtio-queue` crate (its descriptor chains stop
 //! at loops and at addresses outside guest memory).
 

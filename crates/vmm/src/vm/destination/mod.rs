@@ -42,7 +42,7 @@ use crate::migration::opening::{self, Opened, Waiting};
 use crate::migration::postcopy::incoming::{self, RemotePages};
 use crate::migration::received::ReceivedPages;
 use crate::migration::transport::{Addr, Conn, Listener};
-use crate::migration::wire::{FrameReader, FrameWriter};
+use crate::migration::wire::{FrameReader, FrameWriter, Kind};
 use crate::migration::MigrationError;
 use crate::state::{self, memory, SavedMachine, VmState};
 use crate::vcpu::state::StateError;
@@ -124,6 +124,22 @@ fn unfit(section: &'static str, offset: u64, reason: String) -> MigrationError {
         offset,
         reason,
     }
+}
+
+/// The next frame, which must be of `kind` (checked before its payload
+/// is decoded, so that a frame out of place is named as such), and where
+/// it started.
+fn next_of(r: &mut FrameReader<Conn>, kind: Kind) -> Result<(u64, Message), MigrationError> {
+    let f = r.frame()?;
+    let at = f.offset;
+    if f.kind != kind {
+        return Err(unfit(
+            kind.name(),
+            at,
+            format!("found a {} frame", f.kind.name()),
+        ));
+    }
+    Ok((at, Message::decode(f)?))
 }
 
 /// `found` (its frame at `offset`) came where `section` belongs.
@@ -230,16 +246,15 @@ impl Vm {
         let mig = |e: MigrationError| Error::Migration(e);
         conn.set_timeout(Some(IO_TIMEOUT))
             .map_err(host("setting the connection's timeout"))?;
-        let got = r.message().map_err(|e| mig(e.into()))?;
-        let conf_at = got.offset;
-        let saved: SavedMachine = match got.message {
+        let (conf_at, conf) = next_of(r, Kind::Conf).map_err(mig)?;
+        let saved: SavedMachine = match conf {
             Message::Conf(c) => *c,
             other => return Err(mig(misplaced("CONF", conf_at, &other))),
         };
-        let got = r.message().map_err(|e| mig(e.into()))?;
-        let Mode { postcopy, verify } = match got.message {
+        let (mode_at, mode) = next_of(r, Kind::Mode).map_err(mig)?;
+        let Mode { postcopy, verify } = match mode {
             Message::Mode(m) => m,
-            other => return Err(mig(misplaced("MODE", got.offset, &other))),
+            other => return Err(mig(misplaced("MODE", mode_at, &other))),
         };
         let p = prepare(&saved, opts).map_err(|e| load(e, "CONF", conf_at))?;
         let cpuid = p.set_cpuid().map_err(|e| load(e, "CONF", conf_at))?;
