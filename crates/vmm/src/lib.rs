@@ -64,8 +64,11 @@ pub enum KvmOp {
     EnableCap,
     RegisterIoevent,
     SetGsiRouting,
+    GetIrqchip,
     SetIrqchip,
+    GetClock,
     SetClock,
+    GetPit,
     SetPit,
     Run,
 }

@@ -159,6 +159,9 @@ pub enum CommandError {
     /// A host-side failure.
     #[error("{0}")]
     Host(String),
+    /// KVM or the host failed while the VM was asked to act.
+    #[error(transparent)]
+    Vm(#[from] crate::Error),
 }
 
 /// The VM's state as the API shows it.

@@ -338,7 +338,7 @@ fn virtio_devices(
 impl Persist for DeviceManager {
     type State = DevicesState;
 
-    fn save(&self) -> Result<DevicesState, String> {
+    fn save(&self) -> Result<DevicesState, Error> {
         Ok(DevicesState {
             serial: self.bus.serial.state(),
             control: self.bus.control.state(),

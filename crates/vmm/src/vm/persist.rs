@@ -35,7 +35,7 @@ pub(crate) trait Persist {
     type State;
 
     /// Its state now (the VM is paused).
-    fn save(&self) -> Result<Self::State, String>;
+    fn save(&self) -> Result<Self::State, Error>;
 
     /// Put `state` back (the VM is built and not running). A state that
     /// does not fit is [`LoadError::Unfit`], naming its snapshot section.
@@ -51,7 +51,7 @@ const IRQCHIPS: u32 = 3;
 impl Persist for Irqchips<'_> {
     type State = Vec<kvm_irqchip>;
 
-    fn save(&self) -> Result<Vec<kvm_irqchip>, String> {
+    fn save(&self) -> Result<Vec<kvm_irqchip>, Error> {
         (0..IRQCHIPS)
             .map(|chip_id| {
                 let mut c = kvm_irqchip {
@@ -60,7 +60,7 @@ impl Persist for Irqchips<'_> {
                 };
                 self.0
                     .get_irqchip(&mut c)
-                    .map_err(|e| format!("KVM_GET_IRQCHIP: {e}"))?;
+                    .map_err(KvmOp::GetIrqchip.err())?;
                 Ok(c)
             })
             .collect()
@@ -82,10 +82,8 @@ pub(crate) struct Clock<'a>(pub(crate) &'a VmFd);
 impl Persist for Clock<'_> {
     type State = kvm_clock_data;
 
-    fn save(&self) -> Result<kvm_clock_data, String> {
-        self.0
-            .get_clock()
-            .map_err(|e| format!("KVM_GET_CLOCK: {e}"))
+    fn save(&self) -> Result<kvm_clock_data, Error> {
+        self.0.get_clock().map_err(KvmOp::GetClock.err())
     }
 
     fn load(&self, saved: &kvm_clock_data) -> Result<(), LoadError> {
@@ -105,8 +103,8 @@ pub(crate) struct Pit<'a>(pub(crate) &'a VmFd);
 impl Persist for Pit<'_> {
     type State = kvm_pit_state2;
 
-    fn save(&self) -> Result<kvm_pit_state2, String> {
-        self.0.get_pit2().map_err(|e| format!("KVM_GET_PIT2: {e}"))
+    fn save(&self) -> Result<kvm_pit_state2, Error> {
+        self.0.get_pit2().map_err(KvmOp::GetPit.err())
     }
 
     fn load(&self, saved: &kvm_pit_state2) -> Result<(), LoadError> {

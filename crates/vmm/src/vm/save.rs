@@ -121,15 +121,15 @@ impl Running {
             config: self.saved_machine(),
             vcpus,
             machine: MachineState {
-                irqchip: Irqchips(&self.vm.fd).save().map_err(CommandError::Host)?,
-                clock: Clock(&self.vm.fd).save().map_err(CommandError::Host)?,
+                irqchip: Irqchips(&self.vm.fd).save()?,
+                clock: Clock(&self.vm.fd).save()?,
                 host_tsc: state::host_tsc(),
                 pit: match self.vm.config().guest.is_linux() {
-                    true => Some(Pit(&self.vm.fd).save().map_err(CommandError::Host)?),
+                    true => Some(Pit(&self.vm.fd).save()?),
                     false => None,
                 },
             },
-            devices: self.vm.devices.save().map_err(CommandError::Host)?,
+            devices: self.vm.devices.save()?,
         })
     }
 }
