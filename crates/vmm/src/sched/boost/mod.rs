@@ -3,7 +3,7 @@
 //! The host schedules vCPU threads without knowing what they run. Here the
 //! guest tells it, through one [`hover_abi::boost::BoostArea`] per vCPU
 //! (docs/ABI.md), and the [`Booster`] raises the vCPU's thread
-//! ([`BoostPolicy`]) when:
+//! ([`BoostPolicy`](crate::config::BoostPolicy)) when:
 //! - the guest's request bits are set: seen on each of the vCPU's exits
 //!   ([`Booster::on_exit`]) and by the monitor thread (`monitor.rs`), which
 //!   reads every area each `--boost-poll-us`; a vCPU waiting behind host
