@@ -35,7 +35,6 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use hover_abi::layout::PAGE_SIZE;
-use vm_memory::{GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::store::{PageBuf, PageStore, StoreError};
@@ -49,13 +48,13 @@ mod discard;
 mod evict;
 mod place;
 mod prefetch;
+mod setup;
 mod source;
 mod stats;
 mod workers;
 mod zeroed;
 
-use evict::{Evictor, EVICT_BATCH};
-use zeroed::zeroed;
+use evict::Evictor;
 
 pub use discard::{Dropped, PagerDiscard};
 pub use place::Placer;
@@ -366,11 +365,9 @@ impl Shared {
 
 impl Pager {
     /// Page guest RAM above `pinned_end` (guest-physical) under `config`,
-    /// calling `on_failure` if a page cannot be served.
-    // Over the 120-line bound (147): the userfaultfd registration, the
-    // store, the eviction mode and the threads in order, each step's
-    // failure said where it happens; to be split by step.
-    #[allow(clippy::too_many_lines)]
+    /// calling `on_failure` if a page cannot be served: guest memory
+    /// registered, the store and the staging pages made (`setup.rs`),
+    /// then the fault thread and its workers started.
     pub fn start(
         ram: &GuestRam,
         pinned_end: u64,
@@ -378,43 +375,14 @@ impl Pager {
         source: Option<Arc<dyn PageSource>>,
         on_failure: Box<dyn Fn(String) + Send + Sync>,
     ) -> Result<Pager, PagerError> {
-        let uffd_err = |what| move |source| PagerError::Uffd { what, source };
         let (uffd, evict_mode) =
-            open_for_pager(config.evict).map_err(uffd_err("open for the pager"))?;
-        let wp = evict_mode == EvictMode::WriteProtect;
-        let mut ranges = Vec::new();
-        let mut pages = 0usize;
-        for region in ram.memory().iter() {
-            let (gpa, len) = (region.start_addr().0, region.len());
-            let start = pinned_end.clamp(gpa, gpa + len);
-            if start >= gpa + len {
-                continue;
-            }
-            let host = region
-                .get_host_address(MemoryRegionAddress(start - gpa))
-                .map_err(|e| PagerError::Uffd {
-                    what: "find guest memory",
-                    source: io::Error::other(e.to_string()),
-                })? as u64;
-            let rlen = gpa + len - start;
-            // SAFETY: advice on our own guest mapping; 4 KiB pages are what the pager moves.
-            unsafe {
-                libc::madvise(
-                    host as *mut libc::c_void,
-                    rlen as usize,
-                    libc::MADV_NOHUGEPAGE,
-                )
-            };
-            uffd.register(host, rlen, wp)
-                .map_err(uffd_err("register guest memory"))?;
-            ranges.push(Range {
-                host,
-                len: rlen,
-                gpa: start,
-                first_page: pages,
-            });
-            pages += (rlen / PAGE_SIZE) as usize;
-        }
+            open_for_pager(config.evict).map_err(setup::uffd_err("open for the pager"))?;
+        let (ranges, pages) = setup::register(
+            &uffd,
+            ram,
+            pinned_end,
+            evict_mode == EvictMode::WriteProtect,
+        )?;
         let pinned_pages = pinned_end.div_ceil(PAGE_SIZE);
         let budget = (config.budget / PAGE_SIZE)
             .saturating_sub(pinned_pages)
@@ -425,72 +393,20 @@ impl Pager {
         } else {
             None
         };
-        // A batch of staging pages per worker, registered too (UFFDIO_MOVE's destination must be).
-        let staging_len = WORKERS * EVICT_BATCH * PAGE_SIZE as usize;
-        // SAFETY: a fresh anonymous mapping, checked below.
-        let staging = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                staging_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if staging == libc::MAP_FAILED {
-            return Err(PagerError::Uffd {
-                what: "map staging pages",
-                source: io::Error::last_os_error(),
-            });
+        let (staging, staging_len) = setup::map_staging()?;
+        let shared = setup::Parts {
+            uffd,
+            evict_mode,
+            ranges,
+            pages,
+            budget,
+            store,
+            source,
+            on_failure,
         }
-        let staging = staging as u64;
-        // SAFETY: as above.
-        unsafe {
-            libc::madvise(
-                staging as *mut libc::c_void,
-                staging_len,
-                libc::MADV_NOHUGEPAGE,
-            )
-        };
+        .shared(config);
         let mut pager = Pager {
-            shared: Arc::new(Shared {
-                uffd,
-                evict_mode,
-                ranges,
-                states: zeroed(pages),
-                stored: zeroed(pages),
-                dropped: zeroed(pages),
-                discarded: AtomicU64::new(0),
-                discarded_stored: AtomicU64::new(0),
-                crcs: zeroed(pages),
-                fifo: Mutex::new(VecDeque::new()),
-                in_fifo: zeroed(pages),
-                busy: RwLock::new(()),
-                source,
-                source_reads: AtomicU64::new(0),
-                pushed: AtomicU64::new(0),
-                push_copies: AtomicU64::new(0),
-                first_touch: Mutex::new(Vec::new()),
-                prefetch_done_us: AtomicU64::new(0),
-                released: AtomicBool::new(false),
-                queue: Mutex::new(VecDeque::new()),
-                queued: Condvar::new(),
-                resident: AtomicU64::new(0),
-                budget,
-                store,
-                latency: config.store_latency,
-                jitter: config.store_jitter,
-                stop: AtomicBool::new(false),
-                faults: AtomicU64::new(0),
-                zero_fills: AtomicU64::new(0),
-                store_reads: AtomicU64::new(0),
-                evictions: AtomicU64::new(0),
-                retries: AtomicU64::new(0),
-                hist: [const { AtomicU64::new(0) }; HIST_BUCKETS],
-                latency_sum_us: AtomicU64::new(0),
-                on_failure,
-            }),
+            shared: Arc::new(shared),
             wake: EventFd::new(libc::EFD_NONBLOCK).map_err(PagerError::Thread)?,
             threads: Vec::new(),
             staging: (staging, staging_len),
@@ -503,7 +419,7 @@ impl Pager {
                 .shared
                 .uffd
                 .register_missing(staging, staging_len as u64)
-                .map_err(uffd_err("register staging pages"))?;
+                .map_err(setup::uffd_err("register staging pages"))?;
         }
         let sh = pager.shared.clone();
         let wake = RawEventFd(pager.wake.as_raw_fd());

@@ -18,7 +18,6 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use hover_abi::layout::PAGE_SIZE;
-use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 pub use super::error::SnapshotError;
@@ -178,218 +177,42 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Open and check `path`: header, every section's CRC and decoding,
-    /// and the memory index against the saved memory size.
-    // Over the 120-line bound (218): each section's check with the offset
-    // its refusal names, in file order (fuzzed as one); to be split by
-    // section.
-    #[allow(clippy::too_many_lines)]
+    /// and the memory index against the saved memory size (`reading.rs`).
     pub fn open(path: &Path) -> Result<Snapshot, SnapshotError> {
-        let io = |what, source| SnapshotError::Io {
-            path: path.into(),
-            what,
-            source,
-        };
-        // Non-blocking: opening a FIFO for reading would wait for a writer.
-        let file = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(path)
-            .map_err(|e| io("cannot open it", e))?;
-        let meta = file.metadata().map_err(|e| io("cannot read it", e))?;
-        if !meta.is_file() {
-            return Err(io(
-                "cannot read it",
-                io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"),
-            ));
-        }
-        let len = meta.len();
-        let truncated = |what: String, offset: u64, need: u64| SnapshotError::Truncated {
-            path: path.into(),
-            what,
-            offset,
-            need,
-            len,
-        };
-        let mut h = [0u8; HEADER_LEN];
-        if len < HEADER_LEN as u64 {
-            if len >= 8 && read_at(&file, 0, 8).is_ok_and(|m| m != MAGIC) {
-                return Err(SnapshotError::NotSnapshot(path.into()));
-            }
-            return Err(truncated("the header".into(), 0, HEADER_LEN as u64));
-        }
-        file.read_exact_at(&mut h, 0)
-            .map_err(|e| io("cannot read it", e))?;
-        if h[..8] != MAGIC {
-            return Err(SnapshotError::NotSnapshot(path.into()));
-        }
-        let u32_at = |o: usize| u32::from_le_bytes(h[o..o + 4].try_into().expect("4 bytes"));
-        let u64_at = |o: usize| u64::from_le_bytes(h[o..o + 8].try_into().expect("8 bytes"));
-        let version = u32_at(8);
-        if version != FORMAT_VERSION {
-            return Err(SnapshotError::Version {
-                path: path.into(),
-                found: version,
-            });
-        }
-        if crc(&h[..HEADER_LEN - 4]) != u32_at(HEADER_LEN - 4) {
-            return Err(SnapshotError::Corrupt {
-                path: path.into(),
-                what: "the header".into(),
-                offset: 0,
-            });
-        }
-        let (count, data_at, sections_at, size) = (u32_at(12), u64_at(16), u64_at(24), u64_at(32));
-        if size > len {
-            return Err(truncated("the file".into(), 0, size));
-        }
-        // The words after the fields are reserved: zero, as written.
-        let reserved_clear = h[40..HEADER_LEN - 4].iter().all(|&b| b == 0);
-        if data_at != DATA_OFFSET || sections_at < data_at || count != SECTIONS || !reserved_clear {
-            return Err(SnapshotError::Corrupt {
-                path: path.into(),
-                what: "the header".into(),
-                offset: 0,
-            });
-        }
-        let mut at = sections_at;
-        let mut next = |tag: &'static str| -> Result<(u64, Vec<u8>), SnapshotError> {
-            let sh = read_at(&file, at, SECTION_HEADER_LEN)
-                .map_err(|_| truncated(format!("section {tag}"), at, SECTION_HEADER_LEN as u64))?;
-            let bad = |reason: String| SnapshotError::BadSection {
-                path: path.into(),
-                section: tag.into(),
-                offset: at,
-                reason,
-            };
-            if &sh[..4] != tag.as_bytes() {
-                return Err(bad(format!(
-                    "found tag {:?} where {tag} belongs",
-                    String::from_utf8_lossy(&sh[..4])
-                )));
-            }
-            let version = u32::from_le_bytes(sh[4..8].try_into().expect("4 bytes"));
-            if version != FORMAT_VERSION {
-                return Err(bad(format!(
-                    "section version {version}; this Hover reads {FORMAT_VERSION}"
-                )));
-            }
-            let plen = u64::from_le_bytes(sh[8..16].try_into().expect("8 bytes"));
-            let want = u32::from_le_bytes(sh[16..20].try_into().expect("4 bytes"));
-            if sh[20..24] != [0; 4] {
-                return Err(bad("its reserved word is not zero".into()));
-            }
-            let body = at + SECTION_HEADER_LEN as u64;
-            if plen > MAX_SECTION || body.saturating_add(plen) > len {
-                return Err(truncated(
-                    format!("section {tag}"),
-                    at,
-                    SECTION_HEADER_LEN as u64 + plen,
-                ));
-            }
-            let payload =
-                read_at(&file, body, plen as usize).map_err(|e| io("cannot read it", e))?;
-            if crc(&payload) != want {
-                return Err(SnapshotError::Corrupt {
-                    path: path.into(),
-                    what: format!("section {tag}"),
-                    offset: at,
-                });
-            }
-            let start = at;
-            at = body + plen;
-            Ok((start, payload))
-        };
-        let decode_err = |tag: &str, offset: u64, e: postcard::Error| SnapshotError::BadSection {
-            path: path.into(),
-            section: tag.into(),
-            offset,
-            reason: format!("cannot be decoded: {e}"),
-        };
-        fn dec<T: DeserializeOwned>(b: &[u8]) -> Result<T, postcard::Error> {
-            postcard::from_bytes(b)
-        }
-        let (o, b) = next("CONF")?;
-        let config: SavedMachine = dec(&b).map_err(|e| decode_err("CONF", o, e))?;
-        let (vo, b) = next("VCPU")?;
-        let vcpus: Vec<VcpuState> = dec(&b).map_err(|e| decode_err("VCPU", vo, e))?;
-        let (o, b) = next("MACH")?;
-        let machine: MachineState = dec(&b).map_err(|e| decode_err("MACH", o, e))?;
-        let (o, b) = next("DEVS")?;
-        let devices: DevicesState = dec(&b).map_err(|e| decode_err("DEVS", o, e))?;
-        let (mo, b) = next("MEMI")?;
-        let index: MemoryIndex = dec(&b).map_err(|e| decode_err("MEMI", mo, e))?;
+        let (file, len) = reading::open_regular(path)?;
+        let (header, mut sections) = reading::Sections::open(path, &file, len)?;
+        let (_, config): (u64, SavedMachine) = sections.decode("CONF")?;
+        let (vcpus_at, vcpus): (u64, Vec<VcpuState>) = sections.decode("VCPU")?;
+        let (_, machine): (u64, MachineState) = sections.decode("MACH")?;
+        let (_, devices): (u64, DevicesState) = sections.decode("DEVS")?;
+        let (index_at, index): (u64, MemoryIndex) = sections.decode("MEMI")?;
         let ranges = crate::memory::ram_ranges(config.config.memory);
-        let slots = index
-            .check(|gpa, l| {
-                ranges
-                    .iter()
-                    .any(|&(b, s)| gpa >= b && gpa.checked_add(l).is_some_and(|e| e <= b + s))
-            })
-            .map_err(|reason| SnapshotError::BadSection {
-                path: path.into(),
-                section: "MEMI".into(),
-                offset: mo,
-                reason,
-            })?;
-        if data_at + index.pages() * PAGE_SIZE > sections_at {
-            return Err(SnapshotError::BadSection {
-                path: path.into(),
-                section: "MEMI".into(),
-                offset: mo,
-                reason: format!(
-                    "{} pages do not fit before the sections at offset {sections_at}",
-                    index.pages()
-                ),
-            });
-        }
-        let (ho, b) = next("HOTS")?;
-        let hot: Vec<u64> = dec(&b).map_err(|e| decode_err("HOTS", ho, e))?;
+        let slots = reading::check_index(path, &index, index_at, &ranges, &header)?;
+        let (hot_at, hot): (u64, Vec<u64>) = sections.decode("HOTS")?;
         // The header's size is where the last section ends.
-        let end = ho + SECTION_HEADER_LEN as u64 + b.len() as u64;
-        if end != size {
+        let end = sections.end();
+        if end != header.size {
             return Err(SnapshotError::Corrupt {
                 path: path.into(),
-                what: format!("the header (its size {size} is not the sections' end {end})"),
+                what: format!(
+                    "the header (its size {} is not the sections' end {end})",
+                    header.size
+                ),
                 offset: 0,
             });
         }
-        let in_ram = |gpa: u64| {
-            gpa.is_multiple_of(PAGE_SIZE)
-                && ranges
-                    .iter()
-                    .any(|&(b, s)| gpa >= b && gpa.saturating_add(PAGE_SIZE) <= b + s)
-        };
-        if let Some((i, gpa)) = hot.iter().enumerate().find(|(_, &g)| !in_ram(g)) {
-            return Err(SnapshotError::BadSection {
-                path: path.into(),
-                section: "HOTS".into(),
-                offset: ho,
-                reason: format!("entry {i}, page {gpa:#x}, is not a page of guest memory"),
-            });
-        }
-        if hot.len() as u64 > config.config.memory / PAGE_SIZE {
-            return Err(SnapshotError::BadSection {
-                path: path.into(),
-                section: "HOTS".into(),
-                offset: ho,
-                reason: format!(
-                    "{} entries for a guest of {} pages",
-                    hot.len(),
-                    config.config.memory / PAGE_SIZE
-                ),
-            });
-        }
+        reading::check_hot(path, &hot, hot_at, &ranges, config.config.memory)?;
         if vcpus.len() != config.config.vcpus as usize {
-            return Err(SnapshotError::BadSection {
-                path: path.into(),
-                section: "VCPU".into(),
-                offset: vo,
-                reason: format!(
+            return Err(reading::bad_section(
+                path,
+                "VCPU",
+                vcpus_at,
+                format!(
                     "{} vCPU states for {} vCPUs",
                     vcpus.len(),
                     config.config.vcpus
                 ),
-            });
+            ));
         }
         Ok(Snapshot {
             path: path.into(),
@@ -402,7 +225,7 @@ impl Snapshot {
             },
             index,
             slots,
-            size,
+            size: header.size,
             hot,
         })
     }
@@ -538,5 +361,6 @@ fn read_at(file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
     Ok(b)
 }
 
+mod reading;
 #[cfg(test)]
 mod tests;
