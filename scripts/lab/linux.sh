@@ -85,12 +85,19 @@ rm -f /tmp/tty.in; mkfifo /tmp/tty.in
 timeout 300 hover run $K --vcpus 1 --rng off --cmdline "$CL lab.then=shell" --console stdio < /tmp/tty.in > /tmp/tty.log 2> /tmp/tty.err &
 hp=$!
 exec 3> /tmp/tty.in
-wait_for_text "GUEST: done, shell" /tmp/tty.log
+# A Hover that ended early closes the FIFO: the writes below then fail
+# (EPIPE) instead of killing this script, and its end is reported.
+trap '' PIPE
+if ! wait_for_text "GUEST: done, shell" /tmp/tty.log 3000; then
+    mark "stdio: no shell after 300 s; Hover $(kill -0 $hp 2>/dev/null && echo runs || echo ended)"
+    tail -5 /tmp/tty.log; cat /tmp/tty.err
+fi
 sleep 1
 printf 'echo typed-$((6*7))\n' >&3
 wait_for_text "typed-42" /tmp/tty.log 300
 printf '\001x' >&3
 exec 3>&-
+trap - PIPE
 wait $hp
 tty=$?
 echo "LAB: stdio run exit $tty"

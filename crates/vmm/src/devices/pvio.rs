@@ -32,13 +32,40 @@ use vm_memory::{Bytes, GuestAddress};
 use crate::memory::host_writes::GuestWriter;
 use vmm_sys_util::eventfd::EventFd;
 
+/// Why the I/O device cannot serve a ring.
+#[derive(Debug, thiserror::Error)]
+pub enum PvioError {
+    /// Its I/O thread has ended.
+    #[error("its thread has stopped")]
+    ThreadGone,
+    /// The file cannot be opened.
+    #[error("cannot open {}: {source}", path.display())]
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// What was opened may not take the guest's writes ([`fit_for_io`]).
+    #[error("{}: {why}", path.display())]
+    Unfit {
+        /// The file.
+        path: PathBuf,
+        /// Why not.
+        why: String,
+    },
+    /// A saved ring that cannot be served again.
+    #[error("the saved I/O ring {0}")]
+    SavedRing(String),
+}
+
 /// Where the I/O thread is to serve from, and where it answers whether it
 /// could open the file.
 struct Start {
     gpa: u64,
     entries: u64,
     done: u64,
-    reply: Sender<Result<(), String>>,
+    reply: Sender<Result<(), PvioError>>,
 }
 
 /// The I/O thread: wait to be started, open the file, serve until stopped.
@@ -134,7 +161,7 @@ pub struct PvioDevice {
     max_hit: super::limits::LimitHit,
 }
 
-fn routing(vcpus: u32) -> Result<KvmIrqRouting, String> {
+fn routing(vcpus: u32) -> std::io::Result<KvmIrqRouting> {
     let mut entries = Vec::new();
     for pin in 0..IOAPIC_PINS {
         let mut e = kvm_irq_routing_entry {
@@ -156,7 +183,7 @@ fn routing(vcpus: u32) -> Result<KvmIrqRouting, String> {
         e.u.msi.data = COMPLETION_VECTOR as u32;
         entries.push(e);
     }
-    KvmIrqRouting::from_entries(&entries).map_err(|e| format!("{e:?}"))
+    KvmIrqRouting::from_entries(&entries).map_err(|e| std::io::Error::other(format!("{e:?}")))
 }
 
 impl PvioDevice {
@@ -179,8 +206,7 @@ impl PvioDevice {
             NoDatamatch,
         )
         .map_err(crate::KvmOp::RegisterIoevent.err())?;
-        let table =
-            routing(vcpus).map_err(|e| host("build the GSI routing", std::io::Error::other(e)))?;
+        let table = routing(vcpus).map_err(|e| host("build the GSI routing", e))?;
         vm.set_gsi_routing(&table)
             .map_err(crate::KvmOp::SetGsiRouting.err())?;
         let mut irqfds = Vec::new();
@@ -275,8 +301,8 @@ impl PvioDevice {
 
     /// Have the I/O thread open the file and serve the ring at `gpa` from
     /// request `done` on.
-    fn start(&self, gpa: u64, entries: u64, done: u64) -> Result<(), String> {
-        let gone = || "its thread has stopped".to_string();
+    fn start(&self, gpa: u64, entries: u64, done: u64) -> Result<(), PvioError> {
+        let gone = || PvioError::ThreadGone;
         let tx = self.start_tx.locked().clone().ok_or_else(gone)?;
         let (reply, answer) = mpsc::channel();
         tx.send(Start {
@@ -290,7 +316,7 @@ impl PvioDevice {
     }
 
     /// Open the file (on the I/O thread).
-    fn open(&self) -> Result<File, String> {
+    fn open(&self) -> Result<File, PvioError> {
         // O_NONBLOCK: a FIFO put at the path after it was checked must not
         // hold the open (regular files and block devices ignore the flag).
         let file = OpenOptions::new()
@@ -299,10 +325,16 @@ impl PvioDevice {
             .mode(0o600)
             .custom_flags(libc::O_DSYNC | libc::O_NONBLOCK)
             .open(&self.path)
-            .map_err(|e| format!("cannot open {}: {e}", self.path.display()))?;
+            .map_err(|source| PvioError::Open {
+                path: self.path.clone(),
+                source,
+            })?;
         // Checked again on what was opened: the path may have changed since
         // the configuration was checked.
-        fit_for_io(&file).map_err(|why| format!("{}: {why}", self.path.display()))?;
+        fit_for_io(&file).map_err(|why| PvioError::Unfit {
+            path: self.path.clone(),
+            why,
+        })?;
         if self.own_file {
             // A file of our own making: only the descriptor is used from
             // here, so with the name gone nothing outlives the process,
@@ -328,7 +360,7 @@ impl PvioDevice {
 
     /// Take up a saved state: serve the saved ring again, from where the
     /// saved device stopped (its completion count is in guest memory).
-    pub fn restore(self: &Arc<Self>, s: &PvioState) -> Result<(), String> {
+    pub fn restore(self: &Arc<Self>, s: &PvioState) -> Result<(), PvioError> {
         self.requests.store(s.requests, Ordering::Relaxed);
         self.bad.store(s.bad_requests, Ordering::Relaxed);
         self.errors.store(s.io_errors, Ordering::Relaxed);
@@ -337,13 +369,15 @@ impl PvioDevice {
             return Ok(());
         };
         if entries == 0 || !entries.is_power_of_two() || entries > MAX_ENTRIES as u64 {
-            return Err(format!("the saved I/O ring has {entries} entries"));
+            return Err(PvioError::SavedRing(format!("has {entries} entries")));
         }
         let done = self
             .guest
             .memory()
             .read_obj::<u64>(GuestAddress(gpa + COMPLETED))
-            .map_err(|e| format!("the saved I/O ring at {gpa:#x} is outside guest memory: {e}"))?;
+            .map_err(|e| {
+                PvioError::SavedRing(format!("at {gpa:#x} is outside guest memory: {e}"))
+            })?;
         self.start(gpa, entries, done)?;
         *self.ring.locked() = Some((gpa, entries));
         // Requests submitted before the snapshot rang a doorbell that is gone.
