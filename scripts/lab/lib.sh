@@ -12,6 +12,17 @@ wait_for() {
     _w=0; while [ ! -e "$1" ] && [ $_w -lt "${2:-600}" ]; do sleep 0.1; _w=$((_w+1)); done
     [ -e "$1" ]
 }
+# once_more_if_triple NAME ERR FUNCTION: run FUNCTION; if the run ended in
+# a vCPU's triple fault (its stderr ERR says so), say so and run it once
+# more: the lab's emulated SVM now and then triple-faults a vCPU, async PF
+# or not (docs/LAB.md); a second one stands.
+once_more_if_triple() {
+    "$3"
+    if grep -q "triple fault" "$2" 2>/dev/null; then
+        mark "$1: a vCPU triple-faulted (the lab's emulated SVM); once more"
+        "$3"
+    fi
+}
 # wait_for_text TEXT FILE [TENTHS]: until FILE holds TEXT (a guest's mark).
 wait_for_text() {
     _w=0; while ! grep -qa "$1" "$2" 2>/dev/null && [ $_w -lt "${3:-600}" ]; do sleep 0.1; _w=$((_w+1)); done
