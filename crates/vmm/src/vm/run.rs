@@ -416,7 +416,7 @@ impl Running {
     fn set_boost(&mut self, u: &BoostUpdate) -> Result<Reply, CommandError> {
         let (config, boost) = self.vm.booster.update(u).map_err(|e| match e {
             UpdateError::Invalid { field, reason } => CommandError::Invalid { field, reason },
-            UpdateError::Host(e) => CommandError::Host(e),
+            e @ UpdateError::Monitor(_) => CommandError::Host(e.to_string()),
         })?;
         self.vm.change_config(|c| c.boost = config);
         Ok(Reply::Boost { boost })

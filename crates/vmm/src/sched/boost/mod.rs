@@ -194,8 +194,11 @@ impl Booster {
     /// thread is unboosted, then the new mode takes over (the monitor starts
     /// or stops; `static` boosts every thread). Registrations stay, so a
     /// guest can be switched to dynamic boosting and back.
-    pub fn set(self: &Arc<Self>, new: BoostConfig) -> Result<(), String> {
-        new.check()?;
+    pub fn set(self: &Arc<Self>, new: BoostConfig) -> Result<(), UpdateError> {
+        new.check().map_err(|reason| UpdateError::Invalid {
+            field: "boost",
+            reason,
+        })?;
         self.stop_monitor();
         for v in 0..self.slots.len() {
             self.unboost(v, None);
@@ -207,8 +210,7 @@ impl Booster {
         for v in 0..self.slots.len() {
             self.set_status(v, 0, status::THROTTLED);
         }
-        self.start()
-            .map_err(|e| format!("cannot start the boost monitor: {e}"))?;
+        self.start().map_err(UpdateError::Monitor)?;
         if new.mode == BoostMode::Static && !self.paused.load(Ordering::SeqCst) {
             for v in 0..self.slots.len() {
                 self.boost(v, Source::Request);

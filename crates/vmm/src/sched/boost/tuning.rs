@@ -18,18 +18,20 @@ pub(super) fn host_tsc() -> u64 {
     unsafe { core::arch::x86_64::_rdtsc() }
 }
 
-/// Why a live change of boosting was not taken.
-#[derive(Debug)]
+/// Why a change of boosting was not taken.
+#[derive(Debug, thiserror::Error)]
 pub enum UpdateError {
     /// A value out of range: the request's field, and why.
+    #[error("{field}: {reason}")]
     Invalid {
         /// The field.
         field: &'static str,
         /// Why.
         reason: String,
     },
-    /// This host failed (the monitor thread).
-    Host(String),
+    /// The boost monitor thread could not be started.
+    #[error("cannot start the boost monitor: {0}")]
+    Monitor(std::io::Error),
 }
 
 impl Booster {
@@ -45,9 +47,9 @@ impl Booster {
         let invalid = |(field, reason)| UpdateError::Invalid { field, reason };
         let new = u.apply(self.config()).map_err(invalid)?;
         let tuning = u.apply_tuning(self.tuning()).map_err(invalid)?;
-        self.set_tuning(tuning).map_err(UpdateError::Host)?;
+        self.set_tuning(tuning)?;
         if new != self.config() {
-            self.set(new).map_err(UpdateError::Host)?;
+            self.set(new)?;
         }
         let mut answer = new.to_json();
         answer["when"] = tuning.when.to_string().into();
@@ -62,8 +64,11 @@ impl Booster {
     }
 
     /// Change this host's tuning while the VM runs (`PUT /vm/boost`).
-    pub fn set_tuning(&self, t: BoostTuning) -> Result<(), String> {
-        t.check()?;
+    pub fn set_tuning(&self, t: BoostTuning) -> Result<(), UpdateError> {
+        t.check().map_err(|reason| UpdateError::Invalid {
+            field: "tuning",
+            reason,
+        })?;
         *self.tuning.locked() = t;
         Ok(())
     }
