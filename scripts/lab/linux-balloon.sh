@@ -40,8 +40,15 @@ one() { # VM CMDLINE FLAGS...
         --console file:/tmp/$vm.log --json > /tmp/$vm.json 2> /tmp/$vm.err &
     pid=$!
     if ! wait_for_text "MEMWAVE: waves done" /tmp/$vm.log 6000; then
+        kill $pid 2>/dev/null; wait $pid
+        # The lab's emulated SVM now and then triple-faults a vCPU
+        # (docs/LAB.md): such a run is made once more, saying so.
+        if [ -z "$again" ] && grep -q "triple fault" /tmp/$vm.err; then
+            mark "$vm: a vCPU triple-faulted (the lab's emulated SVM); once more"
+            again=1; one "$vm" "$cl" "$@"; again=; return
+        fi
         mark "FAIL $vm: the guest's waves did not end"; tail -5 /tmp/$vm.log | sed 's/^/LAB: guest: /'
-        tail -3 /tmp/$vm.err | sed 's/^/LAB: err: /'; kill $pid; wait $pid; FAILED=1; return
+        tail -3 /tmp/$vm.err | sed 's/^/LAB: err: /'; FAILED=1; return
     fi
     check "balloon-$vm-driver" grep -q "GUEST: balloon driver bound" /tmp/$vm.log
     # Reporting waits ~2 s after memory is freed; the guest slept 5 s after each wave.

@@ -12,10 +12,18 @@ last_t() { grep -a "GUEST: count" "$1" | tail -1 | sed 's/.* t=\([0-9.]*\).*/\1/
 first_t() { grep -a "GUEST: count" "$1" | head -1 | sed 's/.* t=\([0-9.]*\).*/\1/'; }
 on_disk() { dd if="$1" bs=4096 skip=1 count=1 2>/dev/null | head -c 8 | sed 's/^0*//'; }
 
-rm -f /tmp/a.sock
-timeout 600 hover run $K --vcpus 2 --disk /tmp/c.img,id=data --cmdline "$CL" --console file:/tmp/a.log --api-socket /tmp/a.sock --json > /tmp/a.json 2> /tmp/a.err &
-hp=$!
-wait_for_text "GUEST: count 3 " /tmp/a.log 1200 || { mark "the guest did not count: $(tail -3 /tmp/a.err | tr '\n' ' ')"; tail -5 /tmp/a.log; kill $hp; exit 1; }
+start_counting() {
+    rm -f /tmp/a.sock
+    timeout 600 hover run $K --vcpus 2 --disk /tmp/c.img,id=data --cmdline "$CL" --console file:/tmp/a.log --api-socket /tmp/a.sock --json > /tmp/a.json 2> /tmp/a.err &
+    hp=$!
+    wait_for_text "GUEST: count 3 " /tmp/a.log 1200
+}
+# A boot a vCPU's triple fault ends (the lab's emulated SVM, docs/LAB.md)
+# is made once more, saying so.
+if ! start_counting; then
+    kill $hp 2>/dev/null; wait $hp
+    grep -q "triple fault" /tmp/a.err && mark "boot: a vCPU triple-faulted (the lab's emulated SVM); once more" && start_counting
+fi || { mark "the guest did not count: $(tail -3 /tmp/a.err | tr '\n' ' ')"; tail -5 /tmp/a.log; kill $hp; exit 1; }
 timeout 60 hover ctl --api-socket /tmp/a.sock pause > /tmp/pause.out 2>&1
 p_count=$(last_count /tmp/a.log)
 sleep 3
