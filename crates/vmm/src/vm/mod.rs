@@ -144,6 +144,45 @@ struct Arrival {
     postcopy_in: Option<destination::postcopy::PostcopyIn>,
 }
 
+/// The pager a VM under a memory budget or a lazy restore needs (none
+/// otherwise), started over guest memory above `image_end`; a page it
+/// cannot serve becomes a [`VmEvent::PagerFailed`] on `events`.
+fn start_pager(
+    ram: &GuestRam,
+    config: &VmConfig,
+    image_end: u64,
+    source: Option<Arc<dyn PageSource>>,
+    events: &Sender<VmEvent>,
+) -> Result<Option<Pager>, Error> {
+    let store = &config.host.page_store;
+    let paging = match (config.machine.memory_budget, &source) {
+        (Some(budget), _) => Some(crate::memory::paged::PagingConfig {
+            budget,
+            store: store.path.clone(),
+            store_latency: store.latency,
+            store_jitter: store.jitter,
+            evict: store.evict,
+        }),
+        // A lazy restore without overcommit: the pager only brings pages in.
+        (None, Some(_)) => Some(crate::memory::paged::PagingConfig {
+            budget: ram.size(),
+            store: None,
+            store_latency: std::time::Duration::ZERO,
+            store_jitter: std::time::Duration::ZERO,
+            evict: store.evict,
+        }),
+        (None, None) => None,
+    };
+    let Some(p) = paging else {
+        return Ok(None);
+    };
+    let tx = Mutex::new(events.clone());
+    let on_failure = Box::new(move |msg: String| {
+        let _ = tx.locked().send(VmEvent::PagerFailed(msg));
+    });
+    Ok(Some(Pager::start(ram, image_end, &p, source, on_failure)?))
+}
+
 /// What a released pager leaves behind.
 struct ReleasedPager {
     /// What it did, for the outcome.
@@ -288,41 +327,7 @@ impl Vm {
             v.attach_booster(booster.clone());
         }
         let (events, events_rx) = mpsc::channel();
-        let store = &config.host.page_store;
-        let paging = match (config.machine.memory_budget, &source) {
-            (Some(budget), _) => Some(crate::memory::paged::PagingConfig {
-                budget,
-                store: store.path.clone(),
-                store_latency: store.latency,
-                store_jitter: store.jitter,
-                evict: store.evict,
-            }),
-            // A lazy restore without overcommit: the pager only brings pages in.
-            (None, Some(_)) => Some(crate::memory::paged::PagingConfig {
-                budget: m.ram.size(),
-                store: None,
-                store_latency: std::time::Duration::ZERO,
-                store_jitter: std::time::Duration::ZERO,
-                evict: store.evict,
-            }),
-            (None, None) => None,
-        };
-        let pager = match paging {
-            Some(p) => {
-                let tx = Mutex::new(events.clone());
-                let on_failure = Box::new(move |msg: String| {
-                    let _ = tx.locked().send(VmEvent::PagerFailed(msg));
-                });
-                Some(Pager::start(
-                    &m.ram,
-                    saved.image_end,
-                    &p,
-                    source,
-                    on_failure,
-                )?)
-            }
-            None => None,
-        };
+        let pager = start_pager(&m.ram, config, saved.image_end, source, &events)?;
         devices.attach_pager(pager.as_ref().map(Pager::discarder));
         tracing::debug!(
             vcpus = config.machine.vcpus,

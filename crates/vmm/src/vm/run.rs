@@ -100,34 +100,7 @@ impl Vm {
             (None, None) => Some(self.read_guest_tsc()?),
             _ => None,
         };
-        let governor_stats = self
-            .kvm_stats
-            .vcpus
-            .iter()
-            .map(KvmStats::try_clone)
-            .collect::<Result<Vec<_>, _>>()
-            .unwrap_or_default();
-        let halt_poll =
-            HaltPollControl::new(self.fd.clone(), governor_stats, self.guest_poll_areas());
-        let mut r = Running {
-            vm: self,
-            vcpus: Vec::new(),
-            state: Lifecycle::Created,
-            stashed: VecDeque::new(),
-            halt_poll,
-            postcopy_left: None,
-        };
-        if let HaltPoll::Auto { budget_pct } = r.vm.config().halt_poll {
-            r.halt_poll.start_governor(budget_pct).map_err(|e| {
-                let why = match e {
-                    HaltPollError::Host(why) | HaltPollError::Invalid { reason: why, .. } => why,
-                };
-                Error::Host {
-                    what: "start the halt-poll governor",
-                    source: std::io::Error::other(why),
-                }
-            })?;
-        }
+        let mut r = Running::new(self)?;
         let started_at = Instant::now();
         // Served once the vCPUs run (below): bound now, so that a socket
         // path in the way fails the start.
@@ -241,6 +214,39 @@ impl Vm {
 }
 
 impl Running {
+    /// The VM about to run: its halt polling as configured (the governor
+    /// started under `auto`), no vCPU thread yet.
+    fn new(vm: Vm) -> Result<Running, Error> {
+        let governor_stats = vm
+            .kvm_stats
+            .vcpus
+            .iter()
+            .map(KvmStats::try_clone)
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap_or_default();
+        let halt_poll = HaltPollControl::new(vm.fd.clone(), governor_stats, vm.guest_poll_areas());
+        let mut r = Running {
+            vm,
+            vcpus: Vec::new(),
+            state: Lifecycle::Created,
+            stashed: VecDeque::new(),
+            halt_poll,
+            postcopy_left: None,
+        };
+        if let HaltPoll::Auto { budget_pct } = r.vm.config().halt_poll {
+            r.halt_poll.start_governor(budget_pct).map_err(|e| {
+                let why = match e {
+                    HaltPollError::Host(why) | HaltPollError::Invalid { reason: why, .. } => why,
+                };
+                Error::Host {
+                    what: "start the halt-poll governor",
+                    source: std::io::Error::other(why),
+                }
+            })?;
+        }
+        Ok(r)
+    }
+
     fn spawn_vcpus(&mut self) -> Result<(), Error> {
         for vcpu in self.vm.vcpus.drain(..) {
             let tx = std::sync::Mutex::new(self.vm.events.clone());

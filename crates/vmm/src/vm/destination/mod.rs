@@ -37,7 +37,7 @@ use super::run::Running;
 use super::{open_console, Vm};
 use crate::memory::paged::PageSource;
 use crate::migration::auth::LinkAuth;
-use crate::migration::message::{Digest, Message, Mode, Pages, RunningFrame};
+use crate::migration::message::{Digest, Message, Mode, PageSet, Pages, RunningFrame};
 use crate::migration::opening::{self, Opened, Waiting};
 use crate::migration::postcopy::incoming::{self, RemotePages};
 use crate::migration::received::ReceivedPages;
@@ -475,20 +475,8 @@ impl Running {
                     .map_err(host("answering the source"))?,
                 Message::End if !postcopy => break,
                 Message::Postcopy(set) if postcopy && state.is_some() => {
-                    let gpas = set
-                        .pages(ram.end())
-                        .map_err(|reason| mig(unfit("POSTCOPY", at, reason)))?;
-                    if let Some(g) = gpas.iter().find(|&&g| g < saved.image_end) {
-                        return Err(mig(unfit(
-                            "POSTCOPY",
-                            at,
-                            format!("page {g:#x} is in the pinned boot area, which must arrive before the guest runs"),
-                        )));
-                    }
                     let remote = remote.as_ref().expect("post-copy has its page source");
-                    remote
-                        .mark_pending(&gpas)
-                        .map_err(|reason| mig(unfit("POSTCOPY", at, reason)))?;
+                    still_at_source(&set, at, (ram.end(), saved.image_end), remote).map_err(mig)?;
                     break;
                 }
                 other => {
@@ -543,6 +531,33 @@ impl Running {
             .map_err(host("answering the source"))?;
         Ok((remote, pinned_hash))
     }
+}
+
+/// A POSTCOPY message's pages (its frame at `offset`), for guest memory
+/// ending at `end` with its pinned boot area below `image_end`, marked
+/// pending in `remote`: none may be in the boot area, which must arrive
+/// before the guest runs.
+fn still_at_source(
+    set: &PageSet,
+    offset: u64,
+    (end, image_end): (u64, u64),
+    remote: &RemotePages,
+) -> Result<(), MigrationError> {
+    let gpas = set
+        .pages(end)
+        .map_err(|reason| unfit("POSTCOPY", offset, reason))?;
+    if let Some(g) = gpas.iter().find(|&&g| g < image_end) {
+        return Err(unfit(
+            "POSTCOPY",
+            offset,
+            format!(
+                "page {g:#x} is in the pinned boot area, which must arrive before the guest runs"
+            ),
+        ));
+    }
+    remote
+        .mark_pending(&gpas)
+        .map_err(|reason| unfit("POSTCOPY", offset, reason))
 }
 
 /// Why an arriving migration's stream was cut short.
