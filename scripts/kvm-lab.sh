@@ -205,7 +205,7 @@ boot_l1() { # SERIAL-ARGS...
     local q
     q=$(QEMU_BIN)
     LD_LIBRARY_PATH=$LAB/qemu/usr/lib/x86_64-linux-gnu:$LAB/qemu/lib/x86_64-linux-gnu "$q" -L "$LAB/qemu/usr/share/qemu" -L "$LAB/qemu/usr/share/seabios" \
-        -accel tcg -cpu max -smp 2 -m "${LAB_MEM:-3G}" -nodefaults -no-reboot -display none \
+        -accel "${LAB_ACCEL:-tcg}" -cpu max -smp 2 -m "${LAB_MEM:-3G}" -nodefaults -no-reboot -display none \
         -device isa-debug-exit,iobase=0xf4,iosize=0x04 -d cpu_reset,guest_errors -D "$WORK/qemu-cpu.log" \
         -kernel "$L1DIR/vmlinuz" -initrd "$WORK/l1.cpio" \
         -append "console=ttyS0 panic=-1 loglevel=4 mitigations=off lab.timeout=${LAB_TIMEOUT:-600} ${LAB_APPEND:-}" "$@"

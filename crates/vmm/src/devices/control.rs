@@ -17,6 +17,7 @@ use hover_abi::control::{
 
 use super::limits::{GuestLimits, LimitHit};
 use super::msi::{InjectError, MsiInjector, PendingMsi};
+use super::state_error::StateError;
 use serde::{Deserialize, Serialize};
 use vm_memory::{Bytes, GuestAddress};
 
@@ -194,11 +195,15 @@ impl ControlDevice {
 
     /// Take up a saved state: its reports, and its MSIs re-armed with the
     /// time they had left.
-    pub fn restore(&self, s: &ControlState) -> Result<(), String> {
+    pub fn restore(&self, s: &ControlState) -> Result<(), StateError> {
+        const DEVICE: &str = "control port";
         let mut reports = Vec::with_capacity(s.reports.len());
         for r in &s.reports {
             let value = ReportValue::from_raw(r.kind, r.bits).ok_or_else(|| {
-                format!("report {:?} has an unknown value kind {}", r.key, r.kind)
+                StateError::unfit(
+                    DEVICE,
+                    format!("report {:?} has an unknown value kind {}", r.key, r.kind),
+                )
             })?;
             reports.push(ReportEntry {
                 vcpu: r.vcpu as usize,
@@ -208,16 +213,26 @@ impl ControlDevice {
         }
         *self.reports.locked() = reports;
         if let Some(b) = &self.booster {
-            b.restore(&s.boost_areas)?;
+            b.restore(&s.boost_areas)
+                .map_err(|e| StateError::unfit(DEVICE, e.to_string()))?;
         }
         for m in &s.pending_msis {
             if m.vector < 32 || m.dest as u32 >= self.vcpus || m.remaining_ns > MAX_MSI_DELAY_NS {
-                return Err(format!("a saved MSI is out of range: {m:?}"));
+                return Err(StateError::unfit(
+                    DEVICE,
+                    format!("a saved MSI is out of range: {m:?}"),
+                ));
             }
-            let msi = self.msi.as_ref().ok_or("no MSI injector")?;
+            let msi = self.msi.as_ref().ok_or_else(|| {
+                StateError::unfit(DEVICE, "saved MSIs for a VM without an MSI injector")
+            })?;
             // Zero would inject at once, before the vCPUs' state is loaded.
             let delay = Duration::from_nanos(m.remaining_ns.max(1));
-            msi.inject_after(m.dest, m.vector, delay)?;
+            msi.inject_after(m.dest, m.vector, delay)
+                .map_err(|source| StateError::Msi {
+                    device: DEVICE.into(),
+                    source,
+                })?;
         }
         Ok(())
     }

@@ -7,16 +7,19 @@
 //! controller's reset line. On MMIO: the paravirtual I/O device (`pvio`)
 //! and a Linux guest's virtio devices (`virtio`: disks, network cards,
 //! entropy, the balloon). `gate` is how a pause stops the devices that run
-//! on threads of their own.
+//! on threads of their own; `state_error` is why a device refused a saved
+//! state, `host_file` why a file given for a device cannot serve it.
 
 pub mod console_in;
 pub mod control;
 pub mod gate;
+pub mod host_file;
 pub mod irq_line;
 pub mod limits;
 pub mod msi;
 pub mod pvio;
 pub mod serial;
+pub mod state_error;
 pub mod virtio;
 
 use hover_abi::control::CONTROL_PORT;

@@ -79,6 +79,8 @@ impl std::fmt::Display for InjectError {
     }
 }
 
+impl std::error::Error for InjectError {}
+
 impl From<InjectError> for String {
     fn from(e: InjectError) -> String {
         e.to_string()

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 
 use super::gate::Gate;
+use super::host_file::HostFileError;
 use hover_abi::pvio::{
     self, io_op, io_status, COMPLETION_VECTOR, DOORBELL_PORT, MAX_ENTRIES, MAX_FILE_BYTES, MAX_LEN,
 };
@@ -52,7 +53,7 @@ pub enum PvioError {
         /// The file.
         path: PathBuf,
         /// Why not.
-        why: String,
+        why: HostFileError,
     },
     /// A saved ring that cannot be served again.
     #[error("the saved I/O ring {0}")]
@@ -532,53 +533,45 @@ impl PvioDevice {
 /// Whether an opened file may take the guest's writes: a regular file or a
 /// block device, not on procfs or sysfs (where "regular" files such as
 /// /proc/self/mem reach the monitor's own memory or the kernel's knobs).
-pub fn fit_for_io(file: &std::fs::File) -> Result<(), String> {
+pub fn fit_for_io(file: &std::fs::File) -> Result<(), HostFileError> {
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::FileTypeExt;
-    let m = file
-        .metadata()
-        .map_err(|e| format!("cannot stat it: {e}"))?;
+    let m = file.metadata().map_err(HostFileError::Stat)?;
     let t = m.file_type();
     if !(t.is_file() || t.is_block_device()) {
-        return Err("not a regular file or a block device".into());
+        return Err(HostFileError::NotStorage);
     }
     // SAFETY: fstatfs fills the struct for a descriptor we own.
     let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
     if unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) } != 0 {
-        return Err(format!(
-            "cannot statfs it: {}",
-            std::io::Error::last_os_error()
-        ));
+        return Err(HostFileError::Statfs(std::io::Error::last_os_error()));
     }
     const PROC_SUPER_MAGIC: i64 = 0x9fa0;
     const SYSFS_MAGIC: i64 = 0x6265_6572;
     if [PROC_SUPER_MAGIC, SYSFS_MAGIC].contains(&(fs.f_type as i64)) {
-        return Err("a file of procfs or sysfs, not storage".into());
+        return Err(HostFileError::Pseudo);
     }
     Ok(())
 }
 
 /// [`fit_for_io`] for a path given by the user: fine if it does not exist
 /// yet (it is created as a regular file).
-pub fn check_io_path(path: &std::path::Path) -> Result<(), String> {
+pub fn check_io_path(path: &std::path::Path) -> Result<(), HostFileError> {
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::FileTypeExt;
-    let writable = |p: &std::path::Path| -> Result<(), String> {
+    let writable = |p: &std::path::Path| -> Result<(), HostFileError> {
         let c = std::ffi::CString::new(p.as_os_str().as_bytes())
-            .map_err(|_| "the path holds a NUL byte".to_string())?;
+            .map_err(|_| HostFileError::NulInPath)?;
         // SAFETY: access() reads a NUL-terminated path.
         if unsafe { libc::access(c.as_ptr(), libc::W_OK) } != 0 {
-            return Err(format!(
-                "cannot write there: {}",
-                std::io::Error::last_os_error()
-            ));
+            return Err(HostFileError::NotWritable(std::io::Error::last_os_error()));
         }
         Ok(())
     };
     match std::fs::metadata(path) {
         // Refused before any open: opening a FIFO would wait for a writer.
         Ok(m) if !(m.file_type().is_file() || m.file_type().is_block_device()) => {
-            Err("not a regular file or a block device".into())
+            Err(HostFileError::NotStorage)
         }
         Ok(_) => {
             writable(path)?;
@@ -593,8 +586,8 @@ pub fn check_io_path(path: &std::path::Path) -> Result<(), String> {
                 Some(d) if !d.as_os_str().is_empty() => d,
                 _ => std::path::Path::new("."),
             };
-            writable(dir).map_err(|e| format!("cannot be created: {e}"))
+            writable(dir).map_err(|e| HostFileError::CannotCreate(Box::new(e)))
         }
-        Err(e) => Err(format!("cannot stat it: {e}")),
+        Err(e) => Err(HostFileError::Stat(e)),
     }
 }

@@ -13,6 +13,7 @@ use vm_superio::serial::{NoEvents, SerialState};
 use vm_superio::Serial;
 
 use super::irq_line::IrqTrigger;
+use super::state_error::StateError;
 use crate::config::{ConsoleTarget, SharedBuffer};
 
 /// Where console bytes go, and when the first one arrived.
@@ -158,15 +159,19 @@ impl SerialConsole {
     /// Take up the saved state `s` (a restore, a migration's arrival);
     /// the interrupt line and console stay. A state vm-superio refuses
     /// leaves the UART as it was.
-    pub fn restore(&self, s: &UartState) -> Result<(), String> {
+    pub fn restore(&self, s: &UartState) -> Result<(), StateError> {
         let mut uart = self.lock();
         let irq = uart
             .interrupt_evt()
             .try_clone()
-            .map_err(|e| format!("cannot restore the serial port: its interrupt line: {e}"))?;
+            .map_err(|source| StateError::Host {
+                device: "serial port".into(),
+                what: "its interrupt line",
+                source,
+            })?;
         let placeholder = ConsoleSink::discard();
         let restored = Serial::from_state(&uart_state(s), irq, NoEvents, placeholder)
-            .map_err(|e| format!("the saved serial port state is invalid: {e:?}"))?;
+            .map_err(|e| StateError::decode("serial port", format!("{e:?}")))?;
         let old = std::mem::replace(&mut *uart, restored);
         *uart.writer_mut() = old.into_writer();
         Ok(())

@@ -86,20 +86,20 @@ impl Region {
     }
 
     /// The inverse of [`Self::to_arg`].
-    pub fn parse(s: &str) -> Result<Region, String> {
+    pub fn parse(s: &str) -> Result<Region, RegionArgError> {
         let p: Vec<&str> = s.split(':').collect();
         let [gpa, len, addr, fd, offset] = p[..] else {
-            return Err(format!("region '{s}': expected gpa:len:addr:fd:offset"));
+            return Err(RegionArgError::Fields);
         };
         let n = |v: &str| {
             let v = v.trim_start_matches("0x");
-            u64::from_str_radix(v, 16).map_err(|e| format!("region '{s}': {e}"))
+            u64::from_str_radix(v, 16).map_err(RegionArgError::Number)
         };
         Ok(Region {
             gpa: n(gpa)?,
             len: n(len)?,
             addr: n(addr)?,
-            fd: fd.parse().map_err(|e| format!("region '{s}': {e}"))?,
+            fd: fd.parse().map_err(RegionArgError::Number)?,
             offset: n(offset)?,
         })
     }
@@ -107,6 +107,17 @@ impl Region {
     fn holds(&self, gpa: u64) -> bool {
         gpa >= self.gpa && gpa + PAGE_SIZE <= self.gpa + self.len
     }
+}
+
+/// A `--region` argument that does not parse.
+#[derive(Debug, thiserror::Error)]
+pub enum RegionArgError {
+    /// Not five fields.
+    #[error("expected gpa:len:addr:fd:offset")]
+    Fields,
+    /// A field that is not a number.
+    #[error("{0}")]
+    Number(std::num::ParseIntError),
 }
 
 /// Reads pages of another process's guest memory.

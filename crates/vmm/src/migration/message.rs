@@ -12,7 +12,9 @@
 
 use hover_abi::layout::PAGE_SIZE;
 
-use super::page_lists::{decode_addrs, decode_page_set, encode_addrs, pages_header, split_pages};
+use super::page_lists::{
+    decode_addrs, decode_page_set, encode_addrs, pages_header, split_pages, PageListError,
+};
 use std::borrow::Cow;
 use std::io::{self, Read, Write};
 
@@ -128,7 +130,7 @@ impl PageSet {
     }
 
     /// Its page addresses, ascending, each below `end`; why not.
-    pub fn pages(&self, end: u64) -> Result<Vec<u64>, String> {
+    pub fn pages(&self, end: u64) -> Result<Vec<u64>, PageListError> {
         decode_page_set(&self.0, end)
     }
 }
@@ -145,7 +147,7 @@ impl Request {
     }
 
     /// Its addresses, each page-aligned and below `end`; why not.
-    pub fn pages(&self, end: u64) -> Result<Vec<u64>, String> {
+    pub fn pages(&self, end: u64) -> Result<Vec<u64>, PageListError> {
         decode_addrs(&self.0, end)
     }
 }
@@ -279,7 +281,7 @@ impl Message {
                 }
             },
             Kind::Pages => {
-                let (gpas, data) = split_pages(&f.payload).map_err(unfit)?;
+                let (gpas, data) = split_pages(&f.payload).map_err(|e| unfit(e.to_string()))?;
                 let data_at = f.payload.len() - data.len();
                 Message::Pages(Pages {
                     gpas,

@@ -7,28 +7,105 @@ use hover_abi::layout::PAGE_SIZE;
 
 use super::wire::MAX_BATCH;
 
+/// A page list that does not decode, or names pages this guest does not
+/// have: the peer's mistake, refused whole.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PageListError {
+    /// Shorter than its count.
+    #[error("a {0} without its count")]
+    NoCount(&'static str),
+    /// A PAGES batch of no pages or more than a frame carries.
+    #[error("a page batch of {0} pages (1 to {MAX_BATCH})")]
+    BatchCount(usize),
+    /// A PAGES batch whose length does not match its count.
+    #[error("a batch of {pages} pages is {len} bytes, not {want}")]
+    BatchLength {
+        /// Pages it claims.
+        pages: usize,
+        /// Its length.
+        len: usize,
+        /// The length those pages take.
+        want: usize,
+    },
+    /// A page address not on a page boundary.
+    #[error("a page address is not page-aligned")]
+    Unaligned,
+    /// A REQUEST of no addresses, too many, or a broken one.
+    #[error("a request of {0} bytes (1 to {MAX_BATCH} 8-byte addresses)")]
+    RequestLength(usize),
+    /// An address not of a page in guest memory.
+    #[error("page {gpa:#x} is not a page of guest memory (below {end:#x})")]
+    NotGuestPage {
+        /// The address.
+        gpa: u64,
+        /// Where guest memory ends.
+        end: u64,
+    },
+    /// A page bitmap not sized for guest memory.
+    #[error("a page bitmap of {len} bytes where guest memory needs {want}")]
+    BitmapLength {
+        /// Its length.
+        len: usize,
+        /// The length guest memory needs.
+        want: usize,
+    },
+    /// A bitmap bit past guest memory.
+    #[error("page {0:#x} is outside guest memory")]
+    OutsideMemory(u64),
+    /// A run list whose length does not match its count.
+    #[error("{runs} page runs in {len} bytes (12 each)")]
+    RunsLength {
+        /// Runs it claims.
+        runs: usize,
+        /// Its length.
+        len: usize,
+    },
+    /// A run that is empty, overlaps the one before, or leaves guest memory.
+    #[error(
+        "page run {first}+{len} is empty, out of order or outside guest memory ({pages} pages)"
+    )]
+    BadRun {
+        /// Its first page.
+        first: u64,
+        /// Its pages.
+        len: u64,
+        /// Guest memory's pages.
+        pages: u64,
+    },
+    /// A page that arrived and was not one the destination still lacks.
+    #[error("page {0:#x} is not missing here (sent twice, outside guest memory, or not among the pages the source listed)")]
+    NotMissing(u64),
+    /// A page set of an encoding this build does not know.
+    #[error("unknown page set encoding {0}")]
+    Encoding(u8),
+    /// A page set of no bytes.
+    #[error("an empty page set")]
+    Empty,
+}
+
 /// Split a PAGES payload into its addresses and page contents, checking it.
-pub fn split_pages(p: &[u8]) -> Result<(Vec<u64>, &[u8]), String> {
+pub fn split_pages(p: &[u8]) -> Result<(Vec<u64>, &[u8]), PageListError> {
     if p.len() < 8 {
-        return Err("a page batch without its count".into());
+        return Err(PageListError::NoCount("page batch"));
     }
     let n = u32::from_le_bytes(p[0..4].try_into().expect("4 bytes")) as usize;
     if n == 0 || n > MAX_BATCH {
-        return Err(format!("a page batch of {n} pages (1 to {MAX_BATCH})"));
+        return Err(PageListError::BatchCount(n));
     }
     let want = 8 + n * (8 + PAGE_SIZE as usize);
     if p.len() != want {
-        return Err(format!(
-            "a batch of {n} pages is {} bytes, not {want}",
-            p.len()
-        ));
+        return Err(PageListError::BatchLength {
+            pages: n,
+            len: p.len(),
+            want,
+        });
     }
     let gpas = p[8..8 + n * 8]
         .chunks_exact(8)
         .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
         .collect::<Vec<_>>();
     if gpas.iter().any(|g| !g.is_multiple_of(PAGE_SIZE)) {
-        return Err("a page address is not page-aligned".into());
+        return Err(PageListError::Unaligned);
     }
     Ok((gpas, &p[8 + n * 8..]))
 }
@@ -50,12 +127,9 @@ pub fn encode_addrs(gpas: &[u64]) -> Vec<u8> {
 }
 
 /// The page addresses of a REQUEST payload, each page-aligned and below `end`.
-pub fn decode_addrs(p: &[u8], end: u64) -> Result<Vec<u64>, String> {
+pub fn decode_addrs(p: &[u8], end: u64) -> Result<Vec<u64>, PageListError> {
     if p.is_empty() || !p.len().is_multiple_of(8) || p.len() / 8 > MAX_BATCH {
-        return Err(format!(
-            "a request of {} bytes (1 to {MAX_BATCH} 8-byte addresses)",
-            p.len()
-        ));
+        return Err(PageListError::RequestLength(p.len()));
     }
     let gpas: Vec<u64> = p
         .chunks_exact(8)
@@ -65,9 +139,7 @@ pub fn decode_addrs(p: &[u8], end: u64) -> Result<Vec<u64>, String> {
         .iter()
         .find(|g| !g.is_multiple_of(PAGE_SIZE) || **g >= end)
     {
-        Some(g) => Err(format!(
-            "page {g:#x} is not a page of guest memory (below {end:#x})"
-        )),
+        Some(&gpa) => Err(PageListError::NotGuestPage { gpa, end }),
         None => Ok(gpas),
     }
 }
@@ -134,16 +206,16 @@ fn runs_of(bitmap: &[u8]) -> Vec<(u64, u32)> {
 /// The page addresses of a page set made by [`encode_page_set`] for
 /// guest memory ending at `end`: checked (the bitmap's size, runs in order
 /// and apart, nothing at or past `end`), ascending.
-pub fn decode_page_set(p: &[u8], end: u64) -> Result<Vec<u64>, String> {
+pub fn decode_page_set(p: &[u8], end: u64) -> Result<Vec<u64>, PageListError> {
     let pages = end / PAGE_SIZE;
     match p.split_first() {
         Some((&SET_BITMAP, bitmap)) => {
             let want = pages.div_ceil(8) as usize;
             if bitmap.len() != want {
-                return Err(format!(
-                    "a page bitmap of {} bytes where guest memory needs {want}",
-                    bitmap.len()
-                ));
+                return Err(PageListError::BitmapLength {
+                    len: bitmap.len(),
+                    want,
+                });
             }
             let mut out = Vec::new();
             for (i, &byte) in bitmap.iter().enumerate() {
@@ -151,10 +223,7 @@ pub fn decode_page_set(p: &[u8], end: u64) -> Result<Vec<u64>, String> {
                     if byte & (1 << bit) != 0 {
                         let page = (i * 8 + bit) as u64;
                         if page >= pages {
-                            return Err(format!(
-                                "page {:#x} is outside guest memory",
-                                page * PAGE_SIZE
-                            ));
+                            return Err(PageListError::OutsideMemory(page * PAGE_SIZE));
                         }
                         out.push(page * PAGE_SIZE);
                     }
@@ -164,12 +233,15 @@ pub fn decode_page_set(p: &[u8], end: u64) -> Result<Vec<u64>, String> {
         }
         Some((&SET_RUNS, rest)) => {
             if rest.len() < 4 {
-                return Err("a page run list without its count".into());
+                return Err(PageListError::NoCount("page run list"));
             }
             let n = u32::from_le_bytes(rest[..4].try_into().expect("4 bytes")) as usize;
             let body = &rest[4..];
             if body.len() != n.saturating_mul(12) {
-                return Err(format!("{n} page runs in {} bytes (12 each)", body.len()));
+                return Err(PageListError::RunsLength {
+                    runs: n,
+                    len: body.len(),
+                });
             }
             let mut out = Vec::new();
             let mut next = 0u64;
@@ -182,17 +254,13 @@ pub fn decode_page_set(p: &[u8], end: u64) -> Result<Vec<u64>, String> {
                         out.extend((first..last).map(|pg| pg * PAGE_SIZE));
                         next = last;
                     }
-                    _ => {
-                        return Err(format!(
-                            "page run {first}+{len} is empty, out of order or outside guest memory ({pages} pages)"
-                        ))
-                    }
+                    _ => return Err(PageListError::BadRun { first, len, pages }),
                 }
             }
             Ok(out)
         }
-        Some((tag, _)) => Err(format!("unknown page set encoding {tag}")),
-        None => Err("an empty page set".into()),
+        Some((&tag, _)) => Err(PageListError::Encoding(tag)),
+        None => Err(PageListError::Empty),
     }
 }
 
@@ -211,10 +279,14 @@ mod tests {
         );
         assert!(decode_page_set(&b[..3], end)
             .unwrap_err()
+            .to_string()
             .contains("needs 3"));
         let mut past = b.clone();
         past[3] |= 0x80;
-        assert!(decode_page_set(&past, end).unwrap_err().contains("outside"));
+        assert!(decode_page_set(&past, end)
+            .unwrap_err()
+            .to_string()
+            .contains("outside"));
         let r = encode_addrs(&[PAGE_SIZE, 2 * PAGE_SIZE]);
         assert_eq!(
             decode_addrs(&r, end).unwrap(),
@@ -232,10 +304,10 @@ mod tests {
         assert!(split_pages(&pages_header(&[])).is_err());
         let mut p = pages_header(&[0x1001]);
         p.extend_from_slice(&[0; 4096]);
-        assert!(split_pages(&p).unwrap_err().contains("aligned"));
+        assert!(split_pages(&p).unwrap_err().to_string().contains("aligned"));
         let mut p = pages_header(&[0x1000, 0x2000]);
         p.extend_from_slice(&[0; 4096]);
-        assert!(split_pages(&p).unwrap_err().contains("not"));
+        assert!(split_pages(&p).unwrap_err().to_string().contains("not"));
     }
 
     #[test]
@@ -290,10 +362,16 @@ mod tests {
         let mut short = runs(&[(1, 1)]);
         short.pop();
         assert!(decode_page_set(&short, end).is_err());
-        assert!(decode_page_set(&[7], end).unwrap_err().contains("unknown"));
+        assert!(decode_page_set(&[7], end)
+            .unwrap_err()
+            .to_string()
+            .contains("unknown"));
         assert!(decode_page_set(&[], end).is_err());
         let mut bm = encode_page_set(scattered.iter().copied(), 1 << 24);
         bm.pop();
-        assert!(decode_page_set(&bm, 1 << 24).unwrap_err().contains("needs"));
+        assert!(decode_page_set(&bm, 1 << 24)
+            .unwrap_err()
+            .to_string()
+            .contains("needs"));
     }
 }

@@ -220,7 +220,35 @@ struct Args {
     seccomp: crate::seccomp::Mode,
 }
 
-fn parse(args: &[String]) -> Result<Args, String> {
+/// Why the helper's command line was refused (only the VMM starts it, so
+/// this is a mismatch between the two builds or a person trying it).
+#[derive(Debug, thiserror::Error)]
+enum ArgsError {
+    /// A flag at the end, without its value.
+    #[error("{0} needs a value")]
+    NoValue(String),
+    /// A value that does not parse.
+    #[error("{flag} {value}: {why}")]
+    Bad {
+        /// The flag.
+        flag: String,
+        /// Its value.
+        value: String,
+        /// The parser's complaint.
+        why: String,
+    },
+    /// A flag the helper does not take.
+    #[error("unknown argument {0}")]
+    Unknown(String),
+    /// A flag it needs is missing.
+    #[error("needs --pid, --batch, --conn-fd, --ctl-fd and --region")]
+    Missing,
+    /// A batch larger than a frame carries.
+    #[error("--batch {0} is over {max}", max = super::wire::MAX_BATCH)]
+    Batch(usize),
+}
+
+fn parse(args: &[String]) -> Result<Args, ArgsError> {
     let mut a = Args {
         pid: 0,
         mode: MapMode::Readv,
@@ -232,28 +260,29 @@ fn parse(args: &[String]) -> Result<Args, String> {
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
-        let v = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        let num = |v: &str| v.parse::<i64>().map_err(|e| format!("{flag} {v}: {e}"));
+        let v = it.next().ok_or_else(|| ArgsError::NoValue(flag.clone()))?;
+        let bad = |why: &dyn std::fmt::Display| ArgsError::Bad {
+            flag: flag.clone(),
+            value: v.clone(),
+            why: why.to_string(),
+        };
+        let num = |v: &str| v.parse::<i64>().map_err(|e| bad(&e));
         match flag.as_str() {
             "--pid" => a.pid = num(v)? as libc::pid_t,
-            "--mode" => a.mode = v.parse()?,
+            "--mode" => a.mode = v.parse().map_err(|e: String| bad(&e))?,
             "--batch" => a.batch = num(v)? as usize,
             "--conn-fd" => a.conn_fd = num(v)? as RawFd,
             "--ctl-fd" => a.ctl_fd = num(v)? as RawFd,
-            "--region" => a.regions.push(Region::parse(v)?),
-            "--seccomp" => a.seccomp = v.parse()?,
-            _ => return Err(format!("unknown argument {flag}")),
+            "--region" => a.regions.push(Region::parse(v).map_err(|e| bad(&e))?),
+            "--seccomp" => a.seccomp = v.parse().map_err(|e: String| bad(&e))?,
+            _ => return Err(ArgsError::Unknown(flag.clone())),
         }
     }
     if a.pid <= 0 || a.batch == 0 || a.conn_fd < 0 || a.ctl_fd < 0 || a.regions.is_empty() {
-        return Err("needs --pid, --batch, --conn-fd, --ctl-fd and --region".into());
+        return Err(ArgsError::Missing);
     }
     if a.batch > super::wire::MAX_BATCH {
-        return Err(format!(
-            "--batch {} is over {}",
-            a.batch,
-            super::wire::MAX_BATCH
-        ));
+        return Err(ArgsError::Batch(a.batch));
     }
     Ok(a)
 }
@@ -369,9 +398,18 @@ mod tests {
     #[test]
     fn helper_arguments_are_checked() {
         let s = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert!(parse(&s(&["--pid"])).unwrap_err().contains("needs a value"));
-        assert!(parse(&s(&["--what", "1"])).unwrap_err().contains("unknown"));
-        assert!(parse(&s(&["--pid", "1"])).unwrap_err().contains("needs"));
+        assert!(parse(&s(&["--pid"]))
+            .unwrap_err()
+            .to_string()
+            .contains("needs a value"));
+        assert!(parse(&s(&["--what", "1"]))
+            .unwrap_err()
+            .to_string()
+            .contains("unknown"));
+        assert!(parse(&s(&["--pid", "1"]))
+            .unwrap_err()
+            .to_string()
+            .contains("needs"));
         let ok = s(&[
             "--pid",
             "1",
@@ -391,6 +429,6 @@ mod tests {
         assert_eq!(a.regions.len(), 1);
         let mut big = ok.clone();
         big[5] = "100000".into();
-        assert!(parse(&big).unwrap_err().contains("--batch"));
+        assert!(parse(&big).unwrap_err().to_string().contains("--batch"));
     }
 }

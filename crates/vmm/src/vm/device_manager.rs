@@ -19,6 +19,7 @@ use crate::devices::irq_line::{IrqTrigger, LineBoost};
 use crate::devices::msi::MsiInjector;
 use crate::devices::pvio::PvioDevice;
 use crate::devices::serial::{ConsoleSink, SerialConsole};
+use crate::devices::state_error::StateError;
 use crate::devices::virtio::balloon::{Balloon, BalloonControl, BalloonReport};
 use crate::devices::virtio::block::{open_disk, Block};
 use crate::devices::virtio::io_thread::{Interrupt, IoThread, Served};
@@ -353,15 +354,18 @@ impl Persist for DeviceManager {
     }
 
     fn load(&self, s: &DevicesState) -> Result<(), LoadError> {
-        let unfit = |e| LoadError::Unfit("DEVS", e);
+        let unfit = |e: StateError| LoadError::Unfit("DEVS", e.to_string());
         self.bus.serial.restore(&s.serial).map_err(unfit)?;
         self.bus.control.restore(&s.control).map_err(unfit)?;
         if s.virtio.len() != self.bus.virtio.len() {
-            return Err(unfit(format!(
-                "{} saved virtio devices for a VM with {}",
-                s.virtio.len(),
-                self.bus.virtio.len()
-            )));
+            return Err(LoadError::Unfit(
+                "DEVS",
+                format!(
+                    "{} saved virtio devices for a VM with {}",
+                    s.virtio.len(),
+                    self.bus.virtio.len()
+                ),
+            ));
         }
         for (saved, slot) in s.virtio.iter().zip(&self.bus.virtio) {
             let mut t = slot.transport.locked();

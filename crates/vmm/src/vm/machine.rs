@@ -41,7 +41,7 @@ impl Machine {
         if let Some(path) = &config.host.io_file {
             crate::devices::pvio::check_io_path(path).map_err(|why| ConfigError::IoFile {
                 path: path.display().to_string(),
-                why,
+                why: why.to_string(),
             })?;
         }
         crate::host::block_file_size_signal();

@@ -105,7 +105,7 @@ impl RestoreOptions {
             crate::devices::pvio::check_io_path(path).map_err(|why| {
                 crate::config::ConfigError::IoFile {
                     path: path.display().to_string(),
-                    why,
+                    why: why.to_string(),
                 }
             })?;
         }

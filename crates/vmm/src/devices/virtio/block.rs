@@ -21,6 +21,7 @@ use virtio_queue::{DescriptorChain, Queue, QueueT, Reader, Writer};
 use vm_memory::bitmap::BitmapSlice;
 use vm_memory::{ByteValued, Bytes, GuestAddress};
 
+use crate::devices::host_file::HostFileError;
 use crate::memory::host_writes::TrackedMemory;
 
 use super::{read_config_bytes, VirtioDevice, F_VERSION_1};
@@ -53,16 +54,17 @@ struct RequestHeader {
 // SAFETY: plain integers, no padding (4 + 4 + 8 bytes).
 unsafe impl ByteValued for RequestHeader {}
 
-/// Why a disk could not be opened.
-pub fn open_disk(path: &Path, readonly: bool) -> Result<(File, u64), String> {
+/// Open a raw disk image (or block device) for a virtio disk: its file
+/// and size in bytes.
+pub fn open_disk(path: &Path, readonly: bool) -> Result<(File, u64), HostFileError> {
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
-    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    let meta = std::fs::metadata(path)?;
     let kind = meta.file_type();
     if !kind.is_file() && !kind.is_block_device() {
-        return Err("not a regular file or a block device: give a raw disk image".into());
+        return Err(HostFileError::NotADiskImage);
     }
     if !readonly && kind.is_file() && meta.permissions().mode() & 0o222 == 0 {
-        return Err("is a read-only file: add ,readonly to give it read-only".into());
+        return Err(HostFileError::ReadOnlyFile);
     }
     // Non-blocking, and the type checked again on the descriptor: a named
     // pipe swapped in after the check above neither hangs the open nor
@@ -71,18 +73,14 @@ pub fn open_disk(path: &Path, readonly: bool) -> Result<(File, u64), String> {
         .read(true)
         .write(!readonly)
         .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| e.to_string())?;
-    let opened = file.metadata().map_err(|e| e.to_string())?.file_type();
+        .open(path)?;
+    let opened = file.metadata()?.file_type();
     if !opened.is_file() && !opened.is_block_device() {
-        return Err("not a regular file or a block device: give a raw disk image".into());
+        return Err(HostFileError::NotADiskImage);
     }
-    let size =
-        std::io::Seek::seek(&mut file, std::io::SeekFrom::End(0)).map_err(|e| e.to_string())?;
+    let size = std::io::Seek::seek(&mut file, std::io::SeekFrom::End(0))?;
     if size < SECTOR {
-        return Err(format!(
-            "is {size} bytes: a disk holds at least one 512-byte sector"
-        ));
+        return Err(HostFileError::TooSmall(size));
     }
     Ok((file, size))
 }
@@ -545,19 +543,25 @@ mod tests {
     fn disks_that_cannot_be_used_are_refused_with_the_reason() {
         assert!(open_disk(Path::new("/tmp"), false)
             .unwrap_err()
+            .to_string()
             .contains("regular file"));
         assert!(open_disk(Path::new("/nonexistent"), false)
             .unwrap_err()
+            .to_string()
             .contains("No such"));
         let p = std::env::temp_dir().join(format!("hover-blk-ro-{}", std::process::id()));
         std::fs::write(&p, [0u8; 512]).unwrap();
         std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o444)).unwrap();
-        assert!(open_disk(&p, false).unwrap_err().contains(",readonly"));
+        assert!(open_disk(&p, false)
+            .unwrap_err()
+            .to_string()
+            .contains(",readonly"));
         assert!(open_disk(&p, true).is_ok());
         std::fs::write(std::env::temp_dir().join("hover-blk-empty"), b"").unwrap();
         assert!(
             open_disk(&std::env::temp_dir().join("hover-blk-empty"), true)
                 .unwrap_err()
+                .to_string()
                 .contains("at least one")
         );
         std::fs::remove_file(p).unwrap();

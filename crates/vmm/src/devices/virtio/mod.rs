@@ -16,6 +16,7 @@ pub mod mmio;
 pub mod net;
 pub mod rng;
 
+use crate::devices::state_error::StateError;
 use crate::memory::host_writes::TrackedMemory;
 use crate::sync::Locked;
 use virtio_queue::Queue;
@@ -153,7 +154,7 @@ pub trait VirtioDevice: Send {
         Vec::new()
     }
     /// Take up [`Self::save_state`]'s bytes.
-    fn load_state(&mut self, _state: &[u8]) -> Result<(), String> {
+    fn load_state(&mut self, _state: &[u8]) -> Result<(), StateError> {
         Ok(())
     }
 }

@@ -134,26 +134,65 @@ struct IfReq {
     _pad: [u8; 22],
 }
 
+/// Why a tap cannot carry a guest's network card.
+#[derive(Debug, thiserror::Error)]
+pub enum TapError {
+    /// Not a name a network device can have.
+    #[error("tap={0}: a device name of 1 to 15 characters")]
+    BadName(String),
+    /// No network device of that name (Hover opens taps, never makes them).
+    #[error("tap={0}: no such network device (create the tap first, e.g. `ip tuntap add {0} mode tap user $USER`)")]
+    Missing(String),
+    /// The tun driver cannot be opened.
+    #[error("cannot open /dev/net/tun: {0} (is the tun module loaded?)")]
+    NoTun(std::io::Error),
+    /// Another process holds the tap.
+    #[error("tap={0}: busy (another process has it open)")]
+    Busy(String),
+    /// This user may not attach to it.
+    #[error("tap={name}: not allowed ({source}; CAP_NET_ADMIN, or a tap made for this user)")]
+    NotAllowed {
+        /// The tap.
+        name: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The device is not a tap.
+    #[error("tap={name}: not a tap device ({source}): give a tap's name (`ip tuntap add {name} mode tap`)")]
+    NotATap {
+        /// The device.
+        name: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Another failure of the tun driver.
+    #[error("tap={name}: {source}")]
+    Os {
+        /// The tap.
+        name: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
 /// Check that network device `name` exists (Hover opens taps, never
 /// makes them).
-pub fn check_tap_exists(name: &str) -> Result<(), String> {
-    let bad = || format!("tap={name}: a device name of 1 to 15 characters");
+pub fn check_tap_exists(name: &str) -> Result<(), TapError> {
+    let bad = || TapError::BadName(name.to_string());
     if name.is_empty() || name.len() >= 16 || name.contains('/') {
         return Err(bad());
     }
     let cname = std::ffi::CString::new(name).map_err(|_| bad())?;
     // SAFETY: reads a NUL-terminated name.
     if unsafe { libc::if_nametoindex(cname.as_ptr()) } == 0 {
-        return Err(format!(
-            "tap={name}: no such network device (create the tap first, e.g. `ip tuntap add {name} mode tap user $USER`)"
-        ));
+        return Err(TapError::Missing(name.to_string()));
     }
     Ok(())
 }
 
 /// Open the existing tap `name` for frames with virtio's 12-byte header,
 /// non-blocking.
-pub fn open_tap(name: &str) -> Result<File, String> {
+pub fn open_tap(name: &str) -> Result<File, TapError> {
     check_tap_exists(name)?;
     let path = std::ffi::CString::new("/dev/net/tun").expect("no NUL");
     // SAFETY: opening a device node; the descriptor is owned at once.
@@ -164,10 +203,7 @@ pub fn open_tap(name: &str) -> Result<File, String> {
         )
     };
     if fd < 0 {
-        return Err(format!(
-            "cannot open /dev/net/tun: {} (is the tun module loaded?)",
-            std::io::Error::last_os_error()
-        ));
+        return Err(TapError::NoTun(std::io::Error::last_os_error()));
     }
     // SAFETY: `fd` is a fresh descriptor nobody else owns.
     let file = unsafe { File::from_raw_fd(fd) };
@@ -180,21 +216,21 @@ pub fn open_tap(name: &str) -> Result<File, String> {
     // SAFETY: TUNSETIFF reads an ifreq of this layout; the result is checked.
     if unsafe { libc::ioctl(fd, TUNSETIFF as _, &mut req) } < 0 {
         let e = std::io::Error::last_os_error();
+        let name = name.to_string();
         return Err(match e.raw_os_error() {
-            Some(libc::EBUSY) => format!("tap={name}: busy (another process has it open)"),
-            Some(libc::EPERM) => {
-                format!("tap={name}: not allowed ({e}; CAP_NET_ADMIN, or a tap made for this user)")
-            }
-            Some(libc::EINVAL) => {
-                format!("tap={name}: not a tap device ({e}): give a tap's name (`ip tuntap add {name} mode tap`)")
-            }
-            _ => format!("tap={name}: {e}"),
+            Some(libc::EBUSY) => TapError::Busy(name),
+            Some(libc::EPERM) => TapError::NotAllowed { name, source: e },
+            Some(libc::EINVAL) => TapError::NotATap { name, source: e },
+            _ => TapError::Os { name, source: e },
         });
     }
     let size: libc::c_int = HDR as libc::c_int;
     // SAFETY: TUNSETVNETHDRSZ reads an int; the result is checked.
     if unsafe { libc::ioctl(fd, TUNSETVNETHDRSZ as _, &size) } < 0 {
-        return Err(format!("tap={name}: {}", std::io::Error::last_os_error()));
+        return Err(TapError::Os {
+            name: name.to_string(),
+            source: std::io::Error::last_os_error(),
+        });
     }
     Ok(file)
 }
@@ -433,10 +469,14 @@ mod tests {
 
     #[test]
     fn tap_names_are_checked_before_the_device_is_opened() {
-        assert!(open_tap("").unwrap_err().contains("1 to 15"));
+        assert!(open_tap("").unwrap_err().to_string().contains("1 to 15"));
         assert!(open_tap("a-name-far-too-long")
             .unwrap_err()
+            .to_string()
             .contains("1 to 15"));
-        assert!(open_tap("../x").unwrap_err().contains("1 to 15"));
+        assert!(open_tap("../x")
+            .unwrap_err()
+            .to_string()
+            .contains("1 to 15"));
     }
 }

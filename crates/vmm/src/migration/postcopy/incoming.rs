@@ -16,6 +16,21 @@ use crate::migration::opening::{self, Opened, WaitError, Waiting};
 use crate::migration::transport::{Addr, Conn, Listener};
 use crate::migration::wire::{FrameReader, FrameWriter, WireError};
 
+/// Why a connection that came to recover the link was not taken (the
+/// destination goes on waiting for another).
+#[derive(Debug, thiserror::Error)]
+enum RecoveryRefused {
+    /// The connection failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// Its first frame did not come whole.
+    #[error("{0}")]
+    Wire(#[from] WireError),
+    /// Its first frame was of another kind.
+    #[error("the first frame was {0}, not RECOVER")]
+    NotRecover(&'static str),
+}
+
 pub use super::remote::{RemotePages, DEFAULT_PAGE_TIMEOUT};
 
 /// Why receiving stopped.
@@ -144,7 +159,7 @@ impl Incoming {
                     .map_err(|r| link(format!("PAGES frame at offset {at}: {r}")))?;
                 self.pages
                     .arrive(p.gpas(), p.data(), &self.placer)
-                    .map_err(Broken::Local)?;
+                    .map_err(|e| Broken::Local(e.to_string()))?;
                 for (g, page) in p.iter() {
                     self.hash = self.hash.wrapping_add(page_hash(g, page));
                 }
@@ -220,26 +235,24 @@ impl Incoming {
         }
     }
 
-    fn take_recovery(&mut self, o: Opened) -> Result<(), String> {
-        let err = |e: &dyn std::fmt::Display| e.to_string();
+    fn take_recovery(&mut self, o: Opened) -> Result<(), RecoveryRefused> {
         let Opened {
             conn,
             reader: mut r,
             writer: mut w,
         } = o;
-        conn.set_timeout(Some(Duration::from_secs(30)))
-            .map_err(|e| err(&e))?;
+        conn.set_timeout(Some(Duration::from_secs(30)))?;
         let first = r.message().map(|got| got.message);
         if !matches!(first, Ok(Message::Recover)) {
             let _ = w.send(&Message::Error("expected RECOVER".into()));
             conn.shutdown();
             return Err(match first {
-                Ok(m) => format!("the first frame was {}, not RECOVER", m.kind().name()),
-                Err(e) => err(&e),
+                Ok(m) => RecoveryRefused::NotRecover(m.kind().name()),
+                Err(e) => e.into(),
             });
         }
         let missing = PageSet::of(self.pages.pending_gpas(), self.end);
-        w.send(&Message::Missing(missing)).map_err(|e| err(&e))?;
+        w.send(&Message::Missing(missing))?;
         self.reader = r;
         self.pages.set_writer(Some(w));
         Ok(())

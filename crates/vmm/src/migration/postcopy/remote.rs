@@ -16,9 +16,27 @@ use super::{page_hash, LatencyHist, PostcopyReport};
 use crate::memory::paged::{PageSource, Placer};
 use crate::memory::store::PageBuf;
 use crate::migration::message::{Message, Request};
+use crate::migration::page_lists::PageListError;
 use crate::migration::received::ReceivedPages;
 use crate::migration::transport::Conn;
 use crate::migration::wire::FrameWriter;
+
+/// This host failed taking in pages that arrived: the destination's
+/// trouble, not the stream's.
+#[derive(Debug, thiserror::Error)]
+pub enum ArriveError {
+    /// Placing them in guest memory failed.
+    #[error("placing pushed pages (UFFDIO_COPY): {0}")]
+    Place(io::Error),
+    /// Keeping one for a waiting fetch failed.
+    #[error("keeping page {gpa:#x}: {source}")]
+    Keep {
+        /// The page.
+        gpa: u64,
+        /// The OS error.
+        source: io::Error,
+    },
+}
 
 /// How long a demanded page may take while the connection is up.
 pub const DEFAULT_PAGE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -75,12 +93,12 @@ impl RemotePages {
 
     /// The pages at `gpas` are at the source from now on (those kept here
     /// are stale).
-    pub fn mark_pending(&self, gpas: &[u64]) -> Result<(), String> {
+    pub fn mark_pending(&self, gpas: &[u64]) -> Result<(), PageListError> {
         for &g in gpas {
             let slot = self
                 .pending
                 .get((g / PAGE_SIZE) as usize)
-                .ok_or_else(|| format!("page {g:#x} is outside guest memory"))?;
+                .ok_or(PageListError::OutsideMemory(g))?;
             if !slot.swap(true, Ordering::AcqRel) {
                 self.remaining.fetch_add(1, Ordering::AcqRel);
             }
@@ -144,15 +162,21 @@ impl RemotePages {
     /// Take in a batch the source pushed or was asked for: placed in guest
     /// memory where the pager lets it, kept here for a waiting fetch
     /// otherwise. Every page must be one still missing.
-    pub(super) fn arrive(&self, gpas: &[u64], data: &[u8], placer: &Placer) -> Result<(), String> {
+    pub(super) fn arrive(
+        &self,
+        gpas: &[u64],
+        data: &[u8],
+        placer: &Placer,
+    ) -> Result<(), ArriveError> {
         let ps = PAGE_SIZE as usize;
-        let left = placer
-            .place(gpas, data)
-            .map_err(|e| format!("placing pushed pages (UFFDIO_COPY): {e}"))?;
+        let left = placer.place(gpas, data).map_err(ArriveError::Place)?;
         for &i in &left {
             self.local
                 .write(gpas[i], &data[i * ps..(i + 1) * ps])
-                .map_err(|e| format!("keeping page {:#x}: {e}", gpas[i]))?;
+                .map_err(|source| ArriveError::Keep {
+                    gpa: gpas[i],
+                    source,
+                })?;
         }
         let _l = self.link.locked();
         for &g in gpas {
@@ -166,13 +190,11 @@ impl RemotePages {
 
     /// Every page of a batch must be one still missing here (not sent
     /// twice, inside guest memory, among those the source listed).
-    pub fn check_arrivals(&self, gpas: &[u64]) -> Result<(), String> {
+    pub fn check_arrivals(&self, gpas: &[u64]) -> Result<(), PageListError> {
         let mut seen = std::collections::HashSet::new();
         for &g in gpas {
             if !self.is_pending(g) || !seen.insert(g) {
-                return Err(format!(
-                    "page {g:#x} is not missing here (sent twice, outside guest memory, or not among the pages the source listed)"
-                ));
+                return Err(PageListError::NotMissing(g));
             }
         }
         Ok(())

@@ -10,6 +10,27 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
 use super::{Booster, NO_AREA};
 
+/// Saved boost-area registrations that do not fit this VM.
+#[derive(Debug, thiserror::Error)]
+pub enum AreaRestoreError {
+    /// More areas than vCPUs.
+    #[error("{saved} saved boost areas for {vcpus} vCPUs")]
+    TooMany {
+        /// Areas saved.
+        saved: usize,
+        /// vCPUs here.
+        vcpus: usize,
+    },
+    /// An area not aligned or not in guest RAM.
+    #[error("saved boost area of vCPU {vcpu}: {why}")]
+    Misplaced {
+        /// Its vCPU.
+        vcpu: usize,
+        /// What is wrong with its address.
+        why: String,
+    },
+}
+
 impl Booster {
     pub(super) fn area(&self, vcpu: usize) -> Option<u64> {
         let a = self.slots.get(vcpu)?.area.load(Ordering::Acquire);
@@ -97,18 +118,17 @@ impl Booster {
     /// areas' contents came with guest memory; a pause unboosted every
     /// thread before the state was saved, so no area claims a boost, and
     /// guest memory is not touched here (a lazy restore has not fetched it).
-    pub fn restore(&self, areas: &[Option<u64>]) -> Result<(), String> {
+    pub fn restore(&self, areas: &[Option<u64>]) -> Result<(), AreaRestoreError> {
         if areas.len() > self.slots.len() {
-            return Err(format!(
-                "{} saved boost areas for {} vCPUs",
-                areas.len(),
-                self.slots.len()
-            ));
+            return Err(AreaRestoreError::TooMany {
+                saved: areas.len(),
+                vcpus: self.slots.len(),
+            });
         }
         for (v, a) in areas.iter().enumerate() {
             let Some(gpa) = *a else { continue };
             self.check_bounds(gpa)
-                .map_err(|(_, why)| format!("saved boost area of vCPU {v}: {why}"))?;
+                .map_err(|(_, why)| AreaRestoreError::Misplaced { vcpu: v, why })?;
             self.slots[v].area.store(gpa, Ordering::Release);
             self.lock(v).stats.registered = true;
         }

@@ -545,7 +545,7 @@ fn still_at_source(
 ) -> Result<(), MigrationError> {
     let gpas = set
         .pages(end)
-        .map_err(|reason| unfit("POSTCOPY", offset, reason))?;
+        .map_err(|reason| unfit("POSTCOPY", offset, reason.to_string()))?;
     if let Some(g) = gpas.iter().find(|&&g| g < image_end) {
         return Err(unfit(
             "POSTCOPY",
@@ -557,7 +557,7 @@ fn still_at_source(
     }
     remote
         .mark_pending(&gpas)
-        .map_err(|reason| unfit("POSTCOPY", offset, reason))
+        .map_err(|reason| unfit("POSTCOPY", offset, reason.to_string()))
 }
 
 /// Why an arriving migration's stream was cut short.

@@ -185,7 +185,7 @@ impl Running {
                     .map_err(|reason| MigrationError::Unfit {
                         section: "MISSING",
                         offset: 16,
-                        reason,
+                        reason: reason.to_string(),
                     })?;
             Ok((w, r, gpas))
         })();

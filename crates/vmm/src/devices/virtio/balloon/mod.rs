@@ -25,6 +25,7 @@ use virtio_queue::{Queue, QueueT, Reader};
 
 use super::{read_config_bytes, VirtioDevice, F_VERSION_1};
 use crate::config::BalloonConfig;
+use crate::devices::state_error::StateError;
 use crate::memory::discard::Discarder;
 use crate::memory::host_writes::TrackedMemory;
 
@@ -392,13 +393,16 @@ impl VirtioDevice for Balloon {
         .expect("the balloon's state encodes")
     }
 
-    fn load_state(&mut self, bytes: &[u8]) -> Result<(), String> {
-        let s: BalloonState = postcard::from_bytes(bytes)
-            .map_err(|e| format!("virtio balloon: its saved state: {e}"))?;
+    fn load_state(&mut self, bytes: &[u8]) -> Result<(), StateError> {
+        let s: BalloonState =
+            postcard::from_bytes(bytes).map_err(|e| StateError::decode("virtio balloon", e))?;
         if u64::from(s.target_pages) > self.control.ram_pages {
-            return Err(format!(
-                "virtio balloon: a saved target of {} pages in a guest of {}",
-                s.target_pages, self.control.ram_pages
+            return Err(StateError::unfit(
+                "virtio balloon",
+                format!(
+                    "a saved target of {} pages in a guest of {}",
+                    s.target_pages, self.control.ram_pages
+                ),
             ));
         }
         {

@@ -558,7 +558,7 @@ pub(crate) mod tests {
             let mut bad = s.clone();
             edit(&mut bad);
             let mut t = MmioTransport::new(Box::new(Echo), mem());
-            let e = t.restore(&bad).unwrap_err();
+            let e = t.restore(&bad).unwrap_err().to_string();
             assert!(e.contains(want), "{want}: {e}");
             assert_eq!(t.state(), fresh, "a refused state changes nothing");
         };

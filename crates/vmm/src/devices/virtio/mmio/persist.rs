@@ -10,6 +10,7 @@ use virtio_bindings::virtio_config::{
 use virtio_queue::{Queue, QueueT};
 
 use super::MmioTransport;
+use crate::devices::state_error::StateError;
 
 /// One queue as saved: what `virtio_queue::QueueState` holds (the crate's
 /// type has no serde), checked again when loaded.
@@ -93,27 +94,37 @@ impl MmioTransport {
     /// same queues; its features among those offered); the device is told
     /// its features again (a tap's offloads). A state that does not fit
     /// changes nothing.
-    pub fn restore(&mut self, s: &MmioState) -> Result<(), String> {
+    pub fn restore(&mut self, s: &MmioState) -> Result<(), StateError> {
         let name = self.device.name();
+        let device = format!("virtio {name}");
         if s.device_id != self.device.device_id() {
-            return Err(format!(
-                "virtio {name}: the saved device is of type {}, this one of type {}",
-                s.device_id,
-                self.device.device_id()
+            return Err(StateError::unfit(
+                device,
+                format!(
+                    "the saved device is of type {}, this one of type {}",
+                    s.device_id,
+                    self.device.device_id()
+                ),
             ));
         }
         if s.queues.len() != self.queues.len() {
-            return Err(format!(
-                "virtio {name}: {} saved queues for a device of {}",
-                s.queues.len(),
-                self.queues.len()
+            return Err(StateError::unfit(
+                device,
+                format!(
+                    "{} saved queues for a device of {}",
+                    s.queues.len(),
+                    self.queues.len()
+                ),
             ));
         }
         if s.driver_features & !self.device.features() != 0 {
-            return Err(format!(
-                "virtio {name}: the saved features {:#x} are not all offered here ({:#x})",
-                s.driver_features,
-                self.device.features()
+            return Err(StateError::unfit(
+                device,
+                format!(
+                    "the saved features {:#x} are not all offered here ({:#x})",
+                    s.driver_features,
+                    self.device.features()
+                ),
             ));
         }
         let mut queues = Vec::with_capacity(s.queues.len());
@@ -135,10 +146,11 @@ impl MmioTransport {
                 used_ring: q.used_ring,
             };
             let queue = Queue::try_from(state)
-                .map_err(|e| format!("virtio {name}: saved queue {i}: {e:?}"))?;
+                .map_err(|e| StateError::unfit(&device, format!("saved queue {i}: {e:?}")))?;
             if q.ready && !queue.is_valid(&self.mem) {
-                return Err(format!(
-                    "virtio {name}: saved queue {i}'s rings are not in guest memory"
+                return Err(StateError::unfit(
+                    device,
+                    format!("saved queue {i}'s rings are not in guest memory"),
                 ));
             }
             queues.push(queue);
