@@ -29,17 +29,28 @@ pub fn block_file_size_signal() {
 /// The KVM device.
 pub const KVM_DEVICE: &str = "/dev/kvm";
 
+/// Why `/dev/kvm` cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum KvmUnusable {
+    /// No such device (no KVM module, or a container without it).
+    #[error("{KVM_DEVICE} does not exist")]
+    Missing,
+    /// It is there but this user cannot open it read-write.
+    #[error("{KVM_DEVICE} cannot be opened: {0}")]
+    Open(std::io::Error),
+}
+
 /// Whether `/dev/kvm` exists and can be opened read-write.
-pub fn kvm_usable() -> Result<(), String> {
+pub fn kvm_usable() -> Result<(), KvmUnusable> {
     if !Path::new(KVM_DEVICE).exists() {
-        return Err(format!("{KVM_DEVICE} does not exist"));
+        return Err(KvmUnusable::Missing);
     }
     std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open(KVM_DEVICE)
         .map(|_| ())
-        .map_err(|e| format!("{KVM_DEVICE} cannot be opened: {e}"))
+        .map_err(KvmUnusable::Open)
 }
 
 /// For tests that boot a VM: `true` to go ahead. Without usable KVM the test

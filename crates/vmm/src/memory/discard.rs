@@ -86,16 +86,16 @@ impl Discarder {
 
     /// Drop `[gpa, gpa + len)`: whole pages inside one RAM region. A range
     /// that is not is refused whole (the guest's mistake; nothing dropped).
-    pub fn discard(&self, gpa: u64, len: u64) -> Result<DiscardCount, String> {
+    pub fn discard(&self, gpa: u64, len: u64) -> Result<DiscardCount, DiscardError> {
         if len == 0 || !gpa.is_multiple_of(PAGE_SIZE) || !len.is_multiple_of(PAGE_SIZE) {
-            return Err(format!("{len:#x} bytes at {gpa:#x}: not whole 4 KiB pages"));
+            return Err(DiscardError::NotWholePages { gpa, len });
         }
         let Some(region) = self
             .regions
             .iter()
             .find(|r| gpa >= r.gpa && gpa.checked_add(len).is_some_and(|e| e <= r.gpa + r.len))
         else {
-            return Err(format!("{len:#x} bytes at {gpa:#x}: not inside guest RAM"));
+            return Err(DiscardError::OutsideRam { gpa, len });
         };
         let pager = self.pager.read_now();
         let mut count = DiscardCount::default();
@@ -145,6 +145,28 @@ impl Discarder {
             );
         }
     }
+}
+
+/// A range the guest gave back that is not whole pages of its RAM (the
+/// guest's mistake: nothing of it is dropped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum DiscardError {
+    /// Empty, or not on page boundaries.
+    #[error("{len:#x} bytes at {gpa:#x}: not whole 4 KiB pages")]
+    NotWholePages {
+        /// Where it starts.
+        gpa: u64,
+        /// Its bytes.
+        len: u64,
+    },
+    /// Not inside one RAM region.
+    #[error("{len:#x} bytes at {gpa:#x}: not inside guest RAM")]
+    OutsideRam {
+        /// Where it starts.
+        gpa: u64,
+        /// Its bytes.
+        len: u64,
+    },
 }
 
 #[cfg(test)]

@@ -48,14 +48,22 @@ impl LinkAuth {
     /// Whether a link at `addr` may be used: TCP needs a key or `insecure`
     /// (a Unix socket relies on its file's 0600 mode). `how` says how to
     /// give each, for the message.
-    pub fn check(&self, addr: &Addr, how: &str) -> Result<(), String> {
+    pub fn check(&self, addr: &Addr, how: &str) -> Result<(), Unauthenticated> {
         match addr {
-            Addr::Tcp(_) if self.key.is_none() && !self.insecure => Err(format!(
-                "a migration over TCP must be authenticated: {how} (`hover migration-key FILE` makes a key; copy it to both hosts)"
-            )),
+            Addr::Tcp(_) if self.key.is_none() && !self.insecure => Err(Unauthenticated {
+                how: how.to_string(),
+            }),
             _ => Ok(()),
         }
     }
+}
+
+/// A TCP link without a key, and not asked for as `insecure`.
+#[derive(Debug, thiserror::Error)]
+#[error("a migration over TCP must be authenticated: {how} (`hover migration-key FILE` makes a key; copy it to both hosts)")]
+pub struct Unauthenticated {
+    /// How to give a key or ask for no authentication, where it was refused.
+    pub how: String,
 }
 
 /// The frame MAC for `direction` (0: source to destination, 1: back) of
@@ -353,6 +361,7 @@ mod tests {
         assert!(none
             .check(&tcp, "give --migration-key")
             .unwrap_err()
+            .to_string()
             .contains("--migration-key"));
         assert!(none.check(&unix, "").is_ok());
         let insecure = LinkAuth {

@@ -497,8 +497,19 @@ fn sender() -> Vec<Allow> {
     v
 }
 
+/// Why a filter was not compiled.
+#[derive(Debug, thiserror::Error)]
+pub enum CompileError {
+    /// `--seccomp off` has no filter.
+    #[error("no program for --seccomp off")]
+    Off,
+    /// seccompiler refused the rules (a bug in the lists here).
+    #[error("{0}")]
+    Backend(#[from] seccompiler::BackendError),
+}
+
 /// The BPF program for `kind` in `mode` (not [`Mode::Off`]).
-pub fn compile(kind: Kind, mode: Mode) -> Result<BpfProgram, String> {
+pub fn compile(kind: Kind, mode: Mode) -> Result<BpfProgram, CompileError> {
     // `None`: any arguments (a call allowed so anywhere stays so).
     let mut merged: BTreeMap<i64, Option<Vec<SeccompRule>>> = BTreeMap::new();
     for (call, r) in allow_list(kind) {
@@ -518,20 +529,15 @@ pub fn compile(kind: Kind, mode: Mode) -> Result<BpfProgram, String> {
     let mismatch = match mode {
         Mode::On => SeccompAction::Trap,
         Mode::Log => SeccompAction::Log,
-        Mode::Off => return Err("no program for --seccomp off".into()),
+        Mode::Off => return Err(CompileError::Off),
     };
     let filter = SeccompFilter::new(
         rules,
         mismatch,
         SeccompAction::Allow,
-        std::env::consts::ARCH
-            .try_into()
-            .map_err(|e| format!("{e:?}"))?,
-    )
-    .map_err(|e| e.to_string())?;
-    let prog: BpfProgram = filter
-        .try_into()
-        .map_err(|e: seccompiler::BackendError| e.to_string())?;
+        std::env::consts::ARCH.try_into()?,
+    )?;
+    let prog: BpfProgram = filter.try_into()?;
     let mut prefix = Vec::new();
     if !allows(kind, libc::SYS_openat) {
         prefix.extend(failing(libc::SYS_openat, libc::ENOENT));

@@ -149,7 +149,7 @@ pub fn mode() -> Mode {
 pub enum Error {
     /// The filter did not compile (a bug in [`filters`]).
     #[error("the {0} seccomp filter does not compile: {1}")]
-    Build(&'static str, String),
+    Build(&'static str, filters::CompileError),
     /// The kernel refused it.
     #[error("cannot install the {0} seccomp filter: {1} (--seccomp off runs without filters)")]
     Install(&'static str, String),

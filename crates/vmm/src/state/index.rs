@@ -30,28 +30,50 @@ impl MemoryIndex {
 
     /// Check the runs are ascending, in `memory` bytes of RAM, and match
     /// the CRC count; returns each run's first storage slot.
-    pub(super) fn check(&self, contains: impl Fn(u64, u64) -> bool) -> Result<Vec<u64>, String> {
+    pub(super) fn check(
+        &self,
+        contains: impl Fn(u64, u64) -> bool,
+    ) -> Result<Vec<u64>, IndexError> {
         let mut slots = Vec::with_capacity(self.runs.len());
         let (mut slot, mut end) = (0u64, 0u64);
         for &(gpa, n) in &self.runs {
             let len = n as u64 * PAGE_SIZE;
             if !gpa.is_multiple_of(PAGE_SIZE) || gpa < end || n == 0 || !contains(gpa, len) {
-                return Err(format!(
-                    "page run {gpa:#x} (+{n} pages) is unaligned, out of order or outside guest RAM"
-                ));
+                return Err(IndexError::BadRun { gpa, pages: n });
             }
             slots.push(slot);
             slot += n as u64;
             end = gpa + len;
         }
         if slot != self.pages() {
-            return Err(format!(
-                "the runs hold {slot} pages but {} CRCs are stored",
-                self.pages()
-            ));
+            return Err(IndexError::Count {
+                pages: slot,
+                crcs: self.pages(),
+            });
         }
         Ok(slots)
     }
+}
+
+/// A memory index that does not fit its snapshot.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum IndexError {
+    /// A run unaligned, overlapping the one before, or outside guest RAM.
+    #[error("page run {gpa:#x} (+{pages} pages) is unaligned, out of order or outside guest RAM")]
+    BadRun {
+        /// Its first page's address.
+        gpa: u64,
+        /// Its pages.
+        pages: u32,
+    },
+    /// Runs and CRCs that do not count the same pages.
+    #[error("the runs hold {pages} pages but {crcs} CRCs are stored")]
+    Count {
+        /// Pages the runs hold.
+        pages: u64,
+        /// CRCs stored.
+        crcs: u64,
+    },
 }
 
 #[cfg(test)]

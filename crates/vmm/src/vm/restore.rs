@@ -129,9 +129,24 @@ fn regs(e: &kvm_cpuid_entry2) -> [u32; 4] {
     [e.eax, e.ebx, e.ecx, e.edx]
 }
 
+/// CPU features a saved vCPU saw that this host does not offer.
+#[derive(Debug, thiserror::Error)]
+#[error("vCPU {vcpu} saw CPUID leaf {leaf:#x}.{index} {reg} bits {missing:#x} that this host does not offer")]
+struct MissingFeatures {
+    vcpu: usize,
+    leaf: u32,
+    index: u32,
+    reg: &'static str,
+    missing: u32,
+}
+
 /// Whether a vCPU that saw `saved` can run on a host offering `host`: every
 /// feature bit it saw must be offered here.
-fn check_cpuid(vcpu: usize, saved: &[kvm_cpuid_entry2], host: &CpuId) -> Result<(), String> {
+fn check_cpuid(
+    vcpu: usize,
+    saved: &[kvm_cpuid_entry2],
+    host: &CpuId,
+) -> Result<(), MissingFeatures> {
     // The index counts only for leaves that have sub-leaves.
     let find = |t: &[kvm_cpuid_entry2], f: u32, i: u32| {
         t.iter()
@@ -145,10 +160,13 @@ fn check_cpuid(vcpu: usize, saved: &[kvm_cpuid_entry2], host: &CpuId) -> Result<
         let h = find(host.as_slice(), f, i).map_or(0, |h| regs(&h)[r]);
         let missing = regs(&s)[r] & mask & !h;
         if missing != 0 {
-            let reg = ["eax", "ebx", "ecx", "edx"][r];
-            return Err(format!(
-                "vCPU {vcpu} saw CPUID leaf {f:#x}.{i} {reg} bits {missing:#x} that this host does not offer"
-            ));
+            return Err(MissingFeatures {
+                vcpu,
+                leaf: f,
+                index: i,
+                reg: ["eax", "ebx", "ecx", "edx"][r],
+                missing,
+            });
         }
     }
     Ok(())
@@ -240,7 +258,7 @@ pub(crate) fn check_saved_vcpus(here: &[CpuId], states: &[VcpuState]) -> Result<
         ));
     }
     for (i, (st, h)) in states.iter().zip(here).enumerate() {
-        check_cpuid(i, &st.cpuid, h).map_err(|r| LoadError::Unfit("VCPU", r))?;
+        check_cpuid(i, &st.cpuid, h).map_err(|r| LoadError::Unfit("VCPU", r.to_string()))?;
     }
     Ok(())
 }
@@ -413,7 +431,7 @@ impl Vm {
     /// and snapshots and migrations read it as any VM's. A VM with a budget
     /// keeps paging. Err: the pager could not let go (the VM must end:
     /// faults might wait with nobody to serve them).
-    pub(super) fn release_loaded_pager(&mut self) -> Result<(), String> {
+    pub(super) fn release_loaded_pager(&mut self) -> Result<(), crate::memory::paged::PagerError> {
         let arriving = matches!(
             self.arrival.postcopy_in,
             Some(super::destination::postcopy::PostcopyIn::Arriving(_))
@@ -428,9 +446,7 @@ impl Vm {
         // state goes with it).
         self.devices.attach_pager(None);
         let first_touches = pager.first_touches();
-        let stats = pager
-            .release()
-            .map_err(|e| format!("releasing guest memory after the prefetch: {e}"))?;
+        let stats = pager.release()?;
         tracing::debug!(
             pages = stats.pushed_pages,
             "prefetch loaded; guest memory handed back to the kernel"
@@ -491,7 +507,9 @@ mod tests {
     fn cpuid_features_must_be_offered() {
         let host = CpuId::from_entries(&[leaf(1, 0b1011)]).unwrap();
         assert!(check_cpuid(0, &[leaf(1, 0b0011)], &host).is_ok());
-        let e = check_cpuid(1, &[leaf(1, 0b0111)], &host).unwrap_err();
+        let e = check_cpuid(1, &[leaf(1, 0b0111)], &host)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("vCPU 1") && e.contains("0x4"), "{e}");
         // OSXSAVE is set by KVM at run time, not a host feature.
         assert!(check_cpuid(0, &[leaf(1, 1 << 27)], &host).is_ok());

@@ -305,8 +305,10 @@ impl Running {
                 VmEvent::PagerFailed(msg) => return Ok(End::Pager(msg)),
                 VmEvent::PostcopyArrived => self.vm.postcopy_arrived(),
                 VmEvent::PrefetchLoaded => {
-                    if let Err(msg) = self.vm.release_loaded_pager() {
-                        return Ok(End::Pager(msg));
+                    if let Err(e) = self.vm.release_loaded_pager() {
+                        return Ok(End::Pager(format!(
+                            "releasing guest memory after the prefetch: {e}"
+                        )));
                     }
                 }
                 VmEvent::Command(cmd, reply) => {

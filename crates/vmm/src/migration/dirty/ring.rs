@@ -39,26 +39,44 @@ pub const MIN_ENTRIES: u32 = 256;
 /// See [`MIN_ENTRIES`].
 pub const MAX_ENTRIES: u32 = 65536;
 
+/// Why dirty rings could not be enabled.
+#[derive(Debug, thiserror::Error)]
+pub enum RingError {
+    /// This KVM has none.
+    #[error("this KVM has no dirty rings (KVM_CAP_DIRTY_LOG_RING)")]
+    Unsupported,
+    /// Rings larger than this KVM allows.
+    #[error("{entries} entries is more than this KVM allows ({max} at most)")]
+    TooLarge {
+        /// Entries asked for.
+        entries: u32,
+        /// This KVM's most.
+        max: i64,
+    },
+    /// KVM refused to enable them.
+    #[error("KVM_CAP_DIRTY_LOG_RING: {0}")]
+    Enable(kvm_ioctls::Error),
+}
+
 /// Enable dirty rings of `entries` entries on `vm` (before any vCPU).
-pub fn enable(vm: &VmFd, entries: u32) -> Result<(), String> {
+pub fn enable(vm: &VmFd, entries: u32) -> Result<(), RingError> {
     let max = vm.check_extension_raw(KVM_CAP_DIRTY_LOG_RING as libc::c_ulong);
     let bytes = entries as u64 * 16;
     if max <= 0 {
-        return Err("this KVM has no dirty rings (KVM_CAP_DIRTY_LOG_RING)".into());
+        return Err(RingError::Unsupported);
     }
     if bytes > max as u64 {
-        return Err(format!(
-            "{entries} entries is more than this KVM allows ({} at most)",
-            max / 16
-        ));
+        return Err(RingError::TooLarge {
+            entries,
+            max: (max / 16) as i64,
+        });
     }
     let mut cap = kvm_enable_cap {
         cap: KVM_CAP_DIRTY_LOG_RING,
         ..Default::default()
     };
     cap.args[0] = bytes;
-    vm.enable_cap(&cap)
-        .map_err(|e| format!("KVM_CAP_DIRTY_LOG_RING: {e}"))
+    vm.enable_cap(&cap).map_err(RingError::Enable)
 }
 
 /// One vCPU's ring, mapped from its fd.

@@ -237,7 +237,7 @@ pub(super) fn check_index(
                 .iter()
                 .any(|&(b, s)| gpa >= b && gpa.checked_add(l).is_some_and(|e| e <= b + s))
         })
-        .map_err(|reason| bad_section(path, "MEMI", offset, reason))?;
+        .map_err(|reason| bad_section(path, "MEMI", offset, reason.to_string()))?;
     if header.data_at + index.pages() * PAGE_SIZE > header.sections_at {
         return Err(bad_section(
             path,

@@ -187,7 +187,7 @@ impl Vm {
             listen,
             "give hover receive --migration-key FILE (the source's VMM the same key), or --insecure to take a VM from anyone who reaches the port",
         )
-        .map_err(|e| Error::Migration(MigrationError::Auth(e)))?;
+        .map_err(|e| Error::Migration(MigrationError::Auth(e.to_string())))?;
         let listener = Listener::bind(listen).map_err(|e| {
             Error::Migration(MigrationError::Host(format!(
                 "cannot listen at {listen}: {e}"

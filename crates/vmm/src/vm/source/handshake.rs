@@ -22,7 +22,7 @@ pub(in crate::vm) fn allowed(
     key: Option<&std::sync::Arc<MigrationKey>>,
     to: &Addr,
     insecure: bool,
-) -> Result<(), String> {
+) -> Result<(), crate::migration::auth::Unauthenticated> {
     LinkAuth {
         key: key.cloned(),
         insecure,

@@ -94,10 +94,10 @@ impl Running {
                 });
             }
         }
-        allowed(self.vm.hosting.migration_key.as_ref(), &o.to, o.insecure).map_err(|reason| {
+        allowed(self.vm.hosting.migration_key.as_ref(), &o.to, o.insecure).map_err(|e| {
             CommandError::Invalid {
                 field: "to",
-                reason,
+                reason: e.to_string(),
             }
         })?;
         let ring_full0 = self.vm.rings.as_ref().map_or(0, |r| r.full_exits());

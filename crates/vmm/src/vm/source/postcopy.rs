@@ -152,10 +152,10 @@ impl Running {
                 reason: "this VM's post-copy migration broke off: only `recover` (to the same destination) carries it on".into(),
             });
         }
-        allowed(self.vm.hosting.migration_key.as_ref(), &o.to, o.insecure).map_err(|reason| {
+        allowed(self.vm.hosting.migration_key.as_ref(), &o.to, o.insecure).map_err(|e| {
             CommandError::Invalid {
                 field: "to",
-                reason,
+                reason: e.to_string(),
             }
         })?;
         let mut left = self

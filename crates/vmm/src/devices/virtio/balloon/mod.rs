@@ -168,7 +168,7 @@ impl Balloon {
                 len / PAGE_SIZE
             }
             Err(why) => {
-                self.complain(why);
+                self.complain(why.to_string());
                 0
             }
         }
