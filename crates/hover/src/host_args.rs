@@ -92,7 +92,9 @@ impl EvictArg {
     }
 }
 
-fn parse_migration_key(s: &str) -> Result<Arc<MigrationKey>, String> {
+fn parse_migration_key(
+    s: &str,
+) -> Result<Arc<MigrationKey>, hover_vmm::config::migration_key::KeyFileError> {
     MigrationKey::load(std::path::Path::new(s)).map(Arc::new)
 }
 

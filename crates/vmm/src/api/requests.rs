@@ -192,7 +192,7 @@ impl BalloonRequest {
         }
         if let Some(mib) = self.target_mib {
             b.set_target_mib(mib)
-                .map_err(|e| ApiFailure::bad("target_mib", e))?;
+                .map_err(|e| ApiFailure::bad("target_mib", e.to_string()))?;
         }
         if let Some(s) = self.stats_polling_interval_s {
             b.set_stats_interval(s);

@@ -8,6 +8,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use super::range::RangeError;
+
 /// SCHED_FIFO priority used by `fifo` without a value.
 pub const DEFAULT_FIFO_PRIO: i32 = 10;
 /// Nice value used by `nice` without a value.
@@ -106,21 +108,27 @@ impl FromStr for BoostPolicy {
                 ))
             }
         };
-        policy.check()?;
+        policy.check().map_err(|e| e.to_string())?;
         Ok(policy)
     }
 }
 
 impl BoostPolicy {
     /// Whether the value is within what the OS accepts.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), RangeError> {
         match *self {
-            BoostPolicy::Fifo(p) if !(1..=99).contains(&p) => Err(format!(
-                "SCHED_FIFO priority {p} is out of range: the OS accepts 1 to 99"
-            )),
-            BoostPolicy::Nice(n) if !(-20..=19).contains(&n) => Err(format!(
-                "nice value {n} is out of range: the OS accepts -20 to 19"
-            )),
+            BoostPolicy::Fifo(p) if !(1..=99).contains(&p) => Err(RangeError::Os {
+                what: "SCHED_FIFO priority",
+                value: p.into(),
+                lo: 1,
+                hi: 99,
+            }),
+            BoostPolicy::Nice(n) if !(-20..=19).contains(&n) => Err(RangeError::Os {
+                what: "nice value",
+                value: n.into(),
+                lo: -20,
+                hi: 19,
+            }),
             _ => Ok(()),
         }
     }
@@ -196,17 +204,12 @@ impl Default for BoostConfig {
 
 impl BoostConfig {
     /// Every value in range, or a sentence naming the flag that is not.
-    pub fn check(&self) -> Result<(), String> {
-        self.policy
-            .check()
-            .map_err(|e| format!("--boost-policy: {e}"))?;
-        let range = |flag: &str, v: u64, lo: u64, hi: u64| {
-            if (lo..=hi).contains(&v) {
-                Ok(())
-            } else {
-                Err(format!("{flag} {v} is out of range: give {lo} to {hi}"))
-            }
-        };
+    pub fn check(&self) -> Result<(), RangeError> {
+        self.policy.check().map_err(|e| RangeError::InFlag {
+            flag: "--boost-policy",
+            inner: Box::new(e),
+        })?;
+        let range = RangeError::check;
         range("--boost-max-ms", self.max_ms, 1, 10_000)?;
         range("--boost-cooldown-ms", self.cooldown_ms, 0, 60_000)?;
         range("--boost-max-rate", self.max_rate as u64, 1, 100_000)?;
@@ -319,22 +322,14 @@ impl Default for BoostTuning {
 
 impl BoostTuning {
     /// Every value in range, or a sentence naming the flag that is not.
-    pub fn check(&self) -> Result<(), String> {
-        if self.keep_us > MAX_KEEP_US {
-            return Err(format!(
-                "--boost-keep-us {} is out of range: give 0 to {MAX_KEEP_US}",
-                self.keep_us
-            ));
-        }
-        if !IRQ_US_RANGE.contains(&self.irq_us) {
-            return Err(format!(
-                "--boost-irq-us {} is out of range: give {} to {}",
-                self.irq_us,
-                IRQ_US_RANGE.start(),
-                IRQ_US_RANGE.end()
-            ));
-        }
-        Ok(())
+    pub fn check(&self) -> Result<(), RangeError> {
+        RangeError::check("--boost-keep-us", self.keep_us, 0, MAX_KEEP_US)?;
+        RangeError::check(
+            "--boost-irq-us",
+            self.irq_us,
+            *IRQ_US_RANGE.start(),
+            *IRQ_US_RANGE.end(),
+        )
     }
 }
 
@@ -387,11 +382,15 @@ impl BoostUpdate {
         c.max_rate = self.max_rate.unwrap_or(c.max_rate);
         c.poll_us = self.poll_us.unwrap_or(c.poll_us);
         c.check().map_err(|e| {
-            let field = ["max_ms", "cooldown_ms", "max_rate", "poll_us", "policy"]
-                .into_iter()
-                .find(|f| e.contains(&f.replace('_', "-")))
-                .unwrap_or("body");
-            (field, e)
+            let field = match e.flag() {
+                Some("--boost-max-ms") => "max_ms",
+                Some("--boost-cooldown-ms") => "cooldown_ms",
+                Some("--boost-max-rate") => "max_rate",
+                Some("--boost-poll-us") => "poll_us",
+                Some("--boost-policy") => "policy",
+                _ => "body",
+            };
+            (field, e.to_string())
         })?;
         Ok(c)
     }
@@ -408,12 +407,11 @@ impl BoostUpdate {
             irq_us: self.irq_us.unwrap_or(current.irq_us),
         };
         t.check().map_err(|e| {
-            let field = if e.contains("--boost-irq-us") {
-                "irq_us"
-            } else {
-                "keep_us"
+            let field = match e.flag() {
+                Some("--boost-irq-us") => "irq_us",
+                _ => "keep_us",
             };
-            (field, e)
+            (field, e.to_string())
         })?;
         Ok(t)
     }

@@ -60,18 +60,18 @@ pub fn valid_device_id(id: &str) -> bool {
 pub(crate) fn check_device_ids<'a>(
     what: &str,
     ids: impl IntoIterator<Item = &'a str>,
-) -> Result<(), String> {
+) -> Result<(), super::error::ConfigError> {
     let mut seen: Vec<&str> = Vec::new();
     for id in ids {
         if !valid_device_id(id) {
-            return Err(format!(
+            return Err(super::error::ConfigError::Devices(format!(
                 "{what} id {id:?}: give 1 to 20 printable characters"
-            ));
+            )));
         }
         if seen.contains(&id) {
-            return Err(format!(
+            return Err(super::error::ConfigError::Devices(format!(
                 "{what} id {id} is given twice: each {what} needs an id of its own"
-            ));
+            )));
         }
         seen.push(id);
     }

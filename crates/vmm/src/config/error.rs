@@ -5,6 +5,7 @@ use hover_abi::haltpoll::MAX_POLL_NS;
 
 use super::halt_poll::MAX_WINDOW_NS;
 use super::machine::MAX_MEMORY;
+use super::range::RangeError;
 
 /// A configuration value out of range. Each message names the value and what is accepted.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -106,8 +107,8 @@ pub enum ConfigError {
     },
     /// A boosting setting out of range.
     #[error("{0}")]
-    Boost(String),
+    Boost(RangeError),
     /// A `--guest-*` limit out of range.
     #[error("{0}")]
-    Limits(String),
+    Limits(RangeError),
 }

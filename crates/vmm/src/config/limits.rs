@@ -11,6 +11,8 @@ use hover_abi::control::MAX_MSI_DELAY_NS;
 use hover_abi::pvio::MAX_FILE_BYTES;
 use serde::Serialize;
 
+use super::range::RangeError;
+
 /// Highest `--guest-msi-max-pending`.
 pub const MAX_PENDING_MSIS: u32 = 65_536;
 /// Highest `--guest-reports-max`.
@@ -57,36 +59,36 @@ impl Default for GuestLimits {
 
 impl GuestLimits {
     /// Why these limits cannot be used, naming the flag and its range.
-    pub fn check(&self) -> Result<(), String> {
-        let range = |flag: &str, ok: bool, what: &str| {
+    pub fn check(&self) -> Result<(), RangeError> {
+        let range = |flag: &'static str, ok: bool, range: &'static str| {
             if ok {
                 Ok(())
             } else {
-                Err(format!("--{flag} must be {what}"))
+                Err(RangeError::Limit { flag, range })
             }
         };
         range(
-            "guest-io-max",
+            "--guest-io-max",
             (4096..=MAX_FILE_BYTES).contains(&self.io_file_bytes),
             "between 4K and 16G",
         )?;
         range(
-            "guest-msi-max-delay",
+            "--guest-msi-max-delay",
             self.msi_delay <= Duration::from_nanos(MAX_MSI_DELAY_NS),
             "at most 10s",
         )?;
         range(
-            "guest-msi-max-pending",
+            "--guest-msi-max-pending",
             (1..=MAX_PENDING_MSIS).contains(&self.msi_pending),
             "between 1 and 65536",
         )?;
         range(
-            "guest-reports-max",
+            "--guest-reports-max",
             (1..=MAX_REPORTS).contains(&self.reports),
             "between 1 and 1048576",
         )?;
         range(
-            "guest-log-max",
+            "--guest-log-max",
             self.log_bytes <= MAX_LOG_BYTES,
             "at most 1G",
         )
@@ -120,7 +122,8 @@ mod tests {
             let mut l = GuestLimits::default();
             set(&mut l);
             let e = l.check().unwrap_err();
-            assert!(e.starts_with(flag), "{e}");
+            assert!(e.to_string().starts_with(flag), "{e}");
+            assert_eq!(e.flag(), Some(flag));
         }
     }
 }

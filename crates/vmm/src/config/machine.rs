@@ -249,8 +249,7 @@ impl MachineConfig {
                 )));
             }
         }
-        super::devices::check_device_ids("network card", self.nets.iter().map(|n| n.id.as_str()))
-            .map_err(ConfigError::Devices)?;
+        super::devices::check_device_ids("network card", self.nets.iter().map(|n| n.id.as_str()))?;
         for (i, n) in self.nets.iter().enumerate() {
             if self.nets[..i].iter().any(|o| o.mac == n.mac) {
                 return Err(ConfigError::Devices(
@@ -265,7 +264,6 @@ impl MachineConfig {
             )));
         }
         super::devices::check_device_ids("disk", self.disks.iter().map(|d| d.id.as_str()))
-            .map_err(ConfigError::Devices)
     }
 
     /// Check every value that can be checked without KVM or the image.

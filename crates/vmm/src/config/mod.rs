@@ -13,6 +13,7 @@ pub mod host;
 pub mod limits;
 pub mod machine;
 pub mod migration_key;
+pub mod range;
 
 use hover_abi::cmdline::CmdlineError;
 use hover_abi::workload::{self, ParamKind, WorkloadError};
@@ -28,6 +29,7 @@ pub use machine::{
     DEFAULT_MEMORY, DEFAULT_VCPUS, MAX_MEMORY,
 };
 pub use migration_key::MigrationKey;
+pub use range::RangeError;
 
 /// Everything needed to build and run a VM on this host.
 #[derive(Clone, Debug, Default)]

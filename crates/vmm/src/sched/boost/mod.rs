@@ -197,7 +197,7 @@ impl Booster {
     pub fn set(self: &Arc<Self>, new: BoostConfig) -> Result<(), UpdateError> {
         new.check().map_err(|reason| UpdateError::Invalid {
             field: "boost",
-            reason,
+            reason: reason.to_string(),
         })?;
         self.stop_monitor();
         for v in 0..self.slots.len() {

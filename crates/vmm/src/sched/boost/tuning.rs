@@ -67,7 +67,7 @@ impl Booster {
     pub fn set_tuning(&self, t: BoostTuning) -> Result<(), UpdateError> {
         t.check().map_err(|reason| UpdateError::Invalid {
             field: "tuning",
-            reason,
+            reason: reason.to_string(),
         })?;
         *self.tuning.locked() = t;
         Ok(())

@@ -84,6 +84,16 @@ pub struct BalloonReport {
     pub statistics_age_ms: Option<u64>,
 }
 
+/// A balloon target larger than the guest's RAM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{mib} MiB is more than the guest's {ram_mib} MiB of RAM")]
+pub struct TargetTooLarge {
+    /// The target asked for.
+    pub mib: u64,
+    /// The guest's RAM.
+    pub ram_mib: u64,
+}
+
 impl BalloonControl {
     /// A balloon starting at `config`'s target, in a guest of `ram` bytes.
     pub fn new(config: &BalloonConfig, ram: u64) -> std::io::Result<Arc<Self>> {
@@ -106,13 +116,13 @@ impl BalloonControl {
 
     /// Ask the guest to hold `mib` MiB in the balloon (0: give it all
     /// back). More than guest RAM is refused.
-    pub fn set_target_mib(&self, mib: u64) -> Result<(), String> {
+    pub fn set_target_mib(&self, mib: u64) -> Result<(), TargetTooLarge> {
         let pages = mib.saturating_mul(1 << 20) / PAGE_SIZE;
         if pages > self.ram_pages {
-            return Err(format!(
-                "{mib} MiB is more than the guest's {} MiB of RAM",
-                (self.ram_pages * PAGE_SIZE) >> 20
-            ));
+            return Err(TargetTooLarge {
+                mib,
+                ram_mib: (self.ram_pages * PAGE_SIZE) >> 20,
+            });
         }
         let mut l = self.live();
         l.target_pages = pages as u32;
