@@ -8,6 +8,7 @@ use std::io::Write;
 use std::sync::{Mutex, OnceLock};
 
 use hover_vmm::firecracker::models::Logger;
+use hover_vmm::firecracker::refusal::Refusal;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::fmt::format::{DefaultFields, Format};
 use tracing_subscriber::layer::SubscriberExt;
@@ -115,13 +116,13 @@ fn level(name: Option<&str>) -> Result<&'static str, String> {
 
 /// Send log lines to `l.log_path` (appended; created if missing) at its
 /// level, in its format.
-pub fn set_firecracker_logger(l: &Logger) -> Result<(), String> {
+pub fn set_firecracker_logger(l: &Logger) -> Result<(), Refusal> {
     // Checked before the file is opened: a bad level creates nothing.
     let filter = filter(l.level.as_deref(), l.module.as_deref())?;
     let file = hover_vmm::firecracker::open_log(std::path::Path::new(&l.log_path))
         .map_err(|e| format!("log_path {}: cannot open it: {e}", l.log_path))?;
     *FILE.locked() = Some(file);
-    reload(filter, false, l.show_level, l.show_log_origin)
+    Ok(reload(filter, false, l.show_level, l.show_log_origin)?)
 }
 
 /// `--level` (and `--show-level`, `--show-log-origin`) without a log

@@ -7,31 +7,34 @@ use std::io::Read;
 use std::path::Path;
 
 use super::models::MachineConfiguration;
+use super::refusal::Refusal;
 use crate::config::{GuestImage, LinuxBoot};
 
 /// Check a machine configuration against what Hover offers.
-pub(super) fn check_machine(m: &MachineConfiguration) -> Result<(), String> {
+pub(super) fn check_machine(m: &MachineConfiguration) -> Result<(), Refusal> {
     let max = hover_abi::layout::MAX_VCPUS as u32;
     if m.vcpu_count == 0 || m.vcpu_count > max {
-        return Err(format!(
+        return Err(Refusal(format!(
             "vcpu_count {} is out of range: give 1 to {max}",
             m.vcpu_count
-        ));
+        )));
     }
     if m.mem_size_mib == 0 || m.mem_size_mib > (1 << 20) {
-        return Err(format!(
+        return Err(Refusal(format!(
             "mem_size_mib {} is out of range: give 1 to 1048576",
             m.mem_size_mib
-        ));
+        )));
     }
     if m.smt {
-        return Err("smt: Hover presents no SMT siblings; give false".into());
+        return Err(Refusal::from(
+            "smt: Hover presents no SMT siblings; give false",
+        ));
     }
     if let Some(t) = &m.cpu_template {
-        return Err(format!(
+        return Err(Refusal(format!(
             "cpu_template {}: Hover has no CPU templates (it passes the host's CPUID through, less what it hides itself); omit it",
             crate::api::quote(t)
-        ));
+        )));
     }
     Ok(())
 }
@@ -41,7 +44,7 @@ pub(super) fn check_machine(m: &MachineConfiguration) -> Result<(), String> {
 /// now, the whole file when the microVM starts), the built-in guest's
 /// bytes (its command line is then checked as `hover run` checks it), or
 /// another x86-64 ELF executable of Hover's own kind.
-pub(super) fn check_kernel(path: &Path, memory: u64) -> Result<GuestImage, String> {
+pub(super) fn check_kernel(path: &Path, memory: u64) -> Result<GuestImage, Refusal> {
     let shown = path.display();
     let (mut f, meta) = crate::host::files::open_input(path).map_err(|e| {
         format!("kernel_image_path {shown}: {e} (give a Linux kernel, bzImage or vmlinux, or Hover's guest image)")
@@ -60,9 +63,9 @@ pub(super) fn check_kernel(path: &Path, memory: u64) -> Result<GuestImage, Strin
         }));
     }
     if !head.starts_with(b"\x7fELF") {
-        return Err(format!(
+        return Err(Refusal(format!(
             "kernel_image_path {shown} is neither a Linux kernel (bzImage or x86-64 vmlinux) nor an ELF executable of Hover's guest (`hover guest-image`)"
-        ));
+        )));
     }
     if meta.len() == crate::boot::BUILTIN_GUEST.len() as u64 {
         let mut bytes = head;
@@ -81,16 +84,16 @@ pub(super) fn check_kernel(path: &Path, memory: u64) -> Result<GuestImage, Strin
 
 /// Check that an initrd is a regular file that can be read (its size
 /// against guest memory is checked at the start).
-pub(super) fn check_initrd(path: &Path) -> Result<(), String> {
+pub(super) fn check_initrd(path: &Path) -> Result<(), Refusal> {
     crate::host::files::open_input(path)
         .map(drop)
-        .map_err(|e| format!("initrd_path {}: {e}", path.display()))
+        .map_err(|e| Refusal(format!("initrd_path {}: {e}", path.display())))
 }
 
 /// Check that `mem` is the memory file `snapshot/create` wrote beside
 /// `snap`: Hover keeps state and memory in one file and gives it both
 /// names, so `mem` must be that file (the same inode) or a copy of it.
-pub(super) fn same_snapshot(snap: &Path, mem: &Path) -> Result<(), String> {
+pub(super) fn same_snapshot(snap: &Path, mem: &Path) -> Result<(), Refusal> {
     use std::os::unix::fs::{FileExt, MetadataExt};
     let open = |p: &Path, what: &str| {
         crate::host::files::open_input(p).map_err(|e| format!("{what} {}: {e}", p.display()))
@@ -110,17 +113,17 @@ pub(super) fn same_snapshot(snap: &Path, mem: &Path) -> Result<(), String> {
         )
     };
     if s.len() != m.len() {
-        return Err(differs());
+        return Err(Refusal(differs()));
     }
     let tail = s.len().min(1 << 18);
-    let read = |f: &std::fs::File, p: &Path| -> Result<Vec<u8>, String> {
+    let read = |f: &std::fs::File, p: &Path| -> Result<Vec<u8>, Refusal> {
         let mut buf = vec![0u8; tail as usize];
         f.read_exact_at(&mut buf, s.len() - tail)
             .map_err(|e| format!("{}: {e}", p.display()))?;
         Ok(buf)
     };
     if read(&snap_file, snap)? != read(&mem_file, mem)? {
-        return Err(differs());
+        return Err(Refusal(differs()));
     }
     Ok(())
 }
@@ -135,12 +138,12 @@ mod tests {
             smt: true,
             ..MachineConfiguration::default()
         };
-        assert!(check_machine(&m).unwrap_err().contains("SMT"));
+        assert!(check_machine(&m).unwrap_err().0.contains("SMT"));
         let m = MachineConfiguration {
             vcpu_count: 0,
             ..MachineConfiguration::default()
         };
-        assert!(check_machine(&m).unwrap_err().contains("vcpu_count"));
+        assert!(check_machine(&m).unwrap_err().0.contains("vcpu_count"));
         assert!(check_machine(&MachineConfiguration::default()).is_ok());
     }
 
@@ -154,7 +157,7 @@ mod tests {
         b[0x1f1] = 4;
         b[0x202..0x206].copy_from_slice(b"HdrS");
         std::fs::write(&bz, &b).unwrap();
-        assert!(check_kernel(&bz, mem).unwrap_err().contains("2.12"));
+        assert!(check_kernel(&bz, mem).unwrap_err().0.contains("2.12"));
         b[0x206..0x208].copy_from_slice(&0x020fu16.to_le_bytes());
         b[0x236] = 1;
         b[0x260..0x264].copy_from_slice(&(1u32 << 20).to_le_bytes());
@@ -164,6 +167,7 @@ mod tests {
         std::fs::write(&txt, b"hello").unwrap();
         assert!(check_kernel(&txt, mem)
             .unwrap_err()
+            .0
             .contains("neither a Linux kernel"));
         assert!(check_kernel(&dir.join("missing"), mem).is_err());
         let builtin = dir.join("guest.elf");
@@ -190,6 +194,7 @@ mod tests {
         assert!(same_snapshot(&a, &c).is_ok());
         assert!(same_snapshot(&a, &d)
             .unwrap_err()
+            .0
             .contains("not the memory"));
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use super::models::{Balloon, Drive, EntropyDevice, NetworkInterface};
+use super::refusal::Refusal;
 use crate::config::{DiskConfig, HostConfig, MachineConfig, NetConfig, MAX_VIRTIO_DEVICES};
 use crate::devices::virtio::block::open_disk;
 use crate::devices::virtio::net::{default_mac, parse_mac};
@@ -25,20 +26,20 @@ pub(super) struct LinuxDevices {
     pub(super) balloon: Option<Balloon>,
 }
 
-fn refuse_limiter(what: &str, given: &Option<serde_json::Value>) -> Result<(), String> {
+fn refuse_limiter(what: &str, given: &Option<serde_json::Value>) -> Result<(), Refusal> {
     match given {
-        Some(v) if !v.is_null() => Err(format!(
+        Some(v) if !v.is_null() => Err(Refusal(format!(
             "{what}: Hover has no rate limiters; omit it (limit the guest's I/O on the host, e.g. with cgroups)"
-        )),
+        ))),
         _ => Ok(()),
     }
 }
 
-fn same_id(kind: &str, in_path: &str, in_body: &str) -> Result<(), String> {
+fn same_id(kind: &str, in_path: &str, in_body: &str) -> Result<(), Refusal> {
     if in_path != in_body {
-        return Err(format!(
+        return Err(Refusal(format!(
             "The id from the path [{in_path}] does not match the id from the body [{in_body}]! ({kind})"
-        ));
+        )));
     }
     Ok(())
 }
@@ -52,55 +53,57 @@ impl LinuxDevices {
             && self.balloon.is_none()
     }
 
-    fn count_with(&self, extra: usize) -> Result<(), String> {
+    fn count_with(&self, extra: usize) -> Result<(), Refusal> {
         let n = self.drives.len()
             + self.nets.len()
             + usize::from(self.entropy.is_some())
             + usize::from(self.balloon.is_some())
             + extra;
         if n > MAX_VIRTIO_DEVICES {
-            return Err(format!(
+            return Err(Refusal(format!(
                 "{n} devices: Hover gives a guest at most {MAX_VIRTIO_DEVICES} (one interrupt line each)"
-            ));
+            )));
         }
         Ok(())
     }
 
     /// `PUT /drives/{id}`: add a drive, or replace the one of that id.
-    pub(super) fn put_drive(&mut self, id: &str, d: Drive) -> Result<(), String> {
+    pub(super) fn put_drive(&mut self, id: &str, d: Drive) -> Result<(), Refusal> {
         same_id("drive_id", id, &d.drive_id)?;
         if !crate::config::devices::valid_device_id(id) {
-            return Err(format!(
+            return Err(Refusal(format!(
                 "drive_id {}: give 1 to 20 printable characters (the guest reads it as the disk's serial)",
                 crate::api::quote(id)
-            ));
+            )));
         }
         refuse_limiter("rate_limiter", &d.rate_limiter)?;
         if d.socket.is_some() {
-            return Err("socket: Hover has no vhost-user drives; give path_on_host".into());
+            return Err(Refusal::from(
+                "socket: Hover has no vhost-user drives; give path_on_host",
+            ));
         }
         match d.cache_type.as_deref() {
             None | Some("Unsafe") | Some("Writeback") => {}
             Some(other) => {
-                return Err(format!(
+                return Err(Refusal(format!(
                     "cache_type {}: give Unsafe or Writeback",
                     crate::api::quote(other)
-                ))
+                )))
             }
         }
         match d.io_engine.as_deref() {
             None | Some("Sync") | Some("Async") => {}
             Some(other) => {
-                return Err(format!(
+                return Err(Refusal(format!(
                     "io_engine {}: give Sync or Async",
                     crate::api::quote(other)
-                ))
+                )))
             }
         }
         if d.partuuid.is_some() && !d.is_root_device {
-            return Err(
+            return Err(Refusal(
                 "partuuid names the root partition: give it with is_root_device true".into(),
-            );
+            ));
         }
         if d.is_root_device
             && self
@@ -108,7 +111,7 @@ impl LinuxDevices {
                 .iter()
                 .any(|o| o.is_root_device && o.drive_id != d.drive_id)
         {
-            return Err("A root block device already exists!".into());
+            return Err(Refusal::from("A root block device already exists!"));
         }
         // Opened now to refuse a bad path at once; opened again at the start.
         open_disk(Path::new(&d.path_on_host), d.is_read_only)
@@ -124,7 +127,7 @@ impl LinuxDevices {
     }
 
     /// `PUT /network-interfaces/{id}`: add a card, or replace that id's.
-    pub(super) fn put_net(&mut self, id: &str, n: NetworkInterface) -> Result<(), String> {
+    pub(super) fn put_net(&mut self, id: &str, n: NetworkInterface) -> Result<(), Refusal> {
         same_id("iface_id", id, &n.iface_id)?;
         refuse_limiter("rx_rate_limiter", &n.rx_rate_limiter)?;
         refuse_limiter("tx_rate_limiter", &n.tx_rate_limiter)?;
@@ -135,10 +138,10 @@ impl LinuxDevices {
                     && o.guest_mac.as_deref().and_then(|m| parse_mac(m).ok()) == Some(mac)
             });
             if taken {
-                return Err(format!(
+                return Err(Refusal(format!(
                     "guest_mac {}: another interface has it",
                     n.guest_mac.as_deref().unwrap_or_default()
-                ));
+                )));
             }
         }
         let name = &n.host_dev_name;
@@ -147,9 +150,9 @@ impl LinuxDevices {
             .iter()
             .any(|o| o.iface_id != n.iface_id && &o.host_dev_name == name)
         {
-            return Err(format!(
+            return Err(Refusal(format!(
                 "host_dev_name {name}: another interface uses this tap"
-            ));
+            )));
         }
         crate::devices::virtio::net::check_tap_exists(name)
             .map_err(|e| format!("host_dev_name: {e}"))?;
@@ -164,7 +167,7 @@ impl LinuxDevices {
     }
 
     /// `PUT /entropy`.
-    pub(super) fn put_entropy(&mut self, e: EntropyDevice) -> Result<(), String> {
+    pub(super) fn put_entropy(&mut self, e: EntropyDevice) -> Result<(), Refusal> {
         refuse_limiter("rate_limiter", &e.rate_limiter)?;
         if self.entropy.is_none() {
             self.count_with(1)?;
@@ -175,9 +178,9 @@ impl LinuxDevices {
 
     /// `PUT /balloon` (before the start; again: replaced). Free page
     /// hinting is refused (Hover's balloon reports free pages instead).
-    pub(super) fn put_balloon(&mut self, b: Balloon) -> Result<(), String> {
+    pub(super) fn put_balloon(&mut self, b: Balloon) -> Result<(), Refusal> {
         if b.free_page_hinting == Some(true) {
-            return Err("free_page_hinting: Hover's balloon does not hint; give free_page_reporting: true (the guest reports its free pages, which Hover drops)".into());
+            return Err(Refusal::from("free_page_hinting: Hover's balloon does not hint; give free_page_reporting: true (the guest reports its free pages, which Hover drops)"));
         }
         if self.balloon.is_none() {
             self.count_with(1)?;
@@ -187,13 +190,13 @@ impl LinuxDevices {
     }
 
     /// `PATCH /balloon` before the start: a new target.
-    pub(super) fn patch_balloon(&mut self, amount_mib: u64) -> Result<(), String> {
+    pub(super) fn patch_balloon(&mut self, amount_mib: u64) -> Result<(), Refusal> {
         match &mut self.balloon {
             Some(b) => {
                 b.amount_mib = amount_mib;
                 Ok(())
             }
-            None => Err("there is no balloon: PUT /balloon first".into()),
+            None => Err(Refusal::from("there is no balloon: PUT /balloon first")),
         }
     }
 
@@ -314,7 +317,7 @@ mod tests {
     fn bad_drives_are_refused_naming_the_problem() {
         let a = disk_file("bad");
         let mut d = LinuxDevices::default();
-        let err = |d: &mut LinuxDevices, id: &str, x: Drive| d.put_drive(id, x).unwrap_err();
+        let err = |d: &mut LinuxDevices, id: &str, x: Drive| d.put_drive(id, x).unwrap_err().0;
         assert!(err(&mut d, "x", drive("y", &a, false)).contains("does not match"));
         assert!(err(
             &mut d,
@@ -354,14 +357,17 @@ mod tests {
         assert!(d
             .put_net("eth0", net("eth1", "tap0", None))
             .unwrap_err()
+            .0
             .contains("does not match"));
         assert!(d
             .put_net("eth0", net("eth0", "hvnosuchtap7", None))
             .unwrap_err()
+            .0
             .contains("no such network device"));
         assert!(d
             .put_net("eth0", net("eth0", "lo", Some("01:00:00:00:00:01")))
             .unwrap_err()
+            .0
             .contains("multicast"));
     }
 
@@ -376,6 +382,7 @@ mod tests {
         assert!(d
             .put_entropy(EntropyDevice::default())
             .unwrap_err()
+            .0
             .contains("at most"));
         std::fs::remove_file(a).unwrap();
     }

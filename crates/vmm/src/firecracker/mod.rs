@@ -16,6 +16,7 @@ mod checks;
 mod devices;
 mod metrics;
 pub mod models;
+pub mod refusal;
 mod runtime;
 mod setup;
 
@@ -32,6 +33,7 @@ use crate::api::{ApiError, ApiServer, ApiSlot};
 use crate::config::HostConfig;
 use crate::vm::RunOutcome;
 use models::{FullVmConfiguration, Logger};
+use refusal::Refusal;
 
 /// What Hover answers as `firecracker_version` and `vmm_version`: the
 /// Firecracker API version, with Hover's own as semver build metadata
@@ -45,7 +47,7 @@ pub fn version() -> String {
 }
 
 /// Sets up logging for `PUT /logger` (the binary owns the log's writer).
-pub type LoggerHook = Box<dyn FnMut(&Logger) -> Result<(), String> + Send>;
+pub type LoggerHook = Box<dyn FnMut(&Logger) -> Result<(), Refusal> + Send>;
 
 /// How `hover firecracker` was started.
 pub struct Options {
@@ -159,14 +161,14 @@ pub fn serve(mut opts: Options) -> Result<Ended, FirecrackerError> {
     if let Some(l) = opts.logger.take() {
         setup
             .logger(&l, &mut opts.set_logger)
-            .map_err(FirecrackerError::Config)?;
+            .map_err(|e| FirecrackerError::Config(e.0))?;
     }
     if let Some(p) = opts.metrics_path.take() {
         setup
             .metrics(&models::Metrics {
                 metrics_path: p.display().to_string(),
             })
-            .map_err(FirecrackerError::Config)?;
+            .map_err(|e| FirecrackerError::Config(e.0))?;
     }
     // A configuration file starts the VM before the API listens: no
     // request can find it half configured.

@@ -13,6 +13,7 @@ use super::models::{
     FullVmConfiguration, InstanceActionInfo, Logger, MachineConfiguration,
     MachineConfigurationPatch, Metrics, NetworkInterface, SnapshotLoadParams,
 };
+use super::refusal::Refusal;
 use super::{done, fault, parse, FirecrackerError, LoggerHook, Shared};
 use crate::api::http::Answer;
 use crate::config::{GuestImage, HostConfig, MachineConfig, VmConfig};
@@ -112,7 +113,7 @@ impl Setup {
                         b.stats_polling_interval_s = u.stats_polling_interval_s;
                         Ok(())
                     }
-                    None => Err("there is no balloon: PUT /balloon first".into()),
+                    None => Err(Refusal::from("there is no balloon: PUT /balloon first")),
                 }),
                 Err(a) => a,
             },
@@ -179,7 +180,7 @@ impl Setup {
     }
 
     /// Configure a device with `put`: 204, or 400 with its refusal.
-    fn device(&mut self, put: impl FnOnce(&mut LinuxDevices) -> Result<(), String>) -> Answer {
+    fn device(&mut self, put: impl FnOnce(&mut LinuxDevices) -> Result<(), Refusal>) -> Answer {
         match put(&mut self.devices) {
             Ok(()) => {
                 self.configured = true;
@@ -232,17 +233,17 @@ impl Setup {
     }
 
     /// `PUT /logger`, or `--log-path`.
-    pub(super) fn logger(&mut self, l: &Logger, set: &mut LoggerHook) -> Result<(), String> {
+    pub(super) fn logger(&mut self, l: &Logger, set: &mut LoggerHook) -> Result<(), Refusal> {
         set(l)?;
         self.shared.config.locked().logger = Some(l.clone());
         Ok(())
     }
 
     /// `PUT /metrics`, or `--metrics-path`.
-    pub(super) fn metrics(&mut self, m: &Metrics) -> Result<(), String> {
+    pub(super) fn metrics(&mut self, m: &Metrics) -> Result<(), Refusal> {
         let mut slot = self.shared.metrics.locked();
         if slot.is_some() {
-            return Err("Reinitialization of metrics not allowed.".into());
+            return Err(Refusal::from("Reinitialization of metrics not allowed."));
         }
         let file = open_log(Path::new(&m.metrics_path))
             .map_err(|e| format!("metrics_path {}: cannot open it: {e}", m.metrics_path))?;
@@ -275,13 +276,15 @@ impl Setup {
     }
 
     /// Build the configured VM.
-    fn build(&self) -> Result<Vm, String> {
+    fn build(&self) -> Result<Vm, Refusal> {
         let Some((boot, image)) = &self.boot else {
-            return Err("Cannot start microvm without kernel configuration.".into());
+            return Err(Refusal::from(
+                "Cannot start microvm without kernel configuration.",
+            ));
         };
         let linux = image.is_linux();
         if !linux && !self.devices.is_empty() {
-            return Err("drives, network interfaces, entropy devices and balloons need a Linux guest: kernel_image_path is Hover's own guest, which has no virtio drivers".into());
+            return Err(Refusal::from("drives, network interfaces, entropy devices and balloons need a Linux guest: kernel_image_path is Hover's own guest, which has no virtio drivers"));
         }
         let default_cmdline = if linux {
             crate::boot::linux::DEFAULT_CMDLINE
@@ -305,7 +308,7 @@ impl Setup {
         if linux {
             self.devices.apply(&mut config.machine, &mut config.host);
         }
-        Vm::new(&config).map_err(|e| format!("Cannot start the microVM: {e}"))
+        Vm::new(&config).map_err(|e| Refusal(format!("Cannot start the microVM: {e}")))
     }
 
     fn load(&mut self, body: &[u8]) -> Step {
@@ -319,34 +322,34 @@ impl Setup {
         }
     }
 
-    fn restore(&mut self, p: &SnapshotLoadParams) -> Result<Vm, String> {
+    fn restore(&mut self, p: &SnapshotLoadParams) -> Result<Vm, Refusal> {
         if self.configured {
-            return Err(
+            return Err(Refusal(
                 "Loading a microVM snapshot not allowed after configuring boot-specific resources."
                     .into(),
-            );
+            ));
         }
         if p.enable_diff_snapshots {
-            return Err(
+            return Err(Refusal(
                 "Hover makes full snapshots only: enable_diff_snapshots is not supported".into(),
-            );
+            ));
         }
         let mem = match (&p.mem_file_path, &p.mem_backend) {
             (Some(m), None) => m.clone(),
             (None, Some(b)) if b.backend_type == "File" => b.backend_path.clone(),
             (None, Some(b)) if b.backend_type == "Uffd" => {
-                return Err("mem_backend Uffd is not supported: Hover pages a snapshot's memory in itself (its own userfaultfd pager); give backend_type File".into())
+                return Err(Refusal::from("mem_backend Uffd is not supported: Hover pages a snapshot's memory in itself (its own userfaultfd pager); give backend_type File"))
             }
             (None, Some(b)) => {
-                return Err(format!(
+                return Err(Refusal(format!(
                     "mem_backend: unknown backend_type {}: give File",
                     crate::api::quote(&b.backend_type)
-                ))
+                )))
             }
             (Some(_), Some(_)) => {
-                return Err("give either mem_file_path or mem_backend, not both".into())
+                return Err(Refusal::from("give either mem_file_path or mem_backend, not both"))
             }
-            (None, None) => return Err("missing mem_file_path (or mem_backend)".into()),
+            (None, None) => return Err(Refusal::from("missing mem_file_path (or mem_backend)")),
         };
         let snap = PathBuf::from(&p.snapshot_path);
         same_snapshot(&snap, Path::new(&mem))?;
@@ -432,7 +435,7 @@ impl Setup {
         if a.0 != 204 {
             return Err(bad("boot-source", a));
         }
-        self.build().map_err(FirecrackerError::Config)
+        self.build().map_err(|e| FirecrackerError::Config(e.0))
     }
 }
 
