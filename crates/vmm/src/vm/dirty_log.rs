@@ -14,11 +14,15 @@ use crate::migration::{MigrationError, Tracker};
 impl Running {
     /// The tracker `t` for this VM (`migration::dirty::tracker`).
     pub(super) fn tracker(&self, t: Tracker) -> Result<Box<dyn DirtyTracker>, CommandError> {
-        dirty::tracker(t, self.vm.fd.clone(), &self.vm.ram, self.vm.rings.as_ref()).map_err(|e| {
-            CommandError::Invalid {
-                field: "dirty_tracking",
-                reason: e.to_string(),
-            }
+        dirty::tracker(
+            t,
+            self.vm.fd.clone(),
+            &self.vm.ram,
+            self.vm.dirtying.rings.as_ref(),
+        )
+        .map_err(|e| CommandError::Invalid {
+            field: "dirty_tracking",
+            reason: e.to_string(),
         })
     }
 

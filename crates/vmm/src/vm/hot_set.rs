@@ -25,7 +25,7 @@ impl Running {
         if window.is_zero() || self.state != Lifecycle::Running {
             return Ok(touched);
         }
-        let mut tracker = self.tracker(match self.vm.rings {
+        let mut tracker = self.tracker(match self.vm.dirtying.rings {
             Some(_) => Tracker::Ring,
             None => Tracker::Bitmap,
         })?;

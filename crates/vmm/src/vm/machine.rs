@@ -22,9 +22,9 @@ use hover_abi::pv::{FEATURE_ASYNC_PF, FEATURE_ASYNC_PF_INT, FEATURE_ASYNC_PF_VME
 /// Where KVM may put its real-mode TSS (in the MMIO hole, as Firecracker does).
 const KVM_TSS_ADDRESS: usize = 0xfffb_d000;
 
-/// What boot and restore need from the VM's environment.
+/// What boot and restore need from the VM's environment. `/dev/kvm`
+/// itself is closed once the VM exists: the VM's descriptor keeps it.
 pub(crate) struct Machine {
-    pub(super) kvm: Kvm,
     pub(super) fd: Arc<VmFd>,
     pub(super) ram: GuestRam,
     pub(super) supported: CpuId,
@@ -107,7 +107,6 @@ impl Machine {
             .map(|i| Vcpu::new(&fd, i, layout.clone()))
             .collect::<Result<_, _>>()?;
         Ok(Machine {
-            kvm,
             fd,
             ram,
             supported,

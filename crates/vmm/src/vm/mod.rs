@@ -18,6 +18,7 @@ mod hot_set;
 mod linux;
 mod machine;
 mod outcome;
+mod paging;
 mod persist;
 mod restore;
 mod run;
@@ -29,7 +30,7 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use kvm_ioctls::{Kvm, VmFd};
+use kvm_ioctls::VmFd;
 
 use crate::arch::x86_64::{acpi, cpuid, pvh, tables};
 use crate::boot::{self};
@@ -59,11 +60,25 @@ use device_manager::DeviceManager;
 pub use hot_set::MAX_HOT_WINDOW;
 use machine::{pv_withheld, Machine};
 pub use outcome::{BootTimings, EndReason, MemoryUsage, RestoreReport, RunOutcome};
+use paging::Paging;
 pub use restore::{MemoryRestore, RestoreOptions};
+
+/// The dirty rings (with `--dirty-ring`) a migration's tracker reads, and
+/// the throttle auto-converge slows the vCPUs with.
+struct Dirtying {
+    rings: Option<Arc<RingSet>>,
+    throttle: Arc<Throttle>,
+}
+
+/// The VM's event channel: vCPUs, the pager, devices and controllers send,
+/// the run loop (or a migration's loop) receives.
+struct Events {
+    tx: Sender<VmEvent>,
+    rx: Receiver<VmEvent>,
+}
 
 /// A built VM, ready to run.
 pub struct Vm {
-    _kvm: Kvm,
     fd: Arc<VmFd>,
     ram: GuestRam,
     vcpus: Vec<Vcpu>,
@@ -72,19 +87,17 @@ pub struct Vm {
     image_end: u64,
     /// KVM's binary statistics of each vCPU and of the VM.
     kvm_stats: KvmCounters,
-    pager: Option<Pager>,
-    /// What a pager let go of (a prefetching restore that finished
-    /// loading) left behind.
-    released_pager: Option<ReleasedPager>,
+    /// Who serves guest memory: the kernel, or the pager.
+    paging: Paging,
     /// How this host runs it: API, start, confinement, migration key.
     hosting: Hosting,
     /// How it came here when it was not booted: restored, or arriving.
     arrival: Arrival,
-    rings: Option<Arc<RingSet>>,
-    throttle: Arc<Throttle>,
+    /// What a pre-copy source tracks and slows the guest's writes with.
+    dirtying: Dirtying,
     booster: Arc<Booster>,
-    events: Sender<VmEvent>,
-    events_rx: Receiver<VmEvent>,
+    /// What the VM's threads and controllers tell its run loop.
+    events: Events,
     /// The VM's state as the API reads it, and the one live copy of its
     /// machine configuration ([`Vm::config`]).
     status: Arc<Mutex<Status>>,
@@ -181,14 +194,6 @@ fn start_pager(
         let _ = tx.locked().send(VmEvent::PagerFailed(msg));
     });
     Ok(Some(Pager::start(ram, image_end, &p, source, on_failure)?))
-}
-
-/// What a released pager leaves behind.
-struct ReleasedPager {
-    /// What it did, for the outcome.
-    stats: crate::memory::paged::PagerStats,
-    /// The order its pages were first touched, for a later snapshot's hot set.
-    first_touches: Vec<u64>,
 }
 
 impl Vm {
@@ -351,7 +356,6 @@ impl Vm {
             hangup: None,
         }));
         Ok(Vm {
-            _kvm: m.kvm,
             fd,
             ram: m.ram,
             vcpus,
@@ -359,8 +363,7 @@ impl Vm {
             tsc_khz,
             image_end: saved.image_end,
             kvm_stats,
-            pager,
-            released_pager: None,
+            paging: Paging::new(pager),
             hosting: Hosting {
                 created_at,
                 api: None,
@@ -369,11 +372,12 @@ impl Vm {
                 seccomp: config.host.seccomp,
             },
             arrival: Arrival::default(),
-            rings,
-            throttle,
+            dirtying: Dirtying { rings, throttle },
             booster,
-            events,
-            events_rx,
+            events: Events {
+                tx: events,
+                rx: events_rx,
+            },
             status,
         })
     }
@@ -390,10 +394,7 @@ impl Vm {
 
     /// What its pager has done so far (`None`: no pager).
     pub fn pager_stats(&self) -> Option<crate::memory::paged::PagerStats> {
-        self.pager
-            .as_ref()
-            .map(|p| p.stats())
-            .or_else(|| self.released_pager.as_ref().map(|r| r.stats.clone()))
+        self.paging.stats()
     }
 
     /// The pageable pages in the order the guest first touched them, for a
@@ -401,22 +402,14 @@ impl Vm {
     /// prefetching restore's pager let go): a hot set of its own, which
     /// snapshots record and post-copy pushes early. Empty for any other VM.
     pub(super) fn first_touches(&self) -> Vec<u64> {
-        self.pager
-            .as_ref()
-            .map(|p| p.first_touches())
-            .unwrap_or_else(|| {
-                self.released_pager
-                    .as_ref()
-                    .map(|r| r.first_touches.clone())
-                    .unwrap_or_default()
-            })
+        self.paging.first_touches()
     }
 
     /// Let a prefetching restore's loader begin now, before the guest runs
     /// ([`Vm::run`] lets it begin once the vCPUs run): for a caller that
     /// wants memory in place first. Nothing happens without such a loader.
     pub fn begin_prefetch(&mut self) {
-        if let Some(p) = self.pager.as_mut() {
+        if let Some(p) = self.paging.pager_mut() {
             p.let_loader_go();
         }
     }
@@ -437,7 +430,7 @@ impl Vm {
     /// wait for it.
     pub fn controller(&self) -> Controller {
         Controller {
-            tx: self.events.clone(),
+            tx: self.events.tx.clone(),
             status: self.status.clone(),
         }
     }

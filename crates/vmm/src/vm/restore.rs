@@ -397,11 +397,11 @@ impl Vm {
                     paged::block_order(&of.hot, &stored)
                 }
             };
-            let events = vm.events.clone();
+            let events = vm.events.tx.clone();
             let loaded = Box::new(move || {
                 let _ = events.send(VmEvent::PrefetchLoaded);
             });
-            let pager = vm.pager.as_mut().expect("a lazy restore has a pager");
+            let pager = vm.paging.pager_mut().expect("a lazy restore has a pager");
             pager.prefetch(
                 order,
                 snap.clone(),
@@ -439,22 +439,18 @@ impl Vm {
         if self.config().memory_budget.is_some() || arriving {
             return Ok(());
         }
-        let Some(pager) = self.pager.take() else {
+        if self.paging.pager().is_none() {
             return Ok(());
-        };
+        }
         // The balloon drops pages itself from now on (and the pager's
         // state goes with it).
         self.devices.attach_pager(None);
-        let first_touches = pager.first_touches();
-        let stats = pager.release()?;
-        tracing::debug!(
-            pages = stats.pushed_pages,
-            "prefetch loaded; guest memory handed back to the kernel"
-        );
-        self.released_pager = Some(super::ReleasedPager {
-            stats,
-            first_touches,
-        });
+        if let Some(stats) = self.paging.release()? {
+            tracing::debug!(
+                pages = stats.pushed_pages,
+                "prefetch loaded; guest memory handed back to the kernel"
+            );
+        }
         Ok(())
     }
 }

@@ -168,7 +168,7 @@ impl Vm {
             host.stop();
         }
         r.vm.devices.bus.serial.flush();
-        if let Some(p) = r.vm.pager.as_mut() {
+        if let Some(p) = r.vm.paging.pager_mut() {
             p.stop();
         }
         r.halt_poll.stop();
@@ -249,7 +249,7 @@ impl Running {
 
     fn spawn_vcpus(&mut self) -> Result<(), Error> {
         for vcpu in self.vm.vcpus.drain(..) {
-            let tx = std::sync::Mutex::new(self.vm.events.clone());
+            let tx = std::sync::Mutex::new(self.vm.events.tx.clone());
             let index = vcpu.index() as usize;
             let sink = Box::new(move |e: VcpuEvent| {
                 let _ = tx.locked().send(VmEvent::Vcpu(e));
@@ -290,7 +290,8 @@ impl Running {
                 Some(e) => e,
                 None => self
                     .vm
-                    .events_rx
+                    .events
+                    .rx
                     .recv()
                     .expect("the Vm holds a sender, so the channel stays open"),
             };
@@ -453,8 +454,8 @@ impl Running {
             vm_stats: KvmStats::open(self.vm.fd.as_ref()).ok(),
             pager: self
                 .vm
-                .pager
-                .as_ref()
+                .paging
+                .pager()
                 .map(|p| Box::new(p.stats_source()) as Box<dyn Fn() -> PagerStats + Send + Sync>),
             governor: self.halt_poll.live(),
             boost: Some(self.vm.booster.clone()),

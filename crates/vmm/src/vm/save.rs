@@ -91,7 +91,7 @@ impl Running {
     /// Save everything but memory into a state document, and memory into `w`.
     fn save(&self, w: &mut SnapshotWriter) -> Result<(VmState, u64), CommandError> {
         let state = self.collect_state()?;
-        let pages = state::memory::save(&self.vm.ram, self.vm.pager.as_ref(), w)?;
+        let pages = state::memory::save(&self.vm.ram, self.vm.paging.pager(), w)?;
         Ok((state, pages))
     }
 

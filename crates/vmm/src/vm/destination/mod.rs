@@ -67,7 +67,7 @@ const IO_TIMEOUT: Duration = Duration::from_secs(30);
 /// Guest memory here digests to `want`, the source's digest (the frame
 /// ended at stream offset `end_at`).
 fn check_digest(vm: &Vm, want: u32, end_at: u64) -> Result<(), Cut> {
-    let got = memory::digest(&vm.ram, vm.pager.as_ref()).map_err(host("digesting guest memory"))?;
+    let got = memory::digest(&vm.ram, vm.paging.pager()).map_err(host("digesting guest memory"))?;
     if got != want {
         return Err(Cut::Refused(Error::Migration(unfit(
             "DIGEST",
@@ -439,9 +439,9 @@ impl Running {
         let (mut state, mut digest, mut pages): (Option<(u64, VmState)>, Option<u32>, u64) =
             (None, None, 0);
         loop {
-            heed_events(&self.vm.events_rx, &mut self.stashed)?;
+            heed_events(&self.vm.events.rx, &mut self.stashed)?;
             let got = r.message().map_err(|e| {
-                match heed_events(&self.vm.events_rx, &mut self.stashed) {
+                match heed_events(&self.vm.events.rx, &mut self.stashed) {
                     Err(stopped) => stopped,
                     Ok(()) => mig(e.into()),
                 }
@@ -505,7 +505,7 @@ impl Running {
         if let Some(want) = digest {
             check_digest(&self.vm, want, end_at)?;
         }
-        heed_events(&self.vm.events_rx, &mut self.stashed)?;
+        heed_events(&self.vm.events.rx, &mut self.stashed)?;
         self.load_arrived_state(&s, state_at)?;
         let how = match (&received, &remote) {
             (_, Some(_)) => "postcopy",
@@ -517,7 +517,7 @@ impl Running {
         // (a post-copy's goes on serving the guest); one that came first
         // has shut the stream, and the guest never runs here.
         let hangup = self.vm.status.locked().hangup.take();
-        heed_events(&self.vm.events_rx, &mut self.stashed)?;
+        heed_events(&self.vm.events.rx, &mut self.stashed)?;
         if hangup.is_none() {
             return Err(mig(MigrationError::Host(
                 "the stream was shut before RUNNING".into(),

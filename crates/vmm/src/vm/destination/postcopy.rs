@@ -126,13 +126,13 @@ impl Vm {
         pinned_hash: Option<u64>,
     ) -> std::io::Result<()> {
         let placer = self
-            .pager
-            .as_ref()
+            .paging
+            .pager()
             .expect("a post-copy destination runs a pager")
             .placer();
         let conn = w.get_ref().try_clone()?;
         let hold = GuestHold(self.controller());
-        let events = self.events.clone();
+        let events = self.events.tx.clone();
         let end = self.ram.end();
         let (tx, done) = mpsc::channel();
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -198,10 +198,10 @@ impl Vm {
         if !arrived || self.config().memory_budget.is_some() {
             return;
         }
-        let Some(pager) = self.pager.as_mut() else {
+        let Some(pager) = self.paging.pager_mut() else {
             return;
         };
-        let events = self.events.clone();
+        let events = self.events.tx.clone();
         let loaded = Box::new(move || {
             let _ = events.send(VmEvent::PrefetchLoaded);
         });

@@ -76,7 +76,7 @@ impl Running {
                 needs: "running or paused",
             });
         }
-        if o.sender_process.is_some() && self.vm.pager.is_some() {
+        if o.sender_process.is_some() && self.vm.paging.pager().is_some() {
             return Err(CommandError::Invalid {
                 field: "sender_process",
                 reason: "a VM under a pager (a memory budget, or a lazy restore) sends from its own thread: only it can read pages the pager holds elsewhere".into(),
@@ -100,8 +100,13 @@ impl Running {
                 reason: e.to_string(),
             }
         })?;
-        let ring_full0 = self.vm.rings.as_ref().map_or(0, |r| r.full_exits());
-        let slept0 = self.vm.throttle.slept_us();
+        let ring_full0 = self
+            .vm
+            .dirtying
+            .rings
+            .as_ref()
+            .map_or(0, |r| r.full_exits());
+        let slept0 = self.vm.dirtying.throttle.slept_us();
         let t0 = Instant::now();
         let cpu0 = crate::host::thread_cpu_us();
         let conn =
@@ -112,7 +117,7 @@ impl Running {
         let was_running = self.state == Lifecycle::Running;
         let result = self.send_vm(o, &conn, tracker.as_mut(), t0);
         // Whatever happened, the guest runs at full speed from here.
-        self.vm.throttle.clear();
+        self.vm.dirtying.throttle.clear();
         self.progress(None);
         tracker.stop();
         self.vm.devices.host_writes.record(false);
@@ -128,11 +133,13 @@ impl Running {
         report.sender_cpu_us = crate::host::thread_cpu_us().saturating_sub(cpu0);
         report.ring_full_exits = self
             .vm
+            .dirtying
             .rings
             .as_ref()
             .map_or(0, |r| r.full_exits() - ring_full0);
         report.vcpu_throttled_ms = self
             .vm
+            .dirtying
             .throttle
             .slept_us()
             .iter()
@@ -153,7 +160,7 @@ impl Running {
         let (switch, ticker) = self.precopy_rounds(o, conn, tracker, &mut out, t0)?;
         let switch = self.before_pause(o, conn, tracker, &mut out, switch)?;
         // The guest stops in a moment: no more slowing down.
-        self.vm.throttle.clear();
+        self.vm.dirtying.throttle.clear();
         drop(ticker);
         self.pause_and_finish(o, tracker, out, switch, t0)
     }
@@ -207,7 +214,7 @@ impl Running {
         };
         let mut sender = PageSender::new(o.batch_pages, o.bandwidth, process);
         // Round 0: everything the guest has touched. Then what it dirtied.
-        let mut pending = memory::pages_to_send(&self.vm.ram, self.vm.pager.as_ref())
+        let mut pending = memory::pages_to_send(&self.vm.ram, self.vm.paging.pager())
             .map_err(io("listing guest memory"))?;
         // Counted from here.
         tracker.vcpu_dirty_pages();
@@ -215,7 +222,7 @@ impl Running {
         self.progress(Some(MigrationProgress {
             mode: o.mode,
             dirty_pages: pending.len() as u64,
-            vcpu_throttle_pct: self.vm.throttle.all(),
+            vcpu_throttle_pct: self.vm.dirtying.throttle.all(),
             ..Default::default()
         }));
         if o.mode == Mode::Postcopy {
@@ -226,7 +233,7 @@ impl Running {
             let image_end = self.vm.image_end;
             let (pinned, rest): (Vec<u64>, Vec<u64>) =
                 pending.into_iter().partition(|&g| g < image_end);
-            let sent = sender.send(&self.vm.ram, self.vm.pager.as_ref(), &mut w, &pinned, true)?;
+            let sent = sender.send(&self.vm.ram, self.vm.paging.pager(), &mut w, &pinned, true)?;
             report.round_pages.push(sent);
             report.rounds += 1;
             pending = rest;
@@ -258,7 +265,7 @@ impl Running {
             pending,
             ..
         } = out;
-        let throttle = self.vm.throttle.clone();
+        let throttle = self.vm.dirtying.throttle.clone();
         let mut rounds = Rounds::new(o, throttle.all().len());
         let mut ticker = None;
         let mut switch = o.mode == Mode::Postcopy;
@@ -292,7 +299,7 @@ impl Running {
             let (start, bytes0) = (Instant::now(), sender.bytes(w));
             let sent = sender.send(
                 &self.vm.ram,
-                self.vm.pager.as_ref(),
+                self.vm.paging.pager(),
                 w,
                 pending,
                 report.rounds == 0,
@@ -393,7 +400,7 @@ impl Running {
         // target, one more round carries them first, while the guest runs.
         let mut drained = catch_up(w, r)?;
         if !switch && drained > o.downtime {
-            let sent = sender.send(&self.vm.ram, self.vm.pager.as_ref(), w, pending, false)?;
+            let sent = sender.send(&self.vm.ram, self.vm.paging.pager(), w, pending, false)?;
             report.round_pages.push(sent);
             report.rounds += 1;
             *pending = harvest(tracker, &self.vm.devices.host_writes, report)?;
@@ -475,7 +482,7 @@ impl Running {
             .map_err(link("sending the state"))?;
         down.parts.state_us = down.lap();
         if o.verify {
-            let d = memory::digest(&self.vm.ram, self.vm.pager.as_ref())
+            let d = memory::digest(&self.vm.ram, self.vm.paging.pager())
                 .map_err(io("digesting guest memory"))?;
             w.send(&Message::Digest(Digest::Memory(d)))
                 .map_err(link("sending the digest"))?;
@@ -498,7 +505,7 @@ impl Running {
     /// A vCPU event that arrived meanwhile (the guest powered off or
     /// crashed), if any; other events are kept for the control loop.
     pub(in crate::vm) fn guest_ended(&mut self) -> Option<VmEvent> {
-        while let Ok(e) = self.vm.events_rx.try_recv() {
+        while let Ok(e) = self.vm.events.rx.try_recv() {
             match e {
                 VmEvent::Vcpu(VcpuEvent::Exit { .. })
                 | VmEvent::Vcpu(VcpuEvent::Reboot { .. })
@@ -526,7 +533,7 @@ impl Running {
         report: &mut MigrationReport,
         down: &mut Downtime,
     ) -> Result<crate::state::VmState, MigrationError> {
-        let sent = sender.send(&self.vm.ram, self.vm.pager.as_ref(), w, pages, false)?;
+        let sent = sender.send(&self.vm.ram, self.vm.paging.pager(), w, pages, false)?;
         report.round_pages.push(sent);
         report.rounds += 1;
         down.parts.final_pages_us = down.lap();

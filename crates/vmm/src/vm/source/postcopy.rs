@@ -231,7 +231,7 @@ impl Running {
             postcopy_pages_left: Some(left.pending.left()),
             ..Default::default()
         }));
-        let (ram, pager) = (&self.vm.ram, self.vm.pager.as_ref());
+        let (ram, pager) = (&self.vm.ram, self.vm.paging.pager());
         let bandwidth = left.bandwidth;
         let bytes0 = w.bytes;
         let mut read = |gpas: &[u64], out: &mut [u8]| memory::read_pages(ram, pager, gpas, out);
@@ -284,7 +284,7 @@ impl Running {
     /// The order-free hash of guest memory ([`page_hash`] summed), read
     /// with the guest paused.
     fn memory_hash(&self) -> std::io::Result<u64> {
-        let (ram, pager) = (&self.vm.ram, self.vm.pager.as_ref());
+        let (ram, pager) = (&self.vm.ram, self.vm.paging.pager());
         let gpas = memory::pages_to_send(ram, pager)?;
         let ps = PAGE_SIZE as usize;
         let mut buf = vec![0u8; HASH_CHUNK * ps];
