@@ -14,7 +14,7 @@
 # target/lab/runs by default), LAB_MEM (the L1's RAM; 3G), LAB_KEEP (keep the
 # run's L1 root and initramfs, removed after the run otherwise), LAB_L1 (the
 # L1's kernel: 6.12, the default, or 6.1, Debian 12's own, without
-# UFFDIO_MOVE).
+# UFFDIO_MOVE), LAB_ACCEL (QEMU's -accel for the L1; tcg, multi-threaded).
 #
 # `run` prints the L1's console lines the scenario marked with "LAB: " and
 # ends with the scenario's own exit status (0 when it passed), 124 when the
