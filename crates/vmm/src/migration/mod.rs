@@ -9,10 +9,12 @@
 //! and MAC'd: `mac`, `auth` for the pre-shared key's proof), the
 //! connections (`transport`, `opening` for a recovery's), what each frame
 //! means (`message`), what a round
-//! sends (`page_lists`, `batch`, `sender` and `mapper` for the sending
-//! process of seed 3), convergence and auto-converge (`convergence`,
-//! `throttle`), what the destination received (`received`), and the
-//! request's options below. The source side runs in the VM's control loop
+//! sends (`page_lists`, `batch`, `page_sender` sending it within the
+//! bandwidth, `sender` and `mapper` for the sending process of seed 3),
+//! pre-copy's rounds as a policy (`precopy`: the link's rate, the
+//! throttle, and `convergence`'s when to pause, switch or give up; auto-
+//! converge's `throttle`), what the destination received (`received`),
+//! and the request's options below. The source side runs in the VM's control loop
 //! (`vm/source/`), the destination side is [`crate::Vm::receive`]
 //! (`vm/destination/`). docs/MIGRATION.md.
 
