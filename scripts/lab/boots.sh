@@ -1,8 +1,7 @@
 # Diagnostic, not in the suite: boot the Linux guest N times on 2 vCPUs
 # (the L1's command line gives lab.boots=N, default 20) and count the runs
 # a vCPU's triple fault ended: the rate of the lab's emulated-SVM trouble
-# (docs/LAB.md, "A vCPU triple-faults now and then"). HOVER_FLAGS adds
-# Hover flags to each run (lab.flags is not parsed: edit here to try).
+# (docs/LAB.md, "A vCPU triple-faults now and then").
 . /lab/lib.sh
 T0=$(date +%s)
 took() { echo "$(($(date +%s) - T0)) s"; }

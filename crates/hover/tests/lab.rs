@@ -94,3 +94,13 @@ fn on_a_6_1_host_a_postcopy_migration_moves_the_guest() {
 fn on_a_6_8_or_later_host_the_pager_evicts_by_uffdio_move() {
     assert_ok(&RUN, "builtin", "memtouch", "memtouch-evicts-by-move");
 }
+
+static RETRY: Cell = Cell::new();
+
+/// The harness's own retry: a run that failed with a vCPU's triple fault
+/// reported in it is made again (the scenario fails its first attempt so).
+#[test]
+fn a_lab_run_lost_to_a_triple_fault_is_made_again() {
+    let t = "a_lab_run_lost_to_a_triple_fault_is_made_again";
+    assert_ok(&RETRY, "lab-retry", t, "retried-after-a-triple-fault");
+}

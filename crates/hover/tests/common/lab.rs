@@ -50,21 +50,26 @@ fn lab(cell: &'static Cell, scenario: &str, test: &str) -> Option<&'static LabRu
         // ended either way (the L1 without a result; a failed run whose
         // Hover reported a vCPU's triple fault, `TRIPLE-FAULT` from
         // scripts/lab/l1-init) is made again, up to three times in all,
-        // each one said; the third is the result.
+        // each one said (on stderr, and in runs/RETRIES, which outlives a
+        // passing test's captured output); the third is the result.
         for attempt in 1..=3 {
-            match run_once(&root, &lab_dir, scenario, attempt)? {
-                None => eprintln!(
-                    "{test}: the lab's L1 ended without a result (attempt {attempt} of 3)"
-                ),
-                Some(r) if attempt < 3 && r.lost_to_a_triple_fault() => eprintln!(
-                    "{test}: a vCPU triple-faulted in the lab (attempt {attempt} of 3):\n{}",
-                    r.summary
-                ),
+            let why = match run_once(&root, &lab_dir, scenario, attempt)? {
+                None => "the lab's L1 ended without a result".to_string(),
+                Some(r) if attempt < 3 && r.lost_to_a_triple_fault() => {
+                    format!("a vCPU triple-faulted in the lab:\n{}", r.summary)
+                }
                 Some(r) => return Ok(r),
-            }
+            };
+            let line = format!("{test}: {scenario}: attempt {attempt} of 3: {why}\n");
+            eprint!("{line}");
+            let _ = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(lab_dir.join("runs/RETRIES"))
+                .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
         }
         Err(format!(
-            "the lab's L1 ended without a result three times running {scenario}"
+            "no run of {scenario} gave a result in three attempts (each said above)"
         ))
     });
     match run {
@@ -87,8 +92,15 @@ fn run_once(
         .join("runs")
         .join(format!("test-{name}-{l1}-{}-{attempt}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out_dir);
+    // The attempt is on the L1's command line (`lab.attempt=N`), for the
+    // scenario that checks this retry itself (lab-retry.sh).
+    let append = format!(
+        "{} lab.attempt={attempt}",
+        std::env::var("LAB_APPEND").unwrap_or_default()
+    );
     let out = Command::new(root.join("scripts/kvm-lab.sh"))
         .args(["run", name])
+        .env("LAB_APPEND", append.trim())
         .env("LAB_L1", l1)
         .env("HOVER", env!("CARGO_BIN_EXE_hover"))
         .env("LAB_OUT", &out_dir)

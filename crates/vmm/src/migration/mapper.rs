@@ -89,17 +89,21 @@ impl Region {
     pub fn parse(s: &str) -> Result<Region, RegionArgError> {
         let p: Vec<&str> = s.split(':').collect();
         let [gpa, len, addr, fd, offset] = p[..] else {
-            return Err(RegionArgError::Fields);
+            return Err(RegionArgError::Fields(s.to_string()));
+        };
+        let number = |source| RegionArgError::Number {
+            arg: s.to_string(),
+            source,
         };
         let n = |v: &str| {
             let v = v.trim_start_matches("0x");
-            u64::from_str_radix(v, 16).map_err(RegionArgError::Number)
+            u64::from_str_radix(v, 16).map_err(number)
         };
         Ok(Region {
             gpa: n(gpa)?,
             len: n(len)?,
             addr: n(addr)?,
-            fd: fd.parse().map_err(RegionArgError::Number)?,
+            fd: fd.parse().map_err(number)?,
             offset: n(offset)?,
         })
     }
@@ -113,11 +117,16 @@ impl Region {
 #[derive(Debug, thiserror::Error)]
 pub enum RegionArgError {
     /// Not five fields.
-    #[error("expected gpa:len:addr:fd:offset")]
-    Fields,
+    #[error("region '{0}': expected gpa:len:addr:fd:offset")]
+    Fields(String),
     /// A field that is not a number.
-    #[error("{0}")]
-    Number(std::num::ParseIntError),
+    #[error("region '{arg}': {source}")]
+    Number {
+        /// The argument.
+        arg: String,
+        /// The field's parse error.
+        source: std::num::ParseIntError,
+    },
 }
 
 /// Reads pages of another process's guest memory.

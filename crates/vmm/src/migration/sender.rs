@@ -227,7 +227,13 @@ enum ArgsError {
     /// A flag at the end, without its value.
     #[error("{0} needs a value")]
     NoValue(String),
-    /// A value that does not parse.
+    /// A value its own parser refused, in that parser's words.
+    #[error("{0}")]
+    Value(String),
+    /// A `--region` that does not parse.
+    #[error(transparent)]
+    Region(#[from] super::mapper::RegionArgError),
+    /// A number that does not parse.
     #[error("{flag} {value}: {why}")]
     Bad {
         /// The flag.
@@ -269,12 +275,12 @@ fn parse(args: &[String]) -> Result<Args, ArgsError> {
         let num = |v: &str| v.parse::<i64>().map_err(|e| bad(&e));
         match flag.as_str() {
             "--pid" => a.pid = num(v)? as libc::pid_t,
-            "--mode" => a.mode = v.parse().map_err(|e: String| bad(&e))?,
+            "--mode" => a.mode = v.parse().map_err(ArgsError::Value)?,
             "--batch" => a.batch = num(v)? as usize,
             "--conn-fd" => a.conn_fd = num(v)? as RawFd,
             "--ctl-fd" => a.ctl_fd = num(v)? as RawFd,
-            "--region" => a.regions.push(Region::parse(v).map_err(|e| bad(&e))?),
-            "--seccomp" => a.seccomp = v.parse().map_err(|e: String| bad(&e))?,
+            "--region" => a.regions.push(Region::parse(v)?),
+            "--seccomp" => a.seccomp = v.parse().map_err(ArgsError::Value)?,
             _ => return Err(ArgsError::Unknown(flag.clone())),
         }
     }

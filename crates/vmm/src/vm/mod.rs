@@ -93,7 +93,8 @@ pub struct Vm {
     hosting: Hosting,
     /// How it came here when it was not booted: restored, or arriving.
     arrival: Arrival,
-    /// What a pre-copy source tracks and slows the guest's writes with.
+    /// What a migration or a hot set tracks the guest's writes with, and
+    /// auto-converge slows them with.
     dirtying: Dirtying,
     booster: Arc<Booster>,
     /// What the VM's threads and controllers tell its run loop.
