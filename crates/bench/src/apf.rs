@@ -26,8 +26,8 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use crate::hover_process::run_hover;
 use crate::plot;
-use crate::runner::run_hover;
 use crate::{table, BenchError};
 
 /// Knobs of the scenario.

@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::runner::run_hover;
+use crate::hover_process::run_hover;
 use crate::stats::{summarize, Summary};
 use crate::table;
 use crate::BenchError;

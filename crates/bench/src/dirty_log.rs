@@ -24,10 +24,10 @@ use hover_vmm::api::ApiClient;
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use crate::hover_process::sum_stat;
+use crate::hover_process::{guest, rdtsc, spawn_with_api, tsc_khz, wait_json};
 use crate::migration_run::{report, timeline_sum};
 use crate::plot;
-use crate::runner::sum_stat;
-use crate::runner::{guest, rdtsc, spawn_with_api, tsc_khz, wait_json};
 use crate::stats::{ratios, spread};
 use crate::{table, BenchError};
 

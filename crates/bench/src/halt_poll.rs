@@ -27,8 +27,8 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::halt_poll_peer::PeerIolat;
+use crate::hover_process::run_hover;
 use crate::plot;
-use crate::runner::run_hover;
 use crate::{table, BenchError};
 
 /// Knobs of the scenario.

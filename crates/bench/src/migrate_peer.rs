@@ -28,10 +28,10 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 // The same warm-up as Hover's samples: both guests are migrated at 2 s.
+use crate::hover_process::{guest, rdtsc};
 use crate::migration_run::{migrate_once, ops_during_pct, report, work_lost_ms, WARM_UP};
 use crate::peer::{self, Boot, Machine, PeerError};
 use crate::qmp::Qmp;
-use crate::runner::{guest, rdtsc};
 use crate::stats::{ratios, spread};
 use crate::{table, BenchError};
 
@@ -162,7 +162,7 @@ impl Drop for Procs {
 }
 
 fn ticks_to_ms(ticks: u64) -> Result<f64, BenchError> {
-    Ok(ticks as f64 / crate::runner::tsc_khz()? as f64)
+    Ok(ticks as f64 / crate::hover_process::tsc_khz()? as f64)
 }
 
 fn free_port() -> Result<u16, BenchError> {
@@ -341,7 +341,7 @@ pub fn run(exe: &Path, b: &PeerMigrateBench, out: &Path) -> Result<(), BenchErro
         }
     };
     let image = peer::GuestImageFile::write(exe)?;
-    let tsc_khz = crate::runner::tsc_khz()?;
+    let tsc_khz = crate::hover_process::tsc_khz()?;
     let mut samples = Vec::new();
     for round in 0..b.runs {
         for memory in &b.memories {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use hover_vmm::api::ApiClient;
 use serde_json::Value;
 
-use crate::runner::{guest, rdtsc, spawn_with_api, sum_stat, wait_json};
+use crate::hover_process::{guest, rdtsc, spawn_with_api, sum_stat, wait_json};
 use crate::BenchError;
 
 /// How long the guest runs before it is migrated.
@@ -171,7 +171,7 @@ pub(crate) fn migrate_once(
 /// (docs/ARCHITECTURE.md), under Hover and QEMU alike.
 pub(crate) fn ops_during_pct(dest: &Value, t: u64, total_ms: f64) -> Result<f64, BenchError> {
     let start = report(dest, "kvstore.start_tsc").ok_or_else(|| guest("no kvstore.start_tsc"))?;
-    let tsc_khz = crate::runner::tsc_khz()?;
+    let tsc_khz = crate::hover_process::tsc_khz()?;
     let bucket = tsc_khz * 100;
     let ops_in = |from: u64, to: u64| timeline_sum(dest, "kvstore.ops.", start, bucket, (from, to));
     let total_ms = total_ms.max(100.0);
@@ -194,7 +194,7 @@ pub(crate) fn ops_during_pct(dest: &Value, t: u64, total_ms: f64) -> Result<f64,
 /// and a long slow-down add to it.
 pub(crate) fn work_lost_ms(dest: &Value, t: u64, total_ms: f64) -> Result<f64, BenchError> {
     let start = report(dest, "kvstore.start_tsc").ok_or_else(|| guest("no kvstore.start_tsc"))?;
-    let tsc_khz = crate::runner::tsc_khz()?;
+    let tsc_khz = crate::hover_process::tsc_khz()?;
     Ok(lost_ms(
         |from, to| timeline_sum(dest, "kvstore.ops.", start, tsc_khz * 100, (from, to)),
         tsc_khz,

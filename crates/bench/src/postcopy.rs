@@ -27,10 +27,10 @@ use hover_vmm::api::ApiClient;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::hover_process::{guest, rdtsc, spawn_with_api, tsc_khz, wait_json};
 use crate::migration_run::{listening_at, lost_ms, report, timeline_sum};
 use crate::netem::{Link, Relay, PEER_ADDR};
 use crate::plot;
-use crate::runner::{guest, rdtsc, spawn_with_api, tsc_khz, wait_json};
 use crate::stats::summarize;
 use crate::{table, BenchError};
 

@@ -20,7 +20,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::runner::run_hover;
+use crate::hover_process::run_hover;
 use crate::stats::summarize;
 use crate::{table, BenchError};
 

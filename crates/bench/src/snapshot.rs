@@ -26,7 +26,7 @@ use hover_vmm::state::file::Snapshot;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::runner::{guest, rdtsc, spawn_with_api, wait_json};
+use crate::hover_process::{guest, rdtsc, spawn_with_api, wait_json};
 use crate::stats::{summarize, Summary};
 use crate::{plot, table, BenchError};
 

@@ -99,7 +99,7 @@ fn qemu_migrates_the_builtin_guest_with_its_data_intact() {
         rate: 100_000,
         runs: 1,
     };
-    let khz = hover_bench::runner::tsc_khz().unwrap();
+    let khz = hover_bench::hover_process::tsc_khz().unwrap();
     // Dirty rings: the mode that needs QEMU's KVM dirty-ring support on
     // this KVM. The sample itself fails unless the guest finished on the
     // destination with exit 0 and kvstore found every key it wrote.

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::BoostBench;
 use crate::hostload::{Hogs, Probe, ProbeResult};
-use crate::runner::run_hover;
+use crate::hover_process::run_hover;
 use crate::BenchError;
 
 /// What one run measured.

@@ -9,8 +9,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::MigrateBench;
+use crate::hover_process::guest;
 use crate::migration_run::migrate_once;
-use crate::runner::guest;
 use crate::stats::{summarize, Summary};
 use crate::BenchError;
 
@@ -44,7 +44,7 @@ pub(crate) fn sender_sample(
     let rep = migrate_once(exe, &b.transport, &[], ("1G", cmdline), body, &id)?.report;
     let num = |k: &str| rep[k].as_f64().unwrap_or(0.0);
     let pages = num("pages_sent").max(1.0);
-    let tsc_khz = crate::runner::tsc_khz()? as f64;
+    let tsc_khz = crate::hover_process::tsc_khz()? as f64;
     Ok(SenderSample {
         sender: sender.into(),
         round,
@@ -93,7 +93,7 @@ pub(crate) fn map_samples(b: &MigrateBench, round: u32) -> Result<Vec<MapSample>
         .write(true)
         .open("/dev/null")
         .map_err(|e| host("/dev/null", &e))?;
-    let tsc_khz = crate::runner::tsc_khz()? as f64;
+    let tsc_khz = crate::hover_process::tsc_khz()? as f64;
     let mut cells: Vec<(MapMode, usize)> = MapMode::ALL
         .into_iter()
         .flat_map(|m| b.batches.iter().map(move |&n| (m, n)))

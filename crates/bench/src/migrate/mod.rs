@@ -42,8 +42,8 @@ mod plot;
 
 pub use self::plot::plot;
 
+use crate::hover_process::sum_stat;
 use crate::migration_run::{migrate_once, ops_during_pct, work_lost_ms};
-use crate::runner::sum_stat;
 use crate::stats::summarize;
 use crate::{table, BenchError};
 use mapping::{map_samples, map_table, sender_sample, sender_table, SENDERS};
@@ -183,7 +183,7 @@ fn batch_sample(
     let rep = migrate_once(exe, &b.transport, &[], ("1G", cmdline), body, &id)?.report;
     let num = |k: &str| rep[k].as_f64().unwrap_or(0.0);
     let pages = num("pages_sent").max(1.0);
-    let tsc_khz = crate::runner::tsc_khz()? as f64;
+    let tsc_khz = crate::hover_process::tsc_khz()? as f64;
     Ok(BatchSample {
         batch_pages: batch,
         round,
