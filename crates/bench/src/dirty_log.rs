@@ -46,6 +46,8 @@ pub struct DirtyLogBench {
     pub period_ms: u64,
     /// Each window, seconds.
     pub seconds: f64,
+    /// Entries of each vCPU's dirty ring in the `ring` tracker's VM.
+    pub ring_entries: u32,
     /// Rounds.
     pub runs: u32,
 }
@@ -65,6 +67,13 @@ impl DirtyLogBench {
         }
         crate::flags::memories("--memory", std::slice::from_ref(&self.memory))?;
         crate::flags::sizes("--wss", std::slice::from_ref(&self.wss))?;
+        use hover_vmm::migration::dirty::ring::{MAX_ENTRIES, MIN_ENTRIES};
+        let n = self.ring_entries;
+        if !n.is_power_of_two() || !(MIN_ENTRIES..=MAX_ENTRIES).contains(&n) {
+            return Err(BenchError::Input(format!(
+                "--ring-entries {n}: give a power of two from {MIN_ENTRIES} to {MAX_ENTRIES}"
+            )));
+        }
         crate::flags::runs(self.runs)
     }
 }
@@ -204,7 +213,7 @@ pub fn run(exe: &Path, b: &DirtyLogBench, out: &Path) -> Result<(), BenchError> 
                 exe,
                 b,
                 (&["none", "ring"], round),
-                &["--dirty-ring", "4096"],
+                &["--dirty-ring", &b.ring_entries.to_string()],
                 &format!("{id}-ring-{round}"),
             )?;
             all.extend(samples(w, &o, khz)?.into_iter().map(|mut s| {
@@ -240,8 +249,8 @@ pub fn run(exe: &Path, b: &DirtyLogBench, out: &Path) -> Result<(), BenchError> 
         })
         .collect();
     println!(
-        "hover bench dirty-log: a 1-vCPU kvstore guest ({} writes/s over {} in {}), each tracker on for {} s and harvested every {} ms, nothing sent; {} rounds, trackers rotated; median (min-max), ratio to bitmap per round (min/median/max)",
-        b.rate, b.wss, b.memory, b.seconds, b.period_ms, b.runs
+        "hover bench dirty-log: a 1-vCPU kvstore guest ({} writes/s over {} in {}), each tracker on for {} s and harvested every {} ms, rings of {} entries, nothing sent; {} rounds, trackers rotated; median (min-max), ratio to bitmap per round (min/median/max)",
+        b.rate, b.wss, b.memory, b.seconds, b.period_ms, b.ring_entries, b.runs
     );
     table::print(
         &[
@@ -258,13 +267,14 @@ pub fn run(exe: &Path, b: &DirtyLogBench, out: &Path) -> Result<(), BenchError> 
     let doc = serde_json::json!({
         "scenario": "dirty-log",
         "command": format!(
-            "hover bench dirty-log --trackers {} --memory {} --wss {} --rate {} --period-ms {} --seconds {} --runs {}",
+            "hover bench dirty-log --trackers {} --memory {} --wss {} --rate {} --period-ms {} --seconds {} --ring-entries {} --runs {}",
             b.trackers.join(","),
             b.memory,
             b.wss,
             b.rate,
             b.period_ms,
             b.seconds,
+            b.ring_entries,
             b.runs
         ),
         "date": plot::today(),
@@ -312,4 +322,32 @@ pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
         &groups,
         &series,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bench(ring_entries: u32) -> DirtyLogBench {
+        DirtyLogBench {
+            trackers: vec!["bitmap".into(), "ring".into()],
+            memory: "1G".into(),
+            wss: "64M".into(),
+            rate: 0,
+            period_ms: 100,
+            seconds: 2.0,
+            ring_entries,
+            runs: 3,
+        }
+    }
+
+    #[test]
+    fn ring_entries_are_a_power_of_two_kvm_takes() {
+        assert!(bench(4096).check().is_ok());
+        assert!(bench(65536).check().is_ok());
+        for bad in [0, 128, 1000, 131072] {
+            let e = bench(bad).check().unwrap_err().to_string();
+            assert!(e.contains("--ring-entries"), "{bad}: {e}");
+        }
+    }
 }

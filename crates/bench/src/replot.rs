@@ -90,6 +90,8 @@ mod tests {
             ("2026-11-28/apf.json", "apf.svg", 4, 8),
             ("2026-11-28/boot_peer.json", "boot_peer.svg", 2, 4),
             ("2026-11-28/dirty_log.json", "dirty_log.svg", 1, 6),
+            ("2026-11-28/dirty_log_ring4096.json", "dirty_log.svg", 1, 4),
+            ("2026-11-28/dirty_log_ring65536.json", "dirty_log.svg", 1, 4),
             ("2026-11-28/migrate.json", "migrate_downtime.svg", 4, 24),
             ("2026-11-28/migrate.json", "migrate_batches.svg", 1, 4),
             ("2026-11-28/migrate.json", "migrate_mapping.svg", 3, 12),

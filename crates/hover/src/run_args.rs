@@ -80,6 +80,9 @@ pub(crate) struct RunArgs {
     /// Give each vCPU a dirty ring of this many entries (a power of two, 256
     /// to 65536), for live migration with `--dirty-tracking ring`. KVM
     /// creates rings only with the vCPUs, and refuses the other trackers then.
+    /// Size it to the pages a vCPU dirties between two harvests: a ring
+    /// that fills sooner re-protects hot pages, which fault again
+    /// (docs/RESULTS.md).
     #[arg(long)]
     dirty_ring: Option<u32>,
     /// Let guest HLT run without exiting to KVM (KVM_CAP_X86_DISABLE_EXITS):

@@ -43,6 +43,7 @@ pub fn bench(args: BenchArgs) -> ExitCode {
             rate,
             period_ms,
             seconds,
+            ring_entries,
             runs,
             out,
         } => {
@@ -53,6 +54,7 @@ pub fn bench(args: BenchArgs) -> ExitCode {
                 rate,
                 period_ms,
                 seconds,
+                ring_entries,
                 runs,
             };
             b.check()

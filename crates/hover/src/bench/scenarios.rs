@@ -122,6 +122,11 @@ pub(super) enum Scenario {
         /// How long each tracker stays on per round, seconds.
         #[arg(long, default_value_t = 2.0)]
         seconds: f64,
+        /// Entries of each vCPU's dirty ring in the `ring` tracker's VM (a
+        /// power of two; a full ring exits to Hover, which harvests and
+        /// re-protects the pages in it).
+        #[arg(long, default_value_t = 4096)]
+        ring_entries: u32,
         /// Rounds.
         #[arg(long, default_value_t = 5)]
         runs: u32,
