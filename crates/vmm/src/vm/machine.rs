@@ -32,18 +32,26 @@ pub(crate) struct Machine {
     pub(super) vcpus: Vec<Vcpu>,
 }
 
+/// `--io-file` fit to take the guest's writes (or to be made), checked
+/// before anything is built or read: a boot, a restore and a migration's
+/// destination alike.
+pub(super) fn check_io_file(host: &crate::config::HostConfig) -> Result<(), ConfigError> {
+    match &host.io_file {
+        Some(path) => {
+            crate::devices::pvio::check_io_path(path).map_err(|why| ConfigError::IoFile {
+                path: path.display().to_string(),
+                why: why.to_string(),
+            })
+        }
+        None => Ok(()),
+    }
+}
+
 impl Machine {
     /// Open KVM and create the VM with its RAM, irqchip, halt-poll
     /// settings and vCPUs.
     pub(super) fn create(config: &VmConfig) -> Result<Machine, Error> {
-        // Host files are this host's business, checked before anything is
-        // built: a boot, a restore and a migration's destination alike.
-        if let Some(path) = &config.host.io_file {
-            crate::devices::pvio::check_io_path(path).map_err(|why| ConfigError::IoFile {
-                path: path.display().to_string(),
-                why: why.to_string(),
-            })?;
-        }
+        check_io_file(&config.host)?;
         crate::host::block_file_size_signal();
         // Every thread the VM starts from here takes this mode.
         crate::seccomp::set_mode(config.host.seccomp);

@@ -101,14 +101,7 @@ impl RestoreOptions {
     pub(crate) fn check(&self) -> Result<(), Error> {
         self.host.validate()?;
         // Before a snapshot is read or a migration is listened for.
-        if let Some(path) = &self.host.io_file {
-            crate::devices::pvio::check_io_path(path).map_err(|why| {
-                crate::config::ConfigError::IoFile {
-                    path: path.display().to_string(),
-                    why: why.to_string(),
-                }
-            })?;
-        }
+        super::machine::check_io_file(&self.host)?;
         Ok(())
     }
 }
