@@ -128,3 +128,44 @@ fn sigterm_ends_a_restored_vm_as_it_ends_a_booted_one() {
         libc::SIGTERM,
     );
 }
+
+#[test]
+fn sigterm_ends_a_receiver_whose_output_nobody_reads() {
+    // A parent that stopped reading (it failed, it was killed) leaves the
+    // receiver writing into closed pipes: SIGTERM must still end it, and
+    // remove its socket.
+    let dir = Scratch::new("sigterm-unread");
+    let listen = dir.path("in.sock");
+    let mut child = hover_cmd()
+        .args(["receive", "--listen"])
+        .arg(format!("unix:{}", listen.display()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !listen.exists() {
+        assert!(Instant::now() < deadline, "the receiver never listened");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(child.stdout.take());
+    drop(child.stderr.take());
+    send(child.id(), libc::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("SIGTERM did not end a receiver whose stderr is closed (30 s)");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(status.code(), Some(143));
+    assert!(
+        !listen.exists(),
+        "the listening socket outlived the receiver"
+    );
+}

@@ -17,6 +17,7 @@
 //! gives it), so, like the [`crate::seccomp::broker`], it runs unfiltered.
 
 use crate::sync::Locked;
+use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -89,7 +90,15 @@ fn deliver(sig: i32) {
     for (_, p) in PATHS.locked().iter() {
         let _ = std::fs::remove_file(p);
     }
-    eprintln!("hover: {}: ended before a VM ran", name(sig));
+    // Not `eprintln!`: with stderr closed (a parent that stopped reading)
+    // it panics, which would end this thread with the signals still
+    // blocked everywhere else, and the process could no longer be stopped
+    // but by SIGKILL.
+    let _ = writeln!(
+        std::io::stderr(),
+        "hover: {}: ended before a VM ran",
+        name(sig)
+    );
     std::process::exit(exit_status(sig).into());
 }
 
