@@ -3,9 +3,9 @@
 
 use std::io::Read;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::thread;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -81,11 +81,13 @@ pub fn run_hover(exe: &Path, args: &[&str]) -> Result<Run, BenchError> {
     let exited = Instant::now();
     let (first_console_byte, text) = console.join().unwrap_or((None, String::new()));
     if !status.success() {
-        let tail: Vec<&str> = text.lines().rev().take(5).collect();
+        // Its own words, as it printed them: the last lines of its stderr
+        // (the guest's console comes first there, Hover's error last).
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(8)..].join("\n");
         return Err(err(format!(
-            "hover run {} exited with {status}: {}",
+            "hover run {} exited with {status}; the end of its output:\n{tail}",
             args.join(" "),
-            tail.join(" | ")
         )));
     }
     let outcome =
@@ -117,15 +119,87 @@ pub fn rdtsc() -> u64 {
     hover_vmm::state::host_tsc()
 }
 
+/// A `hover` process a scenario started: ended (SIGTERM, then SIGKILL
+/// after [`OwnedChild::GRACE`]) and reaped if it is dropped before it was
+/// waited for, so a scenario that fails part-way leaves no VM or receiver
+/// running, and SIGTERM lets it remove its sockets.
+#[derive(Debug)]
+pub struct OwnedChild(Option<Child>);
+
+impl OwnedChild {
+    /// How long a dropped child has to end on SIGTERM.
+    pub const GRACE: Duration = Duration::from_secs(5);
+
+    /// Own `child`.
+    pub fn new(child: Child) -> Self {
+        OwnedChild(Some(child))
+    }
+
+    /// The child, no longer ended on drop: whoever takes it waits for it.
+    pub fn into_inner(mut self) -> Child {
+        self.0
+            .take()
+            .expect("an OwnedChild holds its child until dropped")
+    }
+}
+
+impl std::ops::Deref for OwnedChild {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        self.0
+            .as_ref()
+            .expect("an OwnedChild holds its child until dropped")
+    }
+}
+
+impl std::ops::DerefMut for OwnedChild {
+    fn deref_mut(&mut self) -> &mut Child {
+        self.0
+            .as_mut()
+            .expect("an OwnedChild holds its child until dropped")
+    }
+}
+
+impl Drop for OwnedChild {
+    fn drop(&mut self) {
+        let Some(mut child) = self.0.take() else {
+            return;
+        };
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        // SAFETY: kill(2) on our own child, not yet reaped (so its pid is
+        // still its own).
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Self::GRACE;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// Start `cmd` (a `hover` command line), owned: see [`OwnedChild`].
+pub fn spawn_owned(cmd: &mut Command, what: &str) -> Result<OwnedChild, BenchError> {
+    cmd.spawn()
+        .map(OwnedChild::new)
+        .map_err(|e| guest(&format!("cannot start {what}: {e}")))
+}
+
 /// Wait for `child` (started with `--json`, stdout piped): its JSON outcome;
 /// it must exit 0.
-pub fn wait_json(child: std::process::Child, what: &str) -> Result<Value, BenchError> {
+pub fn wait_json(child: OwnedChild, what: &str) -> Result<Value, BenchError> {
     let out = child
+        .into_inner()
         .wait_with_output()
         .map_err(|e| guest(&format!("{what}: {e}")))?;
     if !out.status.success() {
         return Err(guest(&format!(
-            "{what} exited with {}: {}",
+            "{what} exited with {}:\n{}",
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         )));
@@ -135,21 +209,18 @@ pub fn wait_json(child: std::process::Child, what: &str) -> Result<Value, BenchE
 
 /// Start `exe args --api-socket sock --json --console off` and wait (up to
 /// 30 s) for its API socket.
-pub fn spawn_with_api(
-    exe: &Path,
-    args: &[&str],
-    sock: &Path,
-) -> Result<std::process::Child, BenchError> {
+pub fn spawn_with_api(exe: &Path, args: &[&str], sock: &Path) -> Result<OwnedChild, BenchError> {
     let _ = std::fs::remove_file(sock);
-    let mut child = Command::new(exe)
-        .args(args)
-        .args(["--json", "--console", "off"])
-        .arg("--api-socket")
-        .arg(sock)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| guest(&format!("cannot start {}: {e}", exe.display())))?;
+    let mut child = spawn_owned(
+        Command::new(exe)
+            .args(args)
+            .args(["--json", "--console", "off"])
+            .arg("--api-socket")
+            .arg(sock)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+        &exe.display().to_string(),
+    )?;
     let started = Instant::now();
     while !sock.exists() {
         // A child that failed (a bad flag, a host refusal) says why on its
@@ -167,8 +238,8 @@ pub fn spawn_with_api(
 }
 
 /// A child's failure, with what it printed on stderr.
-fn child_failed(child: std::process::Child, what: &str) -> BenchError {
-    match child.wait_with_output() {
+fn child_failed(child: OwnedChild, what: &str) -> BenchError {
+    match child.into_inner().wait_with_output() {
         Ok(out) => {
             let stderr = String::from_utf8_lossy(&out.stderr);
             let said = stderr.trim();
@@ -228,5 +299,40 @@ mod tests {
             "{text}"
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_failed_run_is_shown_with_its_lines_as_printed() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("hover-run-fails-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // Stands in for `hover run` refusing a flag the bench passed on.
+        let exe = dir.join("hover");
+        std::fs::write(
+            &exe,
+            "#!/bin/sh\necho \"error: invalid value '2x' for '--page-store-latency'\" >&2\n\
+             echo >&2\necho \"For more information, try '--help'.\" >&2\nexit 2\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let text = run_hover(&exe, &["--page-store-latency", "2x"])
+            .err()
+            .expect("the child failed")
+            .to_string();
+        assert!(
+            text.contains("exit status: 2; the end of its output:\nerror: invalid value '2x' for '--page-store-latency'\n\nFor more information"),
+            "{text}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_dropped_child_is_ended_and_reaped() {
+        let child = spawn_owned(Command::new("sleep").arg("600"), "sleep").unwrap();
+        let pid = child.id() as i32;
+        drop(child);
+        // SAFETY: signal 0 only asks whether the pid exists.
+        let alive = unsafe { libc::kill(pid, 0) } == 0;
+        assert!(!alive, "the child outlived its owner");
     }
 }

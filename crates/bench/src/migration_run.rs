@@ -11,7 +11,9 @@ use std::time::Duration;
 use hover_vmm::api::ApiClient;
 use serde_json::Value;
 
-use crate::hover_process::{guest, rdtsc, spawn_with_api, sum_stat, wait_json};
+use crate::hover_process::{
+    guest, rdtsc, spawn_owned, spawn_with_api, sum_stat, wait_json, OwnedChild,
+};
 use crate::BenchError;
 
 /// How long the guest runs before it is migrated.
@@ -22,7 +24,7 @@ pub(crate) fn receiver(
     exe: &Path,
     transport: &str,
     id: &str,
-) -> Result<(Child, String), BenchError> {
+) -> Result<(OwnedChild, String), BenchError> {
     let listen = match transport {
         "tcp" => "tcp:127.0.0.1:0".to_string(),
         _ => format!(
@@ -33,13 +35,14 @@ pub(crate) fn receiver(
         ),
     };
     // Unauthenticated, as the QEMU runs it is compared with (no TLS).
-    let mut child = Command::new(exe)
-        .args(["receive", "--listen", &listen, "--insecure", "--json"])
-        .args(["--console", "off"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| guest(&format!("cannot start hover receive: {e}")))?;
+    let mut child = spawn_owned(
+        Command::new(exe)
+            .args(["receive", "--listen", &listen, "--insecure", "--json"])
+            .args(["--console", "off"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+        "hover receive",
+    )?;
     let at = listening_at(&mut child)?;
     Ok((child, at))
 }

@@ -20,14 +20,16 @@
 
 use hover_vmm::api::Endpoint;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use hover_vmm::api::ApiClient;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::hover_process::{guest, rdtsc, spawn_with_api, tsc_khz, wait_json};
+use crate::hover_process::{
+    guest, rdtsc, spawn_owned, spawn_with_api, tsc_khz, wait_json, OwnedChild,
+};
 use crate::migration_run::{listening_at, lost_ms, report, timeline_sum};
 use crate::netem::{Link, Relay, PEER_ADDR};
 use crate::plot;
@@ -125,7 +127,7 @@ fn work_in(outcome: &Value, from: u64, to: u64, khz: u64) -> f64 {
     timeline_sum(outcome, "bm.t.", start, bucket_us * khz / 1000, (from, to))
 }
 
-fn receiver(exe: &Path, link: Option<&Link>, id: &str) -> Result<(Child, String), BenchError> {
+fn receiver(exe: &Path, link: Option<&Link>, id: &str) -> Result<(OwnedChild, String), BenchError> {
     let mut cmd = match link {
         Some(l) => {
             let mut c = Command::new("ip");
@@ -145,12 +147,12 @@ fn receiver(exe: &Path, link: Option<&Link>, id: &str) -> Result<(Child, String)
             c
         }
     };
-    let mut child = cmd
-        .args(["--json", "--console", "off"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| guest(&format!("cannot start hover receive: {e}")))?;
+    let mut child = spawn_owned(
+        cmd.args(["--json", "--console", "off"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+        "hover receive",
+    )?;
     let at = listening_at(&mut child)?;
     Ok((child, at))
 }
@@ -296,7 +298,7 @@ fn suspect(phase_s: f64, lost_ms: f64) -> Option<String> {
 
 /// The destination's outcome; bm runs for long, so it is shut down through
 /// a signal-free path: the guest's own end (bm's `seconds`).
-fn wait_destination(dest: Child) -> Result<Value, BenchError> {
+fn wait_destination(dest: OwnedChild) -> Result<Value, BenchError> {
     wait_json(dest, "hover receive")
 }
 

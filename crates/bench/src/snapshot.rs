@@ -26,7 +26,7 @@ use hover_vmm::state::file::Snapshot;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::hover_process::{guest, rdtsc, spawn_with_api, wait_json};
+use crate::hover_process::{guest, rdtsc, spawn_owned, spawn_with_api, wait_json};
 use crate::stats::{summarize, Summary};
 use crate::{plot, table, BenchError};
 
@@ -231,15 +231,16 @@ fn one(
         .vcpus[0]
         .tsc_khz as u64;
     let t0 = rdtsc();
-    let restore = Command::new(exe)
-        .arg("restore")
-        .arg(&snap)
-        .args(["--memory-restore", mode, "--json", "--console", "off"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| guest(&format!("cannot start hover restore: {e}")))?;
-    let outcome = wait_json(restore, "hover restore");
+    let restore = spawn_owned(
+        Command::new(exe)
+            .arg("restore")
+            .arg(&snap)
+            .args(["--memory-restore", mode, "--json", "--console", "off"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+        "hover restore",
+    );
+    let outcome = restore.and_then(|r| wait_json(r, "hover restore"));
     let _ = std::fs::remove_file(&snap);
     let outcome = outcome?;
     let t = timeline(&outcome, tsc_khz)?;
