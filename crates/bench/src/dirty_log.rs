@@ -66,7 +66,16 @@ impl DirtyLogBench {
             return Err(BenchError::Input("--seconds must be in (0, 60]".into()));
         }
         crate::flags::memories("--memory", std::slice::from_ref(&self.memory))?;
-        crate::flags::sizes("--wss", std::slice::from_ref(&self.wss))?;
+        crate::flags::fits(
+            ("--wss", std::slice::from_ref(&self.wss)),
+            ("--memory", std::slice::from_ref(&self.memory)),
+        )?;
+        if !(1..=10_000).contains(&self.period_ms) {
+            return Err(BenchError::Input(format!(
+                "--period-ms {}: give 1 to 10000 (a harvest every 1 ms to 10 s)",
+                self.period_ms
+            )));
+        }
         use hover_vmm::migration::dirty::ring::{MAX_ENTRIES, MIN_ENTRIES};
         let n = self.ring_entries;
         if !n.is_power_of_two() || !(MIN_ENTRIES..=MAX_ENTRIES).contains(&n) {

@@ -2,6 +2,8 @@
 //! scenario's `check` calls these on its own values, and a bad one is a
 //! `BenchError::Input` naming the flag (`hover bench` exits 2 with it).
 
+use std::path::Path;
+
 use crate::BenchError;
 
 /// Every value of the list flag `flag` passes `check`; the first that
@@ -58,6 +60,75 @@ pub fn runs(runs: u32) -> Result<(), BenchError> {
     }
 }
 
+/// What the built-in guest keeps for itself: a working set must leave
+/// this much of the guest's memory free.
+pub const GUEST_OWN: u64 = 16 << 20;
+
+/// Every working set of `ws_flag` fits in every memory of `mem_flag`
+/// with [`GUEST_OWN`] to spare (both already checked as sizes), and is
+/// not empty: a guest that cannot place it would end at once, and the
+/// scenario would fail without saying why.
+pub fn fits(
+    (ws_flag, sets): (&str, &[String]),
+    (mem_flag, memories): (&str, &[String]),
+) -> Result<(), BenchError> {
+    for set in sets {
+        let ws = size(set).map_err(|e| BenchError::Input(format!("{ws_flag}: {e}")))?;
+        if ws == 0 {
+            return Err(BenchError::Input(format!(
+                "{ws_flag}: a working set of 0 bytes gives the guest nothing to do"
+            )));
+        }
+        for m in memories {
+            let mem = size(m).map_err(|e| BenchError::Input(format!("{mem_flag}: {e}")))?;
+            if ws.saturating_add(GUEST_OWN) > mem {
+                return Err(BenchError::Input(format!(
+                    "{ws_flag} {set} does not fit in {mem_flag} {m}: the guest keeps {} for itself",
+                    hover_vmm::config::size_text(GUEST_OWN)
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `dir` is a directory this process can create files in (the flag
+/// `flag`'s): checked with a file made and removed at once.
+pub fn writable_dir(flag: &str, dir: &Path) -> Result<(), BenchError> {
+    let bad = |why: String| BenchError::Input(format!("{flag} {}: {why}", dir.display()));
+    if !dir.is_dir() {
+        return Err(bad("not a directory".into()));
+    }
+    let probe = dir.join(format!(".hover-bench-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(|e| bad(format!("cannot create a file in it: {e}")))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
+/// `--out`: a writable directory, or one that can be made where the
+/// nearest existing directory above it is writable; checked before
+/// anything runs (a scenario that ran for minutes must not fail at its
+/// last step), made only when results are written.
+pub fn out_dir(dir: &Path) -> Result<(), BenchError> {
+    if dir.exists() {
+        return writable_dir("--out", dir);
+    }
+    let above = dir
+        .ancestors()
+        .skip(1)
+        .find(|a| a.as_os_str().is_empty() || a.exists())
+        .map(|a| {
+            if a.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                a
+            }
+        })
+        .unwrap_or(Path::new("/"));
+    writable_dir("--out", above)
+        .map_err(|e| BenchError::Input(format!("--out {}: cannot be made ({e})", dir.display())))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -86,5 +157,50 @@ mod tests {
             .to_string()
             .starts_with("--wss: "));
         assert!(runs(0).is_err() && runs(1).is_ok());
+    }
+
+    #[test]
+    fn a_working_set_must_fit_its_memory() {
+        let mem = v(&["256M", "1G"]);
+        assert!(fits(("--wss", &v(&["16M", "64M"])), ("--memories", &mem)).is_ok());
+        for (set, says) in [
+            ("2G", "--wss 2G does not fit in --memories 256M"),
+            ("250M", "--wss 250M does not fit in --memories 256M"),
+            ("0", "--wss: a working set of 0 bytes"),
+            ("16X", "--wss: '16X' is not a size"),
+        ] {
+            let e = fits(("--wss", &v(&[set])), ("--memories", &mem))
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with(says), "{e}");
+        }
+    }
+
+    #[test]
+    fn directories_are_checked_before_anything_runs() {
+        let base = std::env::temp_dir().join(format!("hover-flags-{}", std::process::id()));
+        std::fs::create_dir_all(&base).unwrap();
+        let out = base.join("a/b");
+        out_dir(&out).unwrap();
+        assert!(
+            !out.exists(),
+            "--out is made when results are written, not by the check"
+        );
+        let file = base.join("file");
+        std::fs::write(&file, b"x").unwrap();
+        let e = out_dir(&file).unwrap_err().to_string();
+        assert!(
+            e.starts_with("--out ") && e.ends_with("not a directory"),
+            "{e}"
+        );
+        let e = out_dir(&file.join("under")).unwrap_err().to_string();
+        assert!(e.contains("cannot be made"), "{e}");
+        assert!(out_dir(Path::new("relative-missing/x")).is_ok());
+        let e = writable_dir("--dir", &base.join("missing"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.ends_with("not a directory"), "{e}");
+        assert!(writable_dir("--dir", &base).is_ok());
+        std::fs::remove_dir_all(&base).unwrap();
     }
 }

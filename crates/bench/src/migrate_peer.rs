@@ -29,7 +29,9 @@ use serde_json::{json, Value};
 
 // The same warm-up as Hover's samples: both guests are migrated at 2 s.
 use crate::hover_process::{guest, rdtsc};
-use crate::migration_run::{migrate_once, ops_during_pct, report, work_lost_ms, WARM_UP};
+use crate::migration_run::{
+    migrate_once, ops_during_pct, report, work_lost_ms, work_spread, WARM_UP,
+};
 use crate::peer::{self, Boot, Machine, PeerError};
 use crate::qmp::Qmp;
 use crate::stats::{ratios, spread};
@@ -52,7 +54,7 @@ impl PeerMigrateBench {
     /// Its flags checked (sizes whole pages).
     pub fn check(&self) -> Result<(), BenchError> {
         crate::flags::memories("--memories", &self.memories)?;
-        crate::flags::sizes("--wss", &self.wss)?;
+        crate::flags::fits(("--wss", &self.wss), ("--memories", &self.memories))?;
         crate::flags::runs(self.runs)
     }
 }
@@ -356,8 +358,9 @@ pub fn run(exe: &Path, b: &PeerMigrateBench, out: &Path) -> Result<(), BenchErro
                         qemu_sample(&qemu, &image.0, b, memory, wss, tracker, round, tsc_khz)?
                     };
                     eprintln!(
-                        "round {round} {memory} wss {wss} {} {tracker}: total {:.0} ms, downtime {:.0} ms, seen {:.0} ms, {:.0} rounds, {:.1} MiB, ops during {:.0}%, work lost {:.0} ms",
-                        s.vmm, s.total_ms, s.downtime_ms, s.wall_ms, s.rounds, s.sent_mib, s.ops_during_pct, s.work_lost_ms
+                        "round {round} {memory} wss {wss} {} {tracker}: total {:.0} ms, downtime {:.0} ms, seen {:.0} ms, {:.0} rounds, {:.1} MiB, ops during {:.0}%, work lost {:.0} ms{}",
+                        s.vmm, s.total_ms, s.downtime_ms, s.wall_ms, s.rounds, s.sent_mib, s.ops_during_pct, s.work_lost_ms,
+                        if crate::migration_run::slow_baseline(s.work_lost_ms) { " (!) the second before was slow" } else { "" }
                     );
                     samples.push(s);
                 }
@@ -370,7 +373,11 @@ pub fn run(exe: &Path, b: &PeerMigrateBench, out: &Path) -> Result<(), BenchErro
         b.rate,
         qemu.display()
     );
-    table::print(&HEADERS, &rows(b, &samples));
+    let rows = rows(b, &samples);
+    table::print(&HEADERS, &rows);
+    if rows.iter().flatten().any(|c| c.contains("(!)")) {
+        println!("{}", crate::migration_run::SLOW_BASELINE_NOTE);
+    }
     let doc = json!({
         "scenario": SCENARIO,
         "command": format!(
@@ -465,6 +472,13 @@ fn rows(b: &PeerMigrateBench, samples: &[Sample]) -> Vec<Vec<String>> {
                         .map(f)
                         .collect()
                 };
+                let col2 = |vmm: &str, f: fn(&Sample) -> f64| -> Vec<(f64, f64)> {
+                    let values = col(vmm, f);
+                    values
+                        .into_iter()
+                        .zip(col(vmm, |s| s.work_lost_ms))
+                        .collect()
+                };
                 let hover_wall = col("hover", |s| s.wall_ms);
                 for (vmm, name) in [
                     ("hover", tracker.to_string()),
@@ -481,8 +495,8 @@ fn rows(b: &PeerMigrateBench, samples: &[Sample]) -> Vec<Vec<String>> {
                         ratios(&col(vmm, |s| s.wall_ms), &hover_wall),
                         spread(&col(vmm, |s| s.rounds), 0),
                         spread(&col(vmm, |s| s.sent_mib), 1),
-                        spread(&col(vmm, |s| s.ops_during_pct), 0),
-                        spread(&col(vmm, |s| s.work_lost_ms), 0),
+                        work_spread(&col2(vmm, |s| s.ops_during_pct), 0),
+                        work_spread(&col2(vmm, |s| s.work_lost_ms), 0),
                     ]);
                 }
             }

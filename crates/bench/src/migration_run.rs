@@ -206,6 +206,33 @@ pub(crate) fn work_lost_ms(dest: &Value, t: u64, total_ms: f64) -> Result<f64, B
     ))
 }
 
+/// A sample whose guest did more work during the move than the second
+/// before it predicted (work lost below zero): that second was slow (host
+/// noise), so the sample's work figures (ops during, work lost) compare
+/// with a wrong baseline; they are flagged and left out of summaries.
+pub(crate) fn slow_baseline(lost_ms: f64) -> bool {
+    lost_ms < 0.0
+}
+
+/// The spread of `values` (each with its sample's work lost) over the
+/// samples whose baseline is sound: " (!)" marks a spread that left some
+/// out, "(!)" alone one that had none to give.
+pub(crate) fn work_spread(values: &[(f64, f64)], digits: usize) -> String {
+    let sound: Vec<f64> = values
+        .iter()
+        .filter(|(_, lost)| !slow_baseline(*lost))
+        .map(|(v, _)| *v)
+        .collect();
+    match (sound.len(), values.len() - sound.len()) {
+        (0, _) => "(!)".into(),
+        (_, 0) => crate::stats::spread(&sound, digits),
+        _ => format!("{} (!)", crate::stats::spread(&sound, digits)),
+    }
+}
+
+/// The note under a table with [`work_spread`] columns.
+pub(crate) const SLOW_BASELINE_NOTE: &str = "(!): samples whose guest did more work during the move than the second before predicted (work lost below zero: that second was slow, host noise) are left out of the work columns";
+
 /// [`work_lost_ms`] over a counter `ops_in(from, to)` of TSC ranges;
 /// `total_ms`: from the request to the guest running at the destination.
 pub(crate) fn lost_ms(
@@ -225,6 +252,17 @@ pub(crate) fn lost_ms(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn samples_with_a_slow_baseline_are_left_out_and_flagged() {
+        use super::work_spread;
+        assert_eq!(
+            work_spread(&[(90.0, 10.0), (80.0, 20.0), (70.0, 5.0)], 0),
+            "80 (70-90)"
+        );
+        assert_eq!(work_spread(&[(90.0, 10.0), (102.0, -2.0)], 0), "90 (!)");
+        assert_eq!(work_spread(&[(-2.0, -2.0)], 0), "(!)");
+    }
+
     #[test]
     fn work_lost_counts_the_pause_and_the_slow_down() {
         // 1 op per tick-ms before; a 100 ms window during which nothing is

@@ -54,10 +54,35 @@ pub struct PostcopyBench {
 }
 
 impl PostcopyBench {
-    /// Its flags checked (the guest's memory whole pages, the array a size).
+    /// Its flags checked (the guest's memory whole pages, the array fits
+    /// it, a link that moves something, a run long enough to hold the
+    /// warm-up and the move).
     pub fn check(&self) -> Result<(), BenchError> {
         crate::flags::memories("--postcopy-memory", std::slice::from_ref(&self.memory))?;
-        crate::flags::sizes("--postcopy-array", std::slice::from_ref(&self.array))?;
+        crate::flags::fits(
+            ("--postcopy-array", std::slice::from_ref(&self.array)),
+            ("--postcopy-memory", std::slice::from_ref(&self.memory)),
+        )?;
+        if !(1..=100_000).contains(&self.link_mbit) {
+            return Err(BenchError::Input(format!(
+                "--link-mbit {}: give 1 to 100000 Mbit/s",
+                self.link_mbit
+            )));
+        }
+        if !(0.0..=1000.0).contains(&self.delay_ms) {
+            return Err(BenchError::Input(format!(
+                "--link-delay-ms {}: give 0 to 1000 ms",
+                self.delay_ms
+            )));
+        }
+        let least = MIN_SECONDS;
+        if !(least..=3600).contains(&self.seconds) {
+            return Err(BenchError::Input(format!(
+                "--postcopy-seconds {}: give {least} to 3600 (the guest warms up for {} s before it moves)",
+                self.seconds,
+                WARM_UP.as_secs()
+            )));
+        }
         crate::flags::runs(self.runs)
     }
 }
@@ -74,6 +99,9 @@ const MODES: [(&str, &str, &str); 4] = [
 const WARM_UP: Duration = Duration::from_secs(5);
 /// Pre-copy's time before it gives up.
 const PRECOPY_TIMEOUT_S: u64 = 8;
+/// The shortest bm run that holds the warm-up, a pre-copy that runs to
+/// its timeout, and a second after.
+const MIN_SECONDS: u32 = WARM_UP.as_secs() as u32 + PRECOPY_TIMEOUT_S as u32 + 1;
 
 /// One migration.
 #[derive(Clone, Debug, Serialize)]
@@ -288,7 +316,7 @@ fn suspect(phase_s: f64, lost_ms: f64) -> Option<String> {
             phase_s * 1000.0
         ));
     }
-    (lost_ms < 0.0).then(|| {
+    crate::migration_run::slow_baseline(lost_ms).then(|| {
         format!(
             "{:.0} ms more work than the second before predicted: that second was slow (host noise)",
             -lost_ms

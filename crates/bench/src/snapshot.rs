@@ -47,10 +47,15 @@ pub struct SnapshotBench {
 }
 
 impl SnapshotBench {
-    /// Its flags checked (memories whole pages, the working set a size).
+    /// Its flags checked (memories whole pages, the working set fits
+    /// each, the snapshot directory writable).
     pub fn check(&self) -> Result<(), BenchError> {
         crate::flags::memories("--memories", &self.memories)?;
-        crate::flags::sizes("--working-set", std::slice::from_ref(&self.working_set))?;
+        crate::flags::fits(
+            ("--working-set", std::slice::from_ref(&self.working_set)),
+            ("--memories", &self.memories),
+        )?;
+        crate::flags::writable_dir("--dir", &self.dir)?;
         crate::flags::runs(self.runs)
     }
 }

@@ -137,6 +137,13 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(v * scale))
 }
 
+/// A duration as [`parse_duration`] takes it, kept as given: for a value
+/// handed on to a child `hover run` (`hover bench apf --latencies`),
+/// checked before anything starts.
+pub fn duration_text(s: &str) -> Result<String, String> {
+    parse_duration(s).map(|_| s.trim().to_string())
+}
+
 /// A timeout: a duration as [`parse_duration`] takes it (`2m`, `90s`), or
 /// a bare whole number of seconds (`120`); never zero.
 pub fn parse_timeout(s: &str) -> Result<Duration, String> {

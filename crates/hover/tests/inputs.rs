@@ -162,6 +162,53 @@ fn bench_flags_are_checked_before_anything_runs() {
             &["bench", "migrate", "--peer", "qemu", "--wss", "16Q"][..],
             "--wss: '16Q' is not a size",
         ),
+        (
+            &["bench", "migrate", "--batches", "1,0"][..],
+            "--batches: 0 pages is out of range: give 1 to 4096",
+        ),
+        (
+            &["bench", "migrate", "--wss", "2G", "--memories", "256M"][..],
+            "--wss 2G does not fit in --memories 256M",
+        ),
+        (
+            &["bench", "dirty-log", "--wss", "2G"][..],
+            "--wss 2G does not fit in --memory 1G",
+        ),
+        (
+            &["bench", "dirty-log", "--period-ms", "0"][..],
+            "--period-ms 0: give 1 to 10000",
+        ),
+        (
+            &["bench", "migrate", "--mode", "postcopy", "--link-mbit", "0"][..],
+            "--link-mbit 0: give 1 to 100000",
+        ),
+        (
+            &[
+                "bench",
+                "migrate",
+                "--mode",
+                "postcopy",
+                "--postcopy-seconds",
+                "0",
+            ][..],
+            "--postcopy-seconds 0: give 14 to 3600",
+        ),
+        (
+            &["bench", "snapshot", "--dir", "/nonexistent/hover"][..],
+            "--dir /nonexistent/hover: not a directory",
+        ),
+        (
+            &["bench", "snapshot", "--working-set", "0"][..],
+            "--working-set: a working set of 0 bytes",
+        ),
+        (
+            &["bench", "halt-poll", "--io-dir", "/proc/self/status"][..],
+            "--io-dir /proc/self/status: not a directory",
+        ),
+        (
+            &["bench", "apf", "--out", "/proc/self/status"][..],
+            "--out /proc/self/status: not a directory",
+        ),
     ] {
         let out = common::hover(args);
         let stderr = common::text(&out.stderr);
@@ -173,5 +220,42 @@ fn bench_flags_are_checked_before_anything_runs() {
             1,
             "{args:?}: one line: {stderr}"
         );
+    }
+}
+
+/// Values clap itself refuses (a range, a duration, a flag that does not
+/// go with another): exit 2, naming the flag, before anything starts.
+#[test]
+fn bench_values_out_of_their_range_are_refused_by_the_parser() {
+    for (args, says) in [
+        (
+            &["bench", "apf", "--latencies", "0,2x"][..],
+            "'2x' is not a duration",
+        ),
+        (&["bench", "apf", "--runs", "0"][..], "--runs <RUNS>"),
+        (&["bench", "boot", "--vcpus", "0"][..], "--vcpus <VCPUS>"),
+        (&["bench", "runtime", "--runs", "0"][..], "--runs <RUNS>"),
+        (
+            &["bench", "halt-poll", "--seconds", "0"][..],
+            "--seconds <SECONDS>",
+        ),
+        (
+            &["bench", "boost", "--uart-count", "0"][..],
+            "--uart-count <UART_COUNT>",
+        ),
+        (
+            &["bench", "apf", "--adaptive-min-us", "99999999999"][..],
+            "--adaptive-min-us <ADAPTIVE_MIN_US>",
+        ),
+        (
+            &["bench", "migrate", "--peer", "qemu", "--trackers", "hybrid"][..],
+            "cannot be used with '--trackers <TRACKERS>'",
+        ),
+    ] {
+        let out = common::hover(args);
+        let stderr = common::text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        let first = stderr.lines().next().unwrap_or_default();
+        assert!(first.contains(says), "{args:?}: {stderr}");
     }
 }

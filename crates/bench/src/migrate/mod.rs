@@ -43,7 +43,9 @@ mod plot;
 pub use self::plot::plot;
 
 use crate::hover_process::sum_stat;
-use crate::migration_run::{migrate_once, ops_during_pct, work_lost_ms};
+use crate::migration_run::{
+    migrate_once, ops_during_pct, slow_baseline, work_lost_ms, work_spread,
+};
 use crate::stats::summarize;
 use crate::{table, BenchError};
 use mapping::{map_samples, map_table, sender_sample, sender_table, SENDERS};
@@ -74,7 +76,13 @@ impl MigrateBench {
             t.parse::<hover_vmm::migration::Tracker>().map(drop)
         })?;
         crate::flags::memories("--memories", &self.memories)?;
-        crate::flags::sizes("--wss", &self.wss)?;
+        crate::flags::fits(("--wss", &self.wss), ("--memories", &self.memories))?;
+        let max = hover_vmm::migration::wire::MAX_BATCH;
+        if let Some(b) = self.batches.iter().find(|&&b| b == 0 || b > max) {
+            return Err(BenchError::Input(format!(
+                "--batches: {b} pages is out of range: give 1 to {max}"
+            )));
+        }
         crate::flags::runs(self.runs)
     }
 }
@@ -215,13 +223,14 @@ pub fn run(exe: &Path, b: &MigrateBench, out: &Path) -> Result<(), BenchError> {
                     let tracker = &b.trackers[(j + k + round as usize) % b.trackers.len()];
                     let s = tracker_sample(exe, b, memory, wss, tracker, round)?;
                     eprintln!(
-                        "round {round} {memory} wss {wss} {tracker}: total {:.0} ms, downtime {:.1} ms, {} rounds, {} pages, ops during {:.0}% of before, work lost {:.0} ms, {} faults, harvest {:.2} ms",
+                        "round {round} {memory} wss {wss} {tracker}: total {:.0} ms, downtime {:.1} ms, {} rounds, {} pages, ops during {:.0}% of before, work lost {:.0} ms{}, {} faults, harvest {:.2} ms",
                         s.report["total_ms"].as_f64().unwrap_or(0.0),
                         s.report["downtime_ms"].as_f64().unwrap_or(0.0),
                         s.report["rounds"],
                         s.report["pages_sent"],
                         s.ops_during_pct,
                         s.work_lost_ms,
+                        if slow_baseline(s.work_lost_ms) { " (!) the second before was slow" } else { "" },
                         s.faults_during,
                         harvest_ms(&s.report)
                     );
@@ -276,8 +285,18 @@ pub fn run(exe: &Path, b: &MigrateBench, out: &Path) -> Result<(), BenchError> {
             let gdown = sum(&|s| num(s, "guest_downtime_ms"));
             let rounds = sum(&|s| num(s, "rounds"));
             let pages = sum(&|s| num(s, "pages_sent"));
-            let ops = sum(&|s| s.ops_during_pct);
-            let lost = sum(&|s| s.work_lost_ms);
+            // Work figures over the samples with a sound baseline only.
+            let sound: Vec<&&TrackerSample> = of
+                .iter()
+                .filter(|s| !slow_baseline(s.work_lost_ms))
+                .collect();
+            let work = |f: &dyn Fn(&TrackerSample) -> f64| {
+                summarize(&sound.iter().map(|s| f(s)).collect::<Vec<_>>())
+            };
+            let (ops, lost) = (work(&|s| s.ops_during_pct), work(&|s| s.work_lost_ms));
+            let pairs = |f: &dyn Fn(&TrackerSample) -> f64| -> Vec<(f64, f64)> {
+                of.iter().map(|s| (f(s), s.work_lost_ms)).collect()
+            };
             let faults = sum(&|s| s.faults_during as f64);
             let harvest = sum(&|s| harvest_ms(&s.report));
             rows.push(vec![
@@ -289,8 +308,8 @@ pub fn run(exe: &Path, b: &MigrateBench, out: &Path) -> Result<(), BenchError> {
                 gdown.text(1),
                 rounds.text(0),
                 pages.text(0),
-                ops.text(0),
-                lost.text(0),
+                work_spread(&pairs(&|s| s.ops_during_pct), 0),
+                work_spread(&pairs(&|s| s.work_lost_ms), 0),
                 faults.text(0),
                 harvest.text(2),
             ]);
@@ -322,6 +341,9 @@ pub fn run(exe: &Path, b: &MigrateBench, out: &Path) -> Result<(), BenchError> {
         ],
         &rows,
     );
+    if rows.iter().flatten().any(|c| c.contains("(!)")) {
+        println!("{}", crate::migration_run::SLOW_BASELINE_NOTE);
+    }
     let mut brows = Vec::new();
     let mut bjson = Vec::new();
     let base: Vec<&BatchSample> = batches.iter().filter(|s| s.batch_pages == 1).collect();

@@ -21,6 +21,10 @@ pub fn bench(args: BenchArgs) -> ExitCode {
             return ExitCode::from(EXIT_HOST_FAILURE);
         }
     };
+    // A scenario may run for minutes: where it writes is checked first.
+    if let Err(e) = hover_bench::flags::out_dir(args.scenario.out()) {
+        return bench_result(Err(e));
+    }
     bench_result(match args.scenario {
         Scenario::Boot {
             runs,
@@ -88,13 +92,20 @@ pub fn bench(args: BenchArgs) -> ExitCode {
             peer,
             out,
         } => {
-            let chosen = devices
+            let chosen: Vec<_> = devices
                 .iter()
                 .map(|d| match d {
                     Device::Fast => ("fast".to_string(), fast_dir.clone()),
                     Device::Slow => ("slow".to_string(), io_dir.clone()),
                 })
                 .collect();
+            for (flag, dir) in [("--fast-dir", &fast_dir), ("--io-dir", &io_dir)] {
+                if chosen.iter().any(|(_, d)| d == dir) {
+                    if let Err(e) = hover_bench::flags::writable_dir(flag, dir) {
+                        return bench_result(Err(e));
+                    }
+                }
+            }
             hover_bench::halt_poll::run(
                 &exe,
                 &hover_bench::halt_poll::HaltPollBench {

@@ -17,10 +17,11 @@ pub(super) enum Scenario {
     /// console byte and exit; the monitor's own resident memory.
     Boot {
         /// Number of boots.
-        #[arg(long, default_value_t = 20)]
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=10_000))]
         runs: u32,
-        /// vCPUs per VM.
-        #[arg(long, default_value_t = 2)]
+        /// vCPUs per VM (1 to 32).
+        #[arg(long, default_value_t = 2,
+              value_parser = clap::value_parser!(u32).range(1..=hover_abi::layout::MAX_VCPUS as i64))]
         vcpus: u32,
         /// Also boot the same image under this peer VMM (`qemu`: QEMU
         /// microvm and pc through the image's PVH entry), interleaved with
@@ -35,18 +36,21 @@ pub(super) enum Scenario {
     /// async PF off, on and adaptive (and the ideal), across page-store
     /// latencies.
     Apf {
-        /// Page-store latencies to sweep (comma-separated).
-        #[arg(long, default_value = "0,100us,500us,2ms,5ms", value_delimiter = ',')]
+        /// Page-store latencies to sweep (comma-separated durations, as
+        /// `hover run --page-store-latency` takes them).
+        #[arg(long, default_value = "0,100us,500us,2ms,5ms", value_delimiter = ',',
+              value_parser = crate::parse::duration_text)]
         latencies: Vec<String>,
         /// Seconds each run measures.
-        #[arg(long, default_value_t = 5)]
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=3600))]
         seconds: u32,
         /// Runs per configuration (the median is reported).
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10_000))]
         runs: u32,
         /// The "adaptive" rows' guest `apf_min_us=`: async PF stays on only
         /// while faults wait at least this long on average.
-        #[arg(long, default_value_t = hover_bench::apf::ApfBench::default().adaptive_min_us)]
+        #[arg(long, default_value_t = hover_bench::apf::ApfBench::default().adaptive_min_us,
+              value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
         adaptive_min_us: u64,
         /// Directory for the JSON results and the plot.
         #[arg(long, default_value = "bench-results")]
@@ -58,10 +62,10 @@ pub(super) enum Scenario {
     /// and a slow device, and the host CPU an idle guest burns under each.
     HaltPoll {
         /// Seconds per run.
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=3600))]
         seconds: u32,
         /// Runs per mode (the median is reported).
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10_000))]
         runs: u32,
         /// The fast device: directory for the I/O device's file (tmpfs, the
         /// seed's battery-backed disk).
@@ -128,7 +132,7 @@ pub(super) enum Scenario {
         #[arg(long, default_value_t = 4096)]
         ring_entries: u32,
         /// Rounds.
-        #[arg(long, default_value_t = 5)]
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=10_000))]
         runs: u32,
         /// Directory for the JSON results.
         #[arg(long, default_value = "bench-results")]
@@ -146,7 +150,7 @@ pub(super) enum Scenario {
         #[arg(long, default_value = "64M")]
         working_set: String,
         /// Rounds (sizes and modes interleaved within each).
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10_000))]
         runs: u32,
         /// Hot-set windows to compare (comma-separated, ms, each at most
         /// 10000): one prefetch row per window, the snapshot taken with
@@ -165,7 +169,7 @@ pub(super) enum Scenario {
     /// nub trip, timer and interrupt wake-up latency, cross-vCPU wake-ups.
     Runtime {
         /// Runs per measurement (the median is reported).
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10_000))]
         runs: u32,
         /// Also run the cases (all but the MSI ones) under this peer VMM (`qemu`: QEMU
         /// microvm on the same image), interleaved; skipped with a message
@@ -188,6 +192,23 @@ pub(super) enum Scenario {
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
     },
+}
+
+impl Scenario {
+    /// Where the scenario writes its results (`--out`).
+    pub(super) fn out(&self) -> &std::path::Path {
+        match self {
+            Scenario::Boot { out, .. }
+            | Scenario::Apf { out, .. }
+            | Scenario::HaltPoll { out, .. }
+            | Scenario::DirtyLog { out, .. }
+            | Scenario::Snapshot { out, .. }
+            | Scenario::Runtime { out, .. }
+            | Scenario::Plot { out, .. } => out,
+            Scenario::Migrate(m) => &m.out,
+            Scenario::Boost(b) => &b.out,
+        }
+    }
 }
 
 /// A peer VMM for `--peer`.
@@ -232,10 +253,10 @@ pub enum BoostTest {
 #[derive(Args)]
 pub(super) struct BoostArgs {
     /// Seconds per run.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=3600))]
     pub(super) seconds: u32,
     /// Rounds (modes interleaved within each).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub(super) runs: u32,
     /// Timer intervals, microseconds (comma-separated).
     #[arg(long, default_value = "500,1000", value_delimiter = ',')]
@@ -252,8 +273,8 @@ pub(super) struct BoostArgs {
     /// Host hog threads when the host is busy (0: one per CPU).
     #[arg(long, default_value_t = 0)]
     pub(super) hogs: usize,
-    /// Bytes the serial-line test sends per run, one interrupt each (0: no serial test).
-    #[arg(long, default_value_t = 2000)]
+    /// Bytes the serial-line test sends per run, one interrupt each.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub(super) uart_count: u64,
     /// Also dynamic boosting with other host tuning, each a mode of
     /// its own (comma-separated): no-keep (--boost-keep-us 0: an
@@ -289,7 +310,8 @@ pub(super) struct MigrateArgs {
         long,
         default_value = "bitmap,manual,hybrid,ring",
         value_delimiter = ',',
-        value_parser = ["bitmap", "manual", "hybrid", "ring"]
+        value_parser = ["bitmap", "manual", "hybrid", "ring"],
+        conflicts_with = "peer"
     )]
     pub(super) trackers: Vec<String>,
     /// Guest memory sizes (comma-separated).
@@ -301,14 +323,19 @@ pub(super) struct MigrateArgs {
     /// kvstore's operations per second.
     #[arg(long, default_value_t = 100_000)]
     pub(super) rate: u64,
-    /// Batch sizes (pages, comma-separated).
-    #[arg(long, default_value = "1,16,256,1024", value_delimiter = ',')]
+    /// Batch sizes (pages, comma-separated, each 1 to 4096).
+    #[arg(
+        long,
+        default_value = "1,16,256,1024",
+        value_delimiter = ',',
+        conflicts_with = "peer"
+    )]
     pub(super) batches: Vec<usize>,
     /// Rounds.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub(super) runs: u32,
     /// The link between the two VMMs: a Unix socket, or TCP on loopback.
-    #[arg(long, default_value = "unix", value_parser = ["unix", "tcp"])]
+    #[arg(long, default_value = "unix", value_parser = ["unix", "tcp"], conflicts_with = "peer")]
     pub(super) transport: String,
     /// precopy: the trackers, batching and mapping tables (seeds 3, 4);
     /// postcopy: post-copy with async PF on and off beside pre-copy and
@@ -323,19 +350,19 @@ pub(super) struct MigrateArgs {
     #[arg(long, value_enum)]
     pub(super) peer: Option<Peer>,
     /// Post-copy: the link's rate each way, Mbit/s.
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 200, conflicts_with = "peer")]
     pub(super) link_mbit: u64,
     /// Post-copy: the link's one-way latency, ms.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, conflicts_with = "peer")]
     pub(super) link_delay_ms: f64,
     /// Post-copy: guest memory.
-    #[arg(long, default_value = "1G")]
+    #[arg(long, default_value = "1G", conflicts_with = "peer")]
     pub(super) postcopy_memory: String,
     /// Post-copy: bm's array, the memory the faulting tasks write.
-    #[arg(long, default_value = "128M")]
+    #[arg(long, default_value = "128M", conflicts_with = "peer")]
     pub(super) postcopy_array: String,
     /// Post-copy: how long bm runs per sample (warm-up and migration included), s.
-    #[arg(long, default_value_t = 18)]
+    #[arg(long, default_value_t = 18, conflicts_with = "peer")]
     pub(super) postcopy_seconds: u32,
     /// Directory for the JSON results and the plot.
     #[arg(long, default_value = "bench-results")]
@@ -369,15 +396,17 @@ impl BoostArgs {
                 self.keep_us
             ));
         }
-        if self.background > 16
-            || self.hogs > 256
-            || !(1..=3600).contains(&self.seconds)
-            || self.uart_count > 100_000
-        {
-            return Err(
-                "give --background 0-16, --hogs 0-256, --seconds 1-3600 and --uart-count 0-100000"
-                    .into(),
-            );
+        if self.background > 16 {
+            return Err(format!(
+                "--background {} is out of range: give 0 to 16",
+                self.background
+            ));
+        }
+        if self.hogs > 256 {
+            return Err(format!(
+                "--hogs {} is out of range: give 0 to 256",
+                self.hogs
+            ));
         }
         Ok(())
     }
@@ -410,11 +439,23 @@ mod tests {
                 "--buffers: a 1 ms buffer",
             ),
             (&["--keep-us", "100001"][..], "--keep-us 100001"),
-            (&["--seconds", "0"][..], "--seconds 1-3600"),
-            (&["--hogs", "257"][..], "--hogs 0-256"),
+            (&["--hogs", "257"][..], "--hogs 257 is out of range"),
+            (
+                &["--background", "17"][..],
+                "--background 17 is out of range",
+            ),
         ] {
             let e = check(args).unwrap_err();
             assert!(e.contains(says), "{args:?}: {e}");
+        }
+        for refused in [
+            &["--seconds", "0"][..],
+            &["--runs", "0"][..],
+            &["--uart-count", "0"][..],
+        ] {
+            let mut argv = vec!["boost"];
+            argv.extend_from_slice(refused);
+            assert!(Cli::try_parse_from(argv).is_err(), "{refused:?}");
         }
     }
 }
