@@ -43,7 +43,7 @@ pub struct MigrateArgs {
     #[arg(long, default_value = "bitmap", value_parser = listed::<Tracker>(&["bitmap", "manual", "hybrid", "ring"]))]
     dirty_tracking: Tracker,
     /// The longest pause allowed for the final round, milliseconds.
-    #[arg(long, default_value_t = hover_vmm::migration::DEFAULT_DOWNTIME.as_millis() as u64)]
+    #[arg(long, default_value_t = hover_vmm::migration::DEFAULT_DOWNTIME.as_millis() as u64, value_parser = crate::parse::millis)]
     downtime_ms: u64,
     /// Pages per batch sent (1: one frame per page, the baseline).
     #[arg(long, default_value_t = hover_vmm::migration::DEFAULT_BATCH_PAGES)]
@@ -142,7 +142,7 @@ pub enum CtlAction {
         /// Before pausing, watch which pages the guest writes for this many
         /// milliseconds (0-10000): the hot set that `hover restore
         /// --memory-restore prefetch` loads first.
-        #[arg(long, default_value_t = hover_vmm::api::DEFAULT_HOT_WINDOW_MS)]
+        #[arg(long, default_value_t = hover_vmm::api::DEFAULT_HOT_WINDOW_MS, value_parser = crate::parse::millis)]
         hot_window_ms: u64,
     },
     /// Move the running VM to `hover receive` at ADDR, live (pre-copy,
@@ -166,16 +166,16 @@ pub enum CtlAction {
         #[arg(long)]
         policy: Option<String>,
         /// CPU time a boost may run before it is revoked, ms.
-        #[arg(long)]
+        #[arg(long, value_parser = crate::parse::millis)]
         max_ms: Option<u64>,
         /// No boost for this long after a revocation, ms.
-        #[arg(long)]
+        #[arg(long, value_parser = crate::parse::millis)]
         cooldown_ms: Option<u64>,
         /// Most boosts per vCPU per second.
         #[arg(long)]
         max_rate: Option<u32>,
         /// The boost monitor's period, us.
-        #[arg(long)]
+        #[arg(long, value_parser = crate::parse::micros)]
         poll_us: Option<u64>,
         /// When boosts are granted: always, or only while the vCPU thread
         /// has lately waited for a CPU (contended).
@@ -183,12 +183,12 @@ pub enum CtlAction {
         when: Option<BoostWhen>,
         /// Keep a boost across a gap up to this long when the guest's next
         /// real-time wake-up is announced, us (0: never; at most 100000).
-        #[arg(long)]
+        #[arg(long, value_parser = crate::parse::micros)]
         keep_us: Option<u64>,
         /// A host-side boost (a vCPU with no boost area: a Linux guest)
         /// ends when the vCPU halts or after this much of its thread's CPU
         /// time, us (50 to 100000).
-        #[arg(long)]
+        #[arg(long, value_parser = crate::parse::micros)]
         irq_us: Option<u64>,
     },
     /// Set the balloon's target (`--target SIZE`: what the guest gives
@@ -205,7 +205,7 @@ pub enum CtlAction {
     /// Change halt polling: `--window-ns N`, `--auto [--budget PCT]` or `--kvm-default`.
     HaltPoll {
         /// A fixed maximum window, nanoseconds (0: no polling; at most 10 ms).
-        #[arg(long, conflicts_with_all = ["auto", "kvm_default"])]
+        #[arg(long, conflicts_with_all = ["auto", "kvm_default"], value_parser = crate::parse::nanos)]
         window_ns: Option<u64>,
         /// The governor.
         #[arg(long, conflicts_with = "kvm_default")]

@@ -167,13 +167,13 @@ pub(crate) struct BoostHostArgs {
     /// write to its boost area (no exit) where this covers its next
     /// wake-up or its vCPU halts (0: never keep, always call; at most
     /// 100000).
-    #[arg(long, default_value_t = hover_vmm::config::boost::DEFAULT_KEEP_US)]
+    #[arg(long, default_value_t = hover_vmm::config::boost::DEFAULT_KEEP_US, value_parser = crate::parse::micros)]
     pub(crate) boost_keep_us: u64,
     /// A host-side boost (dynamic boosting, an interrupt for a vCPU whose
     /// guest shares no boost area: a Linux guest) ends when the vCPU halts,
     /// or once its thread has run this many microseconds of CPU time since
     /// the boost (50 to 100000).
-    #[arg(long, default_value_t = hover_vmm::config::boost::DEFAULT_IRQ_US)]
+    #[arg(long, default_value_t = hover_vmm::config::boost::DEFAULT_IRQ_US, value_parser = crate::parse::micros)]
     pub(crate) boost_irq_us: u64,
 }
 

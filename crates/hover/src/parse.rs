@@ -137,6 +137,101 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(v * scale))
 }
 
+/// A time for a flag whose name says its unit (`--boost-max-ms`,
+/// `--window-ns`): a bare whole number is in that unit (`unit_ns`
+/// nanoseconds, named `unit`); a duration with its own unit (`500us`,
+/// `2ms`, `1s`, `2m`, as [`parse_duration`] takes them) is converted,
+/// and must come to a whole number of the flag's unit.
+fn in_unit(s: &str, unit_ns: u64, unit: &str) -> Result<u64, String> {
+    let t = s.trim();
+    if let Ok(n) = t.parse::<u64>() {
+        return Ok(n);
+    }
+    let d = parse_duration(t).map_err(|_| {
+        format!("'{s}' is not a time: give a whole number of {unit} (the flag's unit) or a duration with ns, us, ms, s or m (e.g. 500us, 2ms, 1s)")
+    })?;
+    let ns = d.as_nanos();
+    if ns % u128::from(unit_ns) != 0 {
+        return Err(format!("'{s}' is not a whole number of {unit}"));
+    }
+    u64::try_from(ns / u128::from(unit_ns)).map_err(|_| format!("'{s}' is too long"))
+}
+
+/// A `...-ns` flag's value: see [`in_unit`].
+pub fn nanos(s: &str) -> Result<u64, String> {
+    in_unit(s, 1, "nanoseconds")
+}
+
+/// A `...-us` flag's value: see [`in_unit`].
+pub fn micros(s: &str) -> Result<u64, String> {
+    in_unit(s, 1_000, "microseconds")
+}
+
+/// A `...-ms` flag's value: see [`in_unit`].
+pub fn millis(s: &str) -> Result<u64, String> {
+    in_unit(s, 1_000_000, "milliseconds")
+}
+
+/// A `...-ms` flag's value of at most `MAX` ms.
+pub fn millis_max<const MAX: u64>(s: &str) -> Result<u64, String> {
+    let ms = millis(s)?;
+    if ms > MAX {
+        return Err(format!("{ms} ms is out of range: give 0 to {MAX}"));
+    }
+    Ok(ms)
+}
+
+/// A `...-us` flag's value of at most `MAX` us.
+pub fn micros_max<const MAX: u64>(s: &str) -> Result<u64, String> {
+    let us = micros(s)?;
+    if us > MAX {
+        return Err(format!("{us} us is out of range: give 0 to {MAX}"));
+    }
+    Ok(us)
+}
+
+/// A `...-ms` flag that takes fractions (`--link-delay-ms 0.5`): a bare
+/// number is milliseconds, a duration with a unit is converted.
+pub fn millis_f64(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    if let Ok(ms) = t.parse::<f64>() {
+        if ms.is_finite() && ms >= 0.0 {
+            return Ok(ms);
+        }
+    }
+    parse_duration(t)
+        .map(|d| d.as_secs_f64() * 1000.0)
+        .map_err(|_| format!("'{s}' is not a time: give milliseconds (0.5) or a duration with ns, us, ms, s or m (e.g. 500us, 2ms)"))
+}
+
+/// A `--seconds` value (1 to 3600): a bare whole number of seconds, or a
+/// duration with a unit that comes to whole seconds (`90s`, `2m`).
+pub fn seconds(s: &str) -> Result<u32, String> {
+    let secs = in_unit(s, 1_000_000_000, "seconds")?;
+    if !(1..=3600).contains(&secs) {
+        return Err(format!("{secs} s is out of range: give 1 to 3600"));
+    }
+    Ok(secs as u32)
+}
+
+/// A `--seconds` value that takes fractions (more than 0, at most an
+/// hour): a bare number is seconds, a duration with a unit is converted.
+pub fn seconds_f64(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let secs = match t.parse::<f64>() {
+        Ok(v) => v,
+        Err(_) => parse_duration(t)
+            .map_err(|_| format!("'{s}' is not a time: give seconds (2, 0.5) or a duration with ms, s or m (e.g. 500ms, 2s)"))?
+            .as_secs_f64(),
+    };
+    if !(secs > 0.0 && secs <= 3600.0) {
+        return Err(format!(
+            "'{s}' is out of range: give more than 0 s, at most an hour"
+        ));
+    }
+    Ok(secs)
+}
+
 /// A duration as [`parse_duration`] takes it, kept as given: for a value
 /// handed on to a child `hover run` (`hover bench apf --latencies`),
 /// checked before anything starts.
@@ -223,6 +318,37 @@ mod tests {
         for n in [0, 1536, 4096, 256 << 10, 16 << 20, 1 << 30, 3 << 40] {
             assert_eq!(parse_size(&size_text(n)).unwrap(), n, "{n}");
         }
+    }
+
+    #[test]
+    fn a_flag_with_a_unit_takes_a_bare_number_or_a_duration() {
+        assert_eq!(millis("250"), Ok(250));
+        assert_eq!(millis("2s"), Ok(2000));
+        assert_eq!(millis("1.5s"), Ok(1500));
+        assert_eq!(micros("2ms"), Ok(2000));
+        assert_eq!(micros("100us"), Ok(100));
+        assert_eq!(nanos("10ms"), Ok(10_000_000));
+        assert_eq!(millis("0"), Ok(0));
+        assert!(millis("1500us")
+            .unwrap_err()
+            .contains("not a whole number of milliseconds"));
+        assert!(millis("fast")
+            .unwrap_err()
+            .contains("whole number of milliseconds (the flag's unit)"));
+        assert!(millis("-1").is_err());
+        assert_eq!(millis_max::<10_000>("10s"), Ok(10_000));
+        assert!(millis_max::<10_000>("11s")
+            .unwrap_err()
+            .contains("give 0 to 10000"));
+        assert_eq!(millis_f64("0.5"), Ok(0.5));
+        assert_eq!(millis_f64("1s"), Ok(1000.0));
+        assert!(millis_f64("soon").is_err());
+        assert_eq!(seconds("90"), Ok(90));
+        assert_eq!(seconds("2m"), Ok(120));
+        assert!(seconds("0").is_err() && seconds("1500ms").is_err() && seconds("2h").is_err());
+        assert_eq!(seconds_f64("0.5"), Ok(0.5));
+        assert_eq!(seconds_f64("500ms"), Ok(0.5));
+        assert!(seconds_f64("0").is_err() && seconds_f64("nan").is_err());
     }
 
     #[test]

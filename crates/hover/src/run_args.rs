@@ -67,7 +67,7 @@ pub(crate) struct RunArgs {
     async_pf: OnOff,
     /// Fixed maximum halt-poll window for this VM, nanoseconds (0: no
     /// polling; at most 10 ms). Default: KVM's module setting.
-    #[arg(long, conflicts_with = "halt_poll")]
+    #[arg(long, conflicts_with = "halt_poll", value_parser = crate::parse::nanos)]
     halt_poll_ns: Option<u64>,
     /// `auto`: a governor picks the window from KVM's measured wake-ups,
     /// within --halt-poll-budget.
@@ -117,17 +117,17 @@ pub(crate) struct RunArgs {
     /// Revoke a boost once its thread has run this many milliseconds of CPU
     /// time (1-10000): the longest a guest can hold a host CPU from normal
     /// threads in one go.
-    #[arg(long, default_value_t = hover_vmm::config::boost::DEFAULT_MAX_MS)]
+    #[arg(long, default_value_t = hover_vmm::config::boost::DEFAULT_MAX_MS, value_parser = crate::parse::millis)]
     boost_max_ms: u64,
     /// No boost for this long after one was revoked, milliseconds (0-60000).
-    #[arg(long, default_value_t = hover_vmm::config::boost::DEFAULT_COOLDOWN_MS)]
+    #[arg(long, default_value_t = hover_vmm::config::boost::DEFAULT_COOLDOWN_MS, value_parser = crate::parse::millis)]
     boost_cooldown_ms: u64,
     /// Most boosts per vCPU in one second; more are revoked as above.
     #[arg(long, default_value_t = hover_vmm::config::boost::DEFAULT_MAX_RATE)]
     boost_max_rate: u32,
     /// How often the boost monitor reads the shared pages, microseconds
     /// (50-1000000).
-    #[arg(long, default_value_t = hover_vmm::config::boost::DEFAULT_POLL_US)]
+    #[arg(long, default_value_t = hover_vmm::config::boost::DEFAULT_POLL_US, value_parser = crate::parse::micros)]
     boost_poll_us: u64,
     /// The guest: `builtin` or the path of an x86_64 ELF executable.
     #[arg(long, default_value = "builtin", conflicts_with = "kernel")]

@@ -143,10 +143,6 @@ fn bench_flags_are_checked_before_anything_runs() {
             "--postcopy-memory: 1000 is not a whole number",
         ),
         (
-            &["bench", "dirty-log", "--seconds", "0"][..],
-            "--seconds must be in (0, 60]",
-        ),
-        (
             &["bench", "boost", "--intervals", "5"][..],
             "--intervals: 5 us is out of range",
         ),
@@ -189,9 +185,9 @@ fn bench_flags_are_checked_before_anything_runs() {
                 "--mode",
                 "postcopy",
                 "--postcopy-seconds",
-                "0",
+                "5",
             ][..],
-            "--postcopy-seconds 0: give 14 to 3600",
+            "--postcopy-seconds 5: give 14 to 3600",
         ),
         (
             &["bench", "snapshot", "--dir", "/nonexistent/hover"][..],
@@ -233,6 +229,14 @@ fn bench_values_out_of_their_range_are_refused_by_the_parser() {
             "'2x' is not a duration",
         ),
         (&["bench", "apf", "--runs", "0"][..], "--runs <RUNS>"),
+        (
+            &["bench", "dirty-log", "--seconds", "0"][..],
+            "--seconds <SECONDS>",
+        ),
+        (
+            &["bench", "boost", "--intervals", "1500ns"][..],
+            "not a whole number of microseconds",
+        ),
         (&["bench", "boot", "--vcpus", "0"][..], "--vcpus <VCPUS>"),
         (&["bench", "runtime", "--runs", "0"][..], "--runs <RUNS>"),
         (

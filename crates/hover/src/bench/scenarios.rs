@@ -42,7 +42,7 @@ pub(super) enum Scenario {
               value_parser = crate::parse::duration_text)]
         latencies: Vec<String>,
         /// Seconds each run measures.
-        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=3600))]
+        #[arg(long, default_value_t = 5, value_parser = crate::parse::seconds)]
         seconds: u32,
         /// Runs per configuration (the median is reported).
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10_000))]
@@ -50,7 +50,7 @@ pub(super) enum Scenario {
         /// The "adaptive" rows' guest `apf_min_us=`: async PF stays on only
         /// while faults wait at least this long on average.
         #[arg(long, default_value_t = hover_bench::apf::ApfBench::default().adaptive_min_us,
-              value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+              value_parser = crate::parse::micros_max::<1_000_000>)]
         adaptive_min_us: u64,
         /// Directory for the JSON results and the plot.
         #[arg(long, default_value = "bench-results")]
@@ -62,7 +62,7 @@ pub(super) enum Scenario {
     /// and a slow device, and the host CPU an idle guest burns under each.
     HaltPoll {
         /// Seconds per run.
-        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=3600))]
+        #[arg(long, default_value_t = 3, value_parser = crate::parse::seconds)]
         seconds: u32,
         /// Runs per mode (the median is reported).
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10_000))]
@@ -121,10 +121,10 @@ pub(super) enum Scenario {
         #[arg(long, default_value_t = 0)]
         rate: u64,
         /// Time between harvests, milliseconds.
-        #[arg(long, default_value_t = 100)]
+        #[arg(long, default_value_t = 100, value_parser = crate::parse::millis)]
         period_ms: u64,
         /// How long each tracker stays on per round, seconds.
-        #[arg(long, default_value_t = 2.0)]
+        #[arg(long, default_value_t = 2.0, value_parser = crate::parse::seconds_f64)]
         seconds: f64,
         /// Entries of each vCPU's dirty ring in the `ring` tracker's VM (a
         /// power of two; a full ring exits to Hover, which harvests and
@@ -156,7 +156,7 @@ pub(super) enum Scenario {
         /// 10000): one prefetch row per window, the snapshot taken with
         /// `hot_window_ms` set to it (eager and lazy use the API's default).
         #[arg(long, default_value = "100", value_delimiter = ',',
-              value_parser = clap::value_parser!(u64).range(0..=10_000))]
+              value_parser = crate::parse::millis_max::<10_000>)]
         hot_windows_ms: Vec<u64>,
         /// Directory for the snapshot files (removed after each sample).
         #[arg(long, default_value = "/var/tmp")]
@@ -253,19 +253,19 @@ pub enum BoostTest {
 #[derive(Args)]
 pub(super) struct BoostArgs {
     /// Seconds per run.
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=3600))]
+    #[arg(long, default_value_t = 5, value_parser = crate::parse::seconds)]
     pub(super) seconds: u32,
     /// Rounds (modes interleaved within each).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub(super) runs: u32,
     /// Timer intervals, microseconds (comma-separated).
-    #[arg(long, default_value = "500,1000", value_delimiter = ',')]
+    #[arg(long, default_value = "500,1000", value_delimiter = ',', value_parser = crate::parse::micros)]
     pub(super) intervals: Vec<u64>,
     /// Audio buffers, milliseconds (comma-separated).
-    #[arg(long, default_value = "2,4,10", value_delimiter = ',')]
+    #[arg(long, default_value = "2,4,10", value_delimiter = ',', value_parser = crate::parse::millis)]
     pub(super) buffers: Vec<u64>,
     /// Audio computation per buffer, microseconds.
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = 500, value_parser = crate::parse::micros)]
     pub(super) work_us: u64,
     /// Spinning guest tasks beside the real-time one (the rest of a busy guest).
     #[arg(long, default_value_t = 1)]
@@ -283,7 +283,7 @@ pub(super) struct BoostArgs {
     #[arg(long, value_delimiter = ',', value_parser = ["no-keep", "keep", "contended", "keep-contended"])]
     pub(super) variants: Vec<String>,
     /// The keep variant's --boost-keep-us.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 2000, value_parser = crate::parse::micros)]
     pub(super) keep_us: u64,
     /// The hosts to run on (comma-separated): idle, busy.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "idle,busy")]
@@ -353,7 +353,7 @@ pub(super) struct MigrateArgs {
     #[arg(long, default_value_t = 200, conflicts_with = "peer")]
     pub(super) link_mbit: u64,
     /// Post-copy: the link's one-way latency, ms.
-    #[arg(long, default_value_t = 1.0, conflicts_with = "peer")]
+    #[arg(long, default_value_t = 1.0, conflicts_with = "peer", value_parser = crate::parse::millis_f64)]
     pub(super) link_delay_ms: f64,
     /// Post-copy: guest memory.
     #[arg(long, default_value = "1G", conflicts_with = "peer")]
@@ -362,7 +362,7 @@ pub(super) struct MigrateArgs {
     #[arg(long, default_value = "128M", conflicts_with = "peer")]
     pub(super) postcopy_array: String,
     /// Post-copy: how long bm runs per sample (warm-up and migration included), s.
-    #[arg(long, default_value_t = 18, conflicts_with = "peer")]
+    #[arg(long, default_value_t = 18, conflicts_with = "peer", value_parser = crate::parse::seconds)]
     pub(super) postcopy_seconds: u32,
     /// Directory for the JSON results and the plot.
     #[arg(long, default_value = "bench-results")]
