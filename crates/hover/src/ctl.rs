@@ -420,12 +420,31 @@ impl CtlArgs {
 }
 
 fn ctl_error(e: &ApiError) -> ExitCode {
-    eprintln!("hover: error: {e}");
+    match e {
+        // The VM names the request's field; the user gave ctl's flag.
+        ApiError::Refused {
+            field: Some(field), ..
+        } if field != "body" => eprintln!("hover: error: {}: {e}", ctl_flag(field)),
+        _ => eprintln!("hover: error: {e}"),
+    }
     ExitCode::from(match e {
         ApiError::Connect { .. } => EXIT_BAD_INPUT,
         ApiError::Refused { status, .. } if (400..500).contains(status) => EXIT_BAD_INPUT,
         _ => EXIT_HOST_FAILURE,
     })
+}
+
+/// The `hover ctl` flag that sets the API's request field `field`: the
+/// field's name with dashes, but where ctl's flag is shorter.
+fn ctl_flag(field: &str) -> String {
+    match field {
+        "budget_pct" => "--budget".into(),
+        "timeout_s" => "--timeout".into(),
+        "target_mib" => "--target".into(),
+        "stats_polling_interval_s" => "--stats".into(),
+        "to" => "--to".into(),
+        f => format!("--{}", f.replace('_', "-")),
+    }
 }
 
 /// Send the migration request and, while it runs, show its progress from

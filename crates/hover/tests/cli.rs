@@ -198,7 +198,7 @@ fn bad_input_is_one_line_and_exit_2() {
         (&["run", "--halt-poll", "sometimes"], "--halt-poll"),
         (
             &["run", "--guest-halt-poll-max", "11ms"],
-            "--guest-halt-poll-max 11000000 ns is out of range",
+            "--guest-halt-poll-max 11ms is out of range: give 0 (no guest polling) up to 10ms",
         ),
         (
             &["run", "--guest-halt-poll-max", "soon"],

@@ -333,6 +333,37 @@ fn pause_resume_and_state_through_ctl() {
     assert_eq!(v["config"]["boost"]["max_ms"], 7, "{v}");
     assert_eq!(v["config"]["boost"]["policy"], "fifo:10", "{v}");
     assert_eq!(ctl(&["boost", "--mode", "off"]).status.code(), Some(0));
+    // A value the VM refuses is said of ctl's own flag and the request's
+    // field, never of another command's flag; the VM runs on.
+    for (args, says) in [
+        (
+            &["halt-poll", "--window-ns", "20ms"][..],
+            "hover: error: --window-ns: the VM at",
+        ),
+        (
+            &["halt-poll", "--window-ns", "20ms"][..],
+            "window_ns 20000000 is too large",
+        ),
+        (&["boost", "--max-ms", "0"][..], "--max-ms: the VM at"),
+        (
+            &["boost", "--max-ms", "0"][..],
+            "max_ms 0 is out of range: give 1 to 10000",
+        ),
+        (&["boost", "--irq-us", "5"][..], "--irq-us: the VM at"),
+        (
+            &["halt-poll", "--auto", "--budget", "0"][..],
+            "--budget: the VM at",
+        ),
+    ] {
+        let out = ctl(args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("--halt-poll") && !stderr.contains("--boost-"),
+            "{args:?}: {stderr}"
+        );
+    }
     // `hover stats` stays as an alias of `hover ctl stats`.
     let out = hover(&["stats", "--api-socket", s]);
     assert!(

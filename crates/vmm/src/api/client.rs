@@ -129,6 +129,7 @@ impl ApiClient {
                 path: self.path.clone(),
                 status: r.status,
                 message,
+                field: v["field"].as_str().map(str::to_string),
             });
         }
         Ok(v)

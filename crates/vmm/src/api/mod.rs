@@ -96,6 +96,8 @@ pub enum ApiError {
         status: u16,
         /// The VM's error message.
         message: String,
+        /// The request's field at fault, when the VM named one.
+        field: Option<String>,
     },
 }
 

@@ -390,7 +390,7 @@ impl BoostUpdate {
                 Some("--boost-policy") => "policy",
                 _ => "body",
             };
-            (field, e.to_string())
+            (field, e.said_of(field))
         })?;
         Ok(c)
     }
@@ -411,7 +411,7 @@ impl BoostUpdate {
                 Some("--boost-irq-us") => "irq_us",
                 _ => "keep_us",
             };
-            (field, e.to_string())
+            (field, e.said_of(field))
         })?;
         Ok(t)
     }
@@ -481,7 +481,10 @@ mod tests {
             };
             let (field, e) = u.apply_tuning(t).unwrap_err();
             assert_eq!(field, "irq_us", "{e}");
-            assert!(e.contains("--boost-irq-us"), "{e}");
+            assert!(
+                e.starts_with(&format!("irq_us {bad} is out of range")),
+                "{e}"
+            );
         }
         // A change that names none keeps them all.
         assert_eq!(BoostUpdate::default().apply_tuning(t).unwrap(), t);

@@ -86,7 +86,7 @@ pub enum ConfigError {
     #[error("--boot pvh: the guest image has no PVH entry (an ELF note \"Xen\" of type XEN_ELFNOTE_PHYS32_ENTRY, 18)")]
     NoPvhEntry,
     /// A guest poll limit out of range.
-    #[error("--guest-halt-poll-max {0} ns is out of range: give 0 (no guest polling) up to {MAX_POLL_NS} ns (10ms)")]
+    #[error("--guest-halt-poll-max {} is out of range: give 0 (no guest polling) up to {}", super::time_text(*.0), super::time_text(MAX_POLL_NS))]
     GuestPollMax(u64),
     /// A governor budget out of range.
     #[error("--halt-poll-budget {0}% is out of range: give a share of one CPU in (0, 100]")]

@@ -100,6 +100,20 @@ fn describe(e: WorkloadError<'_>) -> String {
     }
 }
 
+/// A time in nanoseconds as the command line reads it back: in the
+/// largest unit that divides it exactly (`20ms`, `1500us`, `0`).
+pub fn time_text(ns: u64) -> String {
+    for (unit, per) in [("s", 1_000_000_000), ("ms", 1_000_000), ("us", 1_000)] {
+        if ns != 0 && ns.is_multiple_of(per) {
+            return format!("{}{unit}", ns / per);
+        }
+    }
+    match ns {
+        0 => "0".into(),
+        _ => format!("{ns}ns"),
+    }
+}
+
 /// A byte count as the command line reads it back: in the largest binary unit
 /// that divides it exactly (`256K`, `1G`), else in bytes.
 pub fn size_text(n: u64) -> String {

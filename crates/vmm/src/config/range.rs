@@ -60,6 +60,19 @@ impl RangeError {
         }
     }
 
+    /// The error said of `name` instead of the flag (an API request's
+    /// field: `max_ms 0 is out of range: give 1 to 10000`).
+    pub fn said_of(&self, name: &str) -> String {
+        match self {
+            RangeError::Outside { value, lo, hi, .. } => {
+                format!("{name} {value} is out of range: give {lo} to {hi}")
+            }
+            RangeError::Limit { range, .. } => format!("{name} must be {range}"),
+            RangeError::Os { .. } => format!("{name}: {self}"),
+            RangeError::InFlag { inner, .. } => format!("{name}: {inner}"),
+        }
+    }
+
     /// `value` within `lo..=hi`, or the error naming `flag`.
     pub fn check(flag: &'static str, value: u64, lo: u64, hi: u64) -> Result<(), RangeError> {
         if (lo..=hi).contains(&value) {
@@ -87,6 +100,10 @@ mod tests {
             "--boost-max-ms 0 is out of range: give 1 to 10000"
         );
         assert_eq!(e.flag(), Some("--boost-max-ms"));
+        assert_eq!(
+            e.said_of("max_ms"),
+            "max_ms 0 is out of range: give 1 to 10000"
+        );
         assert!(RangeError::check("--x", 5, 1, 5).is_ok());
         let os = RangeError::Os {
             what: "nice value",

@@ -139,7 +139,7 @@ impl MigrateOptions {
             return Err((
                 "batch_pages",
                 format!(
-                    "{} is out of range: 1 to {}",
+                    "batch_pages {} is out of range: give 1 to {}",
                     self.batch_pages,
                     wire::MAX_BATCH
                 ),
@@ -148,11 +148,17 @@ impl MigrateOptions {
         if self.downtime.is_zero() || self.downtime > Duration::from_secs(60) {
             return Err((
                 "downtime_ms",
-                format!("{:?} is out of range: 1 ms to 60 s", self.downtime),
+                format!(
+                    "downtime_ms {} is out of range: give 1 to 60000",
+                    self.downtime.as_millis()
+                ),
             ));
         }
         if self.bandwidth == Some(0) {
-            return Err(("bandwidth", "0 bytes per second moves nothing".into()));
+            return Err((
+                "bandwidth",
+                "bandwidth 0 bytes per second moves nothing".into(),
+            ));
         }
         if self.mode != postcopy::Mode::Precopy && self.sender_process.is_some() {
             return Err((
@@ -161,7 +167,10 @@ impl MigrateOptions {
             ));
         }
         if self.timeout.is_zero() {
-            return Err(("timeout_s", "a migration needs some time".into()));
+            return Err((
+                "timeout_s",
+                "timeout_s 0: a migration needs some time".into(),
+            ));
         }
         self.throttle.check()
     }

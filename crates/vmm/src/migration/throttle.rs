@@ -159,13 +159,19 @@ impl ThrottleSettings {
             ("throttle_max", self.max),
         ] {
             if v == 0 || v > MAX_PCT {
-                return Err((field, format!("{v}% is out of range: 1 to {MAX_PCT}")));
+                return Err((
+                    field,
+                    format!("{field} {v}% is out of range: give 1 to {MAX_PCT}"),
+                ));
             }
         }
         if self.initial > self.max {
             return Err((
                 "throttle_initial",
-                format!("{}% is above throttle_max ({}%)", self.initial, self.max),
+                format!(
+                    "throttle_initial {}% is above throttle_max ({}%)",
+                    self.initial, self.max
+                ),
             ));
         }
         Ok(())

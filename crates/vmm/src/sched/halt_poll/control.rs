@@ -96,12 +96,21 @@ impl HaltPollControl {
     pub fn set(&mut self, h: HaltPoll) -> Result<(), HaltPollError> {
         let invalid = |field, reason: String| HaltPollError::Invalid { field, reason };
         // The same check as at start (the setting's own).
-        h.check().map_err(|e| {
-            let field = match e {
-                ConfigError::HaltPollTooLarge(_) => "window_ns",
-                _ => "budget_pct",
-            };
-            invalid(field, e.to_string())
+        // Said of the request's fields (the check's own words name the
+        // flags of `hover run`).
+        h.check().map_err(|e| match e {
+            ConfigError::HaltPollTooLarge(ns) => invalid(
+                "window_ns",
+                format!(
+                    "window_ns {ns} is too large: at most {} (10 ms)",
+                    crate::config::halt_poll::MAX_WINDOW_NS
+                ),
+            ),
+            ConfigError::HaltPollBudget(pct) => invalid(
+                "budget_pct",
+                format!("budget_pct {pct} is out of range: give a share of one CPU in (0, 100]"),
+            ),
+            e => invalid("mode", e.to_string()),
         })?;
         if !super::supported(&self.fd) {
             return Err(invalid(
