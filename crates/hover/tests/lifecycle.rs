@@ -332,6 +332,20 @@ fn pause_resume_and_state_through_ctl() {
     assert_eq!(v["config"]["boost"]["mode"], "static", "{v}");
     assert_eq!(v["config"]["boost"]["max_ms"], 7, "{v}");
     assert_eq!(v["config"]["boost"]["policy"], "fifo:10", "{v}");
+    // Boosting has one shape: what PUT /vm/boost answers and takes is what
+    // GET /vm shows and what GET /vm/stats reports beside its figures.
+    let out = ctl(&["--json", "boost", "--keep-us", "1500"]);
+    let put: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let put = put.get("boost").unwrap_or(&put).clone();
+    let out = ctl(&["--json", "get"]);
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = ctl(&["--json", "stats"]);
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut reported = stats["boost"].clone();
+    reported.as_object_mut().unwrap().remove("vcpus");
+    assert_eq!(put["keep_us"], 1500, "{put}");
+    assert_eq!(got["config"]["boost"], put, "GET /vm against PUT's answer");
+    assert_eq!(reported, put, "GET /vm/stats against PUT's answer");
     assert_eq!(ctl(&["boost", "--mode", "off"]).status.code(), Some(0));
     // A value the VM refuses is said of ctl's own flag and the request's
     // field, never of another command's flag; the VM runs on.

@@ -229,6 +229,18 @@ impl BoostConfig {
             "poll_us": self.poll_us,
         })
     }
+
+    /// This setting with this host's `tuning`: boosting in the one shape
+    /// the API shows it everywhere (`GET /vm`'s `config.boost`, `PUT
+    /// /vm/boost`'s answer, `GET /vm/stats`' `boost` beside its figures),
+    /// which is the shape `PUT /vm/boost` takes.
+    pub fn with_tuning(&self, tuning: &BoostTuning) -> serde_json::Value {
+        let mut v = self.to_json();
+        v["when"] = tuning.when.to_string().into();
+        v["keep_us"] = tuning.keep_us.into();
+        v["irq_us"] = tuning.irq_us.into();
+        v
+    }
 }
 
 /// When a dynamic boost is granted.

@@ -364,7 +364,7 @@ impl Setup {
             vm.start_paused();
         }
         // What the snapshot holds is the machine now (`GET /machine-config`).
-        let restored = vm.controller().info().config;
+        let restored = vm.controller().info().config.machine;
         self.machine.vcpu_count = restored.vcpus;
         self.machine.mem_size_mib = restored.memory >> 20;
         self.publish();

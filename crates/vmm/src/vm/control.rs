@@ -236,8 +236,8 @@ pub struct VmInfo {
     pub state: Lifecycle,
     /// Milliseconds since the vCPUs started.
     pub uptime_ms: u64,
-    /// What it was built from.
-    pub config: crate::config::MachineConfig,
+    /// What it was built from, with live changes.
+    pub config: ShownConfig,
     /// The snapshot it was restored from, if any.
     pub restored_from: Option<String>,
     /// A live migration under way, if any.
@@ -245,6 +245,26 @@ pub struct VmInfo {
     /// A Linux guest's virtio devices, in bus order (absent when none).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<DeviceInfo>,
+}
+
+/// A VM's configuration as `GET /vm` shows it: the machine's, with
+/// boosting in the shape `PUT /vm/boost` takes (this host's tuning beside
+/// the VM's setting; the machine's own `boost` holds only what is saved
+/// with the VM).
+#[derive(Clone, Debug)]
+pub struct ShownConfig {
+    /// The machine.
+    pub machine: crate::config::MachineConfig,
+    /// This host's boost tuning.
+    pub boost_tuning: crate::config::boost::BoostTuning,
+}
+
+impl Serialize for ShownConfig {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut v = serde_json::to_value(&self.machine).map_err(serde::ser::Error::custom)?;
+        v["boost"] = self.machine.boost.with_tuning(&self.boost_tuning);
+        v.serialize(s)
+    }
 }
 
 /// One virtio device, for `GET /vm`.
@@ -300,6 +320,9 @@ pub(crate) struct Status {
     pub(crate) state: Lifecycle,
     pub(crate) started: Option<Instant>,
     pub(crate) config: crate::config::MachineConfig,
+    /// This host's boost tuning now (`--boost-when`, `--boost-keep-us`,
+    /// `--boost-irq-us`, changed by `PUT /vm/boost`), for `GET /vm`.
+    pub(crate) boost_tuning: crate::config::boost::BoostTuning,
     pub(crate) restored_from: Option<String>,
     pub(crate) migration: Option<MigrationProgress>,
     /// Set by `PUT /vm/migrate/postcopy`: a hybrid migration switches to
@@ -420,7 +443,10 @@ impl Controller {
         VmInfo {
             state: s.state,
             uptime_ms: s.started.map_or(0, |t| t.elapsed().as_millis() as u64),
-            config: s.config.clone(),
+            config: ShownConfig {
+                machine: s.config.clone(),
+                boost_tuning: s.boost_tuning,
+            },
             restored_from: s.restored_from.clone(),
             migration: s.migration.clone(),
             devices: device_info(&s.config),

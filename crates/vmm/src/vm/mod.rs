@@ -351,6 +351,7 @@ impl Vm {
             state: Lifecycle::Created,
             started: None,
             config: machine,
+            boost_tuning: config.host.boost_tuning,
             restored_from: None,
             migration: None,
             postcopy_now: false,

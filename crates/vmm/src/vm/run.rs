@@ -428,6 +428,7 @@ impl Running {
             e @ UpdateError::Monitor(_) => CommandError::Host(e.to_string()),
         })?;
         self.vm.change_config(|c| c.boost = config);
+        self.vm.status.locked().boost_tuning = self.vm.booster.tuning();
         Ok(Reply::Boost { boost })
     }
 

@@ -461,6 +461,10 @@ impl Booster {
         BoostReport {
             mode: config.mode,
             policy: config.policy.to_string(),
+            max_ms: config.max_ms,
+            cooldown_ms: config.cooldown_ms,
+            max_rate: config.max_rate,
+            poll_us: config.poll_us,
             when: tuning.when,
             keep_us: tuning.keep_us,
             irq_us: tuning.irq_us,

@@ -51,13 +51,22 @@ pub struct VcpuBoostStats {
     pub errors: u64,
 }
 
-/// The whole VM's boosting figures.
+/// The whole VM's boosting figures, after its settings in the shape
+/// `PUT /vm/boost` takes.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct BoostReport {
     /// `off`, `dynamic` or `static`.
     pub mode: BoostMode,
     /// The policy, as `fifo:PRIO` or `nice:VALUE`.
     pub policy: String,
+    /// A boost's CPU time before it is revoked, ms.
+    pub max_ms: u64,
+    /// No boost for this long after a revocation, ms.
+    pub cooldown_ms: u64,
+    /// Most boosts per vCPU per second.
+    pub max_rate: u32,
+    /// The boost monitor's period, us.
+    pub poll_us: u64,
     /// When boosts are granted: `always` or `contended`.
     pub when: crate::config::boost::BoostWhen,
     /// Unboost calls keep a boost across gaps up to this long, us (0: never).

@@ -51,11 +51,7 @@ impl Booster {
         if new != self.config() {
             self.set(new)?;
         }
-        let mut answer = new.to_json();
-        answer["when"] = tuning.when.to_string().into();
-        answer["keep_us"] = tuning.keep_us.into();
-        answer["irq_us"] = tuning.irq_us.into();
-        Ok((new, answer))
+        Ok((new, new.with_tuning(&tuning)))
     }
 
     /// This host's tuning now.
