@@ -12,7 +12,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::FromRawFd;
 
-use hover_abi::layout::{MMIO_HOLE_END, MMIO_HOLE_START, PAGE_SIZE};
+use hover_abi::layout::{MMIO_HOLE_END, MMIO_HOLE_START};
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
 use crate::config::MemoryBackend;
@@ -36,6 +36,9 @@ pub enum MemoryError {
         /// vm-memory's error.
         source: vm_memory::mmap::FromRangesError,
     },
+    /// madvise(MADV_DONTDUMP) on the new mapping failed.
+    #[error("cannot keep guest RAM out of core dumps (madvise): {0}")]
+    Advise(io::Error),
 }
 
 /// The guest-physical ranges `size` bytes of RAM occupy: below the MMIO hole,
@@ -87,6 +90,23 @@ impl GuestRam {
             }
         }
         .map_err(|source| MemoryError::Map { size, source })?;
+        // Guest RAM stays out of a core dump of the monitor (the guest's
+        // data is not the monitor's to spill, and it may be gigabytes).
+        // The flag also keeps its mappings apart from the monitor's own,
+        // which the kernel would otherwise merge with them: that is what
+        // lets `resident_bytes` read them alone in /proc/self/smaps.
+        for region in memory.iter() {
+            let host = region
+                .get_host_address(vm_memory::MemoryRegionAddress(0))
+                .expect("a mapped region has its host address at offset 0");
+            // SAFETY: advice on this region's own live mapping; it changes
+            // no contents.
+            let rc =
+                unsafe { libc::madvise(host.cast(), region.len() as usize, libc::MADV_DONTDUMP) };
+            if rc != 0 {
+                return Err(MemoryError::Advise(io::Error::last_os_error()));
+            }
+        }
         Ok(GuestRam {
             memory,
             backend,
@@ -125,26 +145,55 @@ impl GuestRam {
     }
 
     /// Bytes of guest RAM resident in this process (what the guest or the
-    /// monitor has touched), counted with mincore(2).
+    /// monitor has touched): the `Rss` of the mappings that hold it, from
+    /// /proc/self/smaps. Not mincore(2): it also counts pages only read,
+    /// which map the kernel's one shared zero page and take no memory,
+    /// and so a restored guest that read untouched memory showed more
+    /// guest memory resident than the whole process.
     pub fn resident_bytes(&self) -> io::Result<u64> {
-        let mut total = 0u64;
+        let smaps = std::fs::read_to_string("/proc/self/smaps")?;
+        let mut ranges = Vec::new();
         for region in self.memory.iter() {
-            let len = region.len() as usize;
             let host = region
                 .get_host_address(vm_memory::MemoryRegionAddress(0))
-                .map_err(|e| io::Error::other(e.to_string()))?;
-            let pages = len.div_ceil(PAGE_SIZE as usize);
-            let mut vec = vec![0u8; pages];
-            // SAFETY: host..host+len is this region's live mapping and vec has
-            // one byte per page, as mincore requires.
-            let rc = unsafe { libc::mincore(host.cast(), len, vec.as_mut_ptr()) };
-            if rc != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            total += vec.iter().filter(|&&b| b & 1 != 0).count() as u64 * PAGE_SIZE;
+                .map_err(|e| io::Error::other(e.to_string()))? as u64;
+            ranges.push((host, host + region.len()));
         }
-        Ok(total)
+        Ok(rss_within(&smaps, &ranges))
     }
+}
+
+/// The `Rss` of the guest's mappings in `smaps` (the text of
+/// /proc/PID/smaps): those that overlap one of `ranges` (host addresses,
+/// end exclusive) and carry `dd` (MADV_DONTDUMP, set on guest RAM alone,
+/// so no mapping of the monitor's own is merged into one of them); a
+/// mapping split by userfaultfd registration counts in parts.
+fn rss_within(smaps: &str, ranges: &[(u64, u64)]) -> u64 {
+    let mut total = 0;
+    let (mut overlaps, mut rss) = (false, 0u64);
+    for line in smaps.lines() {
+        let mut words = line.split_whitespace();
+        let first = words.next().unwrap_or_default();
+        let span = first.split_once('-').and_then(|(a, b)| {
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+            ))
+        });
+        if let Some((start, end)) = span {
+            overlaps = ranges.iter().any(|&(lo, hi)| start < hi && end > lo);
+            rss = 0;
+        } else if first == "Rss:" {
+            rss = words
+                .next()
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0)
+                << 10;
+        } else if first == "VmFlags:" && overlaps && words.any(|f| f == "dd") {
+            total += rss;
+        }
+    }
+    total
 }
 
 /// A new memfd of `size` bytes (guest RAM; the snapshot fuzz target's file).
@@ -166,6 +215,30 @@ mod tests {
     use vm_memory::Bytes;
 
     #[test]
+    fn rss_is_summed_over_the_mappings_inside_the_ranges() {
+        let smaps = "\
+7f0000000000-7f0000100000 rw-p 00000000 00:00 0
+Size:               1024 kB
+Rss:                 512 kB
+VmFlags: rd wr mr mw me dd ac
+7f0000100000-7f0000200000 rw-p 00000000 00:00 0
+Rss:                 256 kB
+VmFlags: rd wr mr mw me dd ac um uw
+7f0000200000-7f0000300000 rw-p 00000000 00:00 0
+Rss:                 100 kB
+VmFlags: rd wr mr mw me ac
+7f0000300000-7f0000400000 r-xp 00000000 00:00 0 /usr/bin/hover
+Rss:                1000 kB
+VmFlags: rd ex mr mw me dd
+";
+        // The third overlaps the RAM but is the monitor's (no dd); the
+        // fourth has dd but lies outside.
+        let ram = [(0x7f00_0000_0000, 0x7f00_0030_0000)];
+        assert_eq!(rss_within(smaps, &ram), (512 + 256) << 10);
+        assert_eq!(rss_within(smaps, &[]), 0);
+    }
+
+    #[test]
     fn ranges_skip_the_mmio_hole() {
         assert_eq!(ram_ranges(256 << 20), vec![(0, 256 << 20)]);
         assert_eq!(ram_ranges(4 << 30), vec![(0, 3 << 30), (4 << 30, 1 << 30)]);
@@ -183,7 +256,20 @@ mod tests {
             ram.memory()
                 .write_obj(0xabu8, GuestAddress(0x5000))
                 .unwrap();
-            assert_eq!(ram.resident_bytes().unwrap(), PAGE_SIZE, "{backend:?}");
+            assert_eq!(
+                ram.resident_bytes().unwrap(),
+                hover_abi::layout::PAGE_SIZE,
+                "{backend:?}"
+            );
+            // A page only read maps the shared zero page: no memory.
+            let _: u8 = ram.memory().read_obj(GuestAddress(0x9000)).unwrap();
+            if backend == MemoryBackend::Anonymous {
+                assert_eq!(
+                    ram.resident_bytes().unwrap(),
+                    hover_abi::layout::PAGE_SIZE,
+                    "a read page"
+                );
+            }
             assert!(ram.contains(0, 16 << 20));
             assert!(!ram.contains(1, 16 << 20));
             assert_eq!(ram.end(), 16 << 20);
