@@ -139,10 +139,52 @@ pub fn run(exe: &Path, runs: u32, vcpus: u32, out: &Path) -> Result<(), BenchErr
         &["metric", "unit", "min", "p50", "mean", "p90", "max"],
         &table,
     );
-    let doc =
-        serde_json::json!({ "scenario": "boot", "vcpus": vcpus, "rows": rows, "samples": samples });
+    let doc = serde_json::json!({
+        "scenario": "boot",
+        "command": format!("hover bench boot --runs {runs} --vcpus {vcpus}"),
+        "date": crate::plot::today(),
+        "vcpus": vcpus,
+        "rows": rows,
+        "samples": samples,
+    });
     table::write_json(out, "boot.json", &doc)?;
-    Ok(())
+    plot(&doc, out)
+}
+
+/// `boot.svg` from `boot.json`'s document: the monitor's own memory per
+/// boot (resident, proportional, private, each less the guest RAM
+/// resident), median of the boots with a min-max whisker.
+pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
+    use crate::plot::{bars, caption_of, Bars, Figure};
+    let samples = doc["samples"].as_array().cloned().unwrap_or_default();
+    let col = |k: &str| -> Vec<f64> { samples.iter().filter_map(|s| s[k].as_f64()).collect() };
+    let series = [Bars {
+        label: "the monitor's own memory".into(),
+        rounds: vec![
+            col("vmm_overhead_mib"),
+            col("vmm_pss_mib"),
+            col("vmm_private_mib"),
+        ],
+    }];
+    bars(
+        &out.join("boot.svg"),
+        &Figure {
+            title: "Boot: what the monitor itself takes (process less resident guest RAM)".into(),
+            caption: caption_of(doc, "hover bench boot"),
+            x_desc: format!(
+                "{} boots of the built-in guest (workload=hello, {} vCPUs, 256 MiB)",
+                samples.len(),
+                doc["vcpus"].as_u64().unwrap_or(2)
+            ),
+            y_desc: "MiB".into(),
+        },
+        &[
+            "resident (RSS)".to_string(),
+            "proportional (PSS)".to_string(),
+            "private".to_string(),
+        ],
+        &series,
+    )
 }
 
 /// One round of the peer comparison: whole-process times, ms.

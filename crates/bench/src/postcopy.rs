@@ -474,43 +474,62 @@ pub fn run(exe: &Path, b: &PostcopyBench, out: &Path) -> Result<(), BenchError> 
 pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
     let samples = doc["samples"].as_array().cloned().unwrap_or_default();
     let modes = plot::distinct_field(&samples, "mode");
-    let ok = |s: &&serde_json::Value| s["error"].is_null();
-    let series = [plot::Bars {
-        label: "guest operations while its memory moves".into(),
-        rounds: modes
+    // Each mode's finished rounds' `field`.
+    let rounds = |field: &str| -> Vec<Vec<f64>> {
+        modes
             .iter()
             .map(|m| {
                 samples
                     .iter()
-                    .filter(ok)
-                    .filter(|s| s["mode"] == m.as_str())
-                    .filter_map(|s| s["ops_pct"].as_f64())
+                    .filter(|s| s["error"].is_null() && s["mode"] == m.as_str())
+                    .filter_map(|s| s[field].as_f64())
                     .collect()
             })
-            .collect(),
+            .collect()
+    };
+    let work = [plot::Bars {
+        label: "guest operations while its memory moves".into(),
+        rounds: rounds("ops_pct"),
+    }];
+    let pause = [plot::Bars {
+        label: "the pause the guest saw".into(),
+        rounds: rounds("guest_downtime_ms"),
     }];
     // A mode none of whose rounds finished has no bar: its label says so.
     let groups: Vec<String> = modes
         .iter()
-        .zip(&series[0].rounds)
+        .zip(&work[0].rounds)
         .map(|(m, r)| match r.is_empty() {
             true => format!("{m} (no round finished)"),
             false => m.clone(),
         })
         .collect();
+    let x_desc = format!(
+        "how the guest moves ({})",
+        doc["link"].as_str().unwrap_or("a limited link")
+    );
+    let caption = plot::caption_of(doc, "hover bench migrate --mode postcopy");
     plot::bars(
         &out.join("migrate_postcopy.svg"),
         &plot::Figure {
             title: "Seeds 1+3+4, post-copy: how much the guest does while its memory moves".into(),
-            caption: plot::caption_of(doc, "hover bench migrate --mode postcopy"),
-            x_desc: format!(
-                "how the guest moves ({})",
-                doc["link"].as_str().unwrap_or("a limited link")
-            ),
+            caption: caption.clone(),
+            x_desc: x_desc.clone(),
             y_desc: "operations during the move, % of the rate before".into(),
         },
         &groups,
-        &series,
+        &work,
+    )?;
+    plot::bars(
+        &out.join("migrate_postcopy_pause.svg"),
+        &plot::Figure {
+            title: "Seeds 1+3+4, post-copy: the pause the guest saw".into(),
+            caption,
+            x_desc,
+            y_desc: "its TSC from the pause to running at the destination, ms".into(),
+        },
+        &groups,
+        &pause,
     )
 }
 

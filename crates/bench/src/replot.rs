@@ -8,7 +8,7 @@ use std::path::Path;
 use crate::BenchError;
 
 /// Draw again, from a results file a scenario wrote (`apf.json`,
-/// `boost.json`, `boot_peer.json`, `dirty_log.json`, `halt_poll.json`,
+/// `boost.json`, `boot.json`, `boot_peer.json`, `dirty_log.json`, `halt_poll.json`,
 /// `migrate.json`, `migrate_peer.json`, `migrate_postcopy.json`,
 /// `snapshot.json`, a lab run's figures: `lab.rs`), the plots it drew, into `out`: a plot is always drawn
 /// from the stored samples, so one drawn today and one drawn later from the
@@ -29,6 +29,7 @@ pub fn from_results(file: &Path, out: &Path) -> Result<(), BenchError> {
             Some("snapshot") => crate::snapshot::plot,
             Some(crate::migrate_peer::SCENARIO) => crate::migrate_peer::plot,
             Some(crate::boot::PEER_SCENARIO) => crate::boot::plot_peer,
+            Some("boot") => crate::boot::plot,
             Some(crate::lab::SCENARIO) => crate::lab::plot,
             Some(other) => return Err(bad(format!("scenario {other:?} draws no plot"))),
             None => {
@@ -57,7 +58,7 @@ mod tests {
         for (name, text) in [
             ("notjson.json", "nope"),
             ("noscenario.json", "{}"),
-            ("other.json", r#"{"scenario": "boot"}"#),
+            ("other.json", r#"{"scenario": "runtime"}"#),
             ("norows.json", r#"{"scenario": "apf"}"#),
         ] {
             let f = dir.join(name);
@@ -89,6 +90,8 @@ mod tests {
             ("snapshot.json", "snapshot.svg", 3, 30),
             ("2026-11-28/apf.json", "apf.svg", 4, 8),
             ("2026-11-28/boot_peer.json", "boot_peer.svg", 2, 4),
+            ("2026-11-28/boot.json", "boot.svg", 1, 3),
+            ("2026-11-28/boot_mincore.json", "boot.svg", 1, 3),
             ("2026-11-28/dirty_log.json", "dirty_log.svg", 1, 6),
             ("2026-11-28/dirty_log_ring4096.json", "dirty_log.svg", 1, 4),
             ("2026-11-28/dirty_log_ring65536.json", "dirty_log.svg", 1, 4),
@@ -99,6 +102,12 @@ mod tests {
             (
                 "2026-11-28/migrate_postcopy.json",
                 "migrate_postcopy.svg",
+                1,
+                3,
+            ),
+            (
+                "2026-11-28/migrate_postcopy.json",
+                "migrate_postcopy_pause.svg",
                 1,
                 3,
             ),
