@@ -325,11 +325,10 @@ pub fn print_ctl(action: &str, v: &serde_json::Value) {
             v["downtime_ms"].as_f64().unwrap_or(0.0),
             v["guest_downtime_ms"].as_f64().unwrap_or(0.0)
         ),
-        _ => out!(
-            w,
-            "{action}: the VM is {}",
-            v["state"].as_str().unwrap_or("?")
-        ),
+        _ => match v["state"].as_str().unwrap_or("?") {
+            "exited" => out!(w, "{action}: the VM has ended"),
+            state => out!(w, "{action}: the VM is {state}"),
+        },
     }
 }
 

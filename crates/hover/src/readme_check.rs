@@ -169,3 +169,94 @@ fn readme_defaults_are_the_binarys() {
         bad.join("\n")
     );
 }
+
+/// docs/GUIDE.md's synopses (a code block's `hover ...` line with `[`,
+/// and the indented lines that continue it), each with the command it is
+/// of (as deep as its words name subcommands) and its whole text.
+fn synopses() -> Vec<(String, clap::Command, String)> {
+    let mut inside = false;
+    let mut out: Vec<(String, clap::Command, String)> = Vec::new();
+    let mut open = false;
+    for line in GUIDE.lines() {
+        if line.starts_with("```") {
+            inside = !inside;
+            open = false;
+            continue;
+        }
+        if !inside {
+            continue;
+        }
+        if line.starts_with("hover ") && line.contains('[') {
+            let mut cmd = Cli::command();
+            let mut path = String::new();
+            for w in words(line).iter().skip(1) {
+                if let Some(sub) = cmd.find_subcommand(w) {
+                    path = format!("{path} {w}");
+                    cmd = sub.clone();
+                }
+            }
+            out.push((path.trim().to_string(), cmd, line.to_string()));
+            open = true;
+        } else if open && line.starts_with(' ') {
+            let last = out.last_mut().expect("a synopsis is open");
+            last.2 = format!("{}\n{line}", last.2);
+        } else {
+            open = false;
+        }
+    }
+    out
+}
+
+/// The flags `hover run` and its kin take to guard the host against a
+/// guest (GUIDE's "host guards", a table of their own).
+const HOST_GUARDS: [&str; 6] = [
+    "guest-io-max",
+    "guest-msi-max-delay",
+    "guest-msi-max-pending",
+    "guest-reports-max",
+    "guest-log-max",
+    "seccomp",
+];
+
+#[test]
+fn every_flag_is_in_its_commands_synopsis() {
+    let mut by_command: std::collections::BTreeMap<String, (clap::Command, String)> =
+        std::collections::BTreeMap::new();
+    for (path, cmd, text) in synopses() {
+        let entry = by_command.entry(path).or_insert((cmd, String::new()));
+        entry.1.push_str(&text);
+        entry.1.push('\n');
+    }
+    for must in [
+        "run",
+        "restore",
+        "receive",
+        "firecracker",
+        "bench migrate",
+        "bench boost",
+    ] {
+        assert!(by_command.contains_key(must), "no synopsis of hover {must}");
+    }
+    let mut missing = Vec::new();
+    for (path, (cmd, text)) in &by_command {
+        for arg in cmd.get_arguments().filter(|a| !a.is_hide_set()) {
+            let Some(long) = arg.get_long() else { continue };
+            if ["help", "version"].contains(&long)
+                || (text.contains("[host guards]") && HOST_GUARDS.contains(&long))
+            {
+                continue;
+            }
+            let shown = text
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+                .any(|w| w == format!("--{long}"));
+            if !shown {
+                missing.push(format!("hover {path}: --{long}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/GUIDE.md's synopses lack flags the binary takes:\n{}",
+        missing.join("\n")
+    );
+}

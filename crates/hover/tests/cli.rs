@@ -213,6 +213,14 @@ fn bad_input_is_one_line_and_exit_2() {
         ),
         (&["run", "--io-file", "/dev/null"], "not a regular file"),
         (&["run", "--io-file", "/tmp"], "not a regular file"),
+        (
+            &["run", "--console", "file:/nonexistent/hover/console"],
+            "cannot open the console target",
+        ),
+        (
+            &["run", "--cmdline", "workload=kvstore wss=16X"],
+            "wss=16X is not a size: wss takes a size from 64K to 64G",
+        ),
     ];
     for (args, needle) in cases {
         let out = hover(args);

@@ -160,6 +160,7 @@ impl Error {
                 | Error::Image(_)
                 | Error::Linux(_)
                 | Error::Pager(memory::paged::PagerError::Store(_))
+                | Error::Console { .. }
                 | Error::Api(api::ApiError::Exists(_) | api::ApiError::Bind { .. })
                 | Error::Snapshot(_)
         )

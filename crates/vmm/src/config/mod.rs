@@ -74,17 +74,29 @@ fn describe(e: WorkloadError<'_>) -> String {
             )
         }
         WorkloadError::BadValue { param, value } => {
-            let accepted = match param.kind {
-                ParamKind::Number { min, max, default } => {
-                    format!("a number from {min} to {max} (default {default})")
-                }
-                ParamKind::Size { min, max, default } => {
-                    format!("a size from {min} to {max} bytes, with K, M or G (default {default})")
-                }
-                ParamKind::Choice { values } => format!("one of {}", values.join(", ")),
+            let (accepted, readable) = match param.kind {
+                ParamKind::Number { min, max, default } => (
+                    format!("a number from {min} to {max} (default {default})"),
+                    value.parse::<u64>().is_ok(),
+                ),
+                ParamKind::Size { min, max, default } => (
+                    format!(
+                        "a size from {} to {}, with K, M or G (default {})",
+                        size_text(min),
+                        size_text(max),
+                        size_text(default)
+                    ),
+                    workload::parse_size(value).is_some(),
+                ),
+                ParamKind::Choice { values } => (format!("one of {}", values.join(", ")), true),
+            };
+            let why = match (readable, param.kind) {
+                (true, _) => "is out of range",
+                (false, ParamKind::Size { .. }) => "is not a size",
+                (false, _) => "is not a number",
             };
             format!(
-                "bad guest command line: {}={value} is out of range: {} takes {accepted}",
+                "bad guest command line: {}={value} {why}: {} takes {accepted}",
                 param.name, param.name
             )
         }
@@ -111,6 +123,17 @@ pub fn time_text(ns: u64) -> String {
     match ns {
         0 => "0".into(),
         _ => format!("{ns}ns"),
+    }
+}
+
+/// A duration for a message, to the millisecond (`1s`, `250ms`; under a
+/// millisecond, to the nanosecond): a deadline measured from a clock reads
+/// `1s`, not `999.999891ms`.
+pub fn duration_text(d: std::time::Duration) -> String {
+    let ns = d.as_nanos().min(u128::from(u64::MAX)) as u64;
+    match ns {
+        0..1_000_000 => time_text(ns),
+        _ => time_text((ns + 500_000) / 1_000_000 * 1_000_000),
     }
 }
 
@@ -203,6 +226,18 @@ mod tests {
                 hover_abi::haltpoll::MAX_POLL_NS + 1
             ))
         );
+    }
+
+    #[test]
+    fn durations_read_as_given() {
+        use std::time::Duration;
+        assert_eq!(duration_text(Duration::from_nanos(999_999_891)), "1s");
+        assert_eq!(duration_text(Duration::from_millis(250)), "250ms");
+        assert_eq!(duration_text(Duration::from_micros(1500)), "2ms");
+        assert_eq!(duration_text(Duration::from_micros(50)), "50us");
+        assert_eq!(duration_text(Duration::ZERO), "0");
+        assert_eq!(time_text(20_000_000), "20ms");
+        assert_eq!(time_text(1_500), "1500ns");
     }
 
     #[test]

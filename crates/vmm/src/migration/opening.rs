@@ -62,7 +62,7 @@ pub struct Opened {
 #[derive(Debug, thiserror::Error)]
 pub enum WaitError {
     /// The deadline passed.
-    #[error("no migration arrived within {0:?} (hover receive --timeout)")]
+    #[error("no migration arrived within {} (hover receive --timeout)", crate::config::duration_text(*.0))]
     TimedOut(Duration),
     /// The wait was called off.
     #[error("the wait for a source was called off")]

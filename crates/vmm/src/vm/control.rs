@@ -388,7 +388,8 @@ impl Controller {
                     }
                     if left.is_zero() {
                         return Err(CommandError::Host(format!(
-                            "the VM did not answer within {timeout:?}; the command may still complete"
+                            "the VM did not answer within {}; the command may still complete",
+                            crate::config::duration_text(timeout)
                         )));
                     }
                 }

@@ -279,8 +279,8 @@ impl PageSource for RemotePages {
                 // The source holds the page still: a new connection will
                 // bring it. Cut this one; the receiver waits for the next.
                 tracing::error!(
-                    "post-copy: page {gpa:#x} did not arrive within {:?} of asking for it; dropping the link",
-                    self.timeout
+                    "post-copy: page {gpa:#x} did not arrive within {} of asking for it; dropping the link",
+                    crate::config::duration_text(self.timeout)
                 );
                 if let Some(w) = l.writer.take() {
                     w.get_ref().shutdown();

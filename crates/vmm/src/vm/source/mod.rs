@@ -282,8 +282,8 @@ impl Running {
             match rounds.before_round(t0.elapsed()) {
                 Decision::Postcopy => {
                     tracing::info!(
-                        "hybrid migration: not converged within {:?}, switching to post-copy",
-                        o.timeout
+                        "hybrid migration: not converged within {}, switching to post-copy",
+                        crate::config::duration_text(o.timeout)
                     );
                     switch = true;
                     break;
