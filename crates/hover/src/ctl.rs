@@ -292,7 +292,7 @@ fn request(action: &CtlAction) -> Result<(Endpoint, Option<String>), ExitCode> {
             let body = match (window_ns, auto, kvm_default) {
                 (Some(ns), _, _) => request("fixed", Some(*ns), None),
                 (None, true, _) => request("auto", None, *budget),
-                (None, false, true) => request("kvm_default", None, None),
+                (None, false, true) => request("kvm-default", None, None),
                 (None, false, false) => {
                     eprintln!(
                         "hover: error: halt-poll needs --window-ns N, --auto or --kvm-default"

@@ -428,12 +428,12 @@ pub fn print_live(v: &serde_json::Value) {
 
 /// Halt polling as the API gives it (`config.halt_poll`, and `PUT
 /// /vm/halt-poll`'s answer): `{"mode": "fixed", "window_ns": N}`,
-/// `{"mode": "auto", "budget_pct": P}` or `{"mode": "kvm_default"}`.
+/// `{"mode": "auto", "budget_pct": P}` or `{"mode": "kvm-default"}`.
 fn halt_poll_text(h: &serde_json::Value) -> String {
     match h["mode"].as_str() {
         Some("fixed") => format!("fixed window {} ns", h["window_ns"]),
         Some("auto") => format!("governor, budget {}% of a CPU per vCPU", h["budget_pct"]),
-        Some("kvm_default") => "KVM's module default".into(),
+        Some("kvm-default" | "kvm_default") => "KVM's module default".into(),
         _ => h.to_string(),
     }
 }

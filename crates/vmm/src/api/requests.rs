@@ -206,7 +206,7 @@ impl BalloonRequest {
 #[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct HaltPollRequest {
-    /// `fixed`, `auto` or `kvm_default`.
+    /// `fixed`, `auto` or `kvm-default` (`kvm_default` is read too).
     pub mode: String,
     /// The window of `fixed`, nanoseconds.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -244,14 +244,14 @@ impl HaltPollRequest {
                         .unwrap_or(crate::config::halt_poll::DEFAULT_BUDGET_PCT),
                 })
             }
-            "kvm_default" => match (self.window_ns, self.budget_pct) {
+            "kvm-default" | "kvm_default" => match (self.window_ns, self.budget_pct) {
                 (Some(_), _) => Err(unexpected("window_ns")),
                 (_, Some(_)) => Err(unexpected("budget_pct")),
                 _ => Ok(HaltPoll::KvmDefault),
             },
             other => Err(ApiFailure::bad(
                 "mode",
-                format!("unknown mode {other:?}: use fixed, auto or kvm_default"),
+                format!("unknown mode {other:?}: use fixed, auto or kvm-default"),
             )),
         }
     }

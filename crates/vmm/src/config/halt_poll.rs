@@ -68,13 +68,15 @@ impl<'de> Deserialize<'de> for HaltPoll {
         if d.is_human_readable() {
             let j = HaltPollJson::deserialize(d)?;
             return match (j.mode.as_str(), j.window_ns, j.budget_pct) {
-                ("kvm_default", None, None) => Ok(HaltPoll::KvmDefault),
+                // `kvm_default`: the spelling before the API's names
+                // took the command line's (`hover ctl halt-poll --kvm-default`).
+                ("kvm-default" | "kvm_default", None, None) => Ok(HaltPoll::KvmDefault),
                 ("fixed", Some(window_ns), None) => Ok(HaltPoll::Fixed { window_ns }),
                 ("auto", None, budget_pct) => Ok(HaltPoll::Auto {
                     budget_pct: budget_pct.unwrap_or(DEFAULT_BUDGET_PCT),
                 }),
                 _ => Err(D::Error::custom(
-                    "halt polling is {\"mode\": \"kvm_default\"}, {\"mode\": \"fixed\", \"window_ns\": N} or {\"mode\": \"auto\", \"budget_pct\": P}",
+                    "halt polling is {\"mode\": \"kvm-default\"}, {\"mode\": \"fixed\", \"window_ns\": N} or {\"mode\": \"auto\", \"budget_pct\": P}",
                 )),
             };
         }
@@ -89,10 +91,10 @@ impl<'de> Deserialize<'de> for HaltPoll {
 impl HaltPoll {
     /// The setting in the API's request form: `{"mode": "fixed",
     /// "window_ns": N}`, `{"mode": "auto", "budget_pct": P}` or
-    /// `{"mode": "kvm_default"}`.
+    /// `{"mode": "kvm-default"}`.
     pub fn to_json(self) -> serde_json::Value {
         match self {
-            HaltPoll::KvmDefault => serde_json::json!({ "mode": "kvm_default" }),
+            HaltPoll::KvmDefault => serde_json::json!({ "mode": "kvm-default" }),
             HaltPoll::Fixed { window_ns } => {
                 serde_json::json!({ "mode": "fixed", "window_ns": window_ns })
             }
@@ -125,7 +127,7 @@ mod tests {
     #[test]
     fn json_has_the_requests_shape_and_binary_formats_are_unchanged() {
         for (h, text) in [
-            (HaltPoll::KvmDefault, r#"{"mode":"kvm_default"}"#),
+            (HaltPoll::KvmDefault, r#"{"mode":"kvm-default"}"#),
             (
                 HaltPoll::Fixed { window_ns: 5000 },
                 r#"{"mode":"fixed","window_ns":5000}"#,
@@ -139,6 +141,11 @@ mod tests {
             assert_eq!(serde_json::from_str::<HaltPoll>(&json).unwrap(), h);
             assert_eq!(serde_json::from_str::<HaltPoll>(text).unwrap(), h, "{text}");
         }
+        assert_eq!(
+            serde_json::from_str::<HaltPoll>(r#"{"mode":"kvm_default"}"#).unwrap(),
+            HaltPoll::KvmDefault,
+            "the older spelling is still read"
+        );
         assert!(serde_json::from_str::<HaltPoll>(r#"{"fixed":{"window_ns":1}}"#).is_err());
         assert!(serde_json::from_str::<HaltPoll>(r#"{"mode":"fixed"}"#).is_err());
         // Variant 1, then 5000 as a varint: what the derive wrote.

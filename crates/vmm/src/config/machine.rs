@@ -151,6 +151,9 @@ pub struct MachineConfig {
     /// The longest the guest may poll before it halts, ns (0: no guest
     /// polling; `--guest-halt-poll-max`, `hover_abi::haltpoll`). Offered in
     /// the boot area at boot, so a restored VM keeps the offer in memory.
+    /// In JSON by the flag's name (`guest_halt_poll_max_ns`; the older
+    /// `guest_poll_max_ns` is read too).
+    #[serde(rename = "guest_halt_poll_max_ns", alias = "guest_poll_max_ns")]
     pub guest_poll_max_ns: u64,
     /// Per-vCPU dirty rings of this many entries (`None`: none), for live
     /// migration with `--dirty-tracking ring`.
@@ -343,5 +346,20 @@ mod tests {
         let back: MachineConfig = postcard::from_bytes(&bytes).unwrap();
         assert_eq!(back.memory, m.memory);
         assert_eq!(back.guest, GuestImage::Loaded("g.elf".into()));
+    }
+
+    #[test]
+    fn json_names_follow_the_flags_and_read_the_older_ones() {
+        let m = MachineConfig::default();
+        let mut v = serde_json::to_value(&m).unwrap();
+        assert!(v.get("guest_halt_poll_max_ns").is_some(), "{v}");
+        let ns = v
+            .as_object_mut()
+            .unwrap()
+            .remove("guest_halt_poll_max_ns")
+            .unwrap();
+        v["guest_poll_max_ns"] = ns;
+        let back: MachineConfig = serde_json::from_value(v).unwrap();
+        assert_eq!(back.guest_poll_max_ns, m.guest_poll_max_ns);
     }
 }
