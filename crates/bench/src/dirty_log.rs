@@ -70,6 +70,20 @@ impl DirtyLogBench {
             ("--wss", std::slice::from_ref(&self.wss)),
             ("--memory", std::slice::from_ref(&self.memory)),
         )?;
+        if self.rate != 0 {
+            crate::flags::guest_param("--rate", "kvstore", "rate", &self.rate.to_string())?;
+        }
+        if !self.trackers.iter().any(|t| t != "none") {
+            return Err(BenchError::Input(
+                "--trackers: give at least one tracker besides none (none is the baseline they are compared with)".into(),
+            ));
+        }
+        if self.period_ms as f64 >= self.seconds * 1000.0 {
+            return Err(BenchError::Input(format!(
+                "--period-ms {} is not shorter than --seconds {}: no harvest would fall inside a window",
+                self.period_ms, self.seconds
+            )));
+        }
         if !(1..=10_000).contains(&self.period_ms) {
             return Err(BenchError::Input(format!(
                 "--period-ms {}: give 1 to 10000 (a harvest every 1 ms to 10 s)",
@@ -258,8 +272,12 @@ pub fn run(exe: &Path, b: &DirtyLogBench, out: &Path) -> Result<(), BenchError> 
         })
         .collect();
     println!(
-        "hover bench dirty-log: a 1-vCPU kvstore guest ({} writes/s over {} in {}), each tracker on for {} s and harvested every {} ms, rings of {} entries, nothing sent; {} rounds, trackers rotated; median (min-max), ratio to bitmap per round (min/median/max)",
-        b.rate, b.wss, b.memory, b.seconds, b.period_ms, b.ring_entries, b.runs
+        "hover bench dirty-log: a 1-vCPU kvstore guest ({} over {} in {}), each tracker on for {} s and harvested every {} ms, rings of {} entries, nothing sent; {} rounds, trackers rotated; median (min-max), ratio to bitmap per round (min/median/max)",
+        match b.rate {
+            0 => "writing as fast as it can".to_string(),
+            r => format!("{r} writes/s"),
+        },
+        b.wss, b.memory, b.seconds, b.period_ms, b.ring_entries, b.runs
     );
     table::print(
         &[

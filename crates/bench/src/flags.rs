@@ -37,7 +37,10 @@ pub fn memories(flag: &str, values: &[String]) -> Result<(), BenchError> {
     each(flag, values, |m| {
         let bytes = size(m)?;
         let max = hover_vmm::config::machine::MAX_MEMORY;
-        if bytes == 0 || bytes % 4096 != 0 {
+        if bytes == 0 {
+            return Err(format!("{m}: a guest needs some memory (e.g. 256M)"));
+        }
+        if bytes % 4096 != 0 {
             return Err(format!(
                 "{m} is not a whole number of 4 KiB pages (e.g. 256M)"
             ));
@@ -58,6 +61,14 @@ pub fn runs(runs: u32) -> Result<(), BenchError> {
         0 => Err(BenchError::Input("--runs: give at least 1".into())),
         _ => Ok(()),
     }
+}
+
+/// The guest parameter `key=value` the scenario will pass to `workload`
+/// is one the built-in guest takes (its range, its syntax): checked with
+/// the guest's own table, the error naming `flag`.
+pub fn guest_param(flag: &str, workload: &str, key: &str, value: &str) -> Result<(), BenchError> {
+    hover_vmm::config::check_builtin_cmdline(&format!("workload={workload} {key}={value}"))
+        .map_err(|e| BenchError::Input(format!("{flag}: {e}")))
 }
 
 /// What the built-in guest keeps for itself: a working set must leave
@@ -96,6 +107,9 @@ pub fn fits(
 /// `flag`'s): checked with a file made and removed at once.
 pub fn writable_dir(flag: &str, dir: &Path) -> Result<(), BenchError> {
     let bad = |why: String| BenchError::Input(format!("{flag} {}: {why}", dir.display()));
+    if !dir.exists() {
+        return Err(bad("does not exist".into()));
+    }
     if !dir.is_dir() {
         return Err(bad("not a directory".into()));
     }
@@ -142,7 +156,7 @@ mod tests {
         assert!(memories("--memories", &v(&["256M", "1G"])).is_ok());
         for (bad, says) in [
             ("256", "whole number of 4 KiB pages"),
-            ("0", "whole number of 4 KiB pages"),
+            ("0", "a guest needs some memory"),
             ("lots", "not a size"),
             ("100T", "more than"),
         ] {
@@ -157,6 +171,18 @@ mod tests {
             .to_string()
             .starts_with("--wss: "));
         assert!(runs(0).is_err() && runs(1).is_ok());
+    }
+
+    #[test]
+    fn guest_parameters_are_checked_with_the_guests_table() {
+        assert!(guest_param("--rate", "kvstore", "rate", "1000").is_ok());
+        let e = guest_param("--rate", "kvstore", "rate", "99999999999")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("--rate: ") && e.contains("rate=99999999999 is out of range"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -199,7 +225,7 @@ mod tests {
         let e = writable_dir("--dir", &base.join("missing"))
             .unwrap_err()
             .to_string();
-        assert!(e.ends_with("not a directory"), "{e}");
+        assert!(e.ends_with("does not exist"), "{e}");
         assert!(writable_dir("--dir", &base).is_ok());
         std::fs::remove_dir_all(&base).unwrap();
     }

@@ -149,7 +149,10 @@ fn run_mode(
     m: &Mode,
     round: u32,
 ) -> Result<Run, BenchError> {
-    let file = dir.join(format!("hover-bench-io-{}-{round}", std::process::id()));
+    let io_file = crate::hover_process::TempPath::new(
+        dir.join(format!("hover-bench-io-{}-{round}", std::process::id())),
+    );
+    let file = io_file.path();
     let cmdline = format!(
         "workload=iolat size=4K seconds={}{}",
         b.seconds, m.cmdline_extra
@@ -158,7 +161,7 @@ fn run_mode(
     let file_s = file.display().to_string();
     args.extend(["--vcpus", "2", "--io-file", &file_s, "--cmdline", &cmdline]);
     let r = run_hover(exe, &args);
-    let _ = std::fs::remove_file(&file);
+    drop(io_file);
     let r = r?;
     let idle_cmd = format!(
         "workload=timer interval_us=100000 seconds={}{}",

@@ -2,7 +2,7 @@
 //! reading its outcome.
 
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -51,13 +51,15 @@ impl Run {
 pub fn run_hover(exe: &Path, args: &[&str]) -> Result<Run, BenchError> {
     let err = |m: String| BenchError::Guest(m);
     let started = Instant::now();
-    let mut child = Command::new(exe)
-        .args(["run", "--json", "--console", "stderr"])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| err(format!("cannot start {}: {e}", exe.display())))?;
+    let mut child = dies_with_bench(
+        Command::new(exe)
+            .args(["run", "--json", "--console", "stderr"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+    .spawn()
+    .map_err(|e| err(format!("cannot start {}: {e}", exe.display())))?;
     let mut stderr = child.stderr.take().expect("stderr is piped");
     let console = thread::spawn(move || {
         let mut first = [0u8; 1];
@@ -123,8 +125,13 @@ pub fn rdtsc() -> u64 {
 /// after [`OwnedChild::GRACE`]) and reaped if it is dropped before it was
 /// waited for, so a scenario that fails part-way leaves no VM or receiver
 /// running, and SIGTERM lets it remove its sockets.
-#[derive(Debug)]
-pub struct OwnedChild(Option<Child>);
+pub struct OwnedChild(Option<Child>, Vec<TempPath>);
+
+impl std::fmt::Debug for OwnedChild {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("OwnedChild").field(&self.0).finish()
+    }
+}
 
 impl OwnedChild {
     /// How long a dropped child has to end on SIGTERM.
@@ -132,7 +139,14 @@ impl OwnedChild {
 
     /// Own `child`.
     pub fn new(child: Child) -> Self {
-        OwnedChild(Some(child))
+        OwnedChild(Some(child), Vec::new())
+    }
+
+    /// `path` (a socket the child makes) removed when the child is
+    /// dropped, and if a signal ends the bench.
+    pub fn owning(mut self, path: &Path) -> Self {
+        self.1.push(TempPath::new(path.to_path_buf()));
+        self
     }
 
     /// The child, no longer ended on drop: whoever takes it waits for it.
@@ -183,9 +197,63 @@ impl Drop for OwnedChild {
     }
 }
 
-/// Start `cmd` (a `hover` command line), owned: see [`OwnedChild`].
+/// A file the bench makes, or has a VM make (a snapshot, a socket, an
+/// I/O file): removed when dropped, and if a signal ends the bench first.
+pub struct TempPath {
+    path: PathBuf,
+    _on_signal: hover_vmm::signals::RemoveOnSignal,
+}
+
+impl TempPath {
+    /// Take charge of `path` (nothing is made here).
+    pub fn new(path: PathBuf) -> Self {
+        TempPath {
+            _on_signal: hover_vmm::signals::remove_on_signal(path.clone()),
+            path,
+        }
+    }
+
+    /// The path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for TempPath {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Have the process `cmd` starts get SIGTERM when the bench's process
+/// ends, however it ends (a signal, a panic): a VM, receiver or QEMU the
+/// bench started never outlives it. (The parent-death signal follows the
+/// thread that spawned; every scenario spawns from the main thread, whose
+/// end is the process's.)
+pub fn dies_with_bench(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: getpid before the fork; in the child only async-signal-safe
+    // calls (prctl, getppid, _exit).
+    let parent = unsafe { libc::getpid() };
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The bench ended between the fork and the prctl.
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Start `cmd` (a `hover` command line), owned: see [`OwnedChild`]; it
+/// also [`dies_with_bench`].
 pub fn spawn_owned(cmd: &mut Command, what: &str) -> Result<OwnedChild, BenchError> {
-    cmd.spawn()
+    dies_with_bench(cmd)
+        .spawn()
         .map(OwnedChild::new)
         .map_err(|e| guest(&format!("cannot start {what}: {e}")))
 }
@@ -220,7 +288,8 @@ pub fn spawn_with_api(exe: &Path, args: &[&str], sock: &Path) -> Result<OwnedChi
             .stdout(Stdio::piped())
             .stderr(Stdio::piped()),
         &exe.display().to_string(),
-    )?;
+    )?
+    .owning(sock);
     let started = Instant::now();
     while !sock.exists() {
         // A child that failed (a bad flag, a host refusal) says why on its

@@ -20,7 +20,7 @@
 //! median (min-max) over rounds, and ratios are per round.
 
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
@@ -55,6 +55,7 @@ impl PeerMigrateBench {
     pub fn check(&self) -> Result<(), BenchError> {
         crate::flags::memories("--memories", &self.memories)?;
         crate::flags::fits(("--wss", &self.wss), ("--memories", &self.memories))?;
+        crate::flags::guest_param("--rate", "kvstore", "rate", &self.rate.to_string())?;
         crate::flags::runs(self.runs)
     }
 }
@@ -179,13 +180,13 @@ fn qemu_err(e: PeerError) -> BenchError {
 }
 
 /// Temporary files of one QEMU sample, removed when dropped.
-struct Files(Vec<PathBuf>);
+/// The run's sockets and serial files, removed when dropped or if a
+/// signal ends the bench.
+struct Files(Vec<crate::hover_process::TempPath>);
 
-impl Drop for Files {
-    fn drop(&mut self) {
-        for f in &self.0 {
-            let _ = std::fs::remove_file(f);
-        }
+impl Files {
+    fn path(&self, k: usize) -> &Path {
+        self.0[k].path()
     }
 }
 
@@ -206,16 +207,17 @@ pub fn qemu_sample(
 ) -> Result<Sample, BenchError> {
     let dir = std::env::temp_dir();
     let id = format!("{}-{memory}-{wss}-{tracker}-{round}", std::process::id());
-    let file = |what: &str| dir.join(format!("hover-bench-qemu-{id}-{what}"));
+    let file = |what: &str| {
+        let path = dir.join(format!("hover-bench-qemu-{id}-{what}"));
+        let _ = std::fs::remove_file(&path);
+        crate::hover_process::TempPath::new(path)
+    };
     let files = Files(vec![
         file("src.sock"),
         file("dst.sock"),
         file("src.out"),
         file("dst.out"),
     ]);
-    for f in &files.0 {
-        let _ = std::fs::remove_file(f);
-    }
     let cmdline = cmdline(b, wss);
     let boot = Boot {
         dirty_ring: (tracker == "ring").then_some(RING_ENTRIES),
@@ -238,15 +240,15 @@ pub fn qemu_sample(
     let uri = format!("tcp:127.0.0.1:{}", free_port()?);
     let mut procs = Procs(Vec::new());
     procs.0.push(spawn(
-        &files.0[1],
-        &files.0[3],
+        files.path(1),
+        files.path(3),
         &["-incoming".into(), uri.clone()],
     )?);
-    procs.0.push(spawn(&files.0[0], &files.0[2], &[])?);
+    procs.0.push(spawn(files.path(0), files.path(2), &[])?);
     let wait = Duration::from_secs(10);
-    let mut src = Qmp::connect(&files.0[0], wait).map_err(qemu_err)?;
+    let mut src = Qmp::connect(files.path(0), wait).map_err(qemu_err)?;
     // The destination must be listening before the source connects.
-    Qmp::connect(&files.0[1], wait).map_err(qemu_err)?;
+    Qmp::connect(files.path(1), wait).map_err(qemu_err)?;
     src.execute(
         "migrate-set-parameters",
         json!({ "downtime-limit": DOWNTIME_MS, "max-bandwidth": 1u64 << 40 }),
@@ -289,7 +291,7 @@ pub fn qemu_sample(
             }
         }
     };
-    let console = std::fs::read_to_string(&files.0[3]).unwrap_or_default();
+    let console = std::fs::read_to_string(files.path(3)).unwrap_or_default();
     if peer::guest_exit(status.code(), &console) != Some(0) {
         return Err(guest(&format!(
             "the guest migrated by QEMU did not end well ({status}); its console ended: {}",

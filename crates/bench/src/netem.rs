@@ -99,6 +99,8 @@ impl Drop for Link {
 pub struct Relay {
     /// The address the source connects to.
     pub path: std::path::PathBuf,
+    /// Removes the socket if a signal ends the bench while it relays.
+    _on_signal: hover_vmm::signals::RemoveOnSignal,
 }
 
 impl Relay {
@@ -122,7 +124,10 @@ impl Relay {
             pipe(a.try_clone().expect("clone"), b.try_clone().expect("clone"));
             pipe(b, a);
         });
-        Ok(Relay { path: path.into() })
+        Ok(Relay {
+            path: path.into(),
+            _on_signal: hover_vmm::signals::remove_on_signal(path.into()),
+        })
     }
 }
 

@@ -101,15 +101,20 @@ impl PeerRun {
 }
 
 /// The built-in guest's ELF as `hover guest-image` writes it (the image
-/// the peer boots), in a temporary file removed when this is dropped.
-pub struct GuestImageFile(pub PathBuf);
+/// the peer boots), in a temporary file removed when this is dropped (or
+/// if a signal ends the bench).
+pub struct GuestImageFile(
+    pub PathBuf,
+    // Held for its drop: the registration ends with the file.
+    #[allow(dead_code)] hover_vmm::signals::RemoveOnSignal,
+);
 
 impl GuestImageFile {
     /// Write it with the `hover` binary at `exe`.
     pub fn write(exe: &Path) -> Result<Self, crate::BenchError> {
         let path = std::env::temp_dir().join(format!("hover-bench-guest-{}", std::process::id()));
         let _ = std::fs::remove_file(&path);
-        let file = GuestImageFile(path);
+        let file = GuestImageFile(path.clone(), hover_vmm::signals::remove_on_signal(path));
         let made = Command::new(exe)
             .args(["guest-image", "--out"])
             .arg(&file.0)
@@ -234,6 +239,8 @@ pub fn command(qemu: &Path, boot: &Boot) -> Command {
         .args(["-nographic", "-no-reboot", "-nodefaults"])
         .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"])
         .args(boot.extra);
+    // QEMU ends with the bench, as a VM of Hover's does.
+    crate::hover_process::dies_with_bench(&mut c);
     c
 }
 

@@ -112,6 +112,7 @@ mod tests {
                 3,
             ),
             ("2026-11-28/snapshot.json", "snapshot.svg", 3, 30),
+            ("2026-11-28/snapshot.json", "snapshot_to_running.svg", 3, 9),
             ("2026-11-28/boost.json", "boost.svg", 4, 8),
             ("2026-11-28/halt_poll.json", "halt_poll.svg", 2, 20),
             ("2026-11-28/linux_boost.json", "linux_boost.svg", 2, 4),

@@ -26,7 +26,7 @@ use hover_vmm::state::file::Snapshot;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::hover_process::{guest, rdtsc, spawn_owned, spawn_with_api, wait_json};
+use crate::hover_process::{guest, rdtsc, spawn_owned, spawn_with_api, wait_json, TempPath};
 use crate::stats::{summarize, Summary};
 use crate::{plot, table, BenchError};
 
@@ -206,7 +206,9 @@ fn one(
         way.hot_window_ms.map_or(-1, |w| w as i64)
     );
     let sock = std::env::temp_dir().join(format!("hover-bench-{id}.sock"));
-    let snap = b.dir.join(format!("hover-bench-{id}.snap"));
+    // Removed however the sample ends (an error, a signal to the bench).
+    let snap_file = TempPath::new(b.dir.join(format!("hover-bench-{id}.snap")));
+    let snap = snap_file.path();
     let _ = std::fs::remove_file(&sock);
     let cmdline = format!(
         "workload=bm faulting=2 working=2 memory={} seconds={BM_SECONDS} timeline_ms={BUCKET_MS}",
@@ -230,7 +232,7 @@ fn one(
     let body = body.to_string();
     let info = api.send(Endpoint::Snapshot, Some(&body)).map_err(api_err)?;
     wait_json(child, "hover run")?;
-    let tsc_khz = Snapshot::open(&snap)
+    let tsc_khz = Snapshot::open(snap)
         .map_err(|e| guest(&e.to_string()))?
         .state
         .vcpus[0]
@@ -239,14 +241,14 @@ fn one(
     let restore = spawn_owned(
         Command::new(exe)
             .arg("restore")
-            .arg(&snap)
+            .arg(snap)
             .args(["--memory-restore", mode, "--json", "--console", "off"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped()),
         "hover restore",
     );
     let outcome = restore.and_then(|r| wait_json(r, "hover restore"));
-    let _ = std::fs::remove_file(&snap);
+    drop(snap_file);
     let outcome = outcome?;
     let t = timeline(&outcome, tsc_khz)?;
     let second = tsc_khz * 1000;
@@ -520,6 +522,34 @@ pub fn plot(doc: &serde_json::Value, out: &Path) -> Result<(), BenchError> {
         },
         &series,
         &|x| format!("{x:.0}"),
+    )?;
+    // When the vCPUs run: one bar per mode at each guest size.
+    let running: Vec<plot::Bars> = modes
+        .iter()
+        .map(|mode| plot::Bars {
+            label: format!("{mode} restore"),
+            rounds: memories
+                .iter()
+                .map(|m| {
+                    samples
+                        .iter()
+                        .filter(|s| s["memory"] == m.as_str() && s["mode"] == mode.as_str())
+                        .filter_map(|s| s["restore_to_running_ms"].as_f64())
+                        .collect()
+                })
+                .collect(),
+        })
+        .collect();
+    plot::bars(
+        &out.join("snapshot_to_running.svg"),
+        &plot::Figure {
+            title: "Restore: from hover restore starting to the vCPUs running".into(),
+            caption: plot::caption_of(doc, "hover bench snapshot"),
+            x_desc: "guest memory (a 64 MiB working set)".into(),
+            y_desc: "ms".into(),
+        },
+        &memories,
+        &running,
     )
 }
 

@@ -198,8 +198,9 @@ pub enum CtlAction {
         /// What the guest is asked to give back: whole MiB (e.g. 64M, 0).
         #[arg(long, value_parser = crate::parse::parse_size)]
         target: Option<u64>,
-        /// Seconds between requests for the guest's statistics (0: none).
-        #[arg(long)]
+        /// Seconds between requests for the guest's statistics (0: none;
+        /// `5` or `5s`, `1m`).
+        #[arg(long, value_parser = crate::parse::whole_seconds)]
         stats: Option<u32>,
     },
     /// Change halt polling: `--window-ns N`, `--auto [--budget PCT]` or `--kvm-default`.
@@ -441,6 +442,7 @@ fn ctl_flag(field: &str) -> String {
         "budget_pct" => "--budget".into(),
         "timeout_s" => "--timeout".into(),
         "target_mib" => "--target".into(),
+        "path" => "PATH".into(),
         "stats_polling_interval_s" => "--stats".into(),
         "to" => "--to".into(),
         f => format!("--{}", f.replace('_', "-")),

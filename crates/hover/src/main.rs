@@ -217,9 +217,19 @@ fn main() -> ExitCode {
     };
     // Commands that run a VM end it cleanly on SIGTERM/SIGINT. Installed
     // before any thread starts: every thread inherits the blocked mask.
+    // `hover bench` too: a signal ends it at once, removing the files it
+    // registered, and the VMs it started end with it (their parent-death
+    // signal).
+    if matches!(cli.command, Command::Bench(_)) {
+        hover_vmm::signals::say_on_signal("the bench ended; the VMs it started end with it");
+    }
     if matches!(
         cli.command,
-        Command::Run(_) | Command::Restore(_) | Command::Receive(_) | Command::Firecracker(_)
+        Command::Run(_)
+            | Command::Restore(_)
+            | Command::Receive(_)
+            | Command::Firecracker(_)
+            | Command::Bench(_)
     ) {
         if let Err(e) = hover_vmm::signals::install() {
             eprintln!("hover: error: cannot set up SIGTERM/SIGINT handling: {e}");

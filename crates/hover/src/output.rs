@@ -108,7 +108,16 @@ pub fn print_summary(o: &RunOutcome) {
                 )
             })
             .collect();
-        out!(w, "boost ({:?}, {}): {}", b.mode, b.policy, per.join("; "));
+        out!(
+            w,
+            "boost ({}, {}): {}",
+            serde_json::to_value(b.mode)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default(),
+            b.policy,
+            per.join("; ")
+        );
     }
     if !o.vcpu_cpu_us.is_empty() {
         let cpu: Vec<String> = o

@@ -204,6 +204,16 @@ pub fn millis_f64(s: &str) -> Result<f64, String> {
         .map_err(|_| format!("'{s}' is not a time: give milliseconds (0.5) or a duration with ns, us, ms, s or m (e.g. 500us, 2ms)"))
 }
 
+/// A whole number of seconds that may be 0 (`--stats 5`, `5s`, `1m`; 0:
+/// none), at most an hour.
+pub fn whole_seconds(s: &str) -> Result<u32, String> {
+    let secs = in_unit(s, 1_000_000_000, "seconds")?;
+    if secs > 3600 {
+        return Err(format!("{secs} s is out of range: give 0 to 3600"));
+    }
+    Ok(secs as u32)
+}
+
 /// A `--seconds` value (1 to 3600): a bare whole number of seconds, or a
 /// duration with a unit that comes to whole seconds (`90s`, `2m`).
 pub fn seconds(s: &str) -> Result<u32, String> {
@@ -232,11 +242,17 @@ pub fn seconds_f64(s: &str) -> Result<f64, String> {
     Ok(secs)
 }
 
-/// A duration as [`parse_duration`] takes it, kept as given: for a value
-/// handed on to a child `hover run` (`hover bench apf --latencies`),
-/// checked before anything starts.
-pub fn duration_text(s: &str) -> Result<String, String> {
-    parse_duration(s).map(|_| s.trim().to_string())
+/// A page-store latency for `hover bench apf --latencies`: a duration of
+/// at most a second (a page-in slower than that is no device the seed's
+/// experiment models, and a run of it would take minutes), kept as given.
+pub fn store_latency(s: &str) -> Result<String, String> {
+    let d = parse_duration(s)?;
+    if d > std::time::Duration::from_secs(1) {
+        return Err(format!(
+            "'{s}' is too long a page-store latency: at most 1s"
+        ));
+    }
+    Ok(s.trim().to_string())
 }
 
 /// A timeout: a duration as [`parse_duration`] takes it (`2m`, `90s`), or
@@ -344,6 +360,8 @@ mod tests {
         assert_eq!(millis_f64("1s"), Ok(1000.0));
         assert!(millis_f64("soon").is_err());
         assert_eq!(seconds("90"), Ok(90));
+        assert_eq!(whole_seconds("0"), Ok(0));
+        assert_eq!(whole_seconds("5s"), Ok(5));
         assert_eq!(seconds("2m"), Ok(120));
         assert!(seconds("0").is_err() && seconds("1500ms").is_err() && seconds("2h").is_err());
         assert_eq!(seconds_f64("0.5"), Ok(0.5));

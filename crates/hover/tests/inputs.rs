@@ -159,6 +159,18 @@ fn bench_flags_are_checked_before_anything_runs() {
             "--wss: '16Q' is not a size",
         ),
         (
+            &["bench", "migrate", "--rate", "99999999999"][..],
+            "--rate: bad guest command line: rate=99999999999 is out of range",
+        ),
+        (
+            &["bench", "dirty-log", "--trackers", "none"][..],
+            "--trackers: give at least one tracker besides none",
+        ),
+        (
+            &["bench", "dirty-log", "--period-ms", "10s"][..],
+            "--period-ms 10000 is not shorter than --seconds 2",
+        ),
+        (
             &["bench", "migrate", "--batches", "1,0"][..],
             "--batches: 0 pages is out of range: give 1 to 4096",
         ),
@@ -191,7 +203,7 @@ fn bench_flags_are_checked_before_anything_runs() {
         ),
         (
             &["bench", "snapshot", "--dir", "/nonexistent/hover"][..],
-            "--dir /nonexistent/hover: not a directory",
+            "--dir /nonexistent/hover: does not exist",
         ),
         (
             &["bench", "snapshot", "--working-set", "0"][..],

@@ -169,3 +169,79 @@ fn sigterm_ends_a_receiver_whose_output_nobody_reads() {
         "the listening socket outlived the receiver"
     );
 }
+
+/// The processes whose parent is `pid`.
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        // pid (comm) state ppid ...: comm may hold spaces, so after ')'.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(pid) {
+            out.push(child);
+        }
+    }
+    out
+}
+
+/// Whether `pid` is gone (or a zombie nobody has reaped yet).
+fn gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+#[test]
+fn sigterm_to_a_bench_ends_the_vms_it_started() {
+    if !kvm_for_test("sigterm_to_a_bench_ends_the_vms_it_started") {
+        return;
+    }
+    let dir = Scratch::new("sigterm-bench");
+    // One long apf run: its `hover run` is the bench's child for seconds.
+    let mut bench = hover_cmd()
+        .args([
+            "bench",
+            "apf",
+            "--runs",
+            "1",
+            "--seconds",
+            "60",
+            "--latencies",
+            "0",
+        ])
+        .arg("--out")
+        .arg(dir.path("out"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let vm = loop {
+        if let Some(&vm) = children_of(bench.id()).first() {
+            break vm;
+        }
+        assert!(Instant::now() < deadline, "the bench started no VM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    send(bench.id(), libc::SIGTERM);
+    let status = bench.wait().unwrap();
+    assert_eq!(status.code(), Some(143));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !gone(vm) {
+        if Instant::now() > deadline {
+            // SAFETY: the bench's own child, left behind.
+            unsafe { libc::kill(vm as i32, libc::SIGKILL) };
+            panic!("the VM {vm} the bench started outlived it by 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

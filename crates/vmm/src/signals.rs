@@ -31,6 +31,8 @@ type Handler = Box<dyn Fn(i32) + Send>;
 static WATCHER: Mutex<Option<(u64, Handler)>> = Mutex::new(None);
 /// Paths removed when a signal ends the process with nobody watching.
 static PATHS: Mutex<Vec<(u64, PathBuf)>> = Mutex::new(Vec::new());
+/// What the process says as a signal ends it with nobody watching.
+static LAST_WORDS: Mutex<&str> = Mutex::new("ended before a VM ran");
 static NEXT: AtomicU64 = AtomicU64::new(1);
 
 /// The exit status for a process ended by `signal` (the shell's 128 + N).
@@ -94,12 +96,24 @@ fn deliver(sig: i32) {
     // it panics, which would end this thread with the signals still
     // blocked everywhere else, and the process could no longer be stopped
     // but by SIGKILL.
-    let _ = writeln!(
-        std::io::stderr(),
-        "hover: {}: ended before a VM ran",
-        name(sig)
-    );
+    let words = *LAST_WORDS.locked();
+    let _ = writeln!(std::io::stderr(), "hover: {}: {words}", name(sig));
     std::process::exit(exit_status(sig).into());
+}
+
+/// What to say when a signal ends the process with nobody watching
+/// (`hover bench`: not "before a VM ran").
+pub fn say_on_signal(words: &'static str) {
+    *LAST_WORDS.locked() = words;
+}
+
+/// A path removed if a signal ends the process while nobody [`watch`]es,
+/// for as long as the guard lives (a file another process makes, such as a
+/// snapshot a bench asked a VM for).
+pub fn remove_on_signal(path: PathBuf) -> RemoveOnSignal {
+    let id = NEXT.fetch_add(1, Ordering::Relaxed);
+    PATHS.locked().push((id, path));
+    RemoveOnSignal(id)
 }
 
 /// While the returned guard lives, signals go to `handler` (which must not

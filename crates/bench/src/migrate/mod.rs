@@ -77,6 +77,7 @@ impl MigrateBench {
         })?;
         crate::flags::memories("--memories", &self.memories)?;
         crate::flags::fits(("--wss", &self.wss), ("--memories", &self.memories))?;
+        crate::flags::guest_param("--rate", "kvstore", "rate", &self.rate.to_string())?;
         let max = hover_vmm::migration::wire::MAX_BATCH;
         if let Some(b) = self.batches.iter().find(|&&b| b == 0 || b > max) {
             return Err(BenchError::Input(format!(

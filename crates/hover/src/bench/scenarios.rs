@@ -37,9 +37,9 @@ pub(super) enum Scenario {
     /// latencies.
     Apf {
         /// Page-store latencies to sweep (comma-separated durations, as
-        /// `hover run --page-store-latency` takes them).
+        /// `hover run --page-store-latency` takes them, each at most 1s).
         #[arg(long, default_value = "0,100us,500us,2ms,5ms", value_delimiter = ',',
-              value_parser = crate::parse::duration_text)]
+              value_parser = crate::parse::store_latency)]
         latencies: Vec<String>,
         /// Seconds each run measures.
         #[arg(long, default_value_t = 5, value_parser = crate::parse::seconds)]

@@ -132,7 +132,8 @@ pub fn time_text(ns: u64) -> String {
 pub fn duration_text(d: std::time::Duration) -> String {
     let ns = d.as_nanos().min(u128::from(u64::MAX)) as u64;
     match ns {
-        0..1_000_000 => time_text(ns),
+        0..1_000 => time_text(ns),
+        1_000..1_000_000 => time_text((ns + 500) / 1_000 * 1_000),
         _ => time_text((ns + 500_000) / 1_000_000 * 1_000_000),
     }
 }
@@ -235,6 +236,7 @@ mod tests {
         assert_eq!(duration_text(Duration::from_millis(250)), "250ms");
         assert_eq!(duration_text(Duration::from_micros(1500)), "2ms");
         assert_eq!(duration_text(Duration::from_micros(50)), "50us");
+        assert_eq!(duration_text(Duration::from_nanos(99_698)), "100us");
         assert_eq!(duration_text(Duration::ZERO), "0");
         assert_eq!(time_text(20_000_000), "20ms");
         assert_eq!(time_text(1_500), "1500ns");
