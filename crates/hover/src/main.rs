@@ -208,13 +208,18 @@ fn main() -> ExitCode {
     let invoked_as = std::path::Path::new(argv.first().map_or("", String::as_str))
         .file_name()
         .map(|n| n.to_string_lossy().into_owned());
-    let cli = if invoked_as.as_deref() == Some("firecracker") {
+    let args = if invoked_as.as_deref() == Some("firecracker") {
         let mut args = vec!["hover".to_string(), "firecracker".to_string()];
         args.extend(argv.iter().skip(1).cloned());
-        Cli::parse_from(args)
+        args
     } else {
-        Cli::parse()
+        argv.clone()
     };
+    // The matches too: `hover bench` asks which flags were given, not only
+    // their values, to refuse one its scenario would ignore.
+    let matches = <Cli as clap::CommandFactory>::command().get_matches_from(args);
+    let cli =
+        <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // Commands that run a VM end it cleanly on SIGTERM/SIGINT. Installed
     // before any thread starts: every thread inherits the blocked mask.
     // `hover bench` too: a signal ends it at once, removing the files it
@@ -241,7 +246,7 @@ fn main() -> ExitCode {
     hover_vmm::seccomp::confine_control_threads();
     match cli.command {
         Command::Run(args) => run(args),
-        Command::Bench(args) => bench::bench(args),
+        Command::Bench(args) => bench::bench(args, bench::Given::of(&matches)),
         Command::Stats(args) => ctl::ctl(CtlArgs {
             api_socket: args.api_socket,
             json: args.json,

@@ -159,6 +159,51 @@ fn bench_flags_are_checked_before_anything_runs() {
             "--wss: '16Q' is not a size",
         ),
         (
+            &[
+                "bench",
+                "migrate",
+                "--mode",
+                "postcopy",
+                "--transport",
+                "tcp",
+            ][..],
+            "--transport applies to --mode precopy",
+        ),
+        (
+            &["bench", "migrate", "--link-mbit", "5"][..],
+            "--link-mbit applies to --mode postcopy only",
+        ),
+        (
+            &[
+                "bench",
+                "halt-poll",
+                "--devices",
+                "fast",
+                "--io-dir",
+                "/var/tmp",
+            ][..],
+            "--io-dir is the slow device's",
+        ),
+        (
+            &["bench", "boost", "--tests", "timer", "--buffers", "4"][..],
+            "--buffers applies to the audio test",
+        ),
+        (
+            &["bench", "boost", "--keep-us", "5000"][..],
+            "--keep-us applies to the keep and keep-contended variants",
+        ),
+        (
+            &[
+                "bench",
+                "dirty-log",
+                "--trackers",
+                "bitmap",
+                "--ring-entries",
+                "1024",
+            ][..],
+            "--ring-entries applies to the ring tracker",
+        ),
+        (
             &["bench", "migrate", "--rate", "99999999999"][..],
             "--rate: bad guest command line: rate=99999999999 is out of range",
         ),

@@ -10,9 +10,121 @@ use scenarios::{BoostArgs, BoostHost, BoostTest, Device, MigrateArgs, Peer, Scen
 
 use crate::{die_on_broken_pipe, fail, EXIT_BAD_INPUT, EXIT_HOST_FAILURE};
 
+/// Which flags the user gave on the scenario's command line (not their
+/// defaults): a flag the chosen scenario or mode would ignore is refused.
+pub struct Given(Vec<String>);
+
+impl Given {
+    /// The flags given to `hover bench <scenario>` in `matches` (the whole
+    /// command line's).
+    pub fn of(matches: &clap::ArgMatches) -> Given {
+        let Some((_, scenario)) = matches
+            .subcommand_matches("bench")
+            .and_then(clap::ArgMatches::subcommand)
+        else {
+            return Given(Vec::new());
+        };
+        Given(
+            scenario
+                .ids()
+                .filter(|id| {
+                    scenario.value_source(id.as_str())
+                        == Some(clap::parser::ValueSource::CommandLine)
+                })
+                .map(|id| id.as_str().to_string())
+                .collect(),
+        )
+    }
+
+    /// The first of `ids` given, as its flag (`link_mbit`: `--link-mbit`).
+    fn any(&self, ids: &[&str]) -> Option<String> {
+        ids.iter()
+            .find(|id| self.0.iter().any(|g| g == *id))
+            .map(|id| format!("--{}", id.replace('_', "-")))
+    }
+
+    /// Refuse the first of `ids` given: it does not apply, as `why` says.
+    fn refuse(&self, ids: &[&str], why: &str) -> Result<(), String> {
+        match self.any(ids) {
+            Some(flag) => Err(format!("{flag} {why}")),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The flags a scenario would ignore in the way it was asked to run.
+fn ignored_flags(scenario: &Scenario, given: &Given) -> Result<(), String> {
+    match scenario {
+        Scenario::Migrate(m) if m.mode == "postcopy" => given.refuse(
+            &["trackers", "memories", "wss", "rate", "batches", "transport"],
+            "applies to --mode precopy: post-copy runs its own guest (--postcopy-memory, --postcopy-array) over its own link (--link-mbit, --link-delay-ms)",
+        ),
+        Scenario::Migrate(m) if m.peer.is_none() => given.refuse(
+            &["link_mbit", "link_delay_ms", "postcopy_memory", "postcopy_array", "postcopy_seconds"],
+            "applies to --mode postcopy only",
+        ),
+        Scenario::HaltPoll { devices, .. } => {
+            if !devices.iter().any(|d| matches!(d, Device::Slow)) {
+                given.refuse(&["io_dir"], "is the slow device's: --devices has no slow")?;
+            }
+            if !devices.iter().any(|d| matches!(d, Device::Fast)) {
+                given.refuse(&["fast_dir"], "is the fast device's: --devices has no fast")?;
+            }
+            Ok(())
+        }
+        Scenario::DirtyLog { trackers, .. } if !trackers.iter().any(|t| t == "ring") => {
+            given.refuse(&["ring_entries"], "applies to the ring tracker, which --trackers leaves out")
+        }
+        Scenario::Boost(b) => {
+            if !b.tests.iter().any(|t| matches!(t, BoostTest::Audio)) {
+                given.refuse(&["buffers", "work_us"], "applies to the audio test, which --tests leaves out")?;
+            }
+            if !b.tests.iter().any(|t| matches!(t, BoostTest::Timer)) {
+                given.refuse(&["intervals"], "applies to the timer test, which --tests leaves out")?;
+            }
+            if !b.tests.iter().any(|t| matches!(t, BoostTest::Uart)) {
+                given.refuse(&["uart_count"], "applies to the uart test, which --tests leaves out")?;
+            }
+            if !b.variants.iter().any(|v| v.starts_with("keep")) {
+                given.refuse(&["keep_us"], "applies to the keep and keep-contended variants, which --variants leaves out")?;
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The directories the scenario writes to, checked before anything runs
+/// (a scenario may run for minutes): `--out`, and halt-poll's devices'.
+fn where_it_writes(scenario: &Scenario) -> Result<(), hover_bench::BenchError> {
+    hover_bench::flags::out_dir(scenario.out())?;
+    if let Scenario::HaltPoll {
+        devices,
+        fast_dir,
+        io_dir,
+        ..
+    } = scenario
+    {
+        for d in devices {
+            match d {
+                Device::Fast => hover_bench::flags::writable_dir("--fast-dir", fast_dir)?,
+                Device::Slow => hover_bench::flags::writable_dir("--io-dir", io_dir)?,
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Run `hover bench <scenario>`.
-pub fn bench(args: BenchArgs) -> ExitCode {
+pub fn bench(args: BenchArgs, given: Given) -> ExitCode {
     die_on_broken_pipe();
+    if let Err(e) = ignored_flags(&args.scenario, &given) {
+        eprintln!("hover: error: {e}");
+        return ExitCode::from(EXIT_BAD_INPUT);
+    }
+    if let Err(e) = where_it_writes(&args.scenario) {
+        return bench_result(Err(e));
+    }
     // Scenarios run `hover run` as fresh processes, as a user would.
     let exe = match std::env::current_exe() {
         Ok(exe) => exe,
@@ -21,10 +133,6 @@ pub fn bench(args: BenchArgs) -> ExitCode {
             return ExitCode::from(EXIT_HOST_FAILURE);
         }
     };
-    // A scenario may run for minutes: where it writes is checked first.
-    if let Err(e) = hover_bench::flags::out_dir(args.scenario.out()) {
-        return bench_result(Err(e));
-    }
     bench_result(match args.scenario {
         Scenario::Boot {
             runs,
@@ -99,13 +207,6 @@ pub fn bench(args: BenchArgs) -> ExitCode {
                     Device::Slow => ("slow".to_string(), io_dir.clone()),
                 })
                 .collect();
-            for (flag, dir) in [("--fast-dir", &fast_dir), ("--io-dir", &io_dir)] {
-                if chosen.iter().any(|(_, d)| d == dir) {
-                    if let Err(e) = hover_bench::flags::writable_dir(flag, dir) {
-                        return bench_result(Err(e));
-                    }
-                }
-            }
             hover_bench::halt_poll::run(
                 &exe,
                 &hover_bench::halt_poll::HaltPollBench {
