@@ -450,12 +450,11 @@ fn halt_poll_text(h: &serde_json::Value) -> String {
 /// Boosting's settings as the API gives them (`config.boost`, and `PUT
 /// /vm/boost`'s answer, which adds this host's tuning).
 fn boost_text(b: &serde_json::Value) -> String {
-    let mode = match b["mode"].as_str() {
-        Some("off") | None => return "boosting: off".into(),
-        Some(mode) => mode,
+    let Some(mode) = b["mode"].as_str() else {
+        return "boosting: off".into();
     };
-    let mut text = format!(
-        "boosting: {mode}, policy {}, at most {} ms per boost, cooldown {} ms, {} boosts/s, monitor every {} us",
+    let mut settings = format!(
+        "policy {}, at most {} ms per boost, cooldown {} ms, {} boosts/s, monitor every {} us",
         policy_text(&b["policy"]),
         b["max_ms"],
         b["cooldown_ms"],
@@ -463,14 +462,19 @@ fn boost_text(b: &serde_json::Value) -> String {
         b["poll_us"]
     );
     if b["when"].is_string() {
-        text += &format!(
+        settings += &format!(
             "; granted {}, kept across gaps up to {} us, host-side boosts up to {} us of CPU",
             b["when"].as_str().unwrap_or("?"),
             b["keep_us"],
             b["irq_us"]
         );
     }
-    text
+    match mode {
+        // Its settings still shown: a change made while off (ctl boost
+        // --max-ms) is what a later --mode dynamic uses.
+        "off" => format!("boosting: off (when on: {settings})"),
+        mode => format!("boosting: {mode}, {settings}"),
+    }
 }
 
 /// A boost policy as the API gives it: the flags' text (`fifo:10`).

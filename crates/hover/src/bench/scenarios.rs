@@ -182,9 +182,10 @@ pub(super) enum Scenario {
     },
     /// Draw a scenario's plots again from the results file it wrote (e.g.
     /// docs/bench/2026-11-28/apf.json): the stored samples, nothing
-    /// measured.
+    /// measured. The SVGs take the scenario's names (dirty_log.svg from
+    /// any dirty-log file): draw an older file into another directory.
     Plot {
-        /// The results file (apf.json, boost.json, boot_peer.json,
+        /// The results file (apf.json, boost.json, boot.json, boot_peer.json,
         /// dirty_log.json, halt_poll.json, migrate.json, migrate_peer.json,
         /// migrate_postcopy.json, snapshot.json, or a KVM lab run's figures).
         file: PathBuf,
