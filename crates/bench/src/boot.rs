@@ -211,7 +211,7 @@ pub fn run_peer(exe: &Path, runs: u32, out: &Path) -> Result<(), BenchError> {
         }
     };
     let image = crate::peer::GuestImageFile::write(exe)?;
-    let samples = peer_rounds(exe, &qemu, &image.0, runs)?;
+    let samples = peer_rounds(exe, &qemu, image.path(), runs)?;
     println!(
         "hover bench boot --peer qemu: {} interleaved rounds; the built-in guest (workload=hello, 1 vCPU, 256 MiB) as a whole process: `hover run` vs {} -M microvm / -M pc booting the same image's PVH entry",
         samples.len(),

@@ -221,7 +221,7 @@ pub fn run(exe: &Path, b: &HaltPollBench, out: &Path) -> Result<(), BenchError> 
     for round in 0..b.runs.max(1) {
         for (d, (dname, dir)) in b.devices.iter().enumerate() {
             if let (Some(q), Some(img)) = (&qemu, &image) {
-                let r = crate::halt_poll_peer::run(q, &img.0, dir, b.seconds, round)?;
+                let r = crate::halt_poll_peer::run(q, img.path(), dir, b.seconds, round)?;
                 eprintln!(
                     "  round {} {:<5} {:<26} {:>8.0} IOPS",
                     round + 1,

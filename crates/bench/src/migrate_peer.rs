@@ -357,7 +357,7 @@ pub fn run(exe: &Path, b: &PeerMigrateBench, out: &Path) -> Result<(), BenchErro
                     let s = if k < 2 {
                         hover_sample(exe, b, memory, wss, tracker, round)?
                     } else {
-                        qemu_sample(&qemu, &image.0, b, memory, wss, tracker, round, tsc_khz)?
+                        qemu_sample(&qemu, image.path(), b, memory, wss, tracker, round, tsc_khz)?
                     };
                     eprintln!(
                         "round {round} {memory} wss {wss} {} {tracker}: total {:.0} ms, downtime {:.0} ms, seen {:.0} ms, {:.0} rounds, {:.1} MiB, ops during {:.0}%, work lost {:.0} ms{}",

@@ -97,10 +97,9 @@ impl Drop for Link {
 /// a link, without its rate limit (the migration's own `bandwidth` gives
 /// that). Forwards the first connection to `listen` on to `target`.
 pub struct Relay {
-    /// The address the source connects to.
-    pub path: std::path::PathBuf,
-    /// Removes the socket if a signal ends the bench while it relays.
-    _on_signal: hover_vmm::signals::RemoveOnSignal,
+    /// The socket the source connects to: removed with the relay, or if a
+    /// signal ends the bench while it relays.
+    _socket: crate::hover_process::TempPath,
 }
 
 impl Relay {
@@ -125,15 +124,8 @@ impl Relay {
             pipe(b, a);
         });
         Ok(Relay {
-            path: path.into(),
-            _on_signal: hover_vmm::signals::remove_on_signal(path.into()),
+            _socket: crate::hover_process::TempPath::new(path.into()),
         })
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
     }
 }
 

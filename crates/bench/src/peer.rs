@@ -103,21 +103,17 @@ impl PeerRun {
 /// The built-in guest's ELF as `hover guest-image` writes it (the image
 /// the peer boots), in a temporary file removed when this is dropped (or
 /// if a signal ends the bench).
-pub struct GuestImageFile(
-    pub PathBuf,
-    // Held for its drop: the registration ends with the file.
-    #[allow(dead_code)] hover_vmm::signals::RemoveOnSignal,
-);
+pub struct GuestImageFile(crate::hover_process::TempPath);
 
 impl GuestImageFile {
     /// Write it with the `hover` binary at `exe`.
     pub fn write(exe: &Path) -> Result<Self, crate::BenchError> {
         let path = std::env::temp_dir().join(format!("hover-bench-guest-{}", std::process::id()));
         let _ = std::fs::remove_file(&path);
-        let file = GuestImageFile(path.clone(), hover_vmm::signals::remove_on_signal(path));
+        let file = GuestImageFile(crate::hover_process::TempPath::new(path));
         let made = Command::new(exe)
             .args(["guest-image", "--out"])
-            .arg(&file.0)
+            .arg(file.path())
             .status()
             .map_err(|e| crate::BenchError::Guest(format!("hover guest-image: {e}")))?;
         if !made.success() {
@@ -127,11 +123,10 @@ impl GuestImageFile {
         }
         Ok(file)
     }
-}
 
-impl Drop for GuestImageFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+    /// Where the image is.
+    pub fn path(&self) -> &Path {
+        self.0.path()
     }
 }
 

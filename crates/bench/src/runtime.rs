@@ -175,12 +175,7 @@ pub fn run(exe: &Path, runs: u32, peer: bool, out: &Path) -> Result<(), BenchErr
         Some(_) => Some(crate::peer::GuestImageFile::write(exe)?),
         None => None,
     };
-    let rows = cases(
-        exe,
-        runs,
-        qemu.as_deref(),
-        image.as_ref().map(|i| i.0.as_path()),
-    )?;
+    let rows = cases(exe, runs, qemu.as_deref(), image.as_ref().map(|i| i.path()))?;
     let mut table_rows = Vec::new();
     for r in &rows {
         let mut row = vec![r.metric.to_string(), format!("{:.2}", r.value)];

@@ -172,22 +172,22 @@ pub fn millis(s: &str) -> Result<u64, String> {
     in_unit(s, 1_000_000, "milliseconds")
 }
 
+/// `v`, in `unit`, if at most `max`.
+fn at_most(v: u64, max: u64, unit: &str) -> Result<u64, String> {
+    match v <= max {
+        true => Ok(v),
+        false => Err(format!("{v} {unit} is out of range: give 0 to {max}")),
+    }
+}
+
 /// A `...-ms` flag's value of at most `MAX` ms.
 pub fn millis_max<const MAX: u64>(s: &str) -> Result<u64, String> {
-    let ms = millis(s)?;
-    if ms > MAX {
-        return Err(format!("{ms} ms is out of range: give 0 to {MAX}"));
-    }
-    Ok(ms)
+    at_most(millis(s)?, MAX, "ms")
 }
 
 /// A `...-us` flag's value of at most `MAX` us.
 pub fn micros_max<const MAX: u64>(s: &str) -> Result<u64, String> {
-    let us = micros(s)?;
-    if us > MAX {
-        return Err(format!("{us} us is out of range: give 0 to {MAX}"));
-    }
-    Ok(us)
+    at_most(micros(s)?, MAX, "us")
 }
 
 /// A `...-ms` flag that takes fractions (`--link-delay-ms 0.5`): a bare

@@ -71,10 +71,9 @@ fn sigint_ends_a_paused_vm_with_status_130() {
     );
 }
 
-#[test]
-fn sigterm_ends_a_receiver_still_waiting_and_removes_its_socket() {
-    let dir = Scratch::new("sigterm-receiver");
-    let listen = dir.path("in.sock");
+/// `hover receive` on the Unix socket `listen`, its output piped, once it
+/// listens.
+fn receiver_listening_at(listen: &std::path::Path) -> std::process::Child {
     let child = hover_cmd()
         .args(["receive", "--listen"])
         .arg(format!("unix:{}", listen.display()))
@@ -87,6 +86,14 @@ fn sigterm_ends_a_receiver_still_waiting_and_removes_its_socket() {
         assert!(Instant::now() < deadline, "the receiver never listened");
         std::thread::sleep(Duration::from_millis(5));
     }
+    child
+}
+
+#[test]
+fn sigterm_ends_a_receiver_still_waiting_and_removes_its_socket() {
+    let dir = Scratch::new("sigterm-receiver");
+    let listen = dir.path("in.sock");
+    let child = receiver_listening_at(&listen);
     send(child.id(), libc::SIGTERM);
     let out = child.wait_with_output().unwrap();
     let stderr = text(&out.stderr);
@@ -136,18 +143,7 @@ fn sigterm_ends_a_receiver_whose_output_nobody_reads() {
     // remove its socket.
     let dir = Scratch::new("sigterm-unread");
     let listen = dir.path("in.sock");
-    let mut child = hover_cmd()
-        .args(["receive", "--listen"])
-        .arg(format!("unix:{}", listen.display()))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !listen.exists() {
-        assert!(Instant::now() < deadline, "the receiver never listened");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let mut child = receiver_listening_at(&listen);
     drop(child.stdout.take());
     drop(child.stderr.take());
     send(child.id(), libc::SIGTERM);

@@ -111,8 +111,14 @@ pub fn say_on_signal(words: &'static str) {
 /// for as long as the guard lives (a file another process makes, such as a
 /// snapshot a bench asked a VM for).
 pub fn remove_on_signal(path: PathBuf) -> RemoveOnSignal {
+    register(&mut PATHS.locked(), path)
+}
+
+/// `path` into `paths` (the locked registry), removed on a signal while
+/// the returned guard lives.
+fn register(paths: &mut Vec<(u64, PathBuf)>, path: PathBuf) -> RemoveOnSignal {
     let id = NEXT.fetch_add(1, Ordering::Relaxed);
-    PATHS.locked().push((id, path));
+    paths.push((id, path));
     RemoveOnSignal(id)
 }
 
@@ -155,9 +161,7 @@ pub fn create_removed_on_signal<T, E>(
 ) -> Result<(T, RemoveOnSignal), E> {
     let mut paths = PATHS.locked();
     let made = create()?;
-    let id = NEXT.fetch_add(1, Ordering::Relaxed);
-    paths.push((id, path));
-    Ok((made, RemoveOnSignal(id)))
+    Ok((made, register(&mut paths, path)))
 }
 
 /// A registration of [`create_removed_on_signal`].
